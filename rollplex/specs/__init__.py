@@ -1,0 +1,14 @@
+"""User-facing specs: pydantic models, frozen, validated once on the driver."""
+
+from rollplex.specs.algo import AlgoSpec
+from rollplex.specs.base import Spec
+from rollplex.specs.hardware import HARDWARE_PRESETS, HardwareSpec
+from rollplex.specs.model import MODEL_PRESETS, ModelSpec, SpecialTokens, VisionSpec
+from rollplex.specs.schedule import ParallelSpec, ScheduleSpec
+from rollplex.specs.workload import WORKLOAD_PRESETS, ResponseLengthSpec, WorkloadSpec
+
+__all__ = [
+    "HARDWARE_PRESETS", "MODEL_PRESETS", "WORKLOAD_PRESETS", "AlgoSpec", "HardwareSpec",
+    "ModelSpec", "ParallelSpec", "ResponseLengthSpec", "ScheduleSpec", "Spec", "SpecialTokens",
+    "VisionSpec", "WorkloadSpec",
+]
