@@ -8,7 +8,17 @@ from rollplex.specs.schedule import ParallelSpec, ScheduleSpec
 from rollplex.specs.workload import WORKLOAD_PRESETS, ResponseLengthSpec, WorkloadSpec
 
 __all__ = [
-    "HARDWARE_PRESETS", "MODEL_PRESETS", "WORKLOAD_PRESETS", "AlgoSpec", "HardwareSpec",
-    "ModelSpec", "ParallelSpec", "ResponseLengthSpec", "ScheduleSpec", "Spec", "SpecialTokens",
-    "VisionSpec", "WorkloadSpec",
+    "HARDWARE_PRESETS",
+    "MODEL_PRESETS",
+    "WORKLOAD_PRESETS",
+    "AlgoSpec",
+    "HardwareSpec",
+    "ModelSpec",
+    "ParallelSpec",
+    "ResponseLengthSpec",
+    "ScheduleSpec",
+    "Spec",
+    "SpecialTokens",
+    "VisionSpec",
+    "WorkloadSpec",
 ]

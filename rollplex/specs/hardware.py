@@ -51,10 +51,19 @@ class HardwareSpec(Spec):
 
 
 def _h200(n: int) -> HardwareSpec:
-    return HardwareSpec(name="h200" if n == 1 else f"h200x{n}", gpu="NVIDIA H200", num_gpus=n,
-                        gpus_per_node=8, hbm_gib=139.8, hbm_bandwidth_gbps=4800,
-                        bf16_tflops=989, sm_count=132, nvlink_gbps=450, internode_gbps=50,
-                        host_link_gbps=55)
+    return HardwareSpec(
+        name="h200" if n == 1 else f"h200x{n}",
+        gpu="NVIDIA H200",
+        num_gpus=n,
+        gpus_per_node=8,
+        hbm_gib=139.8,
+        hbm_bandwidth_gbps=4800,
+        bf16_tflops=989,
+        sm_count=132,
+        nvlink_gbps=450,
+        internode_gbps=50,
+        host_link_gbps=55,
+    )
 
 
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {
@@ -62,11 +71,30 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     "h200x2": _h200(2),
     "h200x8": _h200(8),
     # The paper's cluster: 4 nodes of 8 H800 80 GB (NVLink cut to 400 GB/s both ways).
-    "h800x32": HardwareSpec(name="h800x32", gpu="NVIDIA H800", num_gpus=32, gpus_per_node=8,
-                            hbm_gib=79.6, hbm_bandwidth_gbps=3350, bf16_tflops=989,
-                            sm_count=132, nvlink_gbps=200, internode_gbps=50,
-                            host_link_gbps=55),
-    "cpu": HardwareSpec(name="cpu", gpu="CPU", num_gpus=1, gpus_per_node=1, hbm_gib=16,
-                        hbm_bandwidth_gbps=50, bf16_tflops=1, sm_count=2, nvlink_gbps=10,
-                        internode_gbps=10, host_link_gbps=10),
+    "h800x32": HardwareSpec(
+        name="h800x32",
+        gpu="NVIDIA H800",
+        num_gpus=32,
+        gpus_per_node=8,
+        hbm_gib=79.6,
+        hbm_bandwidth_gbps=3350,
+        bf16_tflops=989,
+        sm_count=132,
+        nvlink_gbps=200,
+        internode_gbps=50,
+        host_link_gbps=55,
+    ),
+    "cpu": HardwareSpec(
+        name="cpu",
+        gpu="CPU",
+        num_gpus=1,
+        gpus_per_node=1,
+        hbm_gib=16,
+        hbm_bandwidth_gbps=50,
+        bf16_tflops=1,
+        sm_count=2,
+        nvlink_gbps=10,
+        internode_gbps=10,
+        host_link_gbps=10,
+    ),
 }

@@ -59,9 +59,13 @@ class VisionSpec(Spec):
         patch_embed = self.patch_dim * h  # Conv3d without bias
         block = (
             2 * h  # two RMSNorm weights
-            + h * 3 * h + 3 * h  # fused qkv with bias
-            + h * h + h  # output projection with bias
-            + 3 * h * i + 2 * i + h  # SwiGLU gate/up/down with biases
+            + h * 3 * h
+            + 3 * h  # fused qkv with bias
+            + h * h
+            + h  # output projection with bias
+            + 3 * h * i
+            + 2 * i
+            + h  # SwiGLU gate/up/down with biases
         )
         merged = h * self.merge_factor
         merger = h + merged * merged + merged + merged * self.out_hidden_size + self.out_hidden_size
@@ -116,7 +120,9 @@ class ModelSpec(Spec):
             )
         for field, tid in self.special_tokens.model_dump().items():
             if tid >= self.vocab_size:
-                raise ValueError(f"special_tokens.{field}={tid} lies outside vocab {self.vocab_size}")
+                raise ValueError(
+                    f"special_tokens.{field}={tid} lies outside vocab {self.vocab_size}"
+                )
         return self
 
     @property
@@ -202,11 +208,18 @@ class ModelSpec(Spec):
         return Qwen2_5_VLConfig(**self._hf_kwargs)
 
 
-def _qwen(name: str, h: int, layers: int, heads: int, kv: int, inter: int, vocab: int,
-          tied: bool = False) -> ModelSpec:
+def _qwen(
+    name: str, h: int, layers: int, heads: int, kv: int, inter: int, vocab: int, tied: bool = False
+) -> ModelSpec:
     return ModelSpec(
-        name=name, hidden_size=h, num_layers=layers, num_heads=heads, num_kv_heads=kv,
-        intermediate_size=inter, vocab_size=vocab, tie_word_embeddings=tied,
+        name=name,
+        hidden_size=h,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        tie_word_embeddings=tied,
         vision=VisionSpec(out_hidden_size=h),
     )
 
@@ -214,14 +227,34 @@ def _qwen(name: str, h: int, layers: int, heads: int, kv: int, inter: int, vocab
 def _tiny() -> ModelSpec:
     # head_dim 32 keeps it usable by vLLM's CPU attention; ids sit inside the tiny vocab.
     return ModelSpec(
-        name="tiny", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-        intermediate_size=256, vocab_size=512, tie_word_embeddings=False,
-        mrope_section=(4, 6, 6), max_position_embeddings=4096, dtype="float32",
-        vision=VisionSpec(depth=2, hidden_size=64, num_heads=2, intermediate_size=128,
-                          out_hidden_size=128, fullatt_block_indexes=(1,)),
-        special_tokens=SpecialTokens(image_token_id=5, video_token_id=6, vision_start_token_id=3,
-                                     vision_end_token_id=4, eos_token_id=2, pad_token_id=0,
-                                     bos_token_id=1),
+        name="tiny",
+        hidden_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=256,
+        vocab_size=512,
+        tie_word_embeddings=False,
+        mrope_section=(4, 6, 6),
+        max_position_embeddings=4096,
+        dtype="float32",
+        vision=VisionSpec(
+            depth=2,
+            hidden_size=64,
+            num_heads=2,
+            intermediate_size=128,
+            out_hidden_size=128,
+            fullatt_block_indexes=(1,),
+        ),
+        special_tokens=SpecialTokens(
+            image_token_id=5,
+            video_token_id=6,
+            vision_start_token_id=3,
+            vision_end_token_id=4,
+            eos_token_id=2,
+            pad_token_id=0,
+            bos_token_id=1,
+        ),
     )
 
 

@@ -23,23 +23,28 @@ class ScheduleSpec(Spec):
     """One of the three step schedules, with the planner's knobs."""
 
     name: Literal["serial", "disaggregated", "rollplex"] = Field(
-        "rollplex", description="serial: phases back to back (verl); disaggregated: separate "
-        "rollout and training pools; rollplex: prefix work moved into the decode window."
+        "rollplex",
+        description="serial: phases back to back (verl); disaggregated: separate "
+        "rollout and training pools; rollplex: prefix work moved into the decode window.",
     )
     dedup: bool = Field(
-        True, description="Apply the deduplicating passes (share_group_prefix, "
-        "reuse_across_phases). serial with dedup=false is the verl baseline."
+        True,
+        description="Apply the deduplicating passes (share_group_prefix, "
+        "reuse_across_phases). serial with dedup=false is the verl baseline.",
     )
     overlap: Literal["auto", "streams", "sm_partition"] = Field(
-        "auto", description="How rollplex co-runs prefix work beside decode: two streams, "
-        "an SM partition, or whichever the interference model predicts faster."
+        "auto",
+        description="How rollplex co-runs prefix work beside decode: two streams, "
+        "an SM partition, or whichever the interference model predicts faster.",
     )
     decode_sm_fraction: float = Field(
         0.5, gt=0, lt=1, description="Share of SMs given to decode when partitioned."
     )
     chunk_tokens: int = Field(
-        8192, ge=1, description="Prefix work is split into chunks of at most this many tokens "
-        "so it fits into the decode window."
+        8192,
+        ge=1,
+        description="Prefix work is split into chunks of at most this many tokens "
+        "so it fits into the decode window.",
     )
     memory_strategy: Literal["naive", "greedy_by_size"] = Field(
         "greedy_by_size", description="Offset assignment strategy for memory slots."

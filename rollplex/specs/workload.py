@@ -16,8 +16,9 @@ class ResponseLengthSpec(Spec):
     """Distribution of generated response lengths (tokens)."""
 
     distribution: Literal["fixed", "uniform", "lognormal"] = Field(
-        "lognormal", description="fixed: every response has `mean` tokens; uniform: on "
-        "[min, max]; lognormal: median-free heavy tail with `mean` and `sigma`, clipped to max."
+        "lognormal",
+        description="fixed: every response has `mean` tokens; uniform: on "
+        "[min, max]; lognormal: median-free heavy tail with `mean` and `sigma`, clipped to max.",
     )
     mean: int = Field(256, ge=1, description="Mean response length in tokens.")
     min: int = Field(1, ge=1, description="Shortest response (uniform only).")
@@ -112,12 +113,26 @@ class WorkloadSpec(Spec):
 
 WORKLOAD_PRESETS: dict[str, WorkloadSpec] = {
     # 16 frames at 448x448 -> 2048 visual + 256 text = the 2,304-token prefix of FACTS.md.
-    "video": WorkloadSpec(name="video", prompts_per_step=128, group_size=8, frames=16,
-                          text_tokens=256),
-    "image": WorkloadSpec(name="image", prompts_per_step=256, group_size=8, frames=1,
-                          height=896, width=896, text_tokens=128),
-    "tiny": WorkloadSpec(name="tiny", prompts_per_step=4, group_size=4, frames=1, height=56,
-                         width=56, text_tokens=16,
-                         response_length=ResponseLengthSpec(distribution="uniform", mean=8,
-                                                            min=1, max=16)),
+    "video": WorkloadSpec(
+        name="video", prompts_per_step=128, group_size=8, frames=16, text_tokens=256
+    ),
+    "image": WorkloadSpec(
+        name="image",
+        prompts_per_step=256,
+        group_size=8,
+        frames=1,
+        height=896,
+        width=896,
+        text_tokens=128,
+    ),
+    "tiny": WorkloadSpec(
+        name="tiny",
+        prompts_per_step=4,
+        group_size=4,
+        frames=1,
+        height=56,
+        width=56,
+        text_tokens=16,
+        response_length=ResponseLengthSpec(distribution="uniform", mean=8, min=1, max=16),
+    ),
 }
