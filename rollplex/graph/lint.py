@@ -1,0 +1,134 @@
+"""`lint(graph)`: the invariants every graph holds, checked after every pass.
+
+1. every referenced value exists; each value has exactly one producer, or is external
+   (and then none);
+2. the op graph is acyclic;
+3. ops use registered kinds and only their ports; required ports are wired;
+4. along every edge the value's kind, dtype and shape fit the consuming port;
+5. training is on-policy: no train/update op reads data made under a policy version other
+   than the one the optimizer step updates.
+Each failure raises `GraphError` naming the op or value at fault.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from rollplex.graph.ir import Graph, GraphError, Op, Phase, Value, version_model
+from rollplex.ops.registry import OpKind, Port, get_kind
+
+
+def lint(graph: Graph) -> Graph:
+    """Raise `GraphError` on the first broken invariant; return the graph unchanged."""
+    made = _check_producers(graph)
+    _check_acyclic(graph)
+    for op in graph.ops.values():
+        _check_op(graph, op, get_kind(op.kind))
+    _check_on_policy(graph, made)
+    return graph
+
+
+def _check_producers(graph: Graph) -> dict[str, Op]:
+    made: dict[str, Op] = {}
+    for op in graph.ops.values():
+        for v in (*op.inputs.values(), *op.outputs.values()):
+            if v not in graph.values:
+                raise GraphError(f"op '{op.name}'", f"references undefined value '{v}'")
+        for v in op.outputs.values():
+            if v in made:
+                raise GraphError(
+                    f"value '{v}'", f"has two producers: '{made[v].name}' and '{op.name}'"
+                )
+            if graph.values[v].external:
+                raise GraphError(f"value '{v}'", f"is external but produced by '{op.name}'")
+            made[v] = op
+    for op in graph.ops.values():
+        for p, v in op.inputs.items():
+            if v not in made and not graph.values[v].external:
+                raise GraphError(
+                    f"op '{op.name}'",
+                    f"input '{p}' reads '{v}', which nothing produces and is not external",
+                )
+    return made
+
+
+def _check_op(graph: Graph, op: Op, kind: OpKind) -> None:
+    where = f"op '{op.name}' ({op.kind})"
+    for p, schema in kind.inputs.items():
+        if p not in op.inputs and not schema.optional:
+            raise GraphError(where, f"required input '{p}' is not wired")
+    for p, schema in kind.outputs.items():
+        if p not in op.outputs and not schema.optional:
+            raise GraphError(where, f"required output '{p}' is not wired")
+    symbols: dict[str, int] = {}
+    for p, v in op.inputs.items():
+        schema = kind.input_port(p)
+        if schema is None:
+            raise GraphError(where, f"has no input port '{p}' (ports: {sorted(kind.inputs)})")
+        _check_port(where, f"input '{p}'", schema, graph.values[v], symbols)
+    for p, v in op.outputs.items():
+        if p not in kind.outputs:
+            raise GraphError(where, f"has no output port '{p}' (ports: {sorted(kind.outputs)})")
+        _check_port(where, f"output '{p}'", kind.outputs[p], graph.values[v], symbols)
+    if kind.check is not None and (msg := kind.check(op, symbols)):
+        raise GraphError(where, msg)
+
+
+def _check_port(where: str, what: str, schema: Port, value: Value, sym: dict[str, int]) -> None:
+    if value.kind not in schema.kinds:
+        raise GraphError(
+            where, f"{what} takes {sorted(schema.kinds)}, got '{value.name}' of kind {value.kind}"
+        )
+    if not schema.accepts_dtype(value.dtype):
+        raise GraphError(
+            where, f"{what} expects dtype {schema.dtype}, got '{value.name}' of dtype {value.dtype}"
+        )
+    if schema.dims is None:
+        return
+    if len(value.shape) < len(schema.dims) or (not schema.dims and value.shape):
+        raise GraphError(
+            where,
+            f"{what} expects rank {len(schema.dims)}, got '{value.name}' of shape {value.shape}",
+        )
+    for axis, s in enumerate(schema.dims):
+        if s is None:
+            continue
+        size = value.shape[axis]
+        if sym.setdefault(s, size) != size:
+            raise GraphError(
+                where,
+                f"{what} '{value.name}' has {s}={size} on axis {axis}, but "
+                f"another port of this op has {s}={sym[s]} (shape mismatch)",
+            )
+
+
+def _check_acyclic(graph: Graph) -> None:
+    try:
+        cycle = nx.find_cycle(graph.nx)
+    except nx.NetworkXNoCycle:
+        return
+    names = " -> ".join([e[0] for e in cycle] + [cycle[-1][1]])
+    raise GraphError(f"op '{cycle[0][0]}'", f"is on a cycle: {names}")
+
+
+def _check_on_policy(graph: Graph, made: dict[str, Op]) -> None:
+    updated = {
+        graph.values[op.inputs["weights"]].version
+        for op in graph.ops.values()
+        if op.kind == "optimizer_step"
+    }
+    for op in graph.ops.values():
+        if op.phase not in (Phase.TRAIN, Phase.UPDATE) or op.kind == "weight_sync":
+            continue
+        for p, vname in op.inputs.items():
+            v = graph.values[vname]
+            if v.version is None or version_model(v.version) not in {
+                version_model(u) for u in updated
+            }:
+                continue
+            if v.version not in updated:
+                raise GraphError(
+                    f"op '{op.name}'",
+                    f"input '{p}' reads '{vname}' made under {v.version}, but the step updates "
+                    f"{sorted(u for u in updated if u)} (stale policy: not on-policy)",
+                )

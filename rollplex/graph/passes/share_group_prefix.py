@@ -1,0 +1,108 @@
+"""share_group_prefix: one prefix computation per prompt, shared by its G samples.
+
+verl repeats each prompt G times before the reference and training forwards, so vision
+and prefix work run G times on identical rows. This pass hoists the repeat past every
+prefix op: a prefix op whose row inputs all come from `expand_group` ops of one group size
+G now reads the unexpanded rows, and an `expand_group` is re-inserted on its outputs.
+Finally a `logprob_response` or `backward` that reads an expanded boundary reads the
+shared one directly (the response op's `group_size` says how rows map to samples).
+
+Valid because prefix ops are row-wise: f(repeat(x)) == repeat(f(x)). Gradients from the
+G samples add up in the shared prefix exactly as they would over G identical copies.
+"""
+
+from __future__ import annotations
+
+from rollplex.graph.ir import Graph, Op, Value
+from rollplex.ops.registry import get_kind
+
+
+def share_group_prefix(graph: Graph) -> tuple[Graph, bool]:
+    changed = False
+    for op in graph.topo_order():
+        if get_kind(op.kind).prefix and _hoist(graph, op):
+            changed = True
+    for op in list(graph.ops.values()):
+        if op.kind in ("logprob_response", "backward") and _fold(graph, op):
+            changed = True
+    return _drop_unused_expands(graph), changed
+
+
+def _expand_source(graph: Graph, value: str) -> tuple[str, int] | None:
+    src = graph.producer(value)
+    if src is None or src.kind != "expand_group":
+        return None
+    return src.inputs["x"], src.attrs["group_size"]
+
+
+def _hoist(graph: Graph, op: Op) -> bool:
+    rows = {p: v for p, v in op.inputs.items() if p != "weights"}
+    sources = {p: _expand_source(graph, v) for p, v in rows.items()}
+    groups = {s[1] for s in sources.values() if s is not None}
+    if None in sources.values() or len(groups) != 1:
+        return False
+    g = groups.pop()
+    for p, (x, _) in sources.items():
+        op.inputs[p] = x
+    out_ports = list(op.outputs.items())
+    for port, name in out_ports:
+        old = graph.values.pop(name)
+        shape = _rows_div(old, get_kind(op.kind).outputs[port].dims, g)
+        shared = Value(f"{name}.shared", shape, old.dtype, old.kind, old.version)
+        graph.values[shared.name] = shared
+        graph.values[name] = old
+        op.outputs[port] = shared.name
+        expand = Op(
+            f"{op.name}.expand_{port}",
+            "expand_group",
+            op.phase,
+            {"x": shared.name},
+            {"y": name},
+            {"group_size": g},
+            {"inserted_by": "share_group_prefix"},
+        )
+        _insert_after(graph, op, expand)
+    graph.invalidate()
+    return True
+
+
+def _fold(graph: Graph, op: Op) -> bool:
+    changed = False
+    for port, value in list(op.inputs.items()):
+        if port == "responses" or port == "weights":
+            continue
+        src = _expand_source(graph, value)
+        if src is None or graph.values[value].kind.value not in ("kv_cache", "boundary"):
+            continue
+        op.inputs[port] = src[0]
+        if op.kind == "logprob_response":
+            op.attrs["group_size"] = op.attrs.get("group_size", 1) * src[1]
+        changed = True
+    graph.invalidate()
+    return changed
+
+
+def _rows_div(v: Value, dims: tuple[str | None, ...] | None, g: int) -> tuple[int, ...]:
+    """Divide the row axis (the port's "B" symbol) by the group size."""
+    axis = dims.index("B") if dims and "B" in dims else 0
+    shape = list(v.shape)
+    shape[axis] //= g
+    return tuple(shape)
+
+
+def _insert_after(graph: Graph, anchor: Op, new: Op) -> None:
+    order = list(graph.ops.values())
+    i = order.index(anchor)
+    graph.ops = {o.name: o for o in (*order[: i + 1], new, *order[i + 1 :])}
+
+
+def _drop_unused_expands(graph: Graph) -> Graph:
+    used = {v for op in graph.ops.values() for v in op.inputs.values()}
+    ops = [
+        op
+        for op in graph.ops.values()
+        if not (op.kind == "expand_group" and op.outputs["y"] not in used)
+    ]
+    live = {v for op in ops for v in (*op.inputs.values(), *op.outputs.values())}
+    values = [v for v in graph.values.values() if v.name in live or v.external]
+    return Graph(values, ops)

@@ -1,0 +1,208 @@
+"""The built-in op kinds of an RL step. Costs live in `rollplex.ops.costs`."""
+
+from __future__ import annotations
+
+from rollplex.graph.ir import ValueKind as K
+from rollplex.ops.registry import FLOAT, INT, OpKind, port, register
+
+_DATA = (K.HOST_DATA, K.ACTIVATION)
+_ROWS3 = ("B", None, None)
+_KV = (None, None, "B", None, None)  # (layers, 2, rows, tokens, kv_dim)
+
+
+def _grouped(rows: str, samples: str = "S"):
+    def check(op, sym: dict[str, int]) -> str | None:
+        g = op.attrs.get("group_size", 1)
+        if rows in sym and samples in sym and sym[samples] != sym[rows] * g:
+            return (
+                f"{samples}={sym[samples]} samples must equal {rows}={sym[rows]} rows x "
+                f"group_size={g}"
+            )
+        return None
+
+    return check
+
+
+register(
+    OpKind(
+        "vision_encode",
+        "ViT over the patches of each row, then the 2x2 merger.",
+        inputs={"pixels": port(*_DATA, dtype=FLOAT, dims=_ROWS3), "weights": port(K.WEIGHTS)},
+        outputs={"features": port(K.ACTIVATION, dtype=FLOAT, dims=_ROWS3)},
+        prefix=True,
+    )
+)
+register(
+    OpKind(
+        "prefix_prefill",
+        "Rollout prefill of visual + text prefix; leaves the prefix KV cache.",
+        inputs={
+            "features": port(K.ACTIVATION, dtype=FLOAT, dims=_ROWS3),
+            "text": port(*_DATA, dtype=INT, dims=("B", None)),
+            "weights": port(K.WEIGHTS),
+        },
+        outputs={"kv": port(K.KV_CACHE, dtype=FLOAT, dims=_KV)},
+        prefix=True,
+    )
+)
+register(
+    OpKind(
+        "decode",
+        "Token-by-token sampling of group_size responses per prefix row.",
+        inputs={"kv": port(K.KV_CACHE, dtype=FLOAT, dims=_KV), "weights": port(K.WEIGHTS)},
+        outputs={
+            "responses": port(K.ACTIVATION, dtype=INT, dims=("S", None)),
+            "logprobs": port(K.ACTIVATION, dtype=FLOAT, dims=("S", None)),
+        },
+        check=_grouped("B"),
+        attrs={"group_size": 1},
+    )
+)
+register(
+    OpKind(
+        "logprob",
+        "Full forward over prefix + response per sample (what verl runs).",
+        inputs={
+            "features": port(K.ACTIVATION, dtype=FLOAT, dims=("S", None, None)),
+            "text": port(*_DATA, dtype=INT, dims=("S", None)),
+            "responses": port(K.ACTIVATION, dtype=INT, dims=("S", None)),
+            "weights": port(K.WEIGHTS),
+        },
+        outputs={
+            "logprobs": port(K.ACTIVATION, dtype=FLOAT, dims=("S", None)),
+            "saved": port(K.ACTIVATION, K.BOUNDARY, optional=True),
+        },
+        attrs={"head": "lm", "kv_layout": None},
+    )
+)
+register(
+    OpKind(
+        "logprob_prefix",
+        "Response-independent part of a logprob: forward over the prefix.",
+        inputs={
+            "features": port(K.ACTIVATION, dtype=FLOAT, dims=_ROWS3),
+            "text": port(*_DATA, dtype=INT, dims=("B", None)),
+            "weights": port(K.WEIGHTS),
+        },
+        outputs={
+            "kv": port(K.KV_CACHE, K.BOUNDARY, dtype=FLOAT, dims=_KV),
+            "saved": port(K.BOUNDARY, dims=(None, "B"), optional=True),
+        },
+        prefix=True,
+        attrs={"head": "lm"},
+    )
+)
+register(
+    OpKind(
+        "logprob_response",
+        "Response part of a logprob: attends to the cached prefix rows.",
+        inputs={
+            "kv": port(K.KV_CACHE, K.BOUNDARY, dtype=FLOAT, dims=_KV),
+            "responses": port(K.ACTIVATION, dtype=INT, dims=("S", None)),
+            "weights": port(K.WEIGHTS),
+        },
+        outputs={
+            "logprobs": port(K.ACTIVATION, dtype=FLOAT, dims=("S", None)),
+            "saved": port(K.ACTIVATION, optional=True),
+        },
+        check=_grouped("B"),
+        attrs={"group_size": 1, "head": "lm"},
+    )
+)
+register(
+    OpKind(
+        "expand_group",
+        "Repeat each prompt row group_size times (verl's repeat_interleave).",
+        inputs={"x": port(*K, dims=("N",))},
+        outputs={"y": port(*K, dims=("S",))},
+        check=_grouped("N"),
+        attrs={"group_size": 1},
+    )
+)
+register(
+    OpKind(
+        "reward",
+        "Score each response: a rule against the answer, or a learned reward model.",
+        inputs={
+            "responses": port(K.ACTIVATION, dtype=INT, dims=("S", None)),
+            "answers": port(*_DATA, dims=("N",), optional=True),
+            "features": port(K.ACTIVATION, dtype=FLOAT, dims=("S", None, None), optional=True),
+            "text": port(*_DATA, dtype=INT, dims=("S", None), optional=True),
+            "weights": port(K.WEIGHTS, optional=True),
+        },
+        outputs={"rewards": port(K.ACTIVATION, dtype=FLOAT, dims=("S",))},
+        check=_grouped("N"),
+        attrs={"group_size": 1},
+    )
+)
+register(
+    OpKind(
+        "advantage",
+        "Advantages from rewards: group-normalised (GRPO), leave-one-out, or GAE.",
+        inputs={
+            "rewards": port(K.ACTIVATION, dtype=FLOAT, dims=("S",)),
+            "values": port(K.ACTIVATION, dtype=FLOAT, dims=("S", None), optional=True),
+        },
+        outputs={"advantages": port(K.ACTIVATION, dtype=FLOAT, dims=("S",))},
+        attrs={"estimator": "grpo", "group_size": 1},
+    )
+)
+register(
+    OpKind(
+        "policy_loss",
+        "Clipped policy-gradient loss with an optional KL to the reference.",
+        inputs={
+            "logprobs": port(K.ACTIVATION, dtype=FLOAT, dims=("S", "R")),
+            "old_logprobs": port(K.ACTIVATION, dtype=FLOAT, dims=("S", "R")),
+            "advantages": port(K.ACTIVATION, dtype=FLOAT, dims=("S",)),
+            "ref_logprobs": port(K.ACTIVATION, dtype=FLOAT, dims=("S", "R"), optional=True),
+        },
+        outputs={"loss": port(K.ACTIVATION, dtype=FLOAT, dims=())},
+        attrs={"clip_eps": 0.2, "kl_coef": 0.0},
+    )
+)
+register(
+    OpKind(
+        "value_loss",
+        "Clipped value regression of a critic against returns.",
+        inputs={
+            "values": port(K.ACTIVATION, dtype=FLOAT, dims=("S", "R")),
+            "returns": port(K.ACTIVATION, dtype=FLOAT, dims=("S",)),
+        },
+        outputs={"loss": port(K.ACTIVATION, dtype=FLOAT, dims=())},
+    )
+)
+register(
+    OpKind(
+        "backward",
+        "Gradients of a loss w.r.t. the weights, through the kept activations.",
+        inputs={
+            "loss": port(K.ACTIVATION, dtype=FLOAT, dims=()),
+            "weights": port(K.WEIGHTS),
+            "saved": port(K.ACTIVATION, K.BOUNDARY, optional=True),
+        },
+        outputs={"grads": port(K.GRAD)},
+        variadic_inputs="saved",
+    )
+)
+register(
+    OpKind(
+        "optimizer_step",
+        "AdamW with fp32 master weights and moments; makes the next version.",
+        inputs={
+            "weights": port(K.WEIGHTS),
+            "grads": port(K.GRAD),
+            "state": port(K.OPTIMIZER_STATE),
+        },
+        outputs={"weights": port(K.WEIGHTS), "state": port(K.OPTIMIZER_STATE)},
+    )
+)
+register(
+    OpKind(
+        "weight_sync",
+        "Hand the updated weights to the rollout role (alias, reshard or copy).",
+        inputs={"weights": port(K.WEIGHTS)},
+        outputs={"weights": port(K.WEIGHTS)},
+        attrs={"mode": "alias"},
+    )
+)

@@ -1,0 +1,101 @@
+"""The one op registry: each kind's port schema, its shape rule and its cost formula.
+
+A port declares which value kinds and dtypes it accepts and names its dimensions with
+symbols (`"S"`: samples, `"B"`: prefix rows ...). Lint binds the symbols across all ports
+of an op, so a shape disagreement along any edge is reported with the op and port.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rollplex.graph.ir import GraphError, Op, Value, ValueKind
+
+if TYPE_CHECKING:
+    from rollplex.ops.context import CostContext
+    from rollplex.ops.formulas import Cost
+
+FLOAT = "float"  # any floating dtype
+INT = "int64"
+
+
+@dataclass(slots=True, frozen=True)
+class Port:
+    kinds: frozenset[ValueKind]
+    dtype: str | None = None  # FLOAT, a concrete dtype, or None for any
+    dims: tuple[str | None, ...] | None = None  # symbols per axis; None: rank unchecked
+    optional: bool = False
+
+    def accepts_dtype(self, dtype: str) -> bool:
+        if self.dtype is None:
+            return True
+        if self.dtype == FLOAT:
+            return dtype in ("bfloat16", "float16", "float32")
+        return dtype == self.dtype
+
+
+def port(
+    *kinds: ValueKind,
+    dtype: str | None = None,
+    dims: tuple[str | None, ...] | None = None,
+    optional: bool = False,
+) -> Port:
+    return Port(frozenset(kinds), dtype, dims, optional)
+
+
+CostFn = Callable[[Op, dict[str, Value], "CostContext"], "Cost"]
+CheckFn = Callable[[Op, dict[str, int]], str | None]
+
+
+@dataclass(slots=True)
+class OpKind:
+    """Schema and formulas of one op kind."""
+
+    name: str
+    doc: str
+    inputs: dict[str, Port]
+    outputs: dict[str, Port]
+    cost: CostFn | None = None
+    check: CheckFn | None = None  # extra rule over the bound symbols (e.g. S == B * G)
+    prefix: bool = False  # response-independent work that may move into the decode window
+    variadic_inputs: str | None = None  # ports named "<this>_<i>" share this port's schema
+    attrs: dict[str, Any] = field(default_factory=dict)  # attribute defaults
+
+    def input_port(self, name: str) -> Port | None:
+        if name in self.inputs:
+            return self.inputs[name]
+        if self.variadic_inputs and name.startswith(self.variadic_inputs + "_"):
+            return self.inputs[self.variadic_inputs]
+        return None
+
+
+_REGISTRY: dict[str, OpKind] = {}
+
+
+def register(kind: OpKind) -> OpKind:
+    if kind.name in _REGISTRY:
+        raise ValueError(f"op kind '{kind.name}' registered twice")
+    _REGISTRY[kind.name] = kind
+    return kind
+
+
+def get_kind(name: str) -> OpKind:
+    _ensure_builtin()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise GraphError(
+            f"op kind '{name}'", f"unknown; known kinds: {sorted(_REGISTRY)}"
+        ) from None
+
+
+def all_kinds() -> dict[str, OpKind]:
+    _ensure_builtin()
+    return dict(_REGISTRY)
+
+
+def _ensure_builtin() -> None:
+    if not _REGISTRY:
+        import rollplex.ops.kinds  # noqa: F401  (registers the built-in kinds)
