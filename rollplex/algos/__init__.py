@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rollplex.algos.grpo import build_grpo
+from rollplex.algos.ppo import build_ppo
+from rollplex.algos.rloo import build_rloo
 from rollplex.graph.ir import Graph
 from rollplex.specs import AlgoSpec, ModelSpec, WorkloadSpec
 
 Builder = Callable[[ModelSpec, WorkloadSpec, AlgoSpec], Graph]
-ALGORITHMS: dict[str, Builder] = {"grpo": build_grpo}
+ALGORITHMS: dict[str, Builder] = {"grpo": build_grpo, "ppo": build_ppo, "rloo": build_rloo}
 
 
 def build_step(model: ModelSpec, workload: WorkloadSpec, algo: AlgoSpec) -> Graph:

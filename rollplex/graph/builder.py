@@ -215,12 +215,20 @@ class StepBuilder:
         )
 
     def reward(
-        self, responses: str, answers: str, group_size: int, name: str | None = None, **extra: str
+        self,
+        responses: str,
+        answers: str | None,
+        group_size: int,
+        name: str | None = None,
+        **extra: str,
     ) -> str:
+        """A rule reward reads `answers`; a learned reward model passes `answers=None` and
+        its `weights=`, `features=`, `text=` as extra ports."""
         out = ((self.rows(responses),), "float32", K.ACTIVATION)
+        ins = {"responses": responses} | ({"answers": answers} if answers else {})
         return self.op(
             "reward",
-            {"responses": responses, "answers": answers, **extra},
+            ins | extra,
             {"rewards": out},
             name,
             group_size=group_size,
@@ -240,6 +248,22 @@ class StepBuilder:
             "advantage", ins, {"advantages": out}, name, estimator=estimator, group_size=group_size
         )["advantages"]
 
+    def gae(
+        self, rewards: str, values: str, gamma: float, lam: float, name: str | None = None
+    ) -> tuple[str, str]:
+        """Per-token GAE advantages and the critic's targets (returns = advantages + values)."""
+        out = ((self.rows(rewards), self.max_response), "float32", K.ACTIVATION)
+        outs = self.op(
+            "advantage",
+            {"rewards": rewards, "values": values},
+            {"advantages": out, "returns": out},
+            name,
+            estimator="gae",
+            gamma=gamma,
+            lam=lam,
+        )
+        return outs["advantages"], outs["returns"]
+
     def policy_loss(
         self,
         logprobs: str,
@@ -253,6 +277,21 @@ class StepBuilder:
         if ref_logprobs:
             ins["ref_logprobs"] = ref_logprobs
         return self.op("policy_loss", ins, {"loss": ((), "float32", K.ACTIVATION)}, name, **attrs)[
+            "loss"
+        ]
+
+    def value_loss(
+        self,
+        values: str,
+        returns: str,
+        old_values: str | None = None,
+        name: str | None = None,
+        **attrs,
+    ) -> str:
+        ins = {"values": values, "returns": returns}
+        if old_values:
+            ins["old_values"] = old_values
+        return self.op("value_loss", ins, {"loss": ((), "float32", K.ACTIVATION)}, name, **attrs)[
             "loss"
         ]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rollplex.graph.ir import Op
 from rollplex.graph.ir import ValueKind as K
 from rollplex.ops.registry import FLOAT, INT, OpKind, port, register
 
@@ -21,6 +22,16 @@ def _grouped(rows: str, samples: str = "S"):
         return None
 
     return check
+
+
+def _one_coef_per_reward(op: Op, sym: dict[str, int]) -> str | None:
+    n = sum(p == "rewards" or p.startswith("rewards_") for p in op.inputs)
+    coefs = op.attrs.get("coefs")
+    if n == 0:
+        return "reads no rewards (wire rewards_0, rewards_1, ...)"
+    if coefs is not None and len(coefs) != n:
+        return f"has {n} rewards inputs but {len(coefs)} coefs"
+    return None
 
 
 register(
@@ -143,8 +154,23 @@ register(
             "rewards": port(K.ACTIVATION, dtype=FLOAT, dims=("S",)),
             "values": port(K.ACTIVATION, dtype=FLOAT, dims=("S", None), optional=True),
         },
-        outputs={"advantages": port(K.ACTIVATION, dtype=FLOAT, dims=("S",))},
+        outputs={
+            "advantages": port(K.ACTIVATION, dtype=FLOAT, dims=("S",)),
+            # GAE also yields the critic's regression targets: advantages + values.
+            "returns": port(K.ACTIVATION, dtype=FLOAT, dims=("S",), optional=True),
+        },
         attrs={"estimator": "grpo", "group_size": 1},
+    )
+)
+register(
+    OpKind(
+        "combine_rewards",
+        "Weighted sum of per-sample rewards: a rule plus learned reward models.",
+        inputs={"rewards": port(K.ACTIVATION, dtype=FLOAT, dims=("S",), optional=True)},
+        outputs={"rewards": port(K.ACTIVATION, dtype=FLOAT, dims=("S",))},
+        check=_one_coef_per_reward,
+        variadic_inputs="rewards",
+        attrs={"coefs": None},  # None: plain sum
     )
 )
 register(
@@ -168,8 +194,11 @@ register(
         inputs={
             "values": port(K.ACTIVATION, dtype=FLOAT, dims=("S", "R")),
             "returns": port(K.ACTIVATION, dtype=FLOAT, dims=("S",)),
+            # The rollout-time values the clip is centred on.
+            "old_values": port(K.ACTIVATION, dtype=FLOAT, dims=("S", "R"), optional=True),
         },
         outputs={"loss": port(K.ACTIVATION, dtype=FLOAT, dims=())},
+        attrs={"clip_eps": 0.5},  # verl's critic.cliprange_value
     )
 )
 register(
