@@ -1,4 +1,4 @@
-"""The one op registry: each kind's port schema, its shape rule and its cost formula.
+"""The one op registry: each kind's port schema and shape rule (costs: `ops.costs`).
 
 A port declares which value kinds and dtypes it accepts and names its dimensions with
 symbols (`"S"`: samples, `"B"`: prefix rows ...). Lint binds the symbols across all ports
@@ -9,13 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from rollplex.graph.ir import GraphError, Op, Value, ValueKind
-
-if TYPE_CHECKING:
-    from rollplex.ops.context import CostContext
-    from rollplex.ops.formulas import Cost
+from rollplex.graph.ir import GraphError, Op, ValueKind
 
 FLOAT = "float"  # any floating dtype
 INT = "int64"
@@ -45,7 +41,6 @@ def port(
     return Port(frozenset(kinds), dtype, dims, optional)
 
 
-CostFn = Callable[[Op, dict[str, Value], "CostContext"], "Cost"]
 CheckFn = Callable[[Op, dict[str, int]], str | None]
 
 
@@ -57,7 +52,6 @@ class OpKind:
     doc: str
     inputs: dict[str, Port]
     outputs: dict[str, Port]
-    cost: CostFn | None = None
     check: CheckFn | None = None  # extra rule over the bound symbols (e.g. S == B * G)
     prefix: bool = False  # response-independent work that may move into the decode window
     variadic_inputs: str | None = None  # ports named "<this>_<i>" share this port's schema

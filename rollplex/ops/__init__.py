@@ -1,0 +1,1 @@
+"""Op kinds: schema, FLOP/byte/memory formulas and the registry."""

@@ -1,0 +1,199 @@
+"""Per-op costs on one GPU: the registry's op kinds bound to the pure formulas.
+
+Sizes come from the graph (row counts, prefix lengths from value shapes), so a pass that
+shares a prefix across a group or merges phases changes the cost automatically. Dynamic
+response lengths come from the workload's distribution (expected values), not from the
+padded shapes. Rows split over `dp` data-parallel ranks; weights over `tp`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from rollplex.graph.ir import Graph, Op, Value
+from rollplex.ops import formulas as F
+from rollplex.ops.formulas import Cost
+from rollplex.specs import ModelSpec, WorkloadSpec
+
+
+@dataclass(slots=True, frozen=True)
+class CostContext:
+    """Everything a formula needs besides the op: specs and the parallel layout."""
+
+    model: ModelSpec
+    workload: WorkloadSpec
+    tp: int = 1
+    dp: int = 1  # data-parallel ranks sharing the rows of a batch
+    shards: int = 1  # FSDP shards of trainable state
+    checkpointing: bool = True
+
+    def per_rank(self, rows: int) -> float:
+        return math.ceil(rows / self.dp)
+
+
+def op_cost(graph: Graph, op: Op, ctx: CostContext) -> Cost:
+    """The cost of `op` on one GPU under `ctx`."""
+    return _COSTS[op.kind](graph, op, ctx)
+
+
+def prefix_flops(graph: Graph, op: Op, ctx: CostContext) -> float:
+    """FLOPs of response-independent work in `op`: prefix ops whole, and the part of a
+    backward that differentiates prefix forwards (vision and logprob_prefix)."""
+    from rollplex.ops.registry import get_kind
+
+    if get_kind(op.kind).prefix:
+        return op_cost(graph, op, ctx).flops
+    if op.kind == "backward":
+        return _backward(graph, op, ctx, prefix_only=True).flops
+    return 0.0
+
+
+def decode_steps(graph: Graph, op: Op, ctx: CostContext) -> int:
+    """Decode steps one rank runs (until its longest response ends)."""
+    kv = graph.values[op.inputs["kv"]]
+    rows = ctx.per_rank(kv.shape[2])
+    return _decode(ctx.model, ctx.workload, int(rows), op.attrs["group_size"], ctx.tp).steps
+
+
+@lru_cache(maxsize=64)
+def _decode(model: ModelSpec, workload: WorkloadSpec, prompts: int, group: int, tp: int):
+    return F.decode_rollout(model, workload, prompts, group, tp)
+
+
+def _prefix_tokens(ins: dict[str, Value]) -> int:
+    return ins["features"].shape[1] + ins["text"].shape[1]
+
+
+def _response_tokens(ctx: CostContext) -> int:
+    return max(1, round(ctx.workload.response_length.mean))
+
+
+def _vision(g: Graph, op: Op, ctx: CostContext) -> Cost:
+    ins = g.inputs_of(op)
+    px = ins["pixels"]
+    return F.vision_encode(ctx.model, ctx.per_rank(px.shape[0]), px.shape[1], ctx.tp)
+
+
+def _prefill(g: Graph, op: Op, ctx: CostContext) -> Cost:
+    ins = g.inputs_of(op)
+    rows = ctx.per_rank(ins["features"].shape[0])
+    return F.prefix_prefill(ctx.model, rows, _prefix_tokens(ins), ctx.tp)
+
+
+def _decode_cost(g: Graph, op: Op, ctx: CostContext) -> Cost:
+    ins = g.inputs_of(op)
+    rows = int(ctx.per_rank(ins["kv"].shape[2]))
+    return _decode(ctx.model, ctx.workload, rows, op.attrs["group_size"], ctx.tp).cost
+
+
+def _logprob(part: str):
+    def cost(g: Graph, op: Op, ctx: CostContext) -> Cost:
+        ins = g.inputs_of(op)
+        grad = "saved" in op.outputs
+        if part == "response":
+            rows, prefix = ctx.per_rank(ins["responses"].shape[0]), ins["kv"].shape[3]
+        else:
+            rows, prefix = ctx.per_rank(ins["features"].shape[0]), _prefix_tokens(ins)
+        return F.logprob(ctx.model, rows, prefix, _response_tokens(ctx), part, ctx.tp,
+                         grad=grad, checkpointing=ctx.checkpointing)
+
+    return cost
+
+
+def _expand(g: Graph, op: Op, ctx: CostContext) -> Cost:
+    ins = g.inputs_of(op)
+    x = ins["x"]
+    out = x.nbytes * op.attrs["group_size"] / ctx.dp
+    return Cost(bytes_read=x.nbytes / ctx.dp, bytes_written=out, persistent_bytes=out)
+
+
+def _reward(g: Graph, op: Op, ctx: CostContext) -> Cost:
+    ins = g.inputs_of(op)
+    rows = ctx.per_rank(ins["responses"].shape[0])
+    if "weights" in ins:  # a learned reward model scores prefix + response
+        prefix = _prefix_tokens(ins) if "features" in ins else 0
+        return F.logprob(ctx.model, rows, prefix, _response_tokens(ctx), "full", ctx.tp)
+    return F.reward(rows, _response_tokens(ctx))
+
+
+def _advantage(g: Graph, op: Op, ctx: CostContext) -> Cost:
+    ins = g.inputs_of(op)
+    rows = ctx.per_rank(ins["rewards"].shape[0])
+    tokens = _response_tokens(ctx) if "values" in ins else 1
+    return F.advantage(rows, op.attrs.get("group_size", 1), tokens)
+
+
+def _combine(g: Graph, op: Op, ctx: CostContext) -> Cost:
+    ins = g.inputs_of(op)
+    rows = ctx.per_rank(next(iter(ins.values())).shape[0])
+    return Cost(flops=2 * rows * len(ins), bytes_read=4 * rows * len(ins),
+                bytes_written=4 * rows, persistent_bytes=4 * rows)
+
+
+def _loss(g: Graph, op: Op, ctx: CostContext) -> Cost:
+    ins = g.inputs_of(op)
+    first = next(iter(ins.values()))
+    elems = ctx.per_rank(first.shape[0]) * _response_tokens(ctx)
+    read = elems * 4 * len(ins)
+    return Cost(flops=20 * elems, bytes_read=read, bytes_written=4, persistent_bytes=4)
+
+
+def _backward(g: Graph, op: Op, ctx: CostContext, prefix_only: bool = False) -> Cost:
+    """Backward of every forward whose kept activations it reads (one or two parts), plus
+    the vision tower's when it trains and fed those forwards."""
+    total, seen = Cost(), set()
+    weights = op.inputs["weights"]
+    for port, v in op.inputs.items():
+        fwd = g.producer(v) if port.startswith("saved") else None
+        if fwd is None or fwd.name in seen:
+            continue
+        seen.add(fwd.name)
+        ins = g.inputs_of(fwd)
+        part = {"logprob": "full", "logprob_prefix": "prefix"}.get(fwd.kind, "response")
+        if prefix_only and part != "prefix":
+            continue
+        if part == "response":
+            rows, prefix = ins["responses"].shape[0], ins["kv"].shape[3]
+        else:
+            rows, prefix = ins["features"].shape[0], _prefix_tokens(ins)
+        total += F.backward(ctx.model, ctx.per_rank(rows), prefix, _response_tokens(ctx), part,
+                            ctx.tp, checkpointing=ctx.checkpointing, shards=ctx.shards)
+        vision = g.producer(fwd.inputs["features"]) if "features" in fwd.inputs else None
+        if vision is not None and vision.kind == "vision_encode" and vision.inputs[
+                "weights"] == weights:
+            px = g.values[vision.inputs["pixels"]]
+            total += F.vision_backward(ctx.model, ctx.per_rank(px.shape[0]), px.shape[1], ctx.tp,
+                                       checkpointing=ctx.checkpointing, shards=ctx.shards)
+    return total
+
+
+def _optimizer(g: Graph, op: Op, ctx: CostContext) -> Cost:
+    ins = g.inputs_of(op)
+    return F.optimizer_step(ctx.model, ins["weights"].shape[0], ctx.shards)
+
+
+def _sync(g: Graph, op: Op, ctx: CostContext) -> Cost:
+    ins = g.inputs_of(op)
+    aliased = 1.0 if op.attrs.get("mode") == "alias" else 0.0
+    return F.weight_sync(ins["weights"].nbytes, tp=ctx.tp, aliased_fraction=aliased)
+
+
+_COSTS = {
+    "vision_encode": _vision,
+    "prefix_prefill": _prefill,
+    "decode": _decode_cost,
+    "logprob": _logprob("full"),
+    "logprob_prefix": _logprob("prefix"),
+    "logprob_response": _logprob("response"),
+    "expand_group": _expand,
+    "reward": _reward,
+    "advantage": _advantage,
+    "combine_rewards": _combine,
+    "policy_loss": _loss,
+    "value_loss": _loss,
+    "backward": _backward,
+    "optimizer_step": _optimizer,
+    "weight_sync": _sync,
+}

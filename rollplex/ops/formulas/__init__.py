@@ -1,0 +1,63 @@
+"""Pure cost formulas of every op kind: FLOPs, bytes and memory per GPU.
+
+Modules: `cost` (the `Cost` record and TP rules), `vision` (the ViT), `llm` (decoder
+forwards: prefill, decode, logprob) and `training` (backward, optimizer, sync, reward).
+"""
+
+from rollplex.ops.formulas.cost import Cost, kv_fraction, tp_allreduce_bytes
+from rollplex.ops.formulas.llm import (
+    DecodeRollout,
+    LogprobPart,
+    activation_bytes_per_token,
+    attention_flops,
+    decode_rollout,
+    decode_step,
+    decode_steps,
+    kv_bytes_per_token,
+    llm_forward,
+    logprob,
+    prefix_prefill,
+)
+from rollplex.ops.formulas.training import (
+    advantage,
+    backward,
+    optimizer_step,
+    reward,
+    vision_backward,
+    weight_sync,
+    weight_sync_link_bytes,
+)
+from rollplex.ops.formulas.vision import (
+    vision_activation_bytes_per_patch,
+    vision_encode,
+    window_attention_sq_sum,
+    workload_grid,
+)
+
+__all__ = [
+    "Cost",
+    "DecodeRollout",
+    "LogprobPart",
+    "activation_bytes_per_token",
+    "advantage",
+    "attention_flops",
+    "backward",
+    "decode_rollout",
+    "decode_step",
+    "decode_steps",
+    "kv_bytes_per_token",
+    "kv_fraction",
+    "llm_forward",
+    "logprob",
+    "optimizer_step",
+    "prefix_prefill",
+    "reward",
+    "tp_allreduce_bytes",
+    "vision_activation_bytes_per_patch",
+    "vision_backward",
+    "vision_encode",
+    "weight_sync",
+    "weight_sync_link_bytes",
+    "window_attention_sq_sum",
+    "workload_grid",
+]

@@ -1,0 +1,280 @@
+"""Costs of the LLM decoder: forward passes, prefill, decode and the logprob forwards.
+
+FLOPs count the matmuls only (2 per multiply-add), as `torch.utils.flop_counter` does:
+- per layer and token: q/o projections 2·2h², k/v projections 2·2h·kv, SwiGLU 2·3h·i;
+- attention: QKᵀ and AV, 2·2·h per (query, key) pair and layer, dense over every key a query
+  is given. That is what eager attention computes under a causal mask (no causal discount).
+  A causal flash kernel skips the masked half of a prefill; the cost model may discount it;
+- lm_head: 2·h·V per row that needs logits (`logit_rows`).
+Norms, RoPE, softmax and elementwise work are left out (<1% at real shapes).
+
+Bytes are the op's HBM traffic assuming fused kernels: the weights are read once per call,
+the KV cache of the context is read, the K/V of new tokens are written (when kept), the
+embedding rows are read and the logit rows written. Intra-layer activations stay on chip.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from rollplex.ops.formulas.cost import FP32, LOGPROB_BYTES, Cost, check_tp, kv_fraction
+from rollplex.specs.model import ModelSpec
+from rollplex.specs.workload import WorkloadSpec
+
+LogprobPart = Literal["full", "prefix", "response"]
+
+
+def attention_flops(
+    model: ModelSpec, sequences: float, queries: float, keys: float, tp: int = 1
+) -> float:
+    """QKᵀ and AV over all layers: `queries` rows each scoring `keys` keys, per sequence."""
+    check_tp(tp)
+    return 4 * sequences * queries * keys * model.hidden_size * model.num_layers / tp
+
+
+def layer_matmul_flops_per_token(model: ModelSpec, tp: int = 1) -> float:
+    """q/k/v/o and SwiGLU matmul FLOPs of one decoder layer for one token, on one GPU."""
+    h, i = model.hidden_size, model.intermediate_size
+    kvf = kv_fraction(model.num_kv_heads, tp)
+    return 2 * (2 * h * h + 3 * h * i) / tp + 2 * 2 * h * model.kv_dim * kvf
+
+
+def decoder_weight_bytes(model: ModelSpec, tp: int = 1) -> float:
+    """Bytes of all decoder layers plus the final norm that one GPU reads per forward."""
+    h, kv = model.hidden_size, model.kv_dim
+    kv_params = 2 * (h * kv + kv)  # k/v projections with bias: replicated past num_kv_heads
+    split = model.llm_layer_params() - kv_params
+    per_gpu = split / tp + kv_params * kv_fraction(model.num_kv_heads, tp)
+    return (model.num_layers * per_gpu + h / tp) * model.dtype_bytes
+
+
+def lm_head_weight_bytes(model: ModelSpec, tp: int = 1) -> float:
+    """lm_head (or the tied embedding it reuses), vocab-parallel."""
+    check_tp(tp)
+    return model.vocab_size * model.hidden_size * model.dtype_bytes / tp
+
+
+def kv_bytes_per_token(model: ModelSpec, tp: int = 1) -> float:
+    """KV-cache bytes one token keeps on one GPU, all layers."""
+    return model.kv_bytes_per_token() * kv_fraction(model.num_kv_heads, tp)
+
+
+def decoder_forward(
+    model: ModelSpec,
+    sequences: float,
+    new_tokens: float,
+    context_tokens: float,
+    tp: int,
+    keep_kv: bool,
+) -> Cost:
+    """`llm_forward` without lm_head: embedding rows through the final norm."""
+    rows = sequences * new_tokens
+    keys = context_tokens + new_tokens
+    flops = rows * model.num_layers * layer_matmul_flops_per_token(model, tp)
+    flops += attention_flops(model, sequences, new_tokens, keys, tp)
+    b, h = model.dtype_bytes, model.hidden_size
+    kv_tok = kv_bytes_per_token(model, tp)
+    weights = decoder_weight_bytes(model, tp)
+    kv_new = rows * kv_tok if keep_kv else 0.0
+    # Working set of one layer: residual + normed hidden (replicated), the SwiGLU's gate, up
+    # and product (split); a forward that does not keep its K/V holds one layer's K/V too.
+    layer_kv = 0.0 if keep_kv else rows * kv_tok / model.num_layers
+    working = rows * b * (2 * h + 3 * model.intermediate_size / tp) + layer_kv
+    return Cost(
+        flops=flops,
+        bytes_read=weights + rows * h * b + sequences * context_tokens * kv_tok,
+        bytes_written=kv_new,
+        weight_bytes=weights,
+        persistent_bytes=kv_new,
+        transient_bytes=working,
+    )
+
+
+def lm_head_forward(model: ModelSpec, sequences: float, logit_rows: float, tp: int) -> Cost:
+    """lm_head over the rows that need logits; the op keeps 4 B per row (logprob or token)."""
+    rows = sequences * logit_rows
+    if rows == 0:
+        return Cost()
+    weights = lm_head_weight_bytes(model, tp)
+    logits = rows * model.vocab_size / tp
+    kept = rows * LOGPROB_BYTES
+    return Cost(
+        flops=2 * rows * model.hidden_size * model.vocab_size / tp,
+        bytes_read=weights,
+        bytes_written=logits * model.dtype_bytes + kept,
+        weight_bytes=weights,
+        persistent_bytes=kept,
+        transient_bytes=logits * FP32,  # fp32 log-softmax / sampling scratch
+    )
+
+
+def llm_forward(
+    model: ModelSpec,
+    sequences: float,
+    new_tokens: float,
+    context_tokens: float = 0,
+    tp: int = 1,
+    logit_rows: float | None = None,
+    *,
+    keep_kv: bool = True,
+) -> Cost:
+    """Decoder forward of `new_tokens` positions per sequence over `context_tokens` cached keys.
+
+    Each new position attends to `context_tokens + new_tokens` keys. `logit_rows` rows per
+    sequence go through lm_head (default: every new token). `keep_kv=True` writes the new
+    tokens' K/V to a cache that outlives the op (persistent); otherwise it is scratch.
+    `sequences` may be fractional (an expected batch).
+    """
+    check_tp(tp)
+    rows = new_tokens if logit_rows is None else logit_rows
+    if min(sequences, new_tokens, context_tokens, rows) < 0 or rows > new_tokens:
+        raise ValueError("sizes must be >= 0 and logit_rows <= new_tokens")
+    return decoder_forward(
+        model, sequences, new_tokens, context_tokens, tp, keep_kv
+    ) + lm_head_forward(model, sequences, rows, tp)
+
+
+def prefix_prefill(model: ModelSpec, sequences: float, prefix_tokens: int, tp: int = 1) -> Cost:
+    """Prefill of the prefix: keeps its KV cache and samples the first token from the last row."""
+    return llm_forward(model, sequences, prefix_tokens, 0, tp, logit_rows=1)
+
+
+def decode_step(model: ModelSpec, batch: float, context_tokens: float, tp: int = 1) -> Cost:
+    """One decode step: one new token per sequence over `context_tokens` cached keys."""
+    return llm_forward(model, batch, 1, context_tokens, tp, logit_rows=1)
+
+
+@dataclass(slots=True, frozen=True)
+class DecodeRollout:
+    """The whole rollout's decode: its summed cost and the shape of the run."""
+
+    cost: Cost
+    steps: int  # decode steps until the longest response ends
+    generated_tokens: float  # expected tokens over all sequences (incl. the prefill's first)
+
+
+def decode_steps(workload: WorkloadSpec, batch: int) -> int:
+    """Decode steps of a batch: the expected longest response, less the prefill's first token."""
+    return max(0, math.ceil(workload.response_length.expected_max(batch) - 1e-9) - 1)
+
+
+def decode_rollout(
+    model: ModelSpec,
+    workload: WorkloadSpec,
+    prompts: int,
+    group_size: int | None = None,
+    tp: int = 1,
+) -> DecodeRollout:
+    """Decode of `prompts × group_size` sequences (default G: the workload's) after the prefill.
+
+    The prefill already sampled token 0. Step s feeds token s of every sequence still active
+    (length > s+1) over its prefix plus s cached response tokens, so the batch shrinks and the
+    context grows step by step. Finished sequences free their KV (vLLM does), so the scratch
+    is the live response KV at its peak. Each sequence reads its own prefix KV (no cascade
+    attention). Output: token ids and logprobs, 2x4 B per token.
+    """
+    group_size = workload.group_size if group_size is None else group_size
+    batch = prompts * group_size
+    lengths = workload.response_length
+    prefix = workload.prefix_tokens(model.vision)
+    steps = decode_steps(workload, batch)
+    kv_tok = kv_bytes_per_token(model, tp)
+    total = Cost()
+    tokens = float(batch)  # the prefill's token 0
+    peak_kv = 0.0
+    for s in range(steps):
+        active = lengths.expected_active(batch, s + 1)
+        if active <= 0:
+            break
+        step = decode_step(model, active, prefix + s, tp)
+        # The step's new K/V stays in the rollout's scratch; only the token leaves it.
+        total += Cost(
+            flops=step.flops,
+            bytes_read=step.bytes_read,
+            bytes_written=step.bytes_written,
+            weight_bytes=step.weight_bytes,
+            transient_bytes=step.transient_bytes,
+        )
+        tokens += active
+        peak_kv = max(peak_kv, active * (s + 1) * kv_tok)
+    out = tokens * 2 * LOGPROB_BYTES
+    # The steps wrote each token id (lm_head's 4 B per row); the logprob beside it is extra.
+    extra = tokens * LOGPROB_BYTES
+    total += Cost(bytes_written=extra, persistent_bytes=out, transient_bytes=peak_kv)
+    return DecodeRollout(cost=total, steps=steps, generated_tokens=tokens)
+
+
+def activation_bytes_per_token(model: ModelSpec, checkpointing: bool, tp: int = 1) -> float:
+    """Activation bytes one token keeps for the backward, all decoder layers, on one GPU.
+
+    Outside the layers, always: the final norm's input and output (lm_head's input) and its
+    fp32 rstd. With checkpointing only each layer's input hidden state is kept besides.
+    Without it, per layer, assuming fused RMSNorm (saves input + fp32 rstd) and flash attention
+    (saves q, k, v, output and fp32 logsumexp), and an autograd-composed SwiGLU:
+    - replicated under TP: layer input, norm1 output, post-attention residual, norm2 output (4h);
+    - split by heads: q and attention output (2h), k and v (2 kv), logsumexp (4 B per head);
+    - split by the SwiGLU: gate, up, silu(gate) and their product (4i);
+    - two rstd values (2 x 4 B).
+    Plain HF RMSNorm is unfused and keeps one more h-wide tensor per norm (fp32 under bf16).
+    Logits saved for the loss are counted by `logprob(grad=True)`, not here.
+    """
+    b, h, i = model.dtype_bytes, model.hidden_size, model.intermediate_size
+    final_norm = 2 * h * b + FP32
+    if checkpointing:
+        return model.num_layers * h * b + final_norm
+    kvf = kv_fraction(model.num_kv_heads, tp)
+    per_layer = (
+        b * (4 * h + (2 * h + 4 * i) / tp + 2 * model.kv_dim * kvf)
+        + FP32 * model.num_heads / tp
+        + 2 * FP32
+    )
+    return model.num_layers * per_layer + final_norm
+
+
+def logprob_shape(
+    part: LogprobPart, prefix_tokens: int, response_tokens: int
+) -> tuple[int, int, int, bool]:
+    """(new tokens, context tokens, logit rows, keep_kv) of one logprob part.
+
+    The response's logprobs need the logits of the last prefix position and of the response
+    positions, so full keeps R+1 rows, prefix 1 (its last) and response R (last one unused).
+    """
+    if part == "full":
+        return prefix_tokens + response_tokens, 0, response_tokens + 1, False
+    if part == "prefix":
+        return prefix_tokens, 0, 1, True  # its KV feeds the response part
+    if part == "response":
+        return response_tokens, prefix_tokens, response_tokens, False
+    raise ValueError(f"unknown logprob part {part!r}")
+
+
+def logprob(
+    model: ModelSpec,
+    sequences: float,
+    prefix_tokens: int,
+    response_tokens: int,
+    part: LogprobPart = "full",
+    tp: int = 1,
+    *,
+    grad: bool = False,
+    checkpointing: bool = True,
+) -> Cost:
+    """Forward that scores the response tokens (reference or actor), whole or split.
+
+    full: one forward over prefix+response (verl). prefix: the prefix alone, keeping its KV.
+    response: the response over the cached prefix. prefix + response equals full in FLOPs
+    except for the prefix queries against response keys, which full computes and masks.
+    With `grad` (the actor's training forward) the activations for the backward are kept too,
+    plus the fp32 log-softmax of the logit rows that the loss backward needs.
+    """
+    new, context, rows, keep_kv = logprob_shape(part, prefix_tokens, response_tokens)
+    cost = llm_forward(model, sequences, new, context, tp, logit_rows=rows, keep_kv=keep_kv)
+    if not grad:
+        return cost
+    saved = sequences * new * activation_bytes_per_token(model, checkpointing, tp)
+    if keep_kv and not checkpointing:
+        saved -= sequences * new * kv_bytes_per_token(model, tp)  # the cache is the saved k/v
+    saved += sequences * rows * model.vocab_size / tp * FP32
+    return cost + Cost(bytes_written=saved, persistent_bytes=saved)

@@ -1,0 +1,204 @@
+"""Costs of the training side: backward, optimizer step, weight sync, reward and advantage.
+
+Backward of a matmul computes the input's gradient and the weight's gradient, each as costly
+as the forward, so backward ≈ 2x the forward FLOPs (forward + backward ≈ 3x). Activation
+checkpointing re-runs each checkpointed layer's forward inside the backward: +1x of the
+layers, not of lm_head, and less each layer's last matmul (down_proj), because torch's
+non-reentrant checkpoint (the HF and FSDP2 default) stops recomputing once every saved
+tensor is back and nothing saves down_proj's output. A frozen vision tower has no backward
+at all: its features need no gradient, so the LLM's backward stops at the embeddings.
+
+Sharding: `tp` splits like the forward; `shards` is the FSDP/ZeRO degree that splits the
+gradients after reduce-scatter and the optimizer state. Gradients are in the model's compute
+dtype (bf16 for the real presets).
+"""
+
+from __future__ import annotations
+
+from rollplex.ops.formulas.cost import FP32, Cost, check_tp
+from rollplex.ops.formulas.llm import (
+    LogprobPart,
+    activation_bytes_per_token,
+    decoder_forward,
+    kv_bytes_per_token,
+    lm_head_forward,
+    logprob_shape,
+)
+from rollplex.ops.formulas.vision import vision_activation_bytes_per_patch, vision_encode
+from rollplex.specs.model import ModelSpec
+
+ADAMW_FLOPS_PER_PARAM = 12  # moments, bias corrections, sqrt, divide, decay, update
+ADAMW_STATE_BYTES = 12  # fp32 master weights, first and second moments
+
+
+def _check_shards(shards: int) -> None:
+    if shards < 1 or int(shards) != shards:
+        raise ValueError(f"shards must be a positive integer, got {shards}")
+
+
+def backward(
+    model: ModelSpec,
+    sequences: float,
+    prefix_tokens: int,
+    response_tokens: int,
+    part: LogprobPart = "full",
+    tp: int = 1,
+    *,
+    checkpointing: bool = True,
+    shards: int = 1,
+) -> Cost:
+    """Backward of the actor's `logprob(..., grad=True)` forward with the same arguments.
+
+    Reads the weights (twice with checkpointing: recompute and backward) and the saved
+    activations; writes the LLM gradients, sharded over `shards` (persistent: the optimizer
+    reads them). Split training (prefix and response parts) accumulates into one gradient
+    buffer, which the planner should count once. Scratch: one layer's full activations (the
+    recomputed layer), one layer's unsharded gradients, and the forward's own scratch.
+    """
+    _check_shards(shards)
+    new, context, rows, keep_kv = logprob_shape(part, prefix_tokens, response_tokens)
+    layers = decoder_forward(model, sequences, new, context, tp, keep_kv)
+    head = lm_head_forward(model, sequences, rows, tp)
+    tokens = sequences * new
+    kv_tok = kv_bytes_per_token(model, tp)
+    # Reads what the forward kept (see `logprob(grad=True)`): activations and the fp32
+    # log-softmax rows; the prefix part also reads the K/V gradients the response part left.
+    saved = tokens * activation_bytes_per_token(model, checkpointing, tp)
+    saved += sequences * rows * model.vocab_size / tp * FP32
+    saved += tokens * kv_tok if keep_kv else 0.0
+    down_proj = 2 * tokens * model.hidden_size * model.intermediate_size / tp
+    recompute = layers.flops - model.num_layers * down_proj if checkpointing else 0.0
+    weights = layers.weight_bytes * (2 if checkpointing else 1) + head.weight_bytes
+    grads = model.llm_param_count() * model.dtype_bytes / tp / shards
+    # The response part hands the gradients of the cached prefix K/V to the prefix part.
+    kv_grads = sequences * context * kv_tok
+    layer_acts = tokens * activation_bytes_per_token(model, False, tp) / model.num_layers
+    layer_grads = model.llm_layer_params() * model.dtype_bytes / tp
+    scratch = (layers + head).transient_bytes + layer_acts + layer_grads
+    return Cost(
+        flops=2 * (layers.flops + head.flops) + recompute,
+        bytes_read=weights + saved,
+        bytes_written=grads + kv_grads,
+        weight_bytes=weights,
+        persistent_bytes=grads + kv_grads,
+        transient_bytes=scratch,
+    )
+
+
+def vision_backward(
+    model: ModelSpec,
+    images: float,
+    patches_per_image: int,
+    tp: int = 1,
+    *,
+    checkpointing: bool = True,
+    shards: int = 1,
+    temporal_patches: int = 1,
+    grid_hw: tuple[int, int] | None = None,
+) -> Cost:
+    """Backward of a trainable vision tower (`model.trainable_vision`), as `backward` does.
+
+    The patch embed needs no input gradient (pixels), so it costs 1x, not 2x; checkpointing
+    recomputes the blocks (less their down_proj, see above), not the patch embed or merger.
+    """
+    _check_shards(shards)
+    check_tp(tp)
+    v = model.vision
+    fwd = vision_encode(
+        model, images, patches_per_image, tp, temporal_patches=temporal_patches, grid_hw=grid_hw
+    )
+    n = images * patches_per_image
+    patch_embed = 2 * n * v.patch_dim * v.hidden_size / tp
+    merger = 2 * n * v.hidden_size * (v.hidden_size * v.merge_factor + v.out_hidden_size) / tp
+    down_proj = v.depth * 2 * n * v.hidden_size * v.intermediate_size / tp
+    recompute = fwd.flops - patch_embed - merger - down_proj if checkpointing else 0.0
+    weights = fwd.weight_bytes * (2 if checkpointing else 1)
+    saved = n * vision_activation_bytes_per_patch(model, checkpointing, tp)
+    grads = v.param_count() * model.dtype_bytes / tp / shards
+    layer_acts = n * vision_activation_bytes_per_patch(model, False, tp) / v.depth
+    return Cost(
+        flops=2 * fwd.flops - patch_embed + recompute,
+        bytes_read=weights + saved,
+        bytes_written=grads,
+        weight_bytes=weights,
+        persistent_bytes=grads,
+        transient_bytes=fwd.transient_bytes + layer_acts,
+    )
+
+
+def optimizer_step(
+    model: ModelSpec, trainable_params: float | None = None, shards: int = 1
+) -> Cost:
+    """AdamW on this GPU's 1/`shards` of the trainable parameters (default: the model's).
+
+    Reads the gradients and the fp32 master weights and moments (12 B/param); writes the
+    state back plus the compute-dtype parameters the forward uses. Persistent: state and
+    parameters (12 + 2 B/param for bf16); the gradients (2 B/param) are `backward`'s output,
+    so the whole training footprint is 16 B/param / shards. Scratch: one fp32 temporary.
+    """
+    _check_shards(shards)
+    params = model.trainable_param_count() if trainable_params is None else trainable_params
+    p = params / shards
+    b = model.dtype_bytes
+    kept = p * (ADAMW_STATE_BYTES + b)
+    return Cost(
+        flops=ADAMW_FLOPS_PER_PARAM * p,
+        bytes_read=p * (b + ADAMW_STATE_BYTES),
+        bytes_written=kept,
+        weight_bytes=p * FP32,  # the master weights
+        persistent_bytes=kept,
+        transient_bytes=p * FP32,
+    )
+
+
+def weight_sync(
+    param_bytes: float, *, tp: int = 1, shards: int = 1, aliased_fraction: float = 0.0
+) -> Cost:
+    """Rebuild the rollout's weights (TP degree `tp`) from the trainer's after a step.
+
+    Each GPU needs its 1/tp of the weights, less the `aliased_fraction` that shares the
+    trainer's storage (parallelism-aware weight sharing). It reads that much (locally or
+    from peers) and writes it into the rollout layout, which it keeps. The part that crosses
+    links is `weight_sync_link_bytes`; the cost model turns both into time.
+    """
+    if not 0.0 <= aliased_fraction <= 1.0:
+        raise ValueError(f"aliased_fraction must lie in [0, 1], got {aliased_fraction}")
+    _check_shards(shards)
+    check_tp(tp)
+    need = (1 - aliased_fraction) * param_bytes / tp
+    return Cost(bytes_read=need, bytes_written=need, weight_bytes=need, persistent_bytes=need)
+
+
+def weight_sync_link_bytes(
+    param_bytes: float, *, tp: int = 1, shards: int = 1, aliased_fraction: float = 0.0
+) -> float:
+    """Bytes each GPU receives over links in `weight_sync`: of what it needs, a GPU of an
+    FSDP group of `shards` already holds about 1/shards; the rest is gathered from peers."""
+    need = weight_sync(param_bytes, tp=tp, shards=shards, aliased_fraction=aliased_fraction)
+    return need.bytes_written * (1 - 1 / shards)
+
+
+def reward(samples: float, response_tokens: float) -> Cost:
+    """Rule-based reward: a pass over each response's token ids, one fp32 score per sample.
+    (A reward model would be priced as a `logprob`-style forward instead.)"""
+    scores = samples * FP32
+    return Cost(
+        flops=samples * response_tokens,
+        bytes_read=samples * response_tokens * 4,  # int32 token ids
+        bytes_written=scores,
+        persistent_bytes=scores,
+    )
+
+
+def advantage(samples: float, group_size: int, tokens_per_sample: float = 1) -> Cost:
+    """Group-relative advantage (GRPO/RLOO): mean and std of each group's rewards, then a
+    normalised score, broadcast over `tokens_per_sample` tokens (verl keeps it per token)."""
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    out = samples * tokens_per_sample * FP32
+    return Cost(
+        flops=samples * (8 + tokens_per_sample),  # sums, squares, sqrt, normalise, broadcast
+        bytes_read=samples * FP32,
+        bytes_written=out,
+        persistent_bytes=out,
+    )
