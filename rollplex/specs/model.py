@@ -3,7 +3,6 @@ price its ops and build the real transformers model from the same numbers."""
 
 from __future__ import annotations
 
-from functools import cached_property
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -159,8 +158,9 @@ class ModelSpec(Spec):
         """KV-cache bytes one token keeps across all layers."""
         return 2 * self.num_layers * self.kv_dim * self.dtype_bytes
 
-    @cached_property
-    def _hf_kwargs(self) -> dict[str, Any]:
+    def hf_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of `Qwen2_5_VLConfig` (computed fresh: specs are copied with
+        `model_copy(update=...)`, which would carry a cached value over stale)."""
         st = self.special_tokens
         text = dict(
             hidden_size=self.hidden_size,
@@ -205,7 +205,7 @@ class ModelSpec(Spec):
         """The transformers `Qwen2_5_VLConfig` with these shapes (imports transformers lazily)."""
         from transformers import Qwen2_5_VLConfig
 
-        return Qwen2_5_VLConfig(**self._hf_kwargs)
+        return Qwen2_5_VLConfig(**self.hf_kwargs())
 
 
 def _qwen(

@@ -10,13 +10,11 @@ from rollplex.specs.base import Spec
 
 
 class ParallelSpec(Spec):
-    """Parallel degrees of the two roles. None means: let the planner choose."""
+    """Parallel degrees of the two roles; training is FSDP over all its GPUs / train_tp."""
 
     rollout_tp: int | None = Field(None, ge=1, description="Tensor-parallel degree of rollout.")
     train_tp: int = Field(1, ge=1, description="Tensor-parallel degree of training.")
-    train_fsdp: int | None = Field(
-        None, ge=1, description="FSDP (sharded data-parallel) degree of training; None: all GPUs."
-    )
+
 
 
 class ScheduleSpec(Spec):
@@ -32,10 +30,16 @@ class ScheduleSpec(Spec):
         description="Apply the deduplicating passes (share_group_prefix, "
         "reuse_across_phases). serial with dedup=false is the verl baseline.",
     )
-    overlap: Literal["auto", "streams", "sm_partition"] = Field(
+    overlap: Literal["auto", "piggyback", "streams", "sm_partition", "none"] = Field(
         "auto",
-        description="How rollplex co-runs prefix work beside decode: two streams, "
-        "an SM partition, or whichever the interference model predicts faster.",
+        description="How rollplex co-runs prefix work with decode. piggyback: same-weights "
+        "prefix rows ride decode steps; streams: a second stream; sm_partition: SM "
+        "partitions (green contexts); auto: whichever the interference model predicts "
+        "fastest per op; none: keep serial placement.",
+    )
+    train_micro_tokens: int = Field(
+        16384, ge=1, description="Tokens per GPU in one training micro-batch (activations "
+        "of one micro-batch are live at a time)."
     )
     decode_sm_fraction: float = Field(
         0.5, gt=0, lt=1, description="Share of SMs given to decode when partitioned."

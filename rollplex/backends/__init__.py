@@ -1,0 +1,1 @@
+"""Backends that run a plan's ops: torch/ (transformers models), vllm/, fsdp/."""

@@ -1,0 +1,50 @@
+"""The per-op functions of the torch backend, in one place for the executor.
+
+One GRPO step over B prompts and G samples each, with the prefix computed once per prompt:
+
+    feats = vision_encode(model, batch.pixel_values, batch.image_grid_thw)
+    state = expand_prefix(prefix_forward(model, batch, feats, grad=False), G)
+    tokens, old_logp, lengths = decode(model, state, R, temperature, top_p, gen, eos_id)
+    with torch.no_grad():                       # reference model, same prefix trick
+        ref_logp = response_logprobs(ref, expand_prefix(prefix_forward(ref, ...), G), ...)
+    adv = group_advantages(rewards, G)
+    feats = vision_encode(model, ...)           # with grad when the tower/merger trains
+    logp = response_logprobs(model, expand_prefix(prefix_forward(..., grad=True), G), ...)
+    loss, metrics = grpo_loss(logp, old_logp, ref_logp, adv, mask, clip_eps, kl_coef)
+
+`full_logprobs` is the verl-style path (prefix recomputed per sample), kept as the
+baseline and the yardstick.
+"""
+
+from __future__ import annotations
+
+from rollplex.backends.torch.batch import PromptBatch, PromptInputs, collate_prompts
+from rollplex.backends.torch.decode import decode, sample_next
+from rollplex.backends.torch.logprob import (
+    full_logits,
+    full_logprobs,
+    response_logprobs,
+    response_mask,
+    token_logprobs,
+)
+from rollplex.backends.torch.loss import group_advantages, grpo_loss
+from rollplex.backends.torch.prefix import PrefixState, expand_prefix, prefix_forward, vision_encode
+
+__all__ = [
+    "PrefixState",
+    "PromptBatch",
+    "PromptInputs",
+    "collate_prompts",
+    "decode",
+    "expand_prefix",
+    "full_logits",
+    "full_logprobs",
+    "group_advantages",
+    "grpo_loss",
+    "prefix_forward",
+    "response_logprobs",
+    "response_mask",
+    "sample_next",
+    "token_logprobs",
+    "vision_encode",
+]

@@ -1,0 +1,131 @@
+"""Per-token logprobs of responses: the prefix-sharing path and the verl-style reference.
+
+`response_logprobs` runs only the response tokens, on top of a (shared) prefix cache; the
+first response token is scored by the prefix's last logits. `full_logprobs` runs prefix +
+response for every sample with no reuse, vision tower included, through transformers' own
+`Qwen2_5_VLModel.forward`: it is what a serial verl step computes, and the yardstick the
+prefix path is tested against.
+
+Both follow the caller's grad mode: under `torch.no_grad()` they are the reference (or
+old-policy) scorer, with grad they are the training forward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rollplex.backends.torch.batch import PromptBatch
+from rollplex.backends.torch.prefix import (
+    Model,
+    PrefixState,
+    cache_kv,
+    embed_tokens,
+    fork_cache,
+    lm_hidden,
+    response_positions,
+)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[token] in fp32, without materialising the full log-softmax."""
+    logits = logits.float()
+    return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+
+
+def response_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """[N, width] bool: True on the first `lengths[row]` tokens."""
+    return torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
+
+
+def response_logprobs(
+    model: Model, state: PrefixState, responses: torch.Tensor, lengths: torch.Tensor
+) -> torch.Tensor:
+    """Logprobs [N, R] of right-padded `responses` [N, R] given the prefix in `state`
+    (one row per response, i.e. after expand_prefix); 0 past each row's length."""
+    n, width = responses.shape
+    if n != state.rows:
+        raise ValueError(f"{n} responses for {state.rows} prefix rows (expand_prefix first?)")
+    valid = response_mask(lengths, width)
+    parts = [token_logprobs(state.last_logits, responses[:, 0]).unsqueeze(1)]
+    if width > 1:
+        # Token j is fed to predict token j+1, so the last token is never fed.
+        mask = torch.cat([state.attention_mask, valid[:, :-1].to(state.attention_mask.dtype)], 1)
+        hidden = lm_hidden(
+            model,
+            embed_tokens(model, responses[:, :-1]),
+            response_positions(state, width - 1),
+            mask,
+            fork_cache(cache_kv(state.cache)),
+        )
+        parts.append(token_logprobs(model.lm_head(hidden), responses[:, 1:]))
+    out = torch.cat(parts, 1)
+    return torch.where(valid, out, torch.zeros_like(out))
+
+
+def _full_sequences(
+    batch: PromptBatch, responses: torch.Tensor, lengths: torch.Tensor, group_size: int, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded [prefix_b, response_i] rows: input ids, mm types, mask, prefix lengths."""
+    plen = batch.lengths.repeat_interleave(group_size)
+    total = plen + lengths
+    width = int(total.max())
+    ids = torch.full((responses.shape[0], width), pad_id, dtype=torch.long)
+    types = torch.zeros_like(ids, dtype=batch.mm_token_type_ids.dtype)
+    for i, (p, r) in enumerate(zip(plen.tolist(), lengths.tolist(), strict=True)):
+        b = i // group_size
+        ids[i, :p] = batch.input_ids[b, :p]
+        ids[i, p : p + r] = responses[i, :r]
+        types[i, :p] = batch.mm_token_type_ids[b, :p]
+    mask = response_mask(total, width).long()
+    dev = batch.input_ids.device
+    return ids.to(dev), types.to(dev), mask.to(dev), plen
+
+
+def full_logits(
+    model: Model,
+    batch: PromptBatch,
+    responses: torch.Tensor,
+    lengths: torch.Tensor,
+    group_size: int,
+) -> torch.Tensor:
+    """Logits [N, R, V] that score each response token, from one full forward per sample
+    (N = batch.size * group_size; response i belongs to prompt i // group_size)."""
+    n, width = responses.shape
+    if n != batch.size * group_size:
+        raise ValueError(f"{n} responses for {batch.size} prompts x G={group_size}")
+    pad_id = model.config.text_config.pad_token_id or 0
+    ids, types, mask, plen = _full_sequences(batch, responses, lengths, group_size, pad_id)
+    # verl recomputes the image for every sample: repeat each prompt's patches G times.
+    chunks = batch.pixel_values.split(batch.patches_per_prompt())
+    pixels = torch.cat([c for c in chunks for _ in range(group_size)])
+    grid = batch.image_grid_thw.repeat_interleave(group_size, dim=0)
+    positions, _ = model.model.get_rope_index(
+        ids, mm_token_type_ids=types, image_grid_thw=grid, attention_mask=mask
+    )
+    hidden = model.model(
+        input_ids=ids,
+        pixel_values=pixels,
+        image_grid_thw=grid,
+        mm_token_type_ids=types,
+        attention_mask=mask,
+        position_ids=positions,
+        use_cache=False,
+    ).last_hidden_state
+    # Response token j of row i is predicted at index plen_i - 1 + j.
+    idx = (plen.to(ids.device) - 1)[:, None] + torch.arange(width, device=ids.device)
+    idx = idx.clamp(max=ids.shape[1] - 1)
+    picked = hidden.gather(1, idx.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    return model.lm_head(picked)
+
+
+def full_logprobs(
+    model: Model,
+    batch: PromptBatch,
+    responses: torch.Tensor,
+    lengths: torch.Tensor,
+    group_size: int,
+) -> torch.Tensor:
+    """Logprobs [N, R] of the responses with no prefix reuse; 0 past each row's length."""
+    logits = full_logits(model, batch, responses, lengths, group_size)
+    out = token_logprobs(logits, responses)
+    return torch.where(response_mask(lengths, responses.shape[1]), out, torch.zeros_like(out))

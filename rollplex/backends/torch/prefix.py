@@ -1,0 +1,166 @@
+"""The response-independent half of a step: vision features and the prefix forward.
+
+A prompt's prefix (image tokens + question) is the same for all G responses sampled from
+it, so it runs once per prompt and its KV cache is shared:
+
+    vision_encode -> prefix_forward -> expand_prefix(G) -> decode / response_logprobs
+
+Layout: prompts are right-padded (see batch.py). Each row's M-RoPE positions come from
+`get_rope_index` over its valid tokens; the first response token sits at position
+`next_positions[row]` on all three axes (= prefix length + rope delta), the next one at +1,
+and so on. Positions are always passed explicitly: transformers keeps `rope_deltas` as
+state on the module, and with explicit positions that state is never read.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+from transformers import DynamicCache, Qwen2_5_VLForConditionalGeneration
+from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLTextModel
+
+from rollplex.backends.torch.batch import PromptBatch
+
+Model = Qwen2_5_VLForConditionalGeneration
+
+
+@dataclass(slots=True)
+class PrefixState:
+    """What the response half needs from a prefix forward, one row per sequence."""
+
+    cache: DynamicCache  # K/V of every prefix position (pads included, masked out)
+    last_logits: torch.Tensor  # [N, V] logits at each row's last valid prefix token
+    attention_mask: torch.Tensor  # [N, P] long, 1 on valid prefix tokens
+    next_positions: torch.Tensor  # [N] long, M-RoPE position of the first response token
+    rope_deltas: torch.Tensor  # [N] long, M-RoPE position minus token index for text
+    lengths: torch.Tensor  # [N] long, valid prefix tokens
+    group_size: int = 1  # rows per prompt (after expand_prefix)
+
+    @property
+    def rows(self) -> int:
+        return int(self.last_logits.shape[0])
+
+
+@cache
+def _cache_kwarg() -> str:
+    # transformers renamed `past_key_values` to `cache` after 5.19; accept both.
+    params = inspect.signature(Qwen2_5_VLTextModel.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def lm_hidden(
+    model: Model,
+    embeds: torch.Tensor,
+    positions: torch.Tensor,
+    attention_mask: torch.Tensor,
+    kv: DynamicCache | None,
+) -> torch.Tensor:
+    """Final-norm hidden states of the LLM for `embeds` [N, T, H] at M-RoPE `positions`
+    [3, N, T]. `attention_mask` [N, past + T] covers the cached tokens too; `kv` is
+    extended in place with the new tokens' K/V."""
+    out = model.model.language_model(
+        inputs_embeds=embeds,
+        position_ids=positions,
+        attention_mask=attention_mask,
+        use_cache=kv is not None,
+        **{_cache_kwarg(): kv},
+    )
+    return out.last_hidden_state
+
+
+def embed_tokens(model: Model, ids: torch.Tensor) -> torch.Tensor:
+    return model.get_input_embeddings()(ids)
+
+
+def new_cache(model: Model) -> DynamicCache:
+    """An empty cache with the model's layer types."""
+    return DynamicCache(config=model.config)
+
+
+def fork_cache(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
+    """A new cache object holding per-layer (K, V). DynamicCache copies them in and grows by
+    concatenation, so appending to the fork never touches the caller's tensors (and the
+    copy is differentiable)."""
+    return DynamicCache(ddp_cache_data=kv)
+
+
+def cache_kv(kv: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys, layer.values) for layer in kv.layers]
+
+
+def vision_encode(model: Model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+    """Merged visual features [sum tokens, H], images in order: the vision tower plus the
+    2x2 merger, exactly the call `get_image_features` makes. Autograd follows the caller's
+    grad mode (and the tower's requires_grad flags)."""
+    visual = model.model.visual
+    return visual(pixel_values.type(visual.dtype), grid_thw=grid_thw).pooler_output
+
+
+def prefix_forward(
+    model: Model, batch: PromptBatch, vision_features: torch.Tensor, grad: bool
+) -> PrefixState:
+    """One forward over each prompt's prefix, keeping its KV cache.
+
+    With `grad=True` the graph is kept, even inside a caller's no_grad: a loss on the
+    responses backpropagates through the cache and `last_logits` into the LLM, and through
+    `vision_features` into the merger and the tower when those were computed with grad."""
+    with torch.enable_grad() if grad else torch.no_grad():
+        embeds = embed_tokens(model, batch.input_ids)
+        image_mask = (batch.input_ids == model.config.image_token_id).unsqueeze(-1)
+        if int(image_mask.sum()) != vision_features.shape[0]:
+            raise ValueError(
+                f"{int(image_mask.sum())} image tokens but {vision_features.shape[0]} features"
+            )
+        embeds = embeds.masked_scatter(image_mask, vision_features.to(embeds.dtype))
+        positions, deltas = model.model.get_rope_index(
+            batch.input_ids,
+            mm_token_type_ids=batch.mm_token_type_ids,
+            image_grid_thw=batch.image_grid_thw,
+            attention_mask=batch.attention_mask,
+        )
+        kv = new_cache(model)
+        hidden = lm_hidden(model, embeds, positions, batch.attention_mask, kv)
+        rows = torch.arange(batch.size, device=hidden.device)
+        last_logits = model.lm_head(hidden[rows, batch.lengths - 1])
+    deltas = deltas.view(-1).to(batch.lengths.device)
+    return PrefixState(
+        cache=kv,
+        last_logits=last_logits,
+        attention_mask=batch.attention_mask,
+        next_positions=batch.lengths + deltas,
+        rope_deltas=deltas,
+        lengths=batch.lengths,
+    )
+
+
+def expand_prefix(state: PrefixState, group_size: int) -> PrefixState:
+    """Share each row across `group_size` consecutive rows (row b -> rows b*G .. b*G+G-1).
+
+    K/V are repeated into a new cache object, so the input state stays usable; under
+    autograd the repeat sums the G rows' gradients back into the one prefix."""
+    if group_size < 1:
+        raise ValueError("group_size must be >= 1")
+
+    def rep(t: torch.Tensor) -> torch.Tensor:
+        return t.repeat_interleave(group_size, dim=0)
+
+    kv = [(rep(k), rep(v)) for k, v in cache_kv(state.cache)]
+    return PrefixState(
+        cache=fork_cache(kv),
+        last_logits=rep(state.last_logits),
+        attention_mask=rep(state.attention_mask),
+        next_positions=rep(state.next_positions),
+        rope_deltas=rep(state.rope_deltas),
+        lengths=rep(state.lengths),
+        group_size=state.group_size * group_size,
+    )
+
+
+def response_positions(state: PrefixState, steps: int, offset: int = 0) -> torch.Tensor:
+    """M-RoPE positions [3, N, steps] of response tokens offset .. offset+steps-1: text
+    positions continue from the prefix on all three axes."""
+    pos = state.next_positions[:, None] + offset + torch.arange(steps, device=state.lengths.device)
+    return pos.unsqueeze(0).expand(3, -1, -1)
