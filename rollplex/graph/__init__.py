@@ -14,7 +14,7 @@ from rollplex.graph.ir import Graph, GraphError, Op, Phase, Value, ValueKind
 _LAZY = {
     "Prompts": "rollplex.graph.builder",
     "StepBuilder": "rollplex.graph.builder",
-    "lint": "rollplex.graph.lint",
+    "lint": "rollplex.graph.invariants",
     "from_json": "rollplex.graph.serialize",
     "to_json": "rollplex.graph.serialize",
     "stable_hash": "rollplex.graph.serialize",

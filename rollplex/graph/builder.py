@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from rollplex.graph.invariants import lint
 from rollplex.graph.ir import Graph, Op, Phase, Value, ValueKind, version_model
-from rollplex.graph.lint import lint
 from rollplex.ops.registry import get_kind
 from rollplex.specs import ModelSpec, WorkloadSpec
 

@@ -210,6 +210,12 @@ class Graph:
             ],
         )
 
+    def lint(self) -> Graph:
+        """Check every invariant (see `rollplex.graph.invariants`); raise GraphError."""
+        from rollplex.graph.invariants import lint
+
+        return lint(self)
+
     def __iter__(self) -> Iterator[Op]:
         return iter(self.ops.values())
 

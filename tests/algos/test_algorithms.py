@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from rollplex.algos import ALGORITHMS, build_step
+from rollplex.graph.invariants import lint
 from rollplex.graph.ir import Graph, GraphError, Op, Phase, Value, ValueKind, version_model
 from rollplex.graph.lineage import lineage
-from rollplex.graph.lint import lint
 from rollplex.graph.passes import DEDUP_PASSES, SPLIT_ONLY, run_passes
 from rollplex.graph.serialize import from_json, stable_hash, to_json
 from rollplex.specs import MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec

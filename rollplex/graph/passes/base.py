@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from rollplex.graph.invariants import lint
 from rollplex.graph.ir import Graph
-from rollplex.graph.lint import lint
 
 PassFn = Callable[[Graph], tuple[Graph, bool]]
 

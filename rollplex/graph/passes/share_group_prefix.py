@@ -19,25 +19,32 @@ from rollplex.ops.registry import get_kind
 
 def share_group_prefix(graph: Graph) -> tuple[Graph, bool]:
     changed = False
+    made = dict(graph.producers())  # kept current by hand: no index rebuild per rewrite
+    after: dict[str, list[Op]] = {}  # new expand ops, placed after their anchor at the end
     for op in graph.topo_order():
-        if get_kind(op.kind).prefix and _hoist(graph, op):
+        if get_kind(op.kind).prefix and _hoist(graph, op, made, after):
             changed = True
+    if after:
+        graph.ops = {
+            o.name: o for op in list(graph.ops.values()) for o in (op, *after.get(op.name, ()))
+        }
+        graph.invalidate()
     for op in list(graph.ops.values()):
-        if op.kind in ("logprob_response", "backward") and _fold(graph, op):
+        if op.kind in ("logprob_response", "backward") and _fold(graph, op, made):
             changed = True
     return _drop_unused_expands(graph), changed
 
 
-def _expand_source(graph: Graph, value: str) -> tuple[str, int] | None:
-    src = graph.producer(value)
+def _expand_source(made: dict[str, Op], value: str) -> tuple[str, int] | None:
+    src = made.get(value)
     if src is None or src.kind != "expand_group":
         return None
     return src.inputs["x"], src.attrs["group_size"]
 
 
-def _hoist(graph: Graph, op: Op) -> bool:
+def _hoist(graph: Graph, op: Op, made: dict[str, Op], after: dict[str, list[Op]]) -> bool:
     rows = {p: v for p, v in op.inputs.items() if p != "weights"}
-    sources = {p: _expand_source(graph, v) for p, v in rows.items()}
+    sources = {p: _expand_source(made, v) for p, v in rows.items()}
     groups = {s[1] for s in sources.values() if s is not None}
     if None in sources.values() or len(groups) != 1:
         return False
@@ -61,24 +68,25 @@ def _hoist(graph: Graph, op: Op) -> bool:
             {"group_size": g},
             {"inserted_by": "share_group_prefix"},
         )
-        _insert_after(graph, op, expand)
-    graph.invalidate()
+        after.setdefault(op.name, []).append(expand)
+        made[shared.name], made[name] = op, expand
     return True
 
 
-def _fold(graph: Graph, op: Op) -> bool:
+def _fold(graph: Graph, op: Op, made: dict[str, Op]) -> bool:
     changed = False
     for port, value in list(op.inputs.items()):
         if port == "responses" or port == "weights":
             continue
-        src = _expand_source(graph, value)
+        src = _expand_source(made, value)
         if src is None or graph.values[value].kind.value not in ("kv_cache", "boundary"):
             continue
         op.inputs[port] = src[0]
         if op.kind == "logprob_response":
             op.attrs["group_size"] = op.attrs.get("group_size", 1) * src[1]
         changed = True
-    graph.invalidate()
+    if changed:
+        graph.invalidate()
     return changed
 
 
@@ -88,12 +96,6 @@ def _rows_div(v: Value, dims: tuple[str | None, ...] | None, g: int) -> tuple[in
     shape = list(v.shape)
     shape[axis] //= g
     return tuple(shape)
-
-
-def _insert_after(graph: Graph, anchor: Op, new: Op) -> None:
-    order = list(graph.ops.values())
-    i = order.index(anchor)
-    graph.ops = {o.name: o for o in (*order[: i + 1], new, *order[i + 1 :])}
 
 
 def _drop_unused_expands(graph: Graph) -> Graph:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from rollplex.graph.invariants import lint
 from rollplex.graph.ir import Graph, GraphError, Op, Phase, Value, ValueKind
-from rollplex.graph.lint import lint
 
 
 def test_valid_graph_passes(grpo_7b: Graph) -> None:
