@@ -96,8 +96,16 @@ def _logprob(part: str):
             rows, prefix = ctx.per_rank(ins["responses"].shape[0]), ins["kv"].shape[3]
         else:
             rows, prefix = ctx.per_rank(ins["features"].shape[0]), _prefix_tokens(ins)
-        return F.logprob(ctx.model, rows, prefix, _response_tokens(ctx), part, ctx.tp,
-                         grad=grad, checkpointing=ctx.checkpointing)
+        return F.logprob(
+            ctx.model,
+            rows,
+            prefix,
+            _response_tokens(ctx),
+            part,
+            ctx.tp,
+            grad=grad,
+            checkpointing=ctx.checkpointing,
+        )
 
     return cost
 
@@ -128,8 +136,12 @@ def _advantage(g: Graph, op: Op, ctx: CostContext) -> Cost:
 def _combine(g: Graph, op: Op, ctx: CostContext) -> Cost:
     ins = g.inputs_of(op)
     rows = ctx.per_rank(next(iter(ins.values())).shape[0])
-    return Cost(flops=2 * rows * len(ins), bytes_read=4 * rows * len(ins),
-                bytes_written=4 * rows, persistent_bytes=4 * rows)
+    return Cost(
+        flops=2 * rows * len(ins),
+        bytes_read=4 * rows * len(ins),
+        bytes_written=4 * rows,
+        persistent_bytes=4 * rows,
+    )
 
 
 def _loss(g: Graph, op: Op, ctx: CostContext) -> Cost:
@@ -158,14 +170,31 @@ def _backward(g: Graph, op: Op, ctx: CostContext, prefix_only: bool = False) -> 
             rows, prefix = ins["responses"].shape[0], ins["kv"].shape[3]
         else:
             rows, prefix = ins["features"].shape[0], _prefix_tokens(ins)
-        total += F.backward(ctx.model, ctx.per_rank(rows), prefix, _response_tokens(ctx), part,
-                            ctx.tp, checkpointing=ctx.checkpointing, shards=ctx.shards)
+        total += F.backward(
+            ctx.model,
+            ctx.per_rank(rows),
+            prefix,
+            _response_tokens(ctx),
+            part,
+            ctx.tp,
+            checkpointing=ctx.checkpointing,
+            shards=ctx.shards,
+        )
         vision = g.producer(fwd.inputs["features"]) if "features" in fwd.inputs else None
-        if vision is not None and vision.kind == "vision_encode" and vision.inputs[
-                "weights"] == weights:
+        if (
+            vision is not None
+            and vision.kind == "vision_encode"
+            and vision.inputs["weights"] == weights
+        ):
             px = g.values[vision.inputs["pixels"]]
-            total += F.vision_backward(ctx.model, ctx.per_rank(px.shape[0]), px.shape[1], ctx.tp,
-                                       checkpointing=ctx.checkpointing, shards=ctx.shards)
+            total += F.vision_backward(
+                ctx.model,
+                ctx.per_rank(px.shape[0]),
+                px.shape[1],
+                ctx.tp,
+                checkpointing=ctx.checkpointing,
+                shards=ctx.shards,
+            )
     return total
 
 

@@ -15,14 +15,28 @@ from rollplex.specs.workload import WorkloadSpec
 
 
 class TrainSpec(Spec):
-    """The `train` job: a real GRPO loop on the torch backend."""
+    """The `train` job: a real GRPO loop on the torch backend (rollplex.jobs.train)."""
 
-    steps: int = Field(20, ge=1, description="RL steps to run.")
-    checkpoint_every: int = Field(10, ge=1, description="Write a checkpoint every N steps.")
-    resume: str | None = Field(None, description="Checkpoint folder to resume from.")
-    max_new_tokens: int = Field(4, ge=1, description="Generation cap of the tiny task.")
+    steps: int = Field(20, ge=1, description="RL steps to run in total (a resumed run counts "
+                       "the checkpoint's steps, so it ends where an uninterrupted run would).")
+    checkpoint_every: int = Field(10, ge=1, description="Write a checkpoint every N steps "
+                                  "(and after the last one).")
+    resume: str | None = Field(None, description="Checkpoint folder to resume from; a run "
+                               "folder or its checkpoints/ folder means its latest checkpoint.")
+    max_new_tokens: int = Field(4, ge=1, description="Generation cap of the tiny task (at most "
+                                "workload.response_length.max, which the plan is sized for).")
     device: str = Field("cpu", description="torch device: cpu or cuda.")
     deterministic: bool = Field(True, description="torch deterministic algorithms.")
+    reward: Literal["first_token", "answer_eos"] = Field(
+        "first_token",
+        description="first_token: 1 iff the first generated token is the answer (learnable "
+        "from random weights); answer_eos: 1 iff the response is exactly [answer, eos].",
+    )
+    threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's "
+                                "default). Runs compared bit for bit should use the same.")
+    trace_steps: int = Field(3, ge=1, description="The last N RL steps whose measured timeline "
+                             "is exported to TensorBoard next to the planned one.")
+    progress: bool = Field(True, description="Show a tqdm progress bar.")
 
 
 class RunSpec(Spec):

@@ -16,7 +16,6 @@ class ParallelSpec(Spec):
     train_tp: int = Field(1, ge=1, description="Tensor-parallel degree of training.")
 
 
-
 class ScheduleSpec(Spec):
     """One of the three step schedules, with the planner's knobs."""
 
@@ -34,12 +33,15 @@ class ScheduleSpec(Spec):
         "auto",
         description="How rollplex co-runs prefix work with decode. piggyback: same-weights "
         "prefix rows ride decode steps; streams: a second stream; sm_partition: SM "
-        "partitions (green contexts); auto: whichever the interference model predicts "
-        "fastest per op; none: keep serial placement.",
+        "partitions (green contexts); auto: per op, whichever the interference model "
+        "predicts fastest, or serial if none pays (never slower than serial); an explicit "
+        "mode is an ablation that places every eligible op that way; none: serial placement.",
     )
     train_micro_tokens: int = Field(
-        16384, ge=1, description="Tokens per GPU in one training micro-batch (activations "
-        "of one micro-batch are live at a time)."
+        16384,
+        ge=1,
+        description="Tokens per GPU in one training micro-batch (activations "
+        "of one micro-batch are live at a time).",
     )
     decode_sm_fraction: float = Field(
         0.5, gt=0, lt=1, description="Share of SMs given to decode when partitioned."

@@ -47,18 +47,23 @@ class ResponseLengthSpec(Spec):
         """Expected longest response in a batch: decode runs until it finishes."""
         return self.quantile(batch / (batch + 1))
 
+    def survival(self, length: float) -> float:
+        """P(response longer than `length` tokens)."""
+        if length >= self.max:
+            return 0.0
+        if self.distribution == "fixed":
+            return 1.0 if length < self.mean else 0.0
+        if self.distribution == "uniform":
+            lo, hi = self.min, 2 * self.mean - self.min
+            return min(1.0, max(0.0, (hi - length) / (hi - lo))) if hi > lo else float(length < lo)
+        if length <= 0:
+            return 1.0
+        mu = math.log(self.mean) - self.sigma**2 / 2
+        return 1 - NormalDist().cdf((math.log(length) - mu) / self.sigma)
+
     def expected_active(self, batch: int, step: int) -> float:
         """Expected sequences still decoding at `step` (0-based) in a batch."""
-        if self.distribution == "fixed":
-            return float(batch if step < self.mean else 0)
-        lo, hi = 1e-6, 1 - 1e-6
-        for _ in range(40):  # bisect the CDF: P(len > step)
-            mid = (lo + hi) / 2
-            if self.quantile(mid) <= step:
-                lo = mid
-            else:
-                hi = mid
-        return batch * (1 - lo)
+        return batch * self.survival(step)
 
 
 class WorkloadSpec(Spec):

@@ -1,0 +1,115 @@
+"""Op time on one GPU: a roofline over the op's Cost, with efficiency factors.
+
+time = max(flops / (peak * compute_eff), bytes / (hbm_bw * bandwidth_eff))
+       + launches * launch_s + exposed communication
+
+Defaults follow FACTS.md's H200 measurements: a CUDA-graphed decode reaches ~77% of HBM
+bandwidth and large prefix GEMMs ~60% of bf16 peak. Tensor-parallel all-reduces run on
+NVLink inside the op; FSDP gathers and reduce-scatters overlap the training compute, so
+only their excess over compute is exposed. A calibration file of measured op times (the
+runtime writes one) rescales the efficiency of each kind by the median measured ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rollplex.ops.formulas import Cost
+from rollplex.specs import HardwareSpec
+
+CALIBRATION_FORMAT = "rollplex-calibration/1"
+BANDWIDTH_KINDS = frozenset({"decode", "weight_sync", "expand_group", "optimizer_step"})
+
+
+@dataclass(slots=True, frozen=True)
+class Efficiency:
+    compute: float = 0.6
+    bandwidth: float = 0.8
+
+
+DEFAULT_EFFICIENCY: dict[str, Efficiency] = {
+    "decode": Efficiency(compute=0.6, bandwidth=0.77),
+    "optimizer_step": Efficiency(compute=0.5, bandwidth=0.7),
+    "expand_group": Efficiency(compute=0.5, bandwidth=0.6),
+}
+
+
+@dataclass(slots=True, frozen=True)
+class Timing:
+    """Predicted solo time of one op on one GPU, and why."""
+
+    seconds: float
+    compute_s: float
+    memory_s: float
+    comm_s: float
+    rate_class: str  # "bandwidth" if memory-bound, else "compute"
+    scratch_bytes: float = 0.0  # transient memory while it runs
+
+
+@dataclass(slots=True)
+class CostModel:
+    hardware: HardwareSpec
+    efficiency: dict[str, Efficiency] = field(default_factory=lambda: dict(DEFAULT_EFFICIENCY))
+    launch_s: float = 20e-6  # one CUDA-graph replay or kernel launch
+
+    def eff(self, kind: str) -> Efficiency:
+        return self.efficiency.get(kind, Efficiency())
+
+    def time(
+        self,
+        kind: str,
+        cost: Cost,
+        launches: int = 1,
+        comm_bytes: float = 0.0,
+        comm_gbps: float | None = None,
+        overlap_comm: bool = False,
+    ) -> Timing:
+        e = self.eff(kind)
+        hw = self.hardware
+        compute = cost.flops / (hw.peak_flops * e.compute)
+        memory = cost.bytes / (hw.hbm_bandwidth * e.bandwidth)
+        link = (comm_gbps or hw.nvlink_gbps) * 1e9
+        comm = comm_bytes / link
+        body = max(compute, memory)
+        exposed = max(0.0, comm - body) if overlap_comm else comm
+        bound = "bandwidth" if memory >= compute or kind in BANDWIDTH_KINDS else "compute"
+        return Timing(body + exposed + launches * self.launch_s, compute, memory, comm, bound)
+
+    def transfer_s(self, nbytes: float, gbps: float) -> float:
+        return nbytes / (gbps * 1e9) + self.launch_s
+
+    # -- calibration --------------------------------------------------------------------
+    def calibrated(self, path: str | Path) -> CostModel:
+        """A copy whose per-kind efficiencies match the measured times in `path`."""
+        data = json.loads(Path(path).read_text())
+        if data.get("format") != CALIBRATION_FORMAT:
+            raise ValueError(
+                f"{path}: 'format' must be {CALIBRATION_FORMAT!r}, got {data.get('format')!r}"
+            )
+        ratios: dict[str, list[float]] = {}
+        for i, entry in enumerate(data.get("entries", [])):
+            for key in ("kind", "predicted_s", "measured_s"):
+                if key not in entry:
+                    raise ValueError(f"{path}: entries[{i}] lacks '{key}'")
+            if entry["measured_s"] > 0 and entry["predicted_s"] > 0:
+                ratios.setdefault(entry["kind"], []).append(
+                    entry["predicted_s"] / entry["measured_s"]
+                )
+        eff = dict(self.efficiency)
+        for kind, rs in ratios.items():
+            k = statistics.median(rs)  # <1: slower than predicted
+            base = self.eff(kind)
+            eff[kind] = Efficiency(base.compute * k, base.bandwidth * k)
+        return CostModel(self.hardware, eff, self.launch_s)
+
+
+def write_calibration(path: str | Path, device: str, entries: list[dict]) -> None:
+    """The file `CostModel.calibrated` reads: one entry per measured op.
+
+    entry = {"kind", "op", "predicted_s", "measured_s", "flops", "bytes"}"""
+    Path(path).write_text(
+        json.dumps({"format": CALIBRATION_FORMAT, "device": device, "entries": entries}, indent=1)
+    )

@@ -1,0 +1,134 @@
+"""Where the roles run: GPUs, parallel degrees, and the solo time of each op there.
+
+A `RoleLayout` is one pool of GPUs running a role with given TP/DP degrees. Rollout ops
+use the rollout layout (tensor parallel over `tp`, data parallel over the rest); the
+reference, training and update ops use the training layout (FSDP over all its GPUs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from rollplex.graph.ir import Graph, Op, Phase
+from rollplex.ops import formulas as F
+from rollplex.ops.costs import CostContext, decode_steps, op_cost
+from rollplex.ops.formulas import Cost
+from rollplex.planner.cost_model import CostModel, Timing
+from rollplex.specs import HardwareSpec, ModelSpec, WorkloadSpec
+
+
+@dataclass(slots=True, frozen=True)
+class RoleLayout:
+    gpus: int
+    tp: int = 1
+
+    @property
+    def dp(self) -> int:
+        return max(1, self.gpus // self.tp)
+
+    def link_gbps(self, hw: HardwareSpec) -> float:
+        """Bandwidth of collectives across this pool: NVLink inside a node, else network."""
+        return hw.nvlink_gbps if self.gpus <= hw.gpus_per_node else hw.internode_gbps
+
+
+def default_rollout_tp(model: ModelSpec, hw: HardwareSpec, gpus: int) -> int:
+    """Smallest power-of-two TP whose weight shard takes at most 35% of HBM (room for KV)."""
+    weights = model.param_count() * model.dtype_bytes
+    tp = 1
+    while weights / tp > 0.35 * hw.hbm_bytes and tp * 2 <= min(gpus, hw.gpus_per_node):
+        tp *= 2
+    return tp
+
+
+@dataclass(slots=True)
+class OpTimer:
+    """Solo time of graph ops on a given pair of role layouts."""
+
+    graph: Graph
+    model: ModelSpec
+    workload: WorkloadSpec
+    hardware: HardwareSpec
+    cost_model: CostModel
+    rollout: RoleLayout
+    train: RoleLayout
+    micro_tokens: int = 16384
+
+    def context(self, op: Op, chunks: int = 1) -> CostContext:
+        """Chunks split a rank's rows further, like more data-parallel ranks would."""
+        if op.phase is Phase.ROLLOUT:
+            r = self.rollout
+            return CostContext(self.model, self.workload, tp=r.tp, dp=r.dp * chunks)
+        t = self.train
+        return CostContext(self.model, self.workload, tp=t.tp, dp=t.dp * chunks, shards=t.gpus)
+
+    def time(self, op: Op, chunks: int = 1) -> Timing:
+        """Solo time of `op`, or of one of its `chunks` row chunks, on one GPU."""
+        ctx = self.context(op, chunks)
+        cost = op_cost(self.graph, op, ctx)
+        return replace(
+            self._time(op, ctx, cost),
+            scratch_bytes=cost.transient_bytes / self._micro_batches(op, ctx, cost),
+        )
+
+    def _micro_batches(self, op: Op, ctx: CostContext, cost: Cost) -> int:
+        """Forwards and backwards run in micro-batches of `micro_tokens` tokens per GPU (a
+        chunked prefill in rollout), so their scratch is one micro-batch's."""
+        if op.kind in ("decode", "optimizer_step", "weight_sync") or self.micro_tokens <= 0:
+            return 1
+        tokens = cost.flops / max(1.0, self._flops_per_token(ctx))
+        if op.kind == "backward":
+            tokens /= 3  # backward is about twice the forward, plus a recompute
+        return max(1, math.ceil(tokens / self.micro_tokens))
+
+    def _time(self, op: Op, ctx: CostContext, cost: Cost) -> Timing:
+        hw, cm = self.hardware, self.cost_model
+        if op.kind == "decode":
+            steps = decode_steps(self.graph, op, ctx)
+            comm = (
+                F.tp_allreduce_bytes(
+                    self.model, cost.flops / max(1.0, self._flops_per_token(ctx)), ctx.tp
+                )
+                if ctx.tp > 1
+                else 0.0
+            )
+            return cm.time(op.kind, cost, launches=max(1, steps), comm_bytes=comm)
+        if op.kind == "weight_sync":
+            return self.sync_time(op)
+        if op.phase is Phase.ROLLOUT:
+            tokens = cost.flops / max(1.0, self._flops_per_token(ctx))
+            comm = F.tp_allreduce_bytes(self.model, tokens, ctx.tp) if ctx.tp > 1 else 0.0
+            return cm.time(op.kind, cost, comm_bytes=comm)
+        if cost.weight_bytes > 0 and op.kind not in ("optimizer_step",) and self.train.gpus > 1:
+            # FSDP: gather each layer's weights before use (reads 1/n locally, the rest
+            # over links); backward also reduce-scatters the gradients.
+            n = self.train.gpus
+            gather = cost.weight_bytes * (n - 1) / n
+            comm = gather * (1.5 if op.kind == "backward" else 1.0)
+            return cm.time(
+                op.kind,
+                cost,
+                comm_bytes=comm,
+                comm_gbps=self.train.link_gbps(hw),
+                overlap_comm=True,
+            )
+        return cm.time(op.kind, cost)
+
+    def sync_time(self, op: Op, cross_pool: bool = False) -> Timing:
+        """Rebuild the rollout's TP shard from the trainer: a gather inside the pool, or a
+        transfer over the network between pools (disaggregated)."""
+        w = self.graph.values[op.inputs["weights"]]
+        per_gpu = w.nbytes / self.rollout.tp
+        gbps = self.hardware.internode_gbps if cross_pool else self.rollout.link_gbps(self.hardware)
+        if not cross_pool:
+            per_gpu *= 1 - 1 / max(1, self.train.gpus)  # the local shard needs no copy
+        s = self.cost_model.transfer_s(per_gpu, gbps)
+        return Timing(s, 0.0, 0.0, s, "copy")
+
+    def _flops_per_token(self, ctx: CostContext) -> float:
+        return 2 * self.model.llm_param_count() / ctx.tp
+
+
+def rows_chunks(rows: int, tokens_per_row: int, chunk_tokens: int) -> int:
+    """How many chunks keep each at most `chunk_tokens` tokens (at least one row each)."""
+    return max(1, min(rows, math.ceil(rows * tokens_per_row / chunk_tokens)))

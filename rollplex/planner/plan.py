@@ -1,0 +1,153 @@
+"""The Plan: plain data the runtime applies and the simulator replays.
+
+A plan is per *device group*: the GPUs of a group run the identical step list on their
+own shard of the batch (data parallel) or weights (tensor parallel), so one `DevicePlan`
+stands for all of its `ranks`. Colocated schedules have one group; the disaggregated
+schedule has a rollout pool and a training pool.
+
+Every decision is explicit, vLLM-scheduler style: which op (or chunk of an op) runs on
+which stream, which events it waits for, which memory slot each tensor occupies, and the
+alloc/free/offload/onload/recompute actions, with predicted times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class CoRun(StrEnum):
+    """How a step shares its GPU with the decode stream."""
+
+    NONE = "none"  # runs alone, or beside nothing it slows
+    STREAMS = "streams"  # plain second stream: time-shares SMs and HBM bandwidth
+    PARTITION = "partition"  # its own SM partition (green context)
+    PIGGYBACK = "piggyback"  # rows ride a decode step's GEMMs: same weights version only
+
+
+@dataclass(slots=True)
+class Step:
+    """One op, or one chunk of an op, on one stream."""
+
+    index: int  # plan-wide, in issue order
+    op: str  # graph op name
+    kind: str
+    phase: str
+    stream: int
+    chunk: int = 0
+    chunks: int = 1
+    solo_s: float = 0.0  # predicted time running alone on the device
+    start_s: float = 0.0  # predicted, filled by the simulator
+    end_s: float = 0.0
+    waits: list[int] = field(default_factory=list)  # event ids
+    signals: int | None = None  # event id recorded at the end
+    corun: CoRun = CoRun.NONE
+    weights_version: str | None = None  # what it reads: proves piggybacking safe
+    rate_class: str = "compute"  # "bandwidth" (decode) or "compute" or "copy"
+    scratch_bytes: int = 0  # transient memory while it runs
+    previous_step: bool = False  # carries the previous step's update (disaggregated sync)
+
+    @property
+    def name(self) -> str:
+        return self.op if self.chunks == 1 else f"{self.op}#{self.chunk}/{self.chunks}"
+
+
+@dataclass(slots=True)
+class Event:
+    """Recorded when step `step` (a plan-wide index) ends; waited on by later steps,
+    possibly on another stream or another device group (a cross-pool transfer)."""
+
+    id: int
+    step: int
+    device: str
+    stream: int
+
+
+@dataclass(slots=True)
+class StreamPlan:
+    stream: int
+    name: str
+    steps: list[int] = field(default_factory=list)  # step indices, in issue order
+    partition: float | None = None  # SM fraction, None: whole GPU
+
+
+class MemAction(StrEnum):
+    ALLOC = "alloc"
+    FREE = "free"
+    OFFLOAD = "offload"
+    ONLOAD = "onload"
+    RECOMPUTE = "recompute"
+
+
+@dataclass(slots=True)
+class MemoryEffect:
+    """A memory action taken right before (`alloc`, `onload`) or after (`free`,
+    `offload`) step `at`."""
+
+    action: MemAction
+    value: str
+    at: int
+    bytes: int
+    lane: int = 0
+    offset: int = 0
+
+
+@dataclass(slots=True)
+class Slot:
+    value: str
+    size: int  # bytes on each GPU of the group
+    first: int  # step index that makes it resident
+    last: int  # step index after which it is freed
+    lane: int
+    offset: int
+    residency: str = "hbm"  # hbm | host (offloaded between uses) | recompute
+    value_kind: str = ""
+
+
+@dataclass(slots=True)
+class DevicePlan:
+    name: str
+    ranks: list[int]
+    steps: list[Step] = field(default_factory=list)
+    streams: list[StreamPlan] = field(default_factory=list)
+    slots: list[Slot] = field(default_factory=list)
+    effects: list[MemoryEffect] = field(default_factory=list)
+    arena_bytes: dict[int, int] = field(default_factory=dict)  # lane -> arena size
+    budget_bytes: int = 0
+    peak_bytes: int = 0  # predicted: arenas plus what lives outside them
+    lower_bound_bytes: int = 0
+    tp: int = 1
+    dp: int = 1
+
+    def step_by_op(self, op: str) -> list[Step]:
+        return [s for s in self.steps if s.op == op]
+
+
+@dataclass(slots=True)
+class Plan:
+    schedule: str
+    graph_hash: str
+    devices: list[DevicePlan]
+    events: list[Event] = field(default_factory=list)
+    step_time_s: float = 0.0
+    policy_version: str = "policy@0"  # what the update must train on
+    notes: list[str] = field(default_factory=list)  # decisions, in words, for the summary
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def all_steps(self) -> list[Step]:
+        return sorted((s for d in self.devices for s in d.steps), key=lambda s: s.index)
+
+    def device_of(self, step: Step) -> DevicePlan:
+        for d in self.devices:
+            if step in d.steps:
+                return d
+        raise KeyError(step.name)
+
+    @property
+    def peak_bytes_per_gpu(self) -> int:
+        return max(d.peak_bytes for d in self.devices)
+
+    @property
+    def fits_budget(self) -> bool:
+        return all(d.peak_bytes <= d.budget_bytes for d in self.devices)

@@ -1,0 +1,241 @@
+"""Residency: fit each device group's plan into its HBM budget, then fix the slots.
+
+Policy. Assign offsets with the chosen strategy; while the arenas exceed the budget, take
+the largest tensor that has a long stretch without use and move it to host memory over
+the copy stream for that stretch:
+- optimizer state and frozen weights between their uses (verl's hand-placed offloads, here
+  decided from lifetimes);
+- boundaries made in the decode window, until their backward.
+An onload starts just in time: after the latest step that ends at least one transfer time
+before the consumer starts, so the copy engine hides it when the plan leaves room, and the
+replay charges it when not. If nothing more can move, planning fails with a message that
+says by how much it misses and what is resident at the peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rollplex.planner.lifetimes import PERSISTENT, DeviceSizer, Lifetime, device_lifetimes
+from rollplex.planner.memory import assign
+from rollplex.planner.memory.records import lower_bound
+from rollplex.planner.plan import (
+    DevicePlan,
+    Event,
+    MemAction,
+    MemoryEffect,
+    Plan,
+    Slot,
+    Step,
+)
+from rollplex.planner.simulate import replay
+
+GIB = 1 << 30
+
+
+class PlanOverBudget(ValueError):
+    """The plan cannot fit the HBM budget, even with offloads."""
+
+
+@dataclass(slots=True)
+class Memory:
+    """What `settle_memory` needs to know about the run."""
+
+    sizers: dict[str, DeviceSizer]
+    host_link_gbps: float
+    strategy: str
+    budget_bytes: int
+    rollout_copies: bool = True
+    allow_offload: bool = True
+
+
+def settle_memory(plan: Plan, mem: Memory, interference=None) -> Plan:
+    replay(plan, interference)
+    for dev in plan.devices:
+        tried: set[str] = set()
+        while True:
+            lives = _lifetimes(plan, dev, mem)
+            result = assign([lf.record for lf in lives], mem.strategy)
+            if result.total_bytes <= mem.budget_bytes or not mem.allow_offload:
+                break
+            victim = _pick_offload(dev, lives, tried)
+            if victim is None:
+                break
+            tried.add(victim.value)
+            _offload(plan, dev, victim, mem)
+            replay(plan, interference)
+        _finish(dev, lives, result, mem)
+    replay(plan, interference)
+    return plan
+
+
+def check_budget(plan: Plan) -> None:
+    """Raise PlanOverBudget naming the device, the miss and the residents at the peak."""
+    for dev in plan.devices:
+        if dev.peak_bytes <= dev.budget_bytes:
+            continue
+        miss = dev.peak_bytes - dev.budget_bytes
+        top = sorted(dev.slots, key=lambda s: -s.size)[:6]
+        resident = ", ".join(f"{s.value} {s.size / GIB:.1f} GiB" for s in top)
+        raise PlanOverBudget(
+            f"plan '{plan.schedule}' on '{dev.name}' needs {dev.peak_bytes / GIB:.1f} GiB per "
+            f"GPU but the budget is {dev.budget_bytes / GIB:.1f} GiB: it misses by "
+            f"{miss / GIB:.1f} GiB after offloading what could move. Largest residents: "
+            f"{resident}. Use more GPUs, a larger rollout TP, fewer prompts per step or "
+            f"smaller train_micro_tokens."
+        )
+
+
+def _lifetimes(plan: Plan, dev: DevicePlan, mem: Memory) -> list[Lifetime]:
+    lives = device_lifetimes(plan_graph(plan), dev, mem.sizers[dev.name], mem.rollout_copies)
+    return _apply_offloads(dev, lives)
+
+
+def plan_graph(plan: Plan):
+    return plan.meta["graph"]
+
+
+def _apply_offloads(dev: DevicePlan, lives: list[Lifetime]) -> list[Lifetime]:
+    """Cut the lifetimes of offloaded values to their resident stretches: from an onload's
+    start (or the value's birth) to an offload's end (or the value's last use)."""
+    times = sorted({t for s in dev.steps for t in (s.start_s, s.end_s)})
+    at = {t: i for i, t in enumerate(times)}
+    moves: dict[str, list[tuple[float, str, Step]]] = {}
+    for s in dev.steps:
+        if s.kind in ("offload", "onload"):
+            moves.setdefault(s.op, []).append((s.start_s, s.kind, s))
+    out = []
+    for lf in lives:
+        marks = sorted(moves.get(lf.value, []), key=lambda m: (m[0], m[2].index))
+        if not marks:
+            out.append(lf)
+            continue
+        r = lf.record
+        persistent = lf.kind in {k.value for k in PERSISTENT}
+        resident = not (persistent and marks[0][1] == "onload")
+        start, start_step, segments = r.first, lf.first_step, []
+        for _, kind, step in marks:
+            if kind == "offload" and resident:
+                stop = max(start, at[step.end_s] - 1)
+                segments.append((start, stop, start_step, step.index))
+                resident = False
+            elif kind == "onload" and not resident:
+                start, start_step, resident = at[step.start_s], step.index, True
+        if resident:
+            segments.append((start, r.last, start_step, lf.last_step))
+        for i, (a, b, s0, s1) in enumerate(segments):
+            rec = type(r)(size=r.size, first=a, last=max(a, b), lane=r.lane, name=f"{r.name}#{i}")
+            out.append(Lifetime(rec, lf.value, lf.kind, s0, s1))
+    return out
+
+
+def _pick_offload(dev: DevicePlan, lives: list[Lifetime], tried: set[str]) -> Lifetime | None:
+    """The largest tensor that waits a long stretch between uses (and was not tried)."""
+    movable = [
+        lf
+        for lf in lives
+        if lf.value not in tried
+        and lf.kind in ("optimizer_state", "weights", "boundary")
+        and lf.record.last - lf.record.first >= 2
+    ]
+    return max(movable, key=lambda lf: lf.record.size, default=None)
+
+
+def _offload(plan: Plan, dev: DevicePlan, lf: Lifetime, mem: Memory) -> None:
+    g = plan_graph(plan)
+    steps = sorted(dev.steps, key=lambda s: (s.start_s, s.index))
+    users = [
+        s for s in steps if (op := g.ops.get(s.op)) is not None and lf.value in op.inputs.values()
+    ]
+    makers = [
+        s for s in steps if (op := g.ops.get(s.op)) is not None and lf.value in op.outputs.values()
+    ]
+    if not users or any(s.previous_step or s.stream == _copy_stream(dev) for s in users):
+        return  # copies of copies would serialise on one stream
+    seconds = lf.record.size / (mem.host_link_gbps * 1e9)
+    copy = _copy_stream(dev)
+    persistent = lf.kind in {k.value for k in PERSISTENT}
+    # Resident stretch: from just-in-time onload before the first use to the last use.
+    first_use, last_use = users[0], users[-1]
+    if persistent or makers:
+        anchor = makers[-1] if makers else None
+        if anchor is not None:  # write back right after it is made
+            _copy_step(plan, dev, copy, "offload", lf.value, seconds, after=anchor)
+        ready = [s for s in steps if s.end_s <= first_use.start_s - seconds and s.stream != copy]
+        on = _copy_step(
+            plan, dev, copy, "onload", lf.value, seconds, after=ready[-1] if ready else None
+        )
+        _wait(plan, first_use, on)
+        if persistent:
+            _copy_step(plan, dev, copy, "offload", lf.value, seconds, after=last_use)
+    _sort_copy_stream(dev, copy)
+
+
+def _copy_stream(dev: DevicePlan) -> int:
+    return next(st.stream for st in dev.streams if st.name == "copy")
+
+
+def _copy_step(
+    plan: Plan,
+    dev: DevicePlan,
+    stream: int,
+    kind: str,
+    value: str,
+    seconds: float,
+    after: Step | None,
+) -> Step:
+    index = 1 + max(s.index for d in plan.devices for s in d.steps)
+    step = Step(
+        index=index,
+        op=value,
+        kind=kind,
+        phase=after.phase if after else "rollout",
+        stream=stream,
+        solo_s=seconds,
+        rate_class="copy",
+        start_s=after.end_s if after else 0.0,
+    )
+    if after is not None:
+        _wait(plan, step, after)
+    dev.steps.append(step)
+    dev.streams[stream].steps.append(index)
+    return step
+
+
+def _wait(plan: Plan, waiter: Step, on: Step) -> None:
+    if on.signals is None:
+        dev = next(d for d in plan.devices if on in d.steps)
+        ev = Event(len(plan.events), on.index, dev.name, on.stream)
+        plan.events.append(ev)
+        on.signals = ev.id
+    if on.signals not in waiter.waits:
+        waiter.waits.append(on.signals)
+
+
+def _sort_copy_stream(dev: DevicePlan, copy: int) -> None:
+    """Copies run in the order their anchors finish, so none blocks an earlier one."""
+    by_index = {s.index: s for s in dev.steps}
+    dev.streams[copy].steps.sort(key=lambda i: (by_index[i].start_s, i))
+
+
+def _finish(dev: DevicePlan, lives: list[Lifetime], result, mem: Memory) -> None:
+    dev.budget_bytes = mem.budget_bytes
+    dev.arena_bytes = dict(result.arena_sizes)
+    dev.peak_bytes = result.total_bytes
+    dev.lower_bound_bytes = lower_bound([lf.record for lf in lives])
+    dev.slots, dev.effects = [], []
+    for lf, off in zip(lives, result.offsets, strict=True):
+        r = lf.record
+        dev.slots.append(
+            Slot(lf.value, r.size, lf.first_step, lf.last_step, r.lane, off, value_kind=lf.kind)
+        )
+        dev.effects.append(
+            MemoryEffect(MemAction.ALLOC, lf.value, lf.first_step, r.size, r.lane, off)
+        )
+        dev.effects.append(
+            MemoryEffect(MemAction.FREE, lf.value, lf.last_step, r.size, r.lane, off)
+        )
+    for s in dev.steps:
+        if s.kind in ("offload", "onload"):
+            size = next((sl.size for sl in dev.slots if sl.value == s.op), 0)
+            dev.effects.append(MemoryEffect(MemAction(s.kind), s.op, s.index, size, s.stream))

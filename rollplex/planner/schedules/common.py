@@ -1,0 +1,92 @@
+"""What every schedule needs: the graph, the specs, the cost and interference models."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rollplex.graph.ir import Graph, Op
+from rollplex.graph.serialize import stable_hash
+from rollplex.planner.cost_model import CostModel, Timing
+from rollplex.planner.interference import InterferenceModel
+from rollplex.planner.layout import OpTimer, RoleLayout, default_rollout_tp
+from rollplex.planner.order import priority_order
+from rollplex.planner.placement import PlanBuilder
+from rollplex.planner.plan import DevicePlan
+from rollplex.specs import HardwareSpec, ModelSpec, ScheduleSpec, WorkloadSpec
+
+
+@dataclass(slots=True)
+class PlanningContext:
+    graph: Graph  # after the schedule's passes
+    model: ModelSpec
+    workload: WorkloadSpec
+    hardware: HardwareSpec
+    schedule: ScheduleSpec
+    cost_model: CostModel
+    interference: InterferenceModel = field(default_factory=InterferenceModel)
+    _hash: str | None = None
+
+    @property
+    def graph_hash(self) -> str:
+        if self._hash is None:
+            self._hash = stable_hash(self.graph)
+        return self._hash
+
+    def rollout_tp(self, gpus: int) -> int:
+        tp = self.schedule.parallel.rollout_tp
+        if tp is None:
+            tp = default_rollout_tp(self.model, self.hardware, gpus)
+        if gpus % tp:
+            raise ValueError(f"schedule.parallel.rollout_tp={tp} does not divide {gpus} GPUs")
+        return tp
+
+    def timer(self, rollout_gpus: int, train_gpus: int, tp: int | None = None) -> CachedTimer:
+        return CachedTimer(
+            OpTimer(
+                self.graph,
+                self.model,
+                self.workload,
+                self.hardware,
+                self.cost_model,
+                rollout=RoleLayout(rollout_gpus, tp or self.rollout_tp(rollout_gpus)),
+                train=RoleLayout(train_gpus, self.schedule.parallel.train_tp),
+                micro_tokens=self.schedule.train_micro_tokens,
+            )
+        )
+
+
+@dataclass(slots=True)
+class CachedTimer:
+    """Each (op, chunks) is priced once per plan attempt."""
+
+    inner: OpTimer
+    _cache: dict[tuple[str, int], Timing] = field(default_factory=dict)
+
+    def __call__(self, op: Op, chunks: int = 1) -> Timing:
+        key = (op.name, chunks)
+        if key not in self._cache:
+            self._cache[key] = self.inner.time(op, chunks)
+        return self._cache[key]
+
+    @property
+    def rollout(self) -> RoleLayout:
+        return self.inner.rollout
+
+    @property
+    def train(self) -> RoleLayout:
+        return self.inner.train
+
+
+def colocated(ctx: PlanningContext, schedule: str) -> tuple[PlanBuilder, DevicePlan, CachedTimer]:
+    """One device group holding every role; streams: compute (0), copy (1)."""
+    n = ctx.hardware.num_gpus
+    timer = ctx.timer(n, n)
+    pb = PlanBuilder(schedule, ctx.graph, ctx.graph_hash)
+    dev = pb.device("colocated", list(range(n)), tp=timer.rollout.tp, dp=timer.rollout.dp)
+    pb.stream(dev, "compute")
+    pb.stream(dev, "copy")
+    return pb, dev, timer
+
+
+def ordered(ctx: PlanningContext, timer: CachedTimer) -> list[Op]:
+    return priority_order(ctx.graph, lambda op: timer(op).seconds)

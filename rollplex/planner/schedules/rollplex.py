@@ -1,0 +1,201 @@
+"""rollplex: move response-independent prefix work into the decode window.
+
+Candidates are the reference and training ops that are prefix work (vision, the prefix
+part of a logprob) and do not depend on the decode's output: they need only the prompts
+and weights that exist before decoding starts. Each candidate is cut into row chunks of
+at most `chunk_tokens` tokens and placed, by one of:
+- piggyback: its chunks ride the decode steps on the decode stream. Allowed only when it
+  reads the very weights version decode reads (the actor's prefix at the rollout's
+  policy version); costs the interference model's piggyback fraction of its compute;
+- streams: its chunks run on a side stream, time-sharing the GPU with decode;
+- partition: decode and side stream get SM partitions (green contexts).
+With `overlap=auto`, greedy, in priority order: a candidate keeps the placement that
+lowers the predicted step time the most (the whole plan replayed through the simulator,
+memory settled), or stays serial. Starting from the serial plan of the same graph and
+accepting only improvements, auto never predicts a step slower than serial. An explicit
+`overlap` mode is an ablation: it places every eligible candidate that way, and the
+prediction says honestly what that costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import networkx as nx
+
+from rollplex.graph.ir import Op, Phase
+from rollplex.ops.registry import get_kind
+from rollplex.planner.layout import rows_chunks
+from rollplex.planner.placement import PlanBuilder
+from rollplex.planner.plan import CoRun, Plan
+from rollplex.planner.schedules.common import CachedTimer, PlanningContext, ordered
+from rollplex.planner.simulate import replay
+
+MODES = {
+    "piggyback": (CoRun.PIGGYBACK,),
+    "streams": (CoRun.STREAMS,),
+    "sm_partition": (CoRun.PARTITION,),
+    "none": (),
+    "auto": (CoRun.PIGGYBACK, CoRun.STREAMS, CoRun.PARTITION),
+}
+
+
+def plan_rollplex(ctx: PlanningContext, evaluate: Callable[[Plan], float] | None = None) -> Plan:
+    """`evaluate` scores a candidate plan (default: replayed step time); the API passes
+    one that also settles memory, so overlap that needs offloads pays for them."""
+    n = ctx.hardware.num_gpus
+    timer = ctx.timer(n, n)
+    order = ordered(ctx, timer)
+    decode = next((op for op in order if op.kind == "decode"), None)
+    score = evaluate or (lambda p: replay(p, ctx.interference))
+    base = _build(ctx, timer, order, decode, {})
+    best_time = score(base)
+    best, chosen, notes = base, {}, []
+    if decode is None:
+        best.notes.append("no decode op: nothing to overlap, serial placement")
+        return best
+    before = {op.name for op in order[: order.index(decode)]}
+    for op in _candidates(ctx, order, decode):
+        pick = None
+        producers = {p.name for v in op.inputs.values() if (p := ctx.graph.producer(v))}
+        if not producers <= before | set(chosen):
+            continue  # needs work that only runs after the decode
+        forced = ctx.schedule.overlap != "auto"
+        for mode in _modes(ctx, op, decode):
+            trial_choice = {**chosen, op.name: mode}
+            trial = _build(ctx, timer, order, decode, trial_choice)
+            t = score(trial)
+            if forced or t < best_time * (1 - 1e-6):
+                best_time, best, pick = t, trial, mode
+                if forced:
+                    break
+        if pick is not None:
+            chosen[op.name] = pick
+        notes.append(
+            f"{op.name}: {pick.value if pick else 'serial'} (step {best_time * 1e3:.1f} ms)"
+        )
+    best.notes.extend(notes)
+    return best
+
+
+def _candidates(ctx: PlanningContext, order: list[Op], decode: Op) -> list[Op]:
+    after_decode = nx.descendants(ctx.graph.nx, decode.name)
+    return [
+        op
+        for op in order
+        if op.phase in (Phase.REFERENCE, Phase.TRAIN)
+        and get_kind(op.kind).prefix
+        and op.name not in after_decode
+    ]
+
+
+def _modes(ctx: PlanningContext, op: Op, decode: Op) -> tuple[CoRun, ...]:
+    modes = MODES[ctx.schedule.overlap]
+    same_weights = set(ctx.graph.weights_read(op).values()) <= set(
+        ctx.graph.weights_read(decode).values()
+    )
+    return tuple(m for m in modes if m is not CoRun.PIGGYBACK or same_weights)
+
+
+def _build(
+    ctx: PlanningContext,
+    timer: CachedTimer,
+    order: list[Op],
+    decode: Op | None,
+    choice: dict[str, CoRun],
+) -> Plan:
+    pb = PlanBuilder("rollplex", ctx.graph, ctx.graph_hash)
+    n = ctx.hardware.num_gpus
+    dev = pb.device("colocated", list(range(n)), tp=timer.rollout.tp, dp=timer.rollout.dp)
+    partitioned = CoRun.PARTITION in choice.values()
+    f = ctx.schedule.decode_sm_fraction
+    pb.stream(dev, "compute")
+    pb.stream(dev, "copy")
+    dec_stream = pb.stream(dev, "decode", partition=f if partitioned else None)
+    side = pb.stream(dev, "prefix", partition=(1 - f) if partitioned else None)
+    overlapped = [op for op in order if op.name in choice]
+    for op in order:
+        if op.name in choice:
+            continue  # issued beside the decode
+        if op is not decode:
+            t = timer(op)
+            pb.add(dev, 0, op, t.seconds, t.rate_class, scratch_bytes=t.scratch_bytes)
+            continue
+        _place_decode(ctx, pb, dev, timer, decode, dec_stream, side, overlapped, choice)
+    return pb.plan
+
+
+def _chunks(ctx: PlanningContext, timer: CachedTimer, op: Op) -> int:
+    rows_value = ctx.graph.values[op.inputs.get("features", op.inputs.get("pixels"))]
+    rows = max(1, rows_value.shape[0] // timer.train.dp)
+    tokens = rows_value.shape[1] + (
+        ctx.graph.values[op.inputs["text"]].shape[1] if "text" in op.inputs else 0
+    )
+    return rows_chunks(rows, tokens, ctx.schedule.chunk_tokens)
+
+
+def _place_decode(
+    ctx,
+    pb: PlanBuilder,
+    dev,
+    timer: CachedTimer,
+    decode: Op,
+    dec_stream: int,
+    side: int,
+    overlapped: list[Op],
+    choice: dict[str, CoRun],
+) -> None:
+    t_dec = timer(decode)
+    riders = [op for op in overlapped if choice[op.name] is CoRun.PIGGYBACK]
+    pieces = [
+        (op, i, _chunks(ctx, timer, op)) for op in riders for i in range(_chunks(ctx, timer, op))
+    ]
+    segments = len(pieces) + 1
+    seg_s = t_dec.seconds / segments
+    first = None
+    for k in range(segments):
+        step = pb.add(
+            dev,
+            dec_stream,
+            decode,
+            seg_s,
+            "bandwidth",
+            chunk=k,
+            chunks=segments,
+            scratch_bytes=t_dec.scratch_bytes,
+        )
+        first = first or step
+        if k < len(pieces):
+            op, i, c = pieces[k]
+            compute = timer(op, c).compute_s
+            extra = ctx.interference.piggyback_extra(compute / seg_s) * compute
+            pb.add(
+                dev,
+                dec_stream,
+                op,
+                extra,
+                "bandwidth",
+                chunk=i,
+                chunks=c,
+                corun=CoRun.PIGGYBACK,
+                scratch_bytes=timer(op, c).scratch_bytes,
+            )
+    for op in overlapped:
+        if choice[op.name] is CoRun.PIGGYBACK:
+            continue
+        c = _chunks(ctx, timer, op)
+        t = timer(op, c)
+        for i in range(c):
+            # Issued once decode has begun, so the side work never delays the prefill.
+            pb.add(
+                dev,
+                side,
+                op,
+                t.seconds,
+                "compute",
+                chunk=i,
+                chunks=c,
+                after=[first] if first else None,
+                corun=choice[op.name],
+                scratch_bytes=t.scratch_bytes,
+            )

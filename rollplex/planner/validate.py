@@ -1,0 +1,159 @@
+"""validate_plan: the invariants a plan must hold before anything runs it.
+
+1. no two slots of one arena (device, lane) hold overlapping bytes while both are live;
+2. every step starts after each of its producers' steps, through stream order or an event
+   it waits on (a missing event is a race even if the predicted times happen to agree);
+3. each device group's predicted peak fits its HBM budget;
+4. on-policy: every step that reads trained weights reads the version the update trains
+   (only the weight sync reads the next one);
+5. disaggregated: the weight transfer precedes every rollout step that reads the weights.
+Each failure raises `PlanError` naming the step, slot or device at fault.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+
+from rollplex.graph.ir import Graph, version_model
+from rollplex.planner.plan import DevicePlan, Plan, Slot, Step
+
+
+class PlanError(ValueError):
+    pass
+
+
+def validate_plan(plan: Plan, graph: Graph, budget: bool = True) -> Plan:
+    """Raise PlanError on the first broken invariant (`budget=False` skips rule 3)."""
+    steps = {s.index: s for d in plan.devices for s in d.steps}
+    events = {e.id: e for e in plan.events}
+    for dev in plan.devices:
+        _check_slots(dev, steps)
+        _check_order(plan, dev, graph, steps, events)
+        if budget and dev.peak_bytes > dev.budget_bytes:
+            raise PlanError(
+                f"device '{dev.name}': predicted peak {dev.peak_bytes} B exceeds "
+                f"the budget {dev.budget_bytes} B by "
+                f"{dev.peak_bytes - dev.budget_bytes} B"
+            )
+    _check_policy(plan, graph, steps)
+    if plan.schedule == "disaggregated":
+        _check_transfer_first(plan, graph, steps, events)
+    return plan
+
+
+def _check_slots(dev: DevicePlan, steps: dict[int, Step]) -> None:
+    """Sweep each lane in time, keeping the live slots sorted by offset: live slots never
+    overlap each other (or we would have stopped), so a new slot can only collide with
+    its neighbours by offset. O(n log n) for n slots."""
+    by_lane: dict[int, list[tuple[float, float, Slot]]] = {}
+    for s in dev.slots:
+        if s.size:
+            live = (steps[s.first].start_s, steps[s.last].end_s)
+            by_lane.setdefault(s.lane, []).append((*live, s))
+    for lane, slots in by_lane.items():
+        slots.sort(key=lambda x: (x[0], x[1]))
+        expiry: list[tuple[float, int, Slot]] = []  # heap of (end, id, slot)
+        live: list[tuple[int, int, Slot]] = []  # sorted by (offset, id)
+        for start, end, s in slots:
+            while expiry and expiry[0][0] <= start:
+                _, sid, gone = heapq.heappop(expiry)
+                del live[bisect.bisect_left(live, (gone.offset, sid))]
+            if end <= start:
+                continue  # a zero-length stretch holds nothing
+            k = bisect.bisect_left(live, (s.offset, id(s)))
+            for other in live[k - 1 : k] + live[k : k + 1]:
+                a = other[2]
+                if s.offset < a.offset + a.size and a.offset < s.offset + s.size:
+                    raise PlanError(
+                        f"device '{dev.name}' lane {lane}: slots '{a.value}' "
+                        f"[{a.offset}, {a.offset + a.size}) and '{s.value}' "
+                        f"[{s.offset}, {s.offset + s.size}) overlap while both are live"
+                    )
+            live.insert(k, (s.offset, id(s), s))
+            heapq.heappush(expiry, (end, id(s), s))
+
+
+def _check_order(
+    plan: Plan, dev: DevicePlan, graph: Graph, steps: dict[int, Step], events: dict[int, object]
+) -> None:
+    stream_pos = {i: (st.stream, k) for st in dev.streams for k, i in enumerate(st.steps)}
+    made: dict[str, list[Step]] = {}
+    for s in steps.values():
+        if (op := graph.ops.get(s.op)) is not None and s.kind not in (
+            "offload",
+            "onload",
+            "transfer",
+        ):
+            for v in op.outputs.values():
+                made.setdefault(v, []).append(s)
+    for s in dev.steps:
+        op = graph.ops.get(s.op)
+        if op is None or s.previous_step or s.kind in ("offload", "onload", "transfer"):
+            continue
+        waited = {events[e].step for e in s.waits if e in events}
+        for v in op.inputs.values():
+            for p in made.get(v, []):
+                if p.op == s.op:
+                    continue
+                same = (
+                    stream_pos.get(p.index, (None,))[0] == s.stream
+                    and p.index in stream_pos
+                    and stream_pos[p.index][1] < stream_pos[s.index][1]
+                )
+                if not same and p.index not in waited:
+                    raise PlanError(
+                        f"step '{s.name}' reads '{v}' from step '{p.name}' on "
+                        f"another stream without waiting for its event"
+                    )
+                if p.end_s > s.start_s + 1e-12:
+                    raise PlanError(
+                        f"step '{s.name}' starts at {s.start_s:.6f}s before its "
+                        f"producer '{p.name}' ends at {p.end_s:.6f}s"
+                    )
+
+
+def _check_policy(plan: Plan, graph: Graph, steps: dict[int, Step]) -> None:
+    trained = {
+        graph.values[op.inputs["weights"]].version
+        for op in graph.ops.values()
+        if op.kind == "optimizer_step"
+    }
+    models = {version_model(v) for v in trained}
+    for s in steps.values():
+        v = s.weights_version
+        if v is None or s.kind == "weight_sync" or version_model(v) not in models:
+            continue
+        if v not in trained:
+            raise PlanError(
+                f"step '{s.name}' reads weights {v}, but the update trains "
+                f"{sorted(trained)}: its data would be off-policy"
+            )
+
+
+def _check_transfer_first(
+    plan: Plan, graph: Graph, steps: dict[int, Step], events: dict[int, object]
+) -> None:
+    roll = next((d for d in plan.devices if d.name == "rollout"), None)
+    if roll is None:
+        raise PlanError("disaggregated plan has no 'rollout' device group")
+    syncs = [s for s in roll.steps if s.kind == "weight_sync"]
+    if not syncs:
+        raise PlanError("disaggregated plan: no weight transfer into the rollout pool")
+    sync_ids = {s.signals for s in syncs}
+    for s in roll.steps:
+        if s.phase != "rollout" or s.weights_version is None or s.kind == "weight_sync":
+            continue
+        if not (sync_ids & set(s.waits)) and not _after_on_stream(roll, syncs, s):
+            raise PlanError(
+                f"disaggregated: rollout step '{s.name}' does not wait for the weight transfer"
+            )
+        if s.start_s + 1e-12 < max(x.end_s for x in syncs):
+            raise PlanError(
+                f"disaggregated: rollout step '{s.name}' starts before the weight transfer ends"
+            )
+
+
+def _after_on_stream(dev: DevicePlan, syncs: list[Step], s: Step) -> bool:
+    order = {i: k for st in dev.streams for k, i in enumerate(st.steps)}
+    return all(x.stream == s.stream and order[x.index] < order[s.index] for x in syncs)

@@ -1,0 +1,73 @@
+"""A Plan's predicted timeline, as a Timeline the trace writer exports.
+
+Each device group becomes one worker (device id = group index), each plan stream one
+lane, each step one span. Memory events come from the slot plan: a slot allocates at its
+first step's start and frees at its last step's end, at its arena offset (lanes' arenas
+laid side by side), so TensorBoard's memory curve is the planned residency.
+"""
+
+from __future__ import annotations
+
+from rollplex.planner.plan import Plan
+from rollplex.trace.timeline import MemoryEvent, Span, Timeline
+
+_US = 1e6
+
+
+def plan_timeline(
+    plan: Plan, label: str | None = None, device_name: str = "", steps: int = 1
+) -> Timeline:
+    """`steps` repeats the step back to back (the trace shows one ProfilerStep each)."""
+    spans: list[Span] = []
+    memory: list[MemoryEvent] = []
+    names: dict[tuple[int, int], str] = {}
+    period = plan.step_time_s * _US
+    for dev_id, dev in enumerate(plan.devices):
+        for st in dev.streams:
+            names[(dev_id, st.stream)] = f"{dev.name}:{st.name}"
+        by_index = {s.index: s for s in dev.steps}
+        base, lane_base = 0, {}
+        for lane in sorted(dev.arena_bytes):
+            lane_base[lane] = base
+            base += dev.arena_bytes[lane]
+        for k in range(steps):
+            t0 = k * period
+            for s in dev.steps:
+                cat = "gpu_memcpy" if s.rate_class == "copy" else "kernel"
+                spans.append(
+                    Span(
+                        dev_id,
+                        s.stream,
+                        s.name,
+                        t0 + s.start_s * _US,
+                        max((s.end_s - s.start_s) * _US, 1e-3),
+                        cat,
+                        s.phase,
+                        {
+                            "corun": s.corun.value,
+                            "solo_us": s.solo_s * _US,
+                            "weights": s.weights_version or "",
+                        },
+                    )
+                )
+            events = []
+            for slot in dev.slots:
+                if not slot.size:
+                    continue
+                a, b = by_index[slot.first], by_index[slot.last]
+                addr = lane_base.get(slot.lane, 0) + slot.offset
+                events.append((t0 + a.start_s * _US, slot.size, addr, a.name))
+                events.append((t0 + b.end_s * _US, -slot.size, addr, b.name))
+            total = 0
+            for t, delta, addr, name in sorted(events, key=lambda e: (e[0], e[1])):
+                total += delta
+                memory.append(MemoryEvent(dev_id, t, addr, delta, total, base, name))
+    return Timeline(
+        label or plan.schedule,
+        spans,
+        memory,
+        [(k * period, (k + 1) * period) for k in range(steps)],
+        names,
+        device_name=device_name,
+        device_memory_bytes=max((d.budget_bytes for d in plan.devices), default=0),
+    )
