@@ -1,0 +1,73 @@
+"""`rollplex <job> [hydra overrides]`: the one console entry point.
+
+The job (graph, plan, train) is the first argument; the rest are Hydra overrides, so
+`rollplex plan -m schedule=serial,rollplex` sweeps. The config is validated once, here,
+into a RunSpec; a bad field ends the run with one paragraph naming it and exit code 2,
+before any model is built.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+JOBS = ("graph", "plan", "train")
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+log = logging.getLogger("rollplex")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in JOBS:
+        print(
+            f"usage: rollplex {{{','.join(JOBS)}}} [hydra overrides]\n"
+            "  e.g. rollplex graph model=qwen2_5_vl_7b algo=grpo workload.group_size=8\n"
+            "       rollplex plan -m schedule=serial,disaggregated,rollplex\n"
+            "       rollplex train model=tiny workload=tiny hardware=cpu"
+        )
+        sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
+    job, overrides = argv[0], argv[1:]
+    import hydra  # imported late: `rollplex --help` stays instant
+
+    sys.argv = [f"rollplex-{job}", *overrides, f"job={job}"]
+    hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")(_run)()
+
+
+def _run(cfg) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+    from pydantic import ValidationError
+
+    from rollplex.jobs import run_job
+    from rollplex.specs.run import RunSpec
+
+    try:
+        raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        spec = RunSpec.model_validate(raw)
+    except ValidationError as err:
+        _fail(_explain(err))
+    except Exception as err:  # missing values, bad interpolations
+        _fail(f"invalid config: {err}")
+    out = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        run_job(spec, out)
+    except (ValueError, FileNotFoundError) as err:  # bad input found before GPU work
+        _fail(str(err))
+
+
+def _explain(err) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"])
+        lines.append(f"'{where}': {e['msg']} (got {e.get('input')!r})")
+    return "invalid config: " + "; ".join(lines) + ". Fix the field(s) named above."
+
+
+def _fail(message: str) -> None:
+    print(f"rollplex: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

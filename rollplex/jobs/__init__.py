@@ -1,0 +1,27 @@
+"""Jobs behind the CLI. Each takes a validated RunSpec and its run folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rollplex.specs.run import RunSpec
+
+
+def run_job(spec: RunSpec, out: Path) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(spec.model_dump_json(indent=1))
+    if spec.job == "graph":
+        from rollplex.jobs.graph import run_graph as run
+    elif spec.job == "plan":
+        from rollplex.jobs.plan import run_plan as run
+    else:
+        from rollplex.jobs.train import run_train as run
+    summary = run(spec, out)
+    write_summary(out, summary)
+    return summary
+
+
+def write_summary(out: Path, summary: dict[str, Any]) -> None:
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))

@@ -1,0 +1,67 @@
+"""A Hydra callback that turns a multirun into one comparison table (markdown + CSV)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+
+log = logging.getLogger(__name__)
+
+PREFERRED = (
+    "schedule",
+    "model",
+    "workload",
+    "hardware",
+    "step_time_s",
+    "speedup_vs_serial",
+    "speedup_vs_serial_dedup",
+    "speedup_vs_disaggregated",
+    "peak_gib_per_gpu",
+    "lower_bound_gib",
+    "fits_budget",
+)
+
+
+def comparison_rows(sweep_dir: Path) -> list[dict[str, Any]]:
+    rows = []
+    for summary in sorted(sweep_dir.glob("*/summary.json")):
+        row = {"run": summary.parent.name}
+        row.update(json.loads(summary.read_text()))
+        rows.append(row)
+    return rows
+
+
+def write_comparison(sweep_dir: Path) -> Path | None:
+    rows = comparison_rows(sweep_dir)
+    if not rows:
+        return None
+    keys = ["run"] + [k for k in PREFERRED if any(k in r for r in rows)]
+    keys += sorted({k for r in rows for k in r} - set(keys))
+    scalar = [k for k in keys if all(not isinstance(r.get(k), dict | list) for r in rows)]
+    with (sweep_dir / "comparison.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=scalar, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    shown = [k for k in scalar if k in PREFERRED or k == "run"]
+
+    def fmt(v: Any) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
+    lines += ["| " + " | ".join(fmt(r.get(k, "")) for k in shown) + " |" for r in rows]
+    path = sweep_dir / "comparison.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class ComparisonTable(Callback):
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        path = write_comparison(Path(config.hydra.sweep.dir))
+        if path is not None:
+            print(path.read_text())
+            print(f"comparison table: {path} (and comparison.csv)")

@@ -1,0 +1,195 @@
+"""`rollplex train`: GRPO on the synthetic visual task, every step run through one plan.
+
+The plan is made once with `plan_step` for the configured schedule and applied by the
+executor at every step; serial and rollplex plans train the very same parameters. The run
+folder gets:
+- `tb/`: TensorBoard scalars (reward, KL, loss, step time, resident bytes) and the planned
+  and measured timelines side by side (workers `planned0` and `measured0`, the last
+  `train.trace_steps` steps), with the planned-vs-measured table as text;
+- `checkpoints/step-NNNNNN/` every `train.checkpoint_every` steps and after the last;
+- `metrics.csv` (one row per step), `calibration.json` (measured op times in the cost
+  model's format), `plan.json` and `summary.json`.
+A `train.resume` checkpoint is validated before the model is built: a corrupt one, or one
+of another model, ends the run with a message naming the file and field.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import statistics
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from rollplex.specs.run import RunSpec
+
+log = logging.getLogger(__name__)
+CSV_FIELDS = ("step", "reward", "kl", "loss", "pg_loss", "clip_frac", "response_length",
+              "step_time_s", "peak_resident_bytes")
+
+
+def check_spec(spec: RunSpec) -> None:
+    """What the torch backend and the synthetic task can run; raises ValueError."""
+    t, w = spec.train, spec.workload
+    if spec.algo.name != "grpo":
+        raise ValueError(f"train runs GRPO only (algo={spec.algo.name!r}): the torch backend "
+                         "has no critic ops yet")
+    if t.max_new_tokens > w.response_length.max:
+        raise ValueError(f"train.max_new_tokens={t.max_new_tokens} exceeds workload."
+                         f"response_length.max={w.response_length.max}, which sizes the plan")
+    if spec.model.vocab_size > 512:
+        raise ValueError(f"train builds a word-level tokenizer of at most 512 ids; model "
+                         f"'{spec.model.name}' has vocab {spec.model.vocab_size}")
+
+
+def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
+    check_spec(spec)
+    t = spec.train
+    import torch
+
+    from rollplex.runtime.checkpoint import read_checkpoint
+
+    if t.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(t.deterministic)
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    # Validate the checkpoint before building anything: a bad one costs nothing.
+    ckpt = read_checkpoint(t.resume, spec.model, spec.seed) if t.resume else None
+    return _train(spec, out, ckpt)
+
+
+def _train(spec: RunSpec, out: Path, ckpt) -> dict[str, Any]:
+    from rollplex.backends.torch.backend import TorchBackend, TorchConfig
+    from rollplex.backends.torch.data import TaskData
+    from rollplex.jobs.plan import plan_to_dict
+    from rollplex.planner.api import plan_step
+    from rollplex.runtime import Executor, Progress
+    from rollplex.runtime.checkpoint import restore, save_checkpoint
+    from rollplex.trace import open_writer
+
+    t = spec.train
+    result = plan_step(spec.model, spec.workload, spec.algo, spec.hardware, spec.schedule)
+    plan, graph = result.plan, result.graph
+    (out / "plan.json").write_text(json.dumps(plan_to_dict(plan), indent=1))
+    log.info("plan '%s' (dedup=%s, overlap=%s): %d steps on %d streams; %s", plan.schedule,
+             spec.schedule.dedup, spec.schedule.overlap, sum(len(d.steps) for d in plan.devices),
+             sum(len(d.streams) for d in plan.devices), "; ".join(plan.notes) or "no overlap")
+    backend = TorchBackend(TorchConfig(spec.model, spec.algo, spec.seed, t.max_new_tokens,
+                                       t.reward, t.device))
+    start = 0
+    if ckpt is not None:
+        restore(backend.trainer, ckpt)
+        backend.rollout.load_weights(backend.trainer.live_weights())
+        start = ckpt.state.step
+        log.info("resumed from %s at step %d", ckpt.folder, start)
+    data = TaskData(spec.model, spec.workload, spec.seed)
+    tb = out / "tb"
+    writer = open_writer(tb)
+    progress = Progress(t.steps, initial=start, disable=not t.progress)
+    executor = Executor(plan, graph, backend, [progress, _Scalars(writer)], device=t.device)
+    recent: deque = deque(maxlen=t.trace_steps)
+    rows: list[dict[str, Any]] = []
+    ckpt_root, last_ckpt = out / "checkpoints", None
+    try:
+        for k in range(start, t.steps):
+            res = executor.run_step(k, data.step(k))
+            recent.append(res)
+            rows.append(_row(res))
+            if (k + 1) % t.checkpoint_every == 0 or k + 1 == t.steps:
+                last_ckpt = save_checkpoint(ckpt_root, k + 1, backend.trainer, spec.model,
+                                            spec.seed)
+                log.info("checkpoint %s (reward %.3f)", last_ckpt, res.metrics.get("reward", 0))
+    finally:
+        progress.close()
+    _write_csv(out / "metrics.csv", rows)
+    if recent:
+        _export(out, tb, writer, spec, plan, graph, list(recent))
+    writer.close()
+    for note in executor.notes:
+        log.info("executor: %s", note)
+    return _summary(spec, plan, rows, start, ckpt, ckpt_root, last_ckpt, recent)
+
+
+class _Scalars:
+    def __init__(self, writer) -> None:
+        self.writer = writer
+
+    def on_step_start(self, rl_step, step) -> None:
+        pass
+
+    def on_step_end(self, rl_step, measured) -> None:
+        pass
+
+    def on_rl_step_end(self, result) -> None:
+        from rollplex.trace import write_scalars
+
+        values = {f"train/{k}": v for k, v in result.metrics.items()}
+        values["train/step_time_s"] = result.seconds
+        values["memory/peak_resident_bytes"] = max(result.peak_resident_bytes.values())
+        write_scalars(self.writer, values, step=result.rl_step + 1)
+
+
+def _row(res) -> dict[str, Any]:
+    m = res.metrics
+    return {"step": res.rl_step + 1, **{k: m.get(k, "") for k in CSV_FIELDS[1:7]},
+            "step_time_s": res.seconds,
+            "peak_resident_bytes": max(res.peak_resident_bytes.values())}
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _export(out: Path, tb: Path, writer, spec: RunSpec, plan, graph, recent: list) -> None:
+    """Planned and measured timelines into one TensorBoard run, and the calibration file."""
+    from rollplex.ops.costs import CostContext, op_cost
+    from rollplex.runtime import measured_timeline, write_measured_calibration
+    from rollplex.trace import diff_timelines, write_profiler_traces, write_text
+    from rollplex.trace.from_plan import plan_timeline
+
+    device = spec.train.device
+    planned = plan_timeline(plan, label="planned", device_name=spec.hardware.gpu,
+                            steps=len(recent))
+    measured = measured_timeline(plan, recent, label="measured", device_name=device)
+    write_profiler_traces(planned, tb, worker_prefix="planned")
+    write_profiler_traces(measured, tb, worker_prefix="measured")
+    write_text(writer, "timeline/planned_vs_measured",
+               diff_timelines(planned, measured, aggregate=True).markdown())
+
+    def cost(step) -> tuple[float, float]:
+        op = graph.ops[step.op]
+        c = op_cost(graph, op, CostContext(spec.model, spec.workload, dp=step.chunks))
+        return c.flops, c.bytes
+
+    write_measured_calibration(out / "calibration.json", device, recent, cost)
+
+
+def _summary(spec: RunSpec, plan, rows, start, ckpt, ckpt_root, last_ckpt, recent) -> dict:
+    rewards = [r["reward"] for r in rows if r["reward"] != ""]
+    tail = rewards[-10:]
+    measured_peak = max((max(r.peak_resident_bytes.values()) for r in recent), default=0)
+    return {
+        "steps": spec.train.steps,
+        "start_step": start,
+        "steps_run": len(rows),
+        "final_mean_reward": statistics.fmean(tail) if tail else None,
+        "final_mean_reward_over": len(tail),
+        "first_mean_reward": statistics.fmean(rewards[:10]) if rewards else None,
+        "checkpoint_dir": str(ckpt_root),
+        "last_checkpoint": str(last_ckpt) if last_ckpt else None,
+        "resumed_from": str(ckpt.folder) if ckpt else None,
+        "schedule": plan.schedule,
+        "dedup": spec.schedule.dedup,
+        "overlap": spec.schedule.overlap,
+        "median_step_time_s": statistics.median(r["step_time_s"] for r in rows) if rows else None,
+        "plan_peak_bytes": plan.peak_bytes_per_gpu,
+        "measured_peak_resident_bytes": measured_peak,
+        "decisions": plan.notes,
+    }

@@ -1,0 +1,110 @@
+"""The console entry point, as a user runs it: jobs, run folders, errors, sweeps."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def rollplex(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rollplex.cli", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def run_dir(tmp_path: Path, job: str) -> Path:
+    (out,) = (tmp_path / "outputs" / job).iterdir()
+    return out
+
+
+def test_graph_job_shows_the_prefix_saving(tmp_path: Path) -> None:
+    p = rollplex(tmp_path, "graph", "model=qwen2_5_vl_7b", "algo=grpo", "workload.group_size=8")
+    assert p.returncode == 0, p.stderr
+    out = run_dir(tmp_path, "graph")
+    summary = json.loads((out / "summary.json").read_text())
+    for key in (
+        "total_flops_before_passes",
+        "total_flops_after_passes",
+        "prefix_flops_before_passes",
+        "prefix_flops_after_passes",
+        "params_total",
+    ):
+        assert summary[key] > 0
+    # share_group_prefix alone divides the reference+train prefix work by G = 8.
+    ratio = summary["prefix_flops_before_passes"] / summary["prefix_flops_after_share_group_prefix"]
+    assert ratio == pytest.approx(8.0, rel=0.05)
+    assert summary["params_total"] == 8_292_166_656
+    assert json.loads((out / "config.json").read_text())["workload"]["group_size"] == 8
+    assert "share_group_prefix" in p.stdout
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("workload.group_size=0", "workload.group_size"),
+        ("schedule.chunk_tokens=-1", "schedule.chunk_tokens"),
+    ],
+)
+def test_bad_field_is_named_without_traceback(tmp_path: Path, override: str, field: str) -> None:
+    p = rollplex(tmp_path, "graph", override)
+    assert p.returncode == 2
+    assert field in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "outputs" / "graph").exists() or not any(
+        (d / "summary.json").exists() for d in (tmp_path / "outputs" / "graph").iterdir()
+    )
+
+
+def test_unknown_model_is_named(tmp_path: Path) -> None:
+    p = rollplex(tmp_path, "graph", "model=qwen9_vl")
+    assert p.returncode != 0
+    assert "qwen9_vl" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_plan_job_writes_its_run_folder(tmp_path: Path) -> None:
+    p = rollplex(tmp_path, "plan", "hardware=h200x2", "workload.prompts_per_step=8")
+    assert p.returncode == 0, p.stderr
+    out = run_dir(tmp_path, "plan")
+    s = json.loads((out / "summary.json").read_text())
+    for key in (
+        "schedule",
+        "step_time_s",
+        "peak_bytes_per_gpu",
+        "lower_bound_bytes",
+        "fits_budget",
+        "speedup_vs_serial",
+        "speedup_vs_serial_dedup",
+    ):
+        assert key in s
+    assert s["speedup_vs_serial_dedup"] >= 1.0 and s["fits_budget"]
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["schedule"] == "rollplex" and plan["devices"][0]["steps"]
+    assert list((out / "tb").glob("gpu0.*.pt.trace.json"))
+    assert "speedup vs serial" in (out / "plan.md").read_text()
+
+
+def test_multirun_sweep_makes_one_table(tmp_path: Path) -> None:
+    # 3B: a one-GPU training pool must still hold its optimizer state.
+    p = rollplex(
+        tmp_path,
+        "plan",
+        "-m",
+        "schedule=serial,disaggregated,rollplex",
+        "model=qwen2_5_vl_3b",
+        "hardware=h200x2",
+        "workload.prompts_per_step=8",
+    )
+    assert p.returncode == 0, p.stderr
+    (sweep,) = (tmp_path / "multirun" / "plan").iterdir()
+    rows = list(csv.DictReader((sweep / "comparison.csv").open()))
+    assert sorted(r["schedule"] for r in rows) == ["disaggregated", "rollplex", "serial"]
+    assert len(list(sweep.glob("*/tb/gpu0.*.pt.trace.json"))) == 3
+    assert "| run |" in (sweep / "comparison.md").read_text()
