@@ -1,0 +1,106 @@
+"""How long planning takes as graphs grow, on one core (a benchmark, not a test).
+
+The graph is K GRPO micro-steps over the same weights (K prompt batches of one long step,
+as a 10,000-op program would look), so it has 13K ops after the dedup passes. Prints a
+markdown table last.
+
+    python bench/planner_scale.py --steps 1 10 100 770
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from rollplex.algos import build_step
+from rollplex.graph.ir import Graph, Op, Value
+from rollplex.graph.passes import DEDUP_PASSES, run_passes
+from rollplex.planner.api import plan_step
+from rollplex.specs import (
+    HARDWARE_PRESETS,
+    MODEL_PRESETS,
+    WORKLOAD_PRESETS,
+    AlgoSpec,
+    ScheduleSpec,
+)
+
+
+def replicated(k: int) -> Graph:
+    """K copies of the GRPO step sharing every external value (weights, optimizer state,
+    prompts); every op and internal value name prefixed with its copy."""
+    model, work = MODEL_PRESETS["qwen2_5_vl_7b"], WORKLOAD_PRESETS["video"]
+    base, _ = run_passes(build_step(model, work, AlgoSpec()), DEDUP_PASSES)
+    g = Graph()
+    shared = {n for n, v in base.values.items() if v.external}
+    for n in shared:
+        v = base.values[n]
+        g.add_value(Value(n, v.shape, v.dtype, v.kind, v.version, True))
+
+    def rn(name: str, i: int) -> str:
+        return name if name in shared else f"s{i}/{name}"
+
+    for i in range(k):
+        for n, v in base.values.items():
+            if n not in shared:
+                g.add_value(Value(rn(n, i), v.shape, v.dtype, v.kind, v.version, v.external))
+        for op in base.ops.values():
+            g.add_op(
+                Op(
+                    f"s{i}/{op.name}",
+                    op.kind,
+                    op.phase,
+                    {p: rn(v, i) for p, v in op.inputs.items()},
+                    {p: rn(v, i) for p, v in op.outputs.items()},
+                    dict(op.attrs),
+                )
+            )
+    return g
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--steps", type=int, nargs="+", default=[1, 10, 100, 770])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--schedule", default="serial")
+    args = ap.parse_args()
+    model, work = MODEL_PRESETS["qwen2_5_vl_7b"], WORKLOAD_PRESETS["video"]
+    hw = HARDWARE_PRESETS["h200x8"].model_copy(update={"hbm_gib": 1e6})  # time the planner
+    rows = []
+    for k in args.steps:
+        g = replicated(k)
+        sched = ScheduleSpec(name=args.schedule, parallel={"rollout_tp": 1})
+        plan_s, pass_s = [], []
+        for _ in range(args.repeats):
+            t = time.perf_counter()
+            run_passes(g, DEDUP_PASSES)  # the graph compiler, timed on its own
+            pass_s.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            r = plan_step(model, work, AlgoSpec(), hw, sched, graph=g, passes=())
+            plan_s.append(time.perf_counter() - t)
+        dev = r.plan.devices[0]
+        rows.append(
+            (
+                k,
+                len(r.graph),
+                len(r.plan.all_steps()),
+                statistics.median(plan_s),
+                statistics.median(pass_s),
+                dev.peak_bytes / dev.lower_bound_bytes,
+            )
+        )
+    print(f"schedule={args.schedule}; medians of {args.repeats}; one core (OMP_NUM_THREADS=1)")
+    print(
+        "| GRPO copies | ops | plan steps | planning (order, placement, replay, memory, "
+        "validate) | dedup passes + lint | planned peak / lower bound |"
+    )
+    print("|---|---|---|---|---|---|")
+    for k, ops, steps, t, tp, ratio in rows:
+        print(f"| {k} | {ops} | {steps} | {t:.3f} s | {tp:.3f} s | {ratio:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
