@@ -1,0 +1,71 @@
+"""Usage records: the whole input of memory-slot assignment.
+
+Lifetime planning reduces to `UsageRecord(size, first, last)` as in TFLite's GPU memory planner
+and XLA's heap simulator: a tensor of `size` bytes is live over the closed interval of schedule
+positions [first, last]. Each record also names its arena `lane`; arenas are kept per
+(device, stream lane), as in tinygrad, so reusing bytes never adds a hidden dependency between
+streams. Records of different lanes never share bytes.
+
+`lower_bound` is the most bytes live at any one position on the device (all lanes together);
+`lane_lower_bounds` is the same per lane. No assignment can use less than the sum of the
+per-lane bounds, so that sum is the yardstick strategies are measured against. Both sum the
+net change of live bytes per position and sweep the positions in order: O(n log n).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, frozen=True)
+class UsageRecord:
+    """A tensor of `size` bytes live over positions [first, last] (closed) in arena `lane`."""
+
+    size: int
+    first: int
+    last: int
+    lane: int = 0
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.size < 0:
+            raise ValueError(f"{self!r}: size must be >= 0, got {self.size}")
+        if self.first > self.last:
+            raise ValueError(
+                f"{self!r}: first must be <= last (closed interval), got {self.first} > {self.last}"
+            )
+
+
+def _peak(records: Iterable[UsageRecord]) -> int:
+    # A record counts from `first` through `last`, so it leaves at last + 1; netting arrivals and
+    # departures per position means one ending at t and one starting at t + 1 never add up.
+    delta: defaultdict[int, int] = defaultdict(int)
+    for r in records:
+        if r.size:
+            delta[r.first] += r.size
+            delta[r.last + 1] -= r.size
+    live = peak = 0
+    for position in sorted(delta):
+        live += delta[position]
+        peak = max(peak, live)
+    return peak
+
+
+def lower_bound(records: Sequence[UsageRecord]) -> int:
+    """Most bytes live at any one position, all lanes of the device together."""
+    return _peak(records)
+
+
+def lane_lower_bounds(records: Sequence[UsageRecord]) -> dict[int, int]:
+    """Most bytes live at any one position, per lane (every lane that has a record)."""
+    return {lane: _peak(records[i] for i in idx) for lane, idx in lane_indices(records).items()}
+
+
+def lane_indices(records: Sequence[UsageRecord]) -> dict[int, list[int]]:
+    """Input indices per lane, lanes in ascending order, input order kept within a lane."""
+    groups: defaultdict[int, list[int]] = defaultdict(list)
+    for i, r in enumerate(records):
+        groups[r.lane].append(i)
+    return dict(sorted(groups.items()))
