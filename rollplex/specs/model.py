@@ -226,6 +226,8 @@ def _qwen(
 
 def _tiny() -> ModelSpec:
     # head_dim 32 keeps it usable by vLLM's CPU attention; ids sit inside the tiny vocab.
+    # Vocab 64 fits the task's 26 tokens, and a random policy hits a one-token answer at
+    # ~1/64, often enough for GRPO to learn from (rollplex.backends.torch.task).
     return ModelSpec(
         name="tiny",
         hidden_size=128,
@@ -233,7 +235,7 @@ def _tiny() -> ModelSpec:
         num_heads=4,
         num_kv_heads=2,
         intermediate_size=256,
-        vocab_size=512,
+        vocab_size=64,
         tie_word_embeddings=False,
         mrope_section=(4, 6, 6),
         max_position_embeddings=4096,

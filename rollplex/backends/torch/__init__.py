@@ -8,4 +8,7 @@ Modules (imported on demand, so importing this package does not import transform
 - task:      VisualTask (seeded coloured-shapes questions) and reward
 - engine:    the per-op functions (vision_encode, prefix_forward, expand_prefix, decode,
              response_logprobs, full_logprobs, grpo_loss, group_advantages)
+- backend:   TorchBackend, the runtime's view: every GRPO op kind over an environment of
+             values (values.py), row chunks and host/device moves (rows.py), the roles
+             (roles.py: rollout, reference; trainer.py), task prompts per step (data.py)
 """

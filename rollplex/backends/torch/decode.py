@@ -8,9 +8,15 @@ or `max_new_tokens` is reached, so the batch stays rectangular.
 The returned logprobs are the policy's own, log softmax of the raw logits. Temperature and
 top-p only shape which token is drawn, so these equal `response_logprobs` of the same tokens
 and can serve as the old-policy logprobs of GRPO's ratio.
+
+`DecodeSession` is the resumable form: `advance(k)` runs k decode steps and stops, keeping
+the cache, the last logits and the generator, so a plan can split decode into segments
+(and run other work between them) and still draw exactly the tokens of one `decode()`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -44,6 +50,93 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+@dataclass(slots=True)
+class Generation:
+    """What a rollout returns: token ids and the policy's per-token logprobs."""
+
+    tokens: torch.Tensor  # [N, R] long, right-padded with pad
+    logprobs: torch.Tensor  # [N, R] fp32, 0 on padding
+    lengths: torch.Tensor  # [N] long, eos included
+
+
+class DecodeSession:
+    """Sampling from `state` that can stop after any step and resume where it left off.
+
+    Each step draws one token per row from the current logits, then (unless finished) runs a
+    one-token forward for the next logits. Stopping between steps keeps all of that state,
+    and every draw comes from the same `generator`, so any split into `advance` calls gives
+    the tokens of one uninterrupted run. `state` is never modified."""
+
+    def __init__(
+        self,
+        model: Model,
+        state: PrefixState,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        generator: torch.Generator | None,
+        eos_id: int,
+        pad_id: int | None = None,
+    ) -> None:
+        if max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        if pad_id is None:
+            pad_id = model.config.text_config.pad_token_id or 0
+        n, dev = state.rows, state.lengths.device
+        self.model, self.state, self.max_new_tokens = model, state, max_new_tokens
+        self.temperature, self.top_p, self.generator = temperature, top_p, generator
+        self.eos_id, self.pad_id = eos_id, pad_id
+        self.tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=dev)
+        self.logprobs = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=dev)
+        self.lengths = torch.zeros(n, dtype=torch.long, device=dev)
+        self._done = torch.zeros(n, dtype=torch.bool, device=dev)
+        with torch.no_grad():
+            self.kv = fork_cache(cache_kv(state.cache))
+        self.mask = state.attention_mask
+        self.logits = state.last_logits
+        self.t = 0  # steps taken
+        self.finished = False
+
+    @property
+    def steps_left(self) -> int:
+        return 0 if self.finished else self.max_new_tokens - self.t
+
+    def advance(self, steps: int | None = None) -> bool:
+        """Run up to `steps` decode steps (all remaining when None); True once finished."""
+        budget = self.steps_left if steps is None else min(steps, self.steps_left)
+        with torch.no_grad():
+            for _ in range(budget):
+                self._step()
+        return self.finished
+
+    def _step(self) -> None:
+        t, live = self.t, ~self._done
+        nxt = sample_next(self.logits, self.temperature, self.top_p, self.generator)
+        self.tokens[:, t] = torch.where(live, nxt, self.pad_id)
+        self.logprobs[:, t] = torch.where(live, token_logprobs(self.logits, nxt), 0.0)
+        self.lengths += live.long()
+        self._done = self._done | (live & (nxt == self.eos_id))
+        self.t = t + 1
+        if self.t == self.max_new_tokens or bool(self._done.all()):
+            self.finished = True
+            self.logits = self.kv = None  # the cache is no longer needed: let it go
+            return
+        self.mask = torch.cat([self.mask, live.to(self.mask.dtype).unsqueeze(1)], 1)
+        hidden = lm_hidden(
+            self.model,
+            embed_tokens(self.model, self.tokens[:, t : t + 1]),
+            response_positions(self.state, 1, offset=t),
+            self.mask,
+            self.kv,
+        )
+        self.logits = self.model.lm_head(hidden[:, -1])
+
+    def result(self) -> Generation:
+        if not self.finished:
+            raise RuntimeError(f"decode session still has {self.steps_left} steps to run")
+        return Generation(self.tokens, self.logprobs, self.lengths)
+
+
 def decode(
     model: Model,
     state: PrefixState,
@@ -58,35 +151,9 @@ def decode(
 
     Returns (tokens [N, R] right-padded with pad, logprobs [N, R] with 0 on padding,
     lengths [N], eos included). R = max_new_tokens. `state` is not modified."""
-    if max_new_tokens < 1:
-        raise ValueError("max_new_tokens must be >= 1")
-    if pad_id is None:
-        pad_id = model.config.text_config.pad_token_id or 0
-    n, dev = state.rows, state.last_logits.device
-    tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=dev)
-    logprobs = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=dev)
-    lengths = torch.zeros(n, dtype=torch.long, device=dev)
-    done = torch.zeros(n, dtype=torch.bool, device=dev)
-    with torch.no_grad():
-        kv = fork_cache(cache_kv(state.cache))
-        mask = state.attention_mask
-        logits = state.last_logits
-        for t in range(max_new_tokens):
-            live = ~done
-            nxt = sample_next(logits, temperature, top_p, generator)
-            tokens[:, t] = torch.where(live, nxt, pad_id)
-            logprobs[:, t] = torch.where(live, token_logprobs(logits, nxt), 0.0)
-            lengths += live.long()
-            done = done | (live & (nxt == eos_id))
-            if t + 1 == max_new_tokens or bool(done.all()):
-                break
-            mask = torch.cat([mask, live.to(mask.dtype).unsqueeze(1)], 1)
-            hidden = lm_hidden(
-                model,
-                embed_tokens(model, tokens[:, t : t + 1]),
-                response_positions(state, 1, offset=t),
-                mask,
-                kv,
-            )
-            logits = model.lm_head(hidden[:, -1])
-    return tokens, logprobs, lengths
+    session = DecodeSession(
+        model, state, max_new_tokens, temperature, top_p, generator, eos_id, pad_id
+    )
+    session.advance()
+    out = session.result()
+    return out.tokens, out.logprobs, out.lengths

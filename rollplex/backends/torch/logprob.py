@@ -4,7 +4,8 @@
 first response token is scored by the prefix's last logits. `full_logprobs` runs prefix +
 response for every sample with no reuse, vision tower included, through transformers' own
 `Qwen2_5_VLModel.forward`: it is what a serial verl step computes, and the yardstick the
-prefix path is tested against.
+prefix path is tested against. `features_full_logprobs` is the same per-sample forward on
+vision features computed beforehand (the graph's `logprob` op reads a `vision_encode`).
 
 Both follow the caller's grad mode: under `torch.no_grad()` they are the reference (or
 old-policy) scorer, with grad they are the training forward.
@@ -129,3 +130,32 @@ def full_logprobs(
     logits = full_logits(model, batch, responses, lengths, group_size)
     out = token_logprobs(logits, responses)
     return torch.where(response_mask(lengths, responses.shape[1]), out, torch.zeros_like(out))
+
+
+def features_full_logprobs(
+    model: Model,
+    batch: PromptBatch,
+    features: torch.Tensor,
+    responses: torch.Tensor,
+    lengths: torch.Tensor,
+) -> torch.Tensor:
+    """Logprobs [N, R] from one forward over [prefix_i, response_i] per row, with the image
+    tokens of row i taking `features` (rows in order); `batch` has one row per response."""
+    n, width = responses.shape
+    if n != batch.size:
+        raise ValueError(f"{n} responses for {batch.size} prefix rows")
+    pad_id = model.config.text_config.pad_token_id or 0
+    ids, types, mask, plen = _full_sequences(batch, responses, lengths, 1, pad_id)
+    embeds = embed_tokens(model, ids)
+    # Image positions by type, not by id: a sampled response may contain the image token.
+    image_mask = (types == 1).unsqueeze(-1)
+    embeds = embeds.masked_scatter(image_mask, features.to(embeds.dtype))
+    positions, _ = model.model.get_rope_index(
+        ids, mm_token_type_ids=types, image_grid_thw=batch.image_grid_thw, attention_mask=mask
+    )
+    hidden = lm_hidden(model, embeds, positions, mask, None)
+    idx = (plen.to(ids.device) - 1)[:, None] + torch.arange(width, device=ids.device)
+    idx = idx.clamp(max=ids.shape[1] - 1)
+    picked = hidden.gather(1, idx.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    out = token_logprobs(model.lm_head(picked), responses)
+    return torch.where(response_mask(lengths, width), out, torch.zeros_like(out))

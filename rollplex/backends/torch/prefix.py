@@ -32,16 +32,19 @@ class PrefixState:
     """What the response half needs from a prefix forward, one row per sequence."""
 
     cache: DynamicCache  # K/V of every prefix position (pads included, masked out)
-    last_logits: torch.Tensor  # [N, V] logits at each row's last valid prefix token
+    # [N, V] logits at each row's last valid prefix token; None while only `last_hidden`
+    # is known (a row chunk defers the head until its chunks are merged)
+    last_logits: torch.Tensor | None
     attention_mask: torch.Tensor  # [N, P] long, 1 on valid prefix tokens
     next_positions: torch.Tensor  # [N] long, M-RoPE position of the first response token
     rope_deltas: torch.Tensor  # [N] long, M-RoPE position minus token index for text
     lengths: torch.Tensor  # [N] long, valid prefix tokens
     group_size: int = 1  # rows per prompt (after expand_prefix)
+    last_hidden: torch.Tensor | None = None  # [N, H], kept only when the head is deferred
 
     @property
     def rows(self) -> int:
-        return int(self.last_logits.shape[0])
+        return int(self.lengths.shape[0])
 
 
 @cache
@@ -100,13 +103,15 @@ def vision_encode(model: Model, pixel_values: torch.Tensor, grid_thw: torch.Tens
 
 
 def prefix_forward(
-    model: Model, batch: PromptBatch, vision_features: torch.Tensor, grad: bool
+    model: Model, batch: PromptBatch, vision_features: torch.Tensor, grad: bool, head: bool = True
 ) -> PrefixState:
     """One forward over each prompt's prefix, keeping its KV cache.
 
     With `grad=True` the graph is kept, even inside a caller's no_grad: a loss on the
     responses backpropagates through the cache and `last_logits` into the LLM, and through
-    `vision_features` into the merger and the tower when those were computed with grad."""
+    `vision_features` into the merger and the tower when those were computed with grad.
+    `head=False` leaves `last_logits` None and keeps `last_hidden`, for callers that run
+    the LM head later on more rows at once."""
     with torch.enable_grad() if grad else torch.no_grad():
         embeds = embed_tokens(model, batch.input_ids)
         image_mask = (batch.input_ids == model.config.image_token_id).unsqueeze(-1)
@@ -124,7 +129,8 @@ def prefix_forward(
         kv = new_cache(model)
         hidden = lm_hidden(model, embeds, positions, batch.attention_mask, kv)
         rows = torch.arange(batch.size, device=hidden.device)
-        last_logits = model.lm_head(hidden[rows, batch.lengths - 1])
+        last_hidden = hidden[rows, batch.lengths - 1]
+        last_logits = model.lm_head(last_hidden) if head else None
     deltas = deltas.view(-1).to(batch.lengths.device)
     return PrefixState(
         cache=kv,
@@ -133,6 +139,7 @@ def prefix_forward(
         next_positions=batch.lengths + deltas,
         rope_deltas=deltas,
         lengths=batch.lengths,
+        last_hidden=None if head else last_hidden,
     )
 
 
@@ -143,6 +150,8 @@ def expand_prefix(state: PrefixState, group_size: int) -> PrefixState:
     autograd the repeat sums the G rows' gradients back into the one prefix."""
     if group_size < 1:
         raise ValueError("group_size must be >= 1")
+    if state.last_logits is None:
+        raise ValueError("expand_prefix needs last_logits (the LM head was deferred)")
 
     def rep(t: torch.Tensor) -> torch.Tensor:
         return t.repeat_interleave(group_size, dim=0)

@@ -1,0 +1,205 @@
+"""The rollout and reference roles on transformers modules (the trainer is trainer.py),
+and what all three share.
+
+Which parameters train follows the graph, not `model.set_trainable`: with a frozen vision
+tower the graph has one `vision.weights` value (the tower *and* its merger, see
+`VisionSpec.param_count`) that every phase and model reads, and `reuse_across_phases`
+shares its features between rollout, reference and training. Training the merger would make
+those shared features stale, so here the whole `model.visual` is frozen unless the spec
+trains the tower, and the reference reads the policy's (identical, frozen) tower.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from rollplex.backends.base import (
+    BackendError,
+    CheckpointWeights,
+    DecodeSession,
+    LiveWeights,
+    ReferenceScorer,
+    RolloutRole,
+    Sampling,
+    WeightsSource,
+    version_name,
+)
+from rollplex.backends.torch.batch import PromptBatch
+from rollplex.backends.torch.decode import DecodeSession as TorchDecodeSession
+from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs, response_mask
+from rollplex.backends.torch.model import load_model
+from rollplex.backends.torch.prefix import Model, PrefixState, expand_prefix, prefix_forward
+from rollplex.backends.torch.prefix import vision_encode as encode
+from rollplex.backends.torch.values import (
+    Features,
+    Pixels,
+    Responses,
+    SavedActivations,
+    TokenLogprobs,
+)
+from rollplex.specs import ModelSpec
+
+
+def llm_params(model: Model) -> tuple[torch.nn.Parameter, ...]:
+    """The language model and its head: what `<model>.weights` names in the graph."""
+    lm = list(model.model.language_model.parameters())
+    head = [p for p in model.lm_head.parameters() if all(p is not q for q in lm)]
+    return tuple(lm + head)
+
+
+def vision_params(model: Model) -> tuple[torch.nn.Parameter, ...]:
+    return tuple(model.model.visual.parameters())
+
+
+def weights_params(model: Model, spec: ModelSpec) -> tuple[torch.nn.Parameter, ...]:
+    """What `<model>.weights` names: the LLM, plus the tower when it trains (with a frozen
+    tower the graph has a separate `vision.weights`)."""
+    return llm_params(model) + (vision_params(model) if spec.trainable_vision else ())
+
+
+def freeze_for_graph(model: Model, spec: ModelSpec) -> None:
+    for p in vision_params(model):
+        p.requires_grad_(spec.trainable_vision)
+    for p in llm_params(model):
+        p.requires_grad_(True)
+
+
+@contextmanager
+def capture_saved() -> Iterator[SavedActivations]:
+    """Collect what autograd saves for backward inside the block."""
+    saved = SavedActivations()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield saved
+
+
+def features_of(model: Model, pixels: Pixels) -> Features:
+    merge = model.config.vision_config.spatial_merge_size**2
+    values = encode(model, pixels.values, pixels.grid)
+    return Features(values, [int(n) // merge for n in pixels.grid.prod(-1).tolist()])
+
+
+def masked_logprobs(values: torch.Tensor, responses: Responses) -> TokenLogprobs:
+    return TokenLogprobs(values, response_mask(responses.lengths, responses.tokens.shape[1]))
+
+
+class TorchDecode(DecodeSession):
+    def __init__(self, session: TorchDecodeSession) -> None:
+        self.session = session
+
+    def advance(self, steps: int | None = None) -> bool:
+        return self.session.advance(steps)
+
+    @property
+    def steps_left(self) -> int:
+        return self.session.steps_left
+
+    def result(self) -> tuple[Responses, TokenLogprobs]:
+        out = self.session.result()
+        responses = Responses(out.tokens, out.lengths)
+        return responses, masked_logprobs(out.logprobs, responses)
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        s = self.session
+        yield from (s.tokens, s.logprobs, s.lengths, s.mask)
+        if s.logits is not None:
+            yield s.logits
+            for k, v in [(layer.keys, layer.values) for layer in s.kv.layers]:
+                yield from (k, v)
+
+
+class TorchRollout(RolloutRole):
+    """Rolls out with whatever weights it was last given: the trainer's module itself
+    (colocated alias: no copy, and every in-place update shows at once) or a model folder."""
+
+    def __init__(self, spec: ModelSpec, device: torch.device) -> None:
+        self.spec, self.device = spec, device
+        self.model: Model | None = None
+        self._version: str = ""
+
+    def load_weights(self, source: WeightsSource) -> str:
+        if isinstance(source, LiveWeights):
+            self.model = source.params.module  # alias the trainer's parameters
+        elif isinstance(source, CheckpointWeights):
+            self.model = load_model(source.folder, spec=self.spec).to(self.device)
+        else:
+            raise BackendError(f"unknown weights source {source!r}")
+        self._version = version_name(source.model, source.version)
+        return self._version
+
+    @property
+    def weights_version(self) -> str:
+        return self._version
+
+    def head(self) -> torch.nn.Module:
+        return self._model().lm_head
+
+    def _model(self) -> Model:
+        if self.model is None:
+            raise BackendError("rollout has no weights: call load_weights first")
+        return self.model
+
+    def vision_encode(self, pixels: Pixels) -> Features:
+        with torch.no_grad():
+            return features_of(self._model(), pixels)
+
+    def prefix_prefill(
+        self, features: Features, text: PromptBatch, head: bool = True
+    ) -> PrefixState:
+        return prefix_forward(self._model(), text, features.values, grad=False, head=head)
+
+    def start_decode(
+        self, prefix: PrefixState, group_size: int, sampling: Sampling, generator: Any
+    ) -> TorchDecode:
+        with torch.no_grad():
+            state = expand_prefix(prefix, group_size)
+        s = sampling
+        return TorchDecode(
+            TorchDecodeSession(
+                self._model(),
+                state,
+                s.max_new_tokens,
+                s.temperature,
+                s.top_p,
+                generator,
+                s.eos_id,
+                s.pad_id,
+            )
+        )
+
+
+class TorchReference(ReferenceScorer):
+    def __init__(self, model: Model) -> None:
+        self.model = model
+
+    def vision_encode(self, pixels: Pixels) -> Features:
+        with torch.no_grad():
+            return features_of(self.model, pixels)
+
+    def logprob_prefix(
+        self, features: Features, text: PromptBatch, head: bool = True
+    ) -> PrefixState:
+        return prefix_forward(self.model, text, features.values, grad=False, head=head)
+
+    def logprob_response(
+        self, prefix: PrefixState, responses: Responses, group_size: int
+    ) -> TokenLogprobs:
+        with torch.no_grad():
+            state = expand_prefix(prefix, group_size)
+            lp = response_logprobs(self.model, state, responses.tokens, responses.lengths)
+        return masked_logprobs(lp, responses)
+
+    def logprob(self, features: Features, text: PromptBatch, responses: Responses) -> TokenLogprobs:
+        with torch.no_grad():
+            lp = features_full_logprobs(
+                self.model, text, features.values, responses.tokens, responses.lengths
+            )
+        return masked_logprobs(lp, responses)

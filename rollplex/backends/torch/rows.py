@@ -1,0 +1,150 @@
+"""Row chunks of prefix work and the host/device moves of backend values.
+
+A plan cuts prefix ops into chunks of prompt rows (`row_ranges`); each chunk runs on the
+rows it selects, and the last merges all chunks' outputs back in row order. Prompt text is
+a PromptBatch whose `pixel_values` are empty (the pixels travel as their own value).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import fields, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from rollplex.backends.base import BackendError
+from rollplex.backends.torch.batch import PromptBatch
+from rollplex.backends.torch.prefix import PrefixState, cache_kv, fork_cache
+from rollplex.backends.torch.values import Features, Pixels, SavedActivations
+
+
+def row_ranges(rows: int, chunks: int) -> list[tuple[int, int]]:
+    """`chunks` contiguous, near-equal row ranges (sizes differ by at most one)."""
+    if not 1 <= chunks <= rows:
+        raise BackendError(f"cannot cut {rows} rows into {chunks} chunks")
+    return [(rows * i // chunks, rows * (i + 1) // chunks) for i in range(chunks)]
+
+
+def _rep(t: torch.Tensor, g: int) -> torch.Tensor:
+    return t.repeat_interleave(g, dim=0)
+
+
+# Prompt text is a PromptBatch whose pixel_values are empty: the pixels travel separately.
+def text_rows(batch: PromptBatch, lo: int, hi: int) -> PromptBatch:
+    return PromptBatch(
+        **{f.name: _rows_of(f.name, getattr(batch, f.name), lo, hi) for f in fields(batch)}
+    )
+
+
+def _rows_of(name: str, t: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    return t if name == "pixel_values" else t[lo:hi]
+
+
+def text_repeat(batch: PromptBatch, g: int) -> PromptBatch:
+    def rep(name: str, t: torch.Tensor) -> torch.Tensor:
+        return t if name == "pixel_values" else _rep(t, g)
+
+    return PromptBatch(**{f.name: rep(f.name, getattr(batch, f.name)) for f in fields(batch)})
+
+
+def text_only(batch: PromptBatch) -> PromptBatch:
+    return replace(batch, pixel_values=batch.pixel_values[:0])
+
+
+def merge_prefix(parts: Sequence[PrefixState], head: nn.Module | None = None) -> PrefixState:
+    """Row chunks of one prefix forward, concatenated back (differentiably) in row order.
+    Chunks that deferred the LM head get it here, on all rows at once: the logits are then
+    computed exactly as for the unchunked batch (a head run per chunk, on fewer rows, may
+    round differently on CPU, and Adam turns such noise into whole steps when the true
+    gradient is ~0, e.g. the KL term at step 0)."""
+    layers = list(zip(*(cache_kv(p.cache) for p in parts), strict=True))
+    kv = [(torch.cat([k for k, _ in lay]), torch.cat([v for _, v in lay])) for lay in layers]
+
+    def cat(name: str) -> torch.Tensor:
+        return torch.cat([getattr(p, name) for p in parts])
+
+    if all(p.last_logits is not None for p in parts):
+        logits = cat("last_logits")
+    elif head is not None and all(p.last_hidden is not None for p in parts):
+        logits = head(cat("last_hidden"))
+    else:
+        raise BackendError("merging prefix chunks without logits needs the LM head")
+    return PrefixState(
+        cache=fork_cache(kv),
+        last_logits=logits,
+        attention_mask=cat("attention_mask"),
+        next_positions=cat("next_positions"),
+        rope_deltas=cat("rope_deltas"),
+        lengths=cat("lengths"),
+        group_size=parts[0].group_size,
+    )
+
+
+def row_count(inputs: dict[str, Any]) -> int:
+    for port in ("pixels", "features"):
+        if port in inputs:
+            return inputs[port].rows
+    raise BackendError(f"no row input among {sorted(inputs)}")
+
+
+def select_rows(value: Any, lo: int, hi: int) -> Any:
+    if isinstance(value, Pixels | Features):
+        return value.select(lo, hi)
+    if isinstance(value, PromptBatch):
+        return text_rows(value, lo, hi)
+    return value  # weights
+
+
+def merge_chunks(parts: list[dict[str, Any]], head: torch.nn.Module) -> dict[str, Any]:
+    out = {}
+    for port in parts[0]:
+        vals = [p[port] for p in parts]
+        first = vals[0]
+        if isinstance(first, Features):
+            out[port] = Features.merge(vals)
+        elif isinstance(first, SavedActivations):
+            out[port] = SavedActivations.merge(vals)
+        else:
+            with torch.set_grad_enabled(any(v.last_hidden.requires_grad for v in vals)):
+                out[port] = merge_prefix(vals, head)
+    return out
+
+
+def repeat_rows(value: Any, g: int) -> Any:
+    if isinstance(value, Pixels | Features):
+        return value.repeat(g)
+    if isinstance(value, PromptBatch):
+        return text_repeat(value, g)
+    if isinstance(value, torch.Tensor):
+        return value.repeat_interleave(g, dim=0)
+    raise BackendError(f"expand_group cannot repeat a {type(value).__name__}")
+
+
+def move_value(value: Any, device: torch.device) -> Any:
+    """A copy of `value` on `device` (in-place holders move their own tensors)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, copy=True)
+    if hasattr(value, "move_to"):
+        return value.move_to(device)
+    if isinstance(value, Pixels):
+        return Pixels(move_value(value.values, device), move_value(value.grid, device))
+    if isinstance(value, Features):
+        return Features(move_value(value.values, device), list(value.tokens))
+    if isinstance(value, PromptBatch):
+        return PromptBatch(
+            **{f.name: move_value(getattr(value, f.name), device) for f in fields(value)}
+        )
+    if isinstance(value, PrefixState):
+        # .to() is differentiable: a prefix kept for backward stays in its autograd graph.
+        kv = [(move_value(k, device), move_value(v, device)) for k, v in cache_kv(value.cache)]
+        return PrefixState(
+            fork_cache(kv),
+            *(move_value(getattr(value, n), device) for n in _PREFIX_FIELDS),
+            group_size=value.group_size,
+        )
+    raise BackendError(f"cannot move a {type(value).__name__} between host and device")
+
+
+_PREFIX_FIELDS = ("last_logits", "attention_mask", "next_positions", "rope_deltas", "lengths")

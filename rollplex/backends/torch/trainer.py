@@ -1,0 +1,145 @@
+"""The trainer role: logprobs with grad, the GRPO loss, backward and AdamW in place."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rollplex.backends.base import BackendError, LiveWeights, Trainer
+from rollplex.backends.torch.batch import PromptBatch
+from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs
+from rollplex.backends.torch.loss import grpo_loss
+from rollplex.backends.torch.model import load_model, save_model
+from rollplex.backends.torch.prefix import Model, PrefixState, expand_prefix, prefix_forward
+from rollplex.backends.torch.roles import (
+    capture_saved,
+    features_of,
+    freeze_for_graph,
+    masked_logprobs,
+    weights_params,
+)
+from rollplex.backends.torch.values import (
+    Features,
+    GradsHandle,
+    Loss,
+    Pixels,
+    Responses,
+    SavedActivations,
+    TokenLogprobs,
+    VersionCounter,
+    WeightsHandle,
+)
+from rollplex.specs import AlgoSpec, ModelSpec
+
+
+class TorchTrainer(Trainer):
+    """AdamW on the graph's trained parameters, clipped to `algo.max_grad_norm`."""
+
+    def __init__(self, model: Model, spec: ModelSpec, algo: AlgoSpec, version: int = 0) -> None:
+        self.model, self.spec, self.algo = model, spec, algo
+        freeze_for_graph(model, spec)
+        self.params = tuple(p for p in model.parameters() if p.requires_grad)
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=algo.lr, betas=tuple(algo.adam_betas), weight_decay=algo.weight_decay
+        )
+        self.counter = VersionCounter(version)
+
+    def handle(self) -> WeightsHandle:
+        return WeightsHandle(
+            "policy",
+            self.model,
+            weights_params(self.model, self.spec),
+            self.counter.n,
+            self.counter,
+        )
+
+    def live_weights(self) -> LiveWeights:
+        return LiveWeights(self.handle(), "policy", self.counter.n)
+
+    def vision_encode(self, pixels: Pixels) -> Features:
+        with torch.set_grad_enabled(self.spec.trainable_vision):
+            return features_of(self.model, pixels)
+
+    def logprob_prefix(
+        self, features: Features, text: PromptBatch, head: bool = True
+    ) -> tuple[PrefixState, SavedActivations]:
+        with capture_saved() as saved:
+            state = prefix_forward(self.model, text, features.values, grad=True, head=head)
+        return state, saved
+
+    def logprob_response(
+        self, prefix: PrefixState, responses: Responses, group_size: int
+    ) -> tuple[TokenLogprobs, SavedActivations]:
+        with torch.enable_grad(), capture_saved() as saved:
+            state = expand_prefix(prefix, group_size)
+            lp = response_logprobs(self.model, state, responses.tokens, responses.lengths)
+        return masked_logprobs(lp, responses), saved
+
+    def logprob(
+        self, features: Features, text: PromptBatch, responses: Responses
+    ) -> tuple[TokenLogprobs, SavedActivations]:
+        with torch.enable_grad(), capture_saved() as saved:
+            lp = features_full_logprobs(
+                self.model, text, features.values, responses.tokens, responses.lengths
+            )
+        return masked_logprobs(lp, responses), saved
+
+    def loss(
+        self,
+        logprobs: TokenLogprobs,
+        old: TokenLogprobs,
+        advantages: torch.Tensor,
+        ref: TokenLogprobs | None,
+        clip_eps: float = 0.2,
+        kl_coef: float = 0.0,
+        **_: Any,
+    ) -> Loss:
+        ref_values = ref.values if ref is not None else logprobs.values.detach()
+        with torch.enable_grad():
+            value, metrics = grpo_loss(
+                logprobs.values,
+                old.values,
+                ref_values,
+                advantages,
+                logprobs.mask,
+                clip_eps,
+                kl_coef if ref is not None else 0.0,
+            )
+        return Loss(value, metrics)
+
+    def backward(self, loss: Loss) -> GradsHandle:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.value.backward()
+        return GradsHandle(self.params)
+
+    def optimizer_step(self, grads: GradsHandle) -> int:
+        if grads.params is not self.params:
+            raise BackendError("optimizer_step got gradients of other parameters")
+        torch.nn.utils.clip_grad_norm_(self.params, self.algo.max_grad_norm)
+        self.optimizer.step()
+        self.counter.n += 1
+        return self.counter.n
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "version": self.counter.n}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.counter.n = int(state["version"])
+
+    def save_weights(self, folder: Path) -> None:
+        save_model(self.model, self.spec, folder)
+
+    def load_weights(self, folder: Path) -> None:
+        """Copy a model folder's weights into the live parameters (aliases stay valid)."""
+        loaded = load_model(folder, spec=self.spec)
+        with torch.no_grad():
+            for (name, p), (other, q) in zip(
+                self.model.named_parameters(), loaded.named_parameters(), strict=True
+            ):
+                if name != other or p.shape != q.shape:
+                    raise BackendError(f"{folder}: parameter {other} does not match {name}")
+                p.copy_(q)

@@ -1,0 +1,183 @@
+"""The objects the torch backend keeps in the executor's environment, one per graph value.
+
+Row-wise values (pixels, features) can be cut into row chunks and merged back (rows.py
+does the same for prompt text and prefix states). Holders of in-place state
+(weights, optimizer state, gradients) carry a version or a release hook, so the runtime can
+check what an op read and really free what the plan frees. Every value exposes its tensors
+(`tensors()`, or plain dataclass fields), which is what the runtime's accounting counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from rollplex.backends.base import BackendError, version_name
+
+
+@dataclass(slots=True)
+class Pixels:
+    values: torch.Tensor  # [sum patches, D], prompts in order
+    grid: torch.Tensor  # [B, 3] (t, h, w) in patches
+
+    @property
+    def rows(self) -> int:
+        return int(self.grid.shape[0])
+
+    def _spans(self) -> list[int]:
+        return self.grid.prod(-1).tolist()
+
+    def select(self, lo: int, hi: int) -> Pixels:
+        spans = self._spans()
+        a, b = sum(spans[:lo]), sum(spans[:hi])
+        return Pixels(self.values[a:b], self.grid[lo:hi])
+
+    def repeat(self, g: int) -> Pixels:
+        parts = self.values.split(self._spans())
+        return Pixels(
+            torch.cat([p for p in parts for _ in range(g)]), self.grid.repeat_interleave(g, dim=0)
+        )
+
+    @staticmethod
+    def merge(parts: Sequence[Pixels]) -> Pixels:
+        return Pixels(torch.cat([p.values for p in parts]), torch.cat([p.grid for p in parts]))
+
+
+@dataclass(slots=True)
+class Features:
+    values: torch.Tensor  # [sum visual tokens, H], prompts in order
+    tokens: list[int]  # visual tokens per row
+
+    @property
+    def rows(self) -> int:
+        return len(self.tokens)
+
+    def select(self, lo: int, hi: int) -> Features:
+        a, b = sum(self.tokens[:lo]), sum(self.tokens[:hi])
+        return Features(self.values[a:b], self.tokens[lo:hi])
+
+    def repeat(self, g: int) -> Features:
+        parts = self.values.split(self.tokens)
+        return Features(
+            torch.cat([p for p in parts for _ in range(g)]),
+            [t for t in self.tokens for _ in range(g)],
+        )
+
+    @staticmethod
+    def merge(parts: Sequence[Features]) -> Features:
+        return Features(torch.cat([p.values for p in parts]), [t for p in parts for t in p.tokens])
+
+
+@dataclass(slots=True)
+class Responses:
+    tokens: torch.Tensor  # [S, R] long, right-padded
+    lengths: torch.Tensor  # [S]
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    values: torch.Tensor  # [S, R] fp32, 0 on padding; with grad in training
+    mask: torch.Tensor  # [S, R] bool, True on response tokens
+
+
+@dataclass(slots=True)
+class Loss:
+    value: torch.Tensor  # 0-dim, with grad
+    metrics: dict[str, torch.Tensor]
+
+
+@dataclass(slots=True)
+class SavedActivations:
+    """The tensors autograd keeps for the backward of one forward (captured with
+    saved_tensors_hooks), so the accounting sees what training really holds."""
+
+    saved: list[torch.Tensor] = field(default_factory=list)
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        return iter(self.saved)
+
+    @staticmethod
+    def merge(parts: Sequence[SavedActivations]) -> SavedActivations:
+        return SavedActivations([t for p in parts for t in p.saved])
+
+
+class VersionCounter:
+    """The version a set of parameters holds now; in-place updates bump it."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int = 0) -> None:
+        self.n = n
+
+
+@dataclass(slots=True, eq=False)
+class WeightsHandle:
+    """One graph weights value: the parameters of `model` as of `version`. The module is
+    updated in place, so a handle whose version is behind the counter reads weights that
+    are no longer the ones it names: `check` refuses that."""
+
+    model: str  # "policy", "ref", "vision"
+    module: nn.Module  # what runs the forward
+    params: tuple[nn.Parameter, ...]  # the part this value names
+    version: int
+    live: VersionCounter
+
+    @property
+    def name(self) -> str:
+        return version_name(self.model, self.version)
+
+    def check(self, op: str) -> str:
+        if self.version != self.live.n:
+            raise BackendError(
+                f"op '{op}' reads {self.name}, but the parameters were updated in place to "
+                f"{version_name(self.model, self.live.n)}: it would read the wrong weights"
+            )
+        return self.name
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        return iter(self.params)
+
+    def move_to(self, device: torch.device | str) -> WeightsHandle:
+        for p in self.params:  # in place: every alias of these parameters moves with them
+            p.data = p.data.to(device, copy=True)
+        return self
+
+
+@dataclass(slots=True, eq=False)
+class OptimizerHandle:
+    optimizer: torch.optim.Optimizer
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        for st in self.optimizer.state.values():
+            yield from (v for v in st.values() if isinstance(v, torch.Tensor))
+
+    def move_to(self, device: torch.device | str) -> OptimizerHandle:
+        for st in self.optimizer.state.values():
+            for k, v in st.items():
+                # Adam's `step` counter stays where torch keeps it (a CPU scalar).
+                if isinstance(v, torch.Tensor) and v.dim() > 0:
+                    st[k] = v.to(device, copy=True)
+        return self
+
+
+@dataclass(slots=True, eq=False)
+class GradsHandle:
+    """The gradients backward left on the parameters; `release` frees them."""
+
+    params: tuple[nn.Parameter, ...]
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        return (p.grad for p in self.params if p.grad is not None)
+
+    def release(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def move_to(self, device: torch.device | str) -> GradsHandle:
+        for p in self.params:
+            if p.grad is not None:
+                p.grad = p.grad.to(device, copy=True)
+        return self
