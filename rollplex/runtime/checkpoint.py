@@ -1,0 +1,244 @@
+"""Training checkpoints: written atomically, checked completely before anything loads.
+
+A checkpoint is a folder `step-NNNNNN` under the run's `checkpoints/`:
+
+    trainer_state.json   format, step, seed, weights version, the model spec, sha256 of
+                         every other file
+    model/               config.json + model.safetensors (a model folder: Hub tensor
+                         names, loadable by transformers, vLLM or a RolloutRole)
+    optimizer.pt         the optimizer's state_dict
+    rng.pt               torch (CPU and CUDA) and Python RNG states
+
+It is written into a hidden temporary folder next to its final place and renamed when
+complete, so a kill at any moment leaves every `step-*` folder complete: the last one is
+the one to resume from, and a half-written temporary folder is never picked.
+
+`read_checkpoint` validates everything (fields, model, seed, checksums, file formats)
+and only reads: a bad checkpoint raises `CheckpointError` naming the file and the field,
+before training starts, and the folder stays byte-identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rollplex.backends.base import Trainer
+from rollplex.specs import ModelSpec
+
+FORMAT = "rollplex-checkpoint/1"
+STATE_FILE = "trainer_state.json"
+MODEL_DIR = "model"
+OPTIMIZER_FILE = "optimizer.pt"
+RNG_FILE = "rng.pt"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from; the message names the file and field."""
+
+
+class CheckpointState(BaseModel):
+    """trainer_state.json."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    format: str = Field(..., description=f"Always {FORMAT!r}.")
+    step: int = Field(..., ge=1, description="RL steps completed.")
+    seed: int = Field(..., description="The run's seed (the reference model is rebuilt from it).")
+    version: int = Field(..., ge=0, description="Weights version of the trained model.")
+    model: dict[str, Any] = Field(..., description="The ModelSpec the weights belong to.")
+    files: dict[str, str] = Field(..., description="Relative path -> sha256 of its bytes.")
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    folder: Path
+    state: CheckpointState
+    optimizer: dict[str, Any]
+    rng: dict[str, Any]
+
+    @property
+    def model_folder(self) -> Path:
+        return self.folder / MODEL_DIR
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != STATE_FILE)
+
+
+def rng_state() -> dict[str, Any]:
+    out: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(root: Path, step: int, trainer: Trainer, model: ModelSpec, seed: int) -> Path:
+    """Write checkpoint `root/step-NNNNNN` atomically; returns its folder."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:06d}"
+    tmp = root / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        trainer.save_weights(tmp / MODEL_DIR)
+        state = trainer.state_dict()
+        torch.save(state["optimizer"], tmp / OPTIMIZER_FILE)
+        torch.save(rng_state(), tmp / RNG_FILE)
+        files = {p.relative_to(tmp).as_posix(): _sha256(p) for p in _files(tmp)}
+        meta = CheckpointState(
+            format=FORMAT,
+            step=step,
+            seed=seed,
+            version=state["version"],
+            model=model.model_dump(mode="json"),
+            files=files,
+        )
+        (tmp / STATE_FILE).write_text(meta.model_dump_json(indent=1) + "\n")
+        for p in [*_files(tmp), tmp / STATE_FILE]:
+            _fsync(p)
+        if final.exists():  # a re-run of the same step: swap, never leave a gap
+            old = root / f".{final.name}.old-{os.getpid()}"
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        _fsync(root)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The complete checkpoint with the highest step under `root` (temporaries skipped)."""
+    found = [
+        (int(m.group(1)), p)
+        for p in root.glob("step-*")
+        if (m := _STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()
+    ]
+    return max(found)[1] if found else None
+
+
+def resolve(path: str | Path) -> Path:
+    """A checkpoint folder, or a run folder / checkpoints folder meaning its latest one."""
+    p = Path(path)
+    if (p / STATE_FILE).is_file() or not p.is_dir():
+        return p
+    for root in (p / "checkpoints", p):
+        if (last := latest_checkpoint(root)) is not None:
+            return last
+    return p
+
+
+def read_checkpoint(path: str | Path, model: ModelSpec, seed: int) -> Checkpoint:
+    """Validate and read a checkpoint for a run of `model` with `seed`; never writes."""
+    folder = resolve(path)
+    state_path = folder / STATE_FILE
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: no such checkpoint folder")
+    try:
+        raw = json.loads(state_path.read_text())
+        state = CheckpointState.model_validate(raw)
+    except OSError as e:
+        raise CheckpointError(f"{state_path}: cannot read ({e.strerror})") from e
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{state_path}: not valid JSON ({e})") from e
+    except ValidationError as e:
+        fields = "; ".join(f"'{'.'.join(map(str, x['loc']))}': {x['msg']}" for x in e.errors())
+        raise CheckpointError(f"{state_path}: {fields}") from e
+    if state.format != FORMAT:
+        raise CheckpointError(f"{state_path}: 'format' is {state.format!r}, expected {FORMAT!r}")
+    _check_model(state_path, state.model, model)
+    if state.seed != seed:
+        raise CheckpointError(
+            f"{state_path}: 'seed' is {state.seed} but this run has seed="
+            f"{seed} (the reference model is built from it); pass seed="
+            f"{state.seed}"
+        )
+    for rel in (
+        f"{MODEL_DIR}/config.json",
+        f"{MODEL_DIR}/model.safetensors",
+        OPTIMIZER_FILE,
+        RNG_FILE,
+    ):
+        if rel not in state.files:
+            raise CheckpointError(f"{state_path}: 'files' lacks {rel!r}")
+    for rel, digest in state.files.items():
+        p = folder / rel
+        if not p.is_file():
+            raise CheckpointError(f"{p}: missing (listed in {STATE_FILE})")
+        if _sha256(p) != digest:
+            raise CheckpointError(
+                f"{p}: sha256 differs from {STATE_FILE}: the file is corrupt or was modified"
+            )
+    optimizer = _load(folder / OPTIMIZER_FILE)
+    rng = _load(folder / RNG_FILE)
+    for key in ("state", "param_groups"):
+        if key not in optimizer:
+            raise CheckpointError(f"{folder / OPTIMIZER_FILE}: no {key!r} in the optimizer state")
+    return Checkpoint(folder, state, optimizer, rng)
+
+
+def _check_model(where: Path, saved: dict[str, Any], model: ModelSpec) -> None:
+    ours = model.model_dump(mode="json")
+    diffs = [
+        f"model.{k}: checkpoint has {saved.get(k)!r}, this run has {ours.get(k)!r}"
+        for k in sorted(set(saved) | set(ours))
+        if k != "name" and saved.get(k) != ours.get(k)
+    ]
+    if diffs:
+        raise CheckpointError(
+            f"{where}: the checkpoint belongs to another model ("
+            f"{saved.get('name')!r}): " + "; ".join(diffs)
+        )
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        out = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for a damaged file
+        raise CheckpointError(f"{path}: cannot be read ({type(e).__name__}: {e})") from e
+    if not isinstance(out, dict):
+        raise CheckpointError(f"{path}: holds a {type(out).__name__}, not a dict")
+    return out
+
+
+def restore(trainer: Trainer, ckpt: Checkpoint) -> None:
+    """Load a validated checkpoint into the trainer and the process RNGs."""
+    trainer.load_weights(ckpt.model_folder)
+    trainer.load_state_dict({"optimizer": ckpt.optimizer, "version": ckpt.state.version})
+    set_rng_state(ckpt.rng)

@@ -1,0 +1,83 @@
+"""Issuing plan steps on CUDA streams with CUDA events, and timing them.
+
+Each (device group, plan stream) gets a `torch.cuda.Stream`, each plan event a
+`torch.cuda.Event`. A step is issued on its stream after `wait_event` on every event it
+waits for, between two timing events; if it signals, its event is recorded after it. The
+host issues steps in `issue_order`, so an event is always recorded before a wait on it is
+issued. Tensors that a step reads are marked with `record_stream` for the step's stream,
+so the caching allocator does not hand their memory to another stream while the step may
+still read it. SM partitions (green contexts) are not set up here: a partitioned plan
+stream runs as a plain stream, and the executor notes it.
+
+The host is never blocked except by ops that read a device value on the host (decode's
+stop test does); times are resolved with one synchronize at the end of the RL step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+from rollplex.planner.plan import Plan, Step
+
+
+class CudaStreams:
+    def __init__(self, plan: Plan, device: torch.device) -> None:
+        self.device = device
+        self.streams = {
+            (i, st.stream): torch.cuda.Stream(device=device)
+            for i, d in enumerate(plan.devices)
+            for st in d.streams
+        }
+        self.partitioned = [
+            f"{d.name}:{st.name}"
+            for d in plan.devices
+            for st in d.streams
+            if st.partition is not None
+        ]
+        self.events = {e.id: torch.cuda.Event() for e in plan.events}
+        self._timing: dict[int, tuple[torch.cuda.Event, torch.cuda.Event]] = {}
+        self._origin: torch.cuda.Event | None = None
+        self._origin_s = 0.0
+
+    def begin(self, origin_s: float) -> None:
+        """Mark the RL step's start; times are reported relative to it (+ origin_s)."""
+        self._timing.clear()
+        self._origin = torch.cuda.Event(enable_timing=True)
+        self._origin.record(torch.cuda.current_stream(self.device))
+        self._origin_s = origin_s
+        # Work issued before this step (previous step, data loading) must be visible.
+        for s in self.streams.values():
+            s.wait_stream(torch.cuda.current_stream(self.device))
+
+    @contextmanager
+    def issue(self, device: int, step: Step, reads: Iterable[torch.Tensor]) -> Iterator[None]:
+        s = self.streams[(device, step.stream)]
+        for e in step.waits:
+            s.wait_event(self.events[e])
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(s):
+            for t in reads:
+                if t.is_cuda:
+                    t.record_stream(s)
+            start.record(s)
+            yield
+            end.record(s)
+        if step.signals is not None:
+            self.events[step.signals].record(s)
+        self._timing[step.index] = (start, end)
+
+    def finish(self) -> dict[int, tuple[float, float]]:
+        """Wait for the step's work; (start_s, end_s) per plan step index."""
+        current = torch.cuda.current_stream(self.device)
+        for s in self.streams.values():
+            current.wait_stream(s)
+        torch.cuda.synchronize(self.device)
+        assert self._origin is not None
+        o = self._origin
+        return {
+            i: (self._origin_s + o.elapsed_time(a) / 1e3, self._origin_s + o.elapsed_time(b) / 1e3)
+            for i, (a, b) in self._timing.items()
+        }

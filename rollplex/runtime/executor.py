@@ -1,0 +1,314 @@
+"""The executor: applies a Plan to a backend, one RL step at a time. It decides nothing.
+
+Per RL step:
+1. the backend supplies the graph's external values (weights, optimizer state, prompts);
+   each starts where the plan has it at the step's start: on host if the plan's first
+   move of it is an onload (or it is host data), else resident;
+2. steps are issued in `issue_order` (streams and events respected). Before a step, the
+   plan's `alloc`s of values still on host load them (host data reaching the device);
+   `offload` / `onload` steps move their value between the stores through the backend
+   (a real copy, on CPU too); a `transfer` between device groups of one process moves
+   nothing. Any other step runs its op, or its chunk, through the backend;
+3. after a step, its planned `free`s drop values from the environment (and release what
+   a value holds, e.g. gradients). A free is applied no earlier than the last step in the
+   issue order that reads the value: only when the serial CPU order differs from the
+   plan's predicted overlap would that move a free later, and it is then noted;
+4. resident bytes are accounted per device group after every step, before and after its
+   frees; weights versions read are checked against the plan (see `_check_versions`).
+On CUDA each step goes to its own stream (`cuda.CudaStreams`); on CPU the order above is
+the execution.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from rollplex.backends.base import Backend, Chunk
+from rollplex.graph.ir import Graph, ValueKind, version_model
+from rollplex.planner.plan import MemAction, Plan, Step
+from rollplex.runtime.callbacks import Callback, Callbacks
+from rollplex.runtime.memory import Env, iter_tensors
+from rollplex.runtime.order import issue_order
+from rollplex.runtime.record import MeasuredStep, StepResult
+from rollplex.trace.timeline import MemoryEvent
+
+log = logging.getLogger(__name__)
+COPY_KINDS = frozenset({"offload", "onload", "transfer"})
+
+
+class ExecutionError(RuntimeError):
+    """The plan and what the backend holds disagree (a value missing, a stale version)."""
+
+
+class Executor:
+    def __init__(
+        self,
+        plan: Plan,
+        graph: Graph,
+        backend: Backend,
+        callbacks: Sequence[Callback] = (),
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.plan, self.graph, self.backend = plan, graph, backend
+        self.callbacks = Callbacks(callbacks)
+        self.device = torch.device(device)
+        self.order = issue_order(plan)
+        self.dev_of = {s.index: i for i, d in enumerate(plan.devices) for s in d.steps}
+        self.notes: list[str] = []
+        for s in self.order:
+            if s.kind not in COPY_KINDS and s.op not in graph.ops:
+                raise ExecutionError(f"plan step '{s.name}' names op '{s.op}', not in the graph")
+        backend.bind(graph)
+        self._allocs, self._frees = self._effects()
+        self._owned = self._ownership()
+        self._start_on_host = self._initial_host()
+        self._placed: dict[str, bool] = {}  # persistent value -> on host at the last step end
+        self._carried: dict[str, Any] = {}  # previous RL step's values for previous_step steps
+        self._addr: dict[str, int] = {}
+        self.origin = time.perf_counter()
+        self.cuda = None
+        if self.device.type == "cuda":
+            from rollplex.runtime.cuda import CudaStreams
+
+            self.cuda = CudaStreams(plan, self.device)
+            if self.cuda.partitioned:
+                self.notes.append(
+                    f"SM partitions not set up; plain streams for {self.cuda.partitioned}"
+                )
+        for note in self.notes:
+            log.info("executor: %s", note)
+
+    # -- static preparation --------------------------------------------------------------
+    def _effects(self) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
+        """alloc-before and free-after lists keyed by issue position."""
+        pos = {s.index: k for k, s in enumerate(self.order)}
+        readers: dict[str, int] = {}
+        for k, s in enumerate(self.order):
+            op = self.graph.ops.get(s.op)
+            if op is not None and s.kind not in COPY_KINDS:
+                for v in op.inputs.values():
+                    readers[v] = k
+        allocs: dict[int, list[str]] = {}
+        frees: dict[int, list[str]] = {}
+        copied = {s.op for s in self.order if s.kind in ("offload", "onload")}
+        for d in self.plan.devices:
+            for e in d.effects:
+                if e.value not in self.graph.values or e.at not in pos:
+                    continue  # scratch, a rollout TP copy (aliased here): nothing to hold
+                k = pos[e.at]
+                if e.action is MemAction.ALLOC and e.value not in copied:  # else: its onload
+                    allocs.setdefault(k, []).append(e.value)
+                elif e.action is MemAction.FREE:
+                    last = max(k, readers.get(e.value, k))
+                    if last != k:
+                        self.notes.append(
+                            f"free of '{e.value}' after '{self.order[k].name}' "
+                            f"moved after '{self.order[last].name}', its last "
+                            "reader in the serial issue order"
+                        )
+                    frees.setdefault(last, []).append(e.value)
+        return allocs, frees
+
+    def _ownership(self) -> dict[int, set[str]]:
+        """Value (and op, for carries) names each device group accounts for."""
+        owned: dict[int, set[str]] = {
+            i: {sl.value for sl in d.slots} for i, d in enumerate(self.plan.devices)
+        }
+        for s in self.order:
+            op = self.graph.ops.get(s.op)
+            if op is not None:
+                owned[self.dev_of[s.index]].add(op.name)
+        return owned
+
+    def _initial_host(self) -> set[str]:
+        first: dict[str, str] = {}
+        for s in self.order:
+            if s.kind in ("offload", "onload"):
+                first.setdefault(s.op, s.kind)
+        return {
+            v.name
+            for v in self.graph.values.values()
+            if v.external and (v.kind is ValueKind.HOST_DATA or first.get(v.name) == "onload")
+        }
+
+    # -- one RL step ---------------------------------------------------------------------
+    def run_step(self, rl_step: int, inputs: Any) -> StepResult:
+        start = self._now()
+        env = Env()
+        self._place(env, self.backend.begin_step(rl_step, inputs))
+        if self.cuda is not None:
+            self.cuda.begin(start)
+        measured: list[MeasuredStep] = []
+        memory: list[MemoryEvent] = []
+        attributed: dict[int, dict[str, int]] = {i: {} for i in range(len(self.plan.devices))}
+        offsets: dict[str, int] = {}
+        for k, step in enumerate(self.order):
+            dev = self.dev_of[step.index]
+            self.callbacks.on_step_start(rl_step, step)
+            # CUDA: the step's loads and its op are issued on its stream, after its waits.
+            issue = (
+                nullcontext()
+                if self.cuda is None
+                else self.cuda.issue(dev, step, self._reads(step, env))
+            )
+            t0 = self._now()
+            with issue:
+                for v in self._allocs.get(k, ()):
+                    if v in env.host and v not in env.device:
+                        env.device[v] = self.backend.move(env.host.pop(v), to_host=False)
+                reads, note = self._run(step, env)
+            t1 = self._now()
+            resident = env.resident_bytes(self._owned[dev])
+            memory += self._memory(env, attributed[dev], t1, step.name, dev)
+            for v in self._frees.get(k, ()):
+                self._free(env, v)
+            after = env.resident_bytes(self._owned[dev])
+            memory += self._memory(env, attributed[dev], t1, f"free after {step.name}", dev)
+            m = MeasuredStep(
+                step, dev, rl_step, t0, t1, resident, after, env.host_bytes(), reads, note
+            )
+            self._check_versions(m, offsets)
+            measured.append(m)
+            self.callbacks.on_step_end(rl_step, m)
+        if self.cuda is not None:
+            times = self.cuda.finish()
+            for m in measured:
+                m.start_s, m.end_s = times.get(m.step.index, (m.start_s, m.end_s))
+        metrics = self.backend.end_step()
+        self._finish(env)
+        peak: dict[int, int] = {}
+        for m in measured:
+            peak[m.device] = max(peak.get(m.device, 0), m.resident_bytes)
+        result = StepResult(
+            rl_step, start, self._now(), metrics, measured, memory, peak, list(self.notes)
+        )
+        self.callbacks.on_rl_step_end(result)
+        return result
+
+    def _now(self) -> float:
+        return time.perf_counter() - self.origin
+
+    def _place(self, env: Env, externals: dict[str, Any]) -> None:
+        for name, value in externals.items():
+            want_host = name in self._start_on_host
+            was_host = self._placed.get(name, self.graph.values[name].kind is ValueKind.HOST_DATA)
+            if want_host != was_host:  # e.g. the first step of a plan that offloads weights
+                value = self.backend.move(value, to_host=want_host)
+            (env.host if want_host else env.device)[name] = value
+        for name, value in self._carried.items():
+            env.device.setdefault(name, value)
+
+    def _reads(self, step: Step, env: Env) -> Iterator[torch.Tensor]:
+        names = [step.op] if step.kind in COPY_KINDS else self.graph.ops[step.op].inputs.values()
+        return iter_tensors([env.device.get(n, env.host.get(n)) for n in names])
+
+    def _run(self, step: Step, env: Env) -> tuple[dict[str, str], str]:
+        if step.kind == "offload":
+            env.host[step.op] = self.backend.move(self._take(env, step, step.op), to_host=True)
+            return {}, ""
+        if step.kind == "onload":
+            if step.op not in env.host:
+                raise ExecutionError(f"'{step.name}' onloads '{step.op}', which is not on host")
+            env.device[step.op] = self.backend.move(env.host.pop(step.op), to_host=False)
+            return {}, ""
+        if step.kind == "transfer":
+            return {}, "one process: the values are already shared"
+        op = self.graph.ops[step.op]
+        if step.previous_step and any(v not in env.device for v in op.inputs.values()):
+            return {}, "first RL step: no previous update to carry"
+        inputs = {p: self._get(env, step, v) for p, v in op.inputs.items()}
+        carry = env.carry.setdefault(op.name, {"next": 0})
+        if carry["next"] != step.chunk:
+            raise ExecutionError(
+                f"'{step.name}' issued before chunk {carry['next']} of '{op.name}'"
+            )
+        carry["next"] += 1
+        result = self.backend.run_op(op, inputs, Chunk(step.chunk, step.chunks), carry)
+        if step.chunk == step.chunks - 1:
+            env.carry.pop(op.name, None)
+            missing = set(op.outputs) - set(result.outputs)
+            if missing:
+                raise ExecutionError(f"'{step.name}': backend returned no {sorted(missing)}")
+            for port, v in op.outputs.items():
+                env.device[v] = result.outputs[port]
+        return result.reads, ""
+
+    def _get(self, env: Env, step: Step, value: str) -> Any:
+        if value in env.device:
+            return env.device[value]
+        where = "on host (offloaded, not onloaded)" if value in env.host else "not produced yet"
+        raise ExecutionError(f"'{step.name}' reads '{value}', which is {where}")
+
+    def _take(self, env: Env, step: Step, value: str) -> Any:
+        if value not in env.device:
+            raise ExecutionError(f"'{step.name}' offloads '{value}', which is not resident")
+        return env.device.pop(value)
+
+    def _free(self, env: Env, value: str) -> None:
+        held = env.device.pop(value, None)
+        release = getattr(held, "release", None)
+        if callable(release) and not self.graph.values[value].external:
+            release()  # e.g. gradients: the plan frees them, so really free them
+
+    def _memory(
+        self, env: Env, attributed: dict[str, int], t: float, name: str, dev: int
+    ) -> list[MemoryEvent]:
+        """Events for every value whose resident bytes changed since the last call."""
+        now = env.attribution(self._owned[dev])
+        events = []
+        for value in dict.fromkeys([*attributed, *now]):
+            delta = now.get(value, 0) - attributed.get(value, 0)
+            if not delta:
+                continue
+            attributed[value] = now.get(value, 0)
+            addr = self._addr.setdefault(value, (len(self._addr) + 1) << 24)
+            total = sum(attributed.values())
+            events.append(MemoryEvent(dev, t * 1e6, addr, delta, total, total, name))
+        return events
+
+    def _check_versions(self, m: MeasuredStep, offsets: dict[str, int]) -> None:
+        """The plan's version for a step is relative to the RL step (`policy@0`); what the
+        backend read is absolute. Within one RL step the difference must be the same for
+        every step reading a model, or some step read weights the plan did not promise."""
+        planned = m.step.weights_version
+        if planned is None:
+            return
+        model, rel = version_model(planned), int(planned.split("@")[1])
+        for read in m.reads.values():
+            if version_model(read) != model:
+                continue
+            off = int(read.split("@")[1]) - rel
+            if offsets.setdefault(model, off) != off:
+                raise ExecutionError(
+                    f"'{m.step.name}' read {read} where the plan says {planned} "
+                    f"(offset {off}, other steps {offsets[model]})"
+                )
+
+    def _finish(self, env: Env) -> None:
+        for name in self.graph.values:
+            if self._persistent(name):  # where it physically is now (freed: still resident)
+                self._placed[name] = name in env.host
+        self._carried = {
+            v: env.device[v]
+            for s in self.order
+            if s.previous_step
+            for v in self.graph.ops[s.op].inputs.values()
+            if v in env.device
+        }
+        env.device.clear()
+        env.host.clear()
+        env.carry.clear()
+
+    def _persistent(self, name: str) -> bool:
+        v = self.graph.values.get(name)
+        return (
+            v is not None
+            and v.external
+            and v.kind in (ValueKind.WEIGHTS, ValueKind.OPTIMIZER_STATE)
+        )

@@ -1,0 +1,147 @@
+"""What the executor measured: per plan step and per RL step, and its two exports — a
+`Timeline` for the trace writer (the same one the planned timeline goes through) and the
+cost model's calibration entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from rollplex.planner.cost_model import write_calibration
+from rollplex.planner.plan import CoRun, Plan, Step
+from rollplex.trace.timeline import MemoryEvent, Span, Timeline
+
+_US = 1e6
+COPY_KINDS = frozenset({"offload", "onload", "transfer"})
+
+
+@dataclass(slots=True)
+class MeasuredStep:
+    step: Step  # the plan step
+    device: int  # device group index in the plan
+    rl_step: int
+    start_s: float  # since the executor's origin
+    end_s: float
+    resident_bytes: int  # device-group bytes right after the step, before its frees
+    resident_after_free: int
+    host_bytes: int
+    reads: dict[str, str] = field(default_factory=dict)  # port -> weights version read
+    note: str = ""  # e.g. why a step did nothing
+
+    @property
+    def seconds(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(slots=True)
+class StepResult:
+    """One RL step run through the plan."""
+
+    rl_step: int
+    start_s: float
+    end_s: float
+    metrics: dict[str, float]
+    steps: list[MeasuredStep]
+    memory: list[MemoryEvent]
+    peak_resident_bytes: dict[int, int]  # device group -> max over its steps
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return self.end_s - self.start_s
+
+
+def measured_timeline(
+    plan: Plan, results: Sequence[StepResult], label: str = "measured", device_name: str = ""
+) -> Timeline:
+    """The RL steps in `results` as one timeline: a span per plan step on its plan stream,
+    the resident bytes as memory events, one ProfilerStep per RL step."""
+    if not results:
+        raise ValueError("no measured steps to export")
+    t0 = results[0].start_s
+    spans, memory, steps = [], [], []
+    for r in results:
+        steps.append(((r.start_s - t0) * _US, (r.end_s - t0) * _US))
+        for m in r.steps:
+            s = m.step
+            args = {
+                "corun": s.corun.value,
+                "planned_solo_us": s.solo_s * _US,
+                "resident_bytes": m.resident_bytes,
+                "rl_step": r.rl_step,
+                "weights": ", ".join(sorted(set(m.reads.values()))) or "",
+            }
+            if m.note:
+                args["note"] = m.note
+            cat = "gpu_memcpy" if s.kind in COPY_KINDS else "kernel"
+            spans.append(
+                Span(
+                    m.device,
+                    s.stream,
+                    s.name,
+                    (m.start_s - t0) * _US,
+                    max(m.seconds * _US, 1e-3),
+                    cat,
+                    s.phase,
+                    args,
+                )
+            )
+        memory += [
+            MemoryEvent(
+                e.device,
+                e.t_us - t0 * _US,
+                e.addr,
+                e.delta_bytes,
+                e.total_allocated,
+                e.total_reserved,
+                e.name,
+            )
+            for e in r.memory
+        ]
+    names = {
+        (i, st.stream): f"{d.name}:{st.name}"
+        for i, d in enumerate(plan.devices)
+        for st in d.streams
+    }
+    return Timeline(
+        label,
+        spans,
+        memory,
+        steps,
+        names,
+        device_name=device_name,
+        device_memory_bytes=max((d.budget_bytes for d in plan.devices), default=0),
+    )
+
+
+CostFn = Callable[[Step], tuple[float, float]]
+
+
+def calibration_entries(results: Sequence[StepResult], cost: CostFn | None = None) -> list[dict]:
+    """One entry per measured op step that ran alone (co-run steps are priced with their
+    interference, not solo, so they would skew a solo calibration); copies excluded."""
+    out = []
+    for r in results:
+        for m in r.steps:
+            s = m.step
+            if s.kind in COPY_KINDS or s.corun is not CoRun.NONE or m.note:
+                continue
+            flops, nbytes = cost(s) if cost else (0.0, 0.0)
+            out.append(
+                {
+                    "kind": s.kind,
+                    "op": s.name,
+                    "predicted_s": s.solo_s,
+                    "measured_s": m.seconds,
+                    "flops": flops,
+                    "bytes": nbytes,
+                }
+            )
+    return out
+
+
+def write_measured_calibration(
+    path, device: str, results: Sequence[StepResult], cost: CostFn | None = None
+) -> None:
+    write_calibration(path, device, calibration_entries(results, cost))

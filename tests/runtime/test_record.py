@@ -1,0 +1,72 @@
+"""The measured timeline goes through the same trace writer as the planned one, and the
+plugin's own parser reads it; measured op times load as a cost-model calibration."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import pytest
+
+from rollplex.planner.cost_model import CALIBRATION_FORMAT, CostModel
+from rollplex.runtime import measured_timeline, write_measured_calibration
+from rollplex.specs import ScheduleSpec
+from rollplex.trace import diff_timelines, write_profiler_traces
+from rollplex.trace.from_plan import plan_timeline
+from tests.runtime.conftest import CPU, cached_run
+
+pytest.importorskip("torch_tb_profiler", reason="torch-tb-profiler is not installed")
+from torch_tb_profiler.profiler.data import RunProfileData
+from torch_tb_profiler.profiler.run_generator import RunGenerator
+
+pytestmark = pytest.mark.filterwarnings("ignore:The copy keyword is deprecated")
+PLUGIN_FILE_RE = re.compile(r"^(.*?)(\.\d+)?\.pt\.trace\.json(\.gz)?$")
+
+
+@pytest.fixture(scope="module")
+def run():
+    return cached_run(ScheduleSpec(name="rollplex", overlap="piggyback"))
+
+
+def test_planned_and_measured_side_by_side_parse_cleanly(run, tmp_path, caplog):
+    plan = run.planned.plan
+    measured = measured_timeline(plan, run.results, device_name="cpu")
+    planned = plan_timeline(plan, label="planned", steps=len(run.results))
+    paths = write_profiler_traces(planned, tmp_path, worker_prefix="planned")
+    paths += write_profiler_traces(measured, tmp_path, worker_prefix="measured")
+    assert sorted(PLUGIN_FILE_RE.match(p.name).group(1) for p in paths) == [
+        "measured0",
+        "planned0",
+    ]
+    trace = json.loads(paths[-1].read_text())
+    assert list(trace)[-1] == "traceEvents"
+    with caplog.at_level(logging.WARNING, logger="pytorch_profiler"):
+        data = RunProfileData.from_json("measured0", 1, trace)
+        profile = RunGenerator("measured0", 1, data).generate_run_profile()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert data.steps_names == [str(k) for k in range(len(run.results))]
+    ops = {r["name"]: r["calls"] for r in profile.operation_table_by_name["data"]}
+    names = [m.step.name for r in run.results for m in r.steps]
+    assert ops == {n: names.count(n) for n in set(names)}
+    # The Memory view's curve peaks at the executor's own peak accounting.
+    curve = profile.get_memory_curve(memory_metric="B")["rows"]["GPU0"]
+    peak = max(max(r.peak_resident_bytes.values()) for r in run.results)
+    assert max(row[1] for row in curve) == peak
+    # Each measured span pairs with its planned span, step by step.
+    diff = diff_timelines(planned, measured)
+    assert not diff.unmatched_planned and not diff.unmatched_measured
+
+
+def test_measured_times_calibrate_the_cost_model(run, tmp_path):
+    path = tmp_path / "calibration.json"
+    write_measured_calibration(path, "cpu", run.results, cost=lambda s: (1.0, 2.0))
+    data = json.loads(path.read_text())
+    assert data["format"] == CALIBRATION_FORMAT and data["entries"]
+    kinds = {e["kind"] for e in data["entries"]}
+    assert "decode" in kinds and "logprob_prefix" in kinds
+    # Piggybacked steps are priced with their interference, not solo: left out.
+    assert all(not e["op"].startswith("train.logprob_prefix") for e in data["entries"])
+    base = CostModel(CPU)
+    calibrated = base.calibrated(path)
+    assert calibrated.eff("decode") != base.eff("decode")
