@@ -24,25 +24,45 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from rollplex.runtime.callbacks import Callback
 from rollplex.specs.run import RunSpec
+from rollplex.trace import write_scalars
 
 log = logging.getLogger(__name__)
-CSV_FIELDS = ("step", "reward", "kl", "loss", "pg_loss", "clip_frac", "response_length",
-              "step_time_s", "peak_resident_bytes")
+CSV_FIELDS = (
+    "step",
+    "reward",
+    "kl",
+    "loss",
+    "pg_loss",
+    "clip_frac",
+    "response_length",
+    "step_time_s",
+    "peak_resident_bytes",
+)
 
 
 def check_spec(spec: RunSpec) -> None:
     """What the torch backend and the synthetic task can run; raises ValueError."""
     t, w = spec.train, spec.workload
+    from rollplex.backends import backend_class
+
+    backend_class(t.backend)  # BackendUnavailable (a ValueError) says why not
     if spec.algo.name != "grpo":
-        raise ValueError(f"train runs GRPO only (algo={spec.algo.name!r}): the torch backend "
-                         "has no critic ops yet")
+        raise ValueError(
+            f"train runs GRPO only (algo={spec.algo.name!r}): the torch backend "
+            "has no critic ops yet"
+        )
     if t.max_new_tokens > w.response_length.max:
-        raise ValueError(f"train.max_new_tokens={t.max_new_tokens} exceeds workload."
-                         f"response_length.max={w.response_length.max}, which sizes the plan")
+        raise ValueError(
+            f"train.max_new_tokens={t.max_new_tokens} exceeds workload."
+            f"response_length.max={w.response_length.max}, which sizes the plan"
+        )
     if spec.model.vocab_size > 512:
-        raise ValueError(f"train builds a word-level tokenizer of at most 512 ids; model "
-                         f"'{spec.model.name}' has vocab {spec.model.vocab_size}")
+        raise ValueError(
+            f"train builds a word-level tokenizer of at most 512 ids; model "
+            f"'{spec.model.name}' has vocab {spec.model.vocab_size}"
+        )
 
 
 def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
@@ -63,7 +83,8 @@ def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
 
 
 def _train(spec: RunSpec, out: Path, ckpt) -> dict[str, Any]:
-    from rollplex.backends.torch.backend import TorchBackend, TorchConfig
+    from rollplex.backends import backend_class
+    from rollplex.backends.torch.backend import TorchConfig
     from rollplex.backends.torch.data import TaskData
     from rollplex.jobs.plan import plan_to_dict
     from rollplex.planner.api import plan_step
@@ -75,18 +96,27 @@ def _train(spec: RunSpec, out: Path, ckpt) -> dict[str, Any]:
     result = plan_step(spec.model, spec.workload, spec.algo, spec.hardware, spec.schedule)
     plan, graph = result.plan, result.graph
     (out / "plan.json").write_text(json.dumps(plan_to_dict(plan), indent=1))
-    log.info("plan '%s' (dedup=%s, overlap=%s): %d steps on %d streams; %s", plan.schedule,
-             spec.schedule.dedup, spec.schedule.overlap, sum(len(d.steps) for d in plan.devices),
-             sum(len(d.streams) for d in plan.devices), "; ".join(plan.notes) or "no overlap")
-    backend = TorchBackend(TorchConfig(spec.model, spec.algo, spec.seed, t.max_new_tokens,
-                                       t.reward, t.device))
+    log.info(
+        "plan '%s' (dedup=%s, overlap=%s): %d steps on %d streams; %s",
+        plan.schedule,
+        spec.schedule.dedup,
+        spec.schedule.overlap,
+        sum(len(d.steps) for d in plan.devices),
+        sum(len(d.streams) for d in plan.devices),
+        "; ".join(plan.notes) or "no overlap",
+    )
+    backend = backend_class(t.backend)(
+        TorchConfig(spec.model, spec.algo, spec.seed, t.max_new_tokens, t.reward, t.device)
+    )
     start = 0
     if ckpt is not None:
         restore(backend.trainer, ckpt)
         backend.rollout.load_weights(backend.trainer.live_weights())
         start = ckpt.state.step
         log.info("resumed from %s at step %d", ckpt.folder, start)
-    data = TaskData(spec.model, spec.workload, spec.seed)
+        if start >= t.steps:
+            log.info("the checkpoint already reaches train.steps=%d: nothing to run", t.steps)
+    data = TaskData(spec.model, spec.workload, spec.seed, kinds=t.questions)
     tb = out / "tb"
     writer = open_writer(tb)
     progress = Progress(t.steps, initial=start, disable=not t.progress)
@@ -100,8 +130,9 @@ def _train(spec: RunSpec, out: Path, ckpt) -> dict[str, Any]:
             recent.append(res)
             rows.append(_row(res))
             if (k + 1) % t.checkpoint_every == 0 or k + 1 == t.steps:
-                last_ckpt = save_checkpoint(ckpt_root, k + 1, backend.trainer, spec.model,
-                                            spec.seed)
+                last_ckpt = save_checkpoint(
+                    ckpt_root, k + 1, backend.trainer, spec.model, spec.seed
+                )
                 log.info("checkpoint %s (reward %.3f)", last_ckpt, res.metrics.get("reward", 0))
     finally:
         progress.close()
@@ -109,24 +140,16 @@ def _train(spec: RunSpec, out: Path, ckpt) -> dict[str, Any]:
     if recent:
         _export(out, tb, writer, spec, plan, graph, list(recent))
     writer.close()
-    for note in executor.notes:
-        log.info("executor: %s", note)
     return _summary(spec, plan, rows, start, ckpt, ckpt_root, last_ckpt, recent)
 
 
-class _Scalars:
+class _Scalars(Callback):
+    """Per RL step scalars into TensorBoard."""
+
     def __init__(self, writer) -> None:
         self.writer = writer
 
-    def on_step_start(self, rl_step, step) -> None:
-        pass
-
-    def on_step_end(self, rl_step, measured) -> None:
-        pass
-
     def on_rl_step_end(self, result) -> None:
-        from rollplex.trace import write_scalars
-
         values = {f"train/{k}": v for k, v in result.metrics.items()}
         values["train/step_time_s"] = result.seconds
         values["memory/peak_resident_bytes"] = max(result.peak_resident_bytes.values())
@@ -135,9 +158,12 @@ class _Scalars:
 
 def _row(res) -> dict[str, Any]:
     m = res.metrics
-    return {"step": res.rl_step + 1, **{k: m.get(k, "") for k in CSV_FIELDS[1:7]},
-            "step_time_s": res.seconds,
-            "peak_resident_bytes": max(res.peak_resident_bytes.values())}
+    return {
+        "step": res.rl_step + 1,
+        **{k: m.get(k, "") for k in CSV_FIELDS[1:7]},
+        "step_time_s": res.seconds,
+        "peak_resident_bytes": max(res.peak_resident_bytes.values()),
+    }
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -155,13 +181,15 @@ def _export(out: Path, tb: Path, writer, spec: RunSpec, plan, graph, recent: lis
     from rollplex.trace.from_plan import plan_timeline
 
     device = spec.train.device
-    planned = plan_timeline(plan, label="planned", device_name=spec.hardware.gpu,
-                            steps=len(recent))
+    planned = plan_timeline(plan, label="planned", device_name=spec.hardware.gpu, steps=len(recent))
     measured = measured_timeline(plan, recent, label="measured", device_name=device)
     write_profiler_traces(planned, tb, worker_prefix="planned")
     write_profiler_traces(measured, tb, worker_prefix="measured")
-    write_text(writer, "timeline/planned_vs_measured",
-               diff_timelines(planned, measured, aggregate=True).markdown())
+    write_text(
+        writer,
+        "timeline/planned_vs_measured",
+        diff_timelines(planned, measured, aggregate=True).markdown(),
+    )
 
     def cost(step) -> tuple[float, float]:
         op = graph.ops[step.op]

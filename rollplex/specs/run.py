@@ -17,14 +17,31 @@ from rollplex.specs.workload import WorkloadSpec
 class TrainSpec(Spec):
     """The `train` job: a real GRPO loop on the torch backend (rollplex.jobs.train)."""
 
-    steps: int = Field(20, ge=1, description="RL steps to run in total (a resumed run counts "
-                       "the checkpoint's steps, so it ends where an uninterrupted run would).")
-    checkpoint_every: int = Field(10, ge=1, description="Write a checkpoint every N steps "
-                                  "(and after the last one).")
-    resume: str | None = Field(None, description="Checkpoint folder to resume from; a run "
-                               "folder or its checkpoints/ folder means its latest checkpoint.")
-    max_new_tokens: int = Field(4, ge=1, description="Generation cap of the tiny task (at most "
-                                "workload.response_length.max, which the plan is sized for).")
+    steps: int = Field(
+        20,
+        ge=1,
+        description="RL steps to run in total (a resumed run counts "
+        "the checkpoint's steps, so it ends where an uninterrupted run would).",
+    )
+    checkpoint_every: int = Field(
+        10, ge=1, description="Write a checkpoint every N steps (and after the last one)."
+    )
+    resume: str | None = Field(
+        None,
+        description="Checkpoint folder to resume from; a run "
+        "folder or its checkpoints/ folder means its latest checkpoint.",
+    )
+    max_new_tokens: int = Field(
+        4,
+        ge=1,
+        description="Generation cap of the tiny task (at most "
+        "workload.response_length.max, which the plan is sized for).",
+    )
+    backend: str = Field(
+        "torch",
+        description="Backend that runs the plan (rollplex.backends.REGISTRY). Only 'torch' "
+        "is built; 'vllm' and 'fsdp' are registered and refuse with the reason.",
+    )
     device: str = Field("cpu", description="torch device: cpu or cuda.")
     deterministic: bool = Field(True, description="torch deterministic algorithms.")
     reward: Literal["first_token", "answer_eos"] = Field(
@@ -32,10 +49,25 @@ class TrainSpec(Spec):
         description="first_token: 1 iff the first generated token is the answer (learnable "
         "from random weights); answer_eos: 1 iff the response is exactly [answer, eos].",
     )
-    threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's "
-                                "default). Runs compared bit for bit should use the same.")
-    trace_steps: int = Field(3, ge=1, description="The last N RL steps whose measured timeline "
-                             "is exported to TensorBoard next to the planned one.")
+    questions: tuple[Literal["count", "colour"], ...] = Field(
+        ("count", "colour"),
+        min_length=1,
+        description="Question kinds of the visual task. ['colour'] alone is the small answer "
+        "set (4 words) on which a tiny model learns to read the image within a few hundred "
+        "steps; with both, it first learns each question's answer words (reward ~0.25).",
+    )
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch CPU threads (None: torch's "
+        "default). Runs compared bit for bit should use the same.",
+    )
+    trace_steps: int = Field(
+        3,
+        ge=1,
+        description="The last N RL steps whose measured timeline "
+        "is exported to TensorBoard next to the planned one.",
+    )
     progress: bool = Field(True, description="Show a tqdm progress bar.")
 
 

@@ -1,0 +1,176 @@
+"""`rollplex train` as a user runs it: a run folder, a kill -9 and a resume that ends on the
+same parameters, and clean errors for checkpoints that cannot be resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rollplex.runtime.checkpoint import latest_checkpoint
+
+STEPS = 6
+BASE = (
+    "model=tiny",
+    "workload=tiny",
+    "hardware=cpu",
+    "algo.lr=1e-3",
+    "train.threads=1",
+    "train.progress=false",
+    f"train.steps={STEPS}",
+)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def train_cmd(run: Path, *overrides: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "rollplex.cli",
+        "train",
+        *BASE,
+        *overrides,
+        f"hydra.run.dir={run}",
+    ]
+
+
+def train(run: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        train_cmd(run, *overrides),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=ENV,
+        cwd=run.parent,
+    )
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def final_tensors(run: Path) -> dict[str, torch.Tensor]:
+    folder = run / "checkpoints" / f"step-{STEPS:06d}"
+    out = load_file(folder / "model" / "model.safetensors")
+    opt = torch.load(folder / "optimizer.pt", weights_only=True)["state"]
+    out |= {f"adam.{i}.{k}": v for i, st in opt.items() for k, v in st.items()}
+    return out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("train") / "full"
+    p = train(run, "train.checkpoint_every=3")
+    assert p.returncode == 0, p.stderr
+    return run
+
+
+def test_a_run_folder_holds_metrics_traces_checkpoints_and_summary(uninterrupted):
+    summary = json.loads((uninterrupted / "summary.json").read_text())
+    assert summary["steps"] == STEPS and summary["steps_run"] == STEPS
+    assert 0 <= summary["final_mean_reward"] <= 1
+    ckpts = Path(summary["checkpoint_dir"])
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step-000003", "step-000006"]
+    assert summary["measured_peak_resident_bytes"] <= summary["plan_peak_bytes"]
+    tb = {p.name.split(".")[0] for p in (uninterrupted / "tb").iterdir()}
+    assert {"planned0", "measured0", "events"} <= tb
+    rows = (uninterrupted / "metrics.csv").read_text().splitlines()
+    assert len(rows) == STEPS + 1 and rows[0].startswith("step,reward,kl")
+    assert json.loads((uninterrupted / "calibration.json").read_text())["entries"]
+
+
+def test_kill_9_then_resume_ends_on_the_same_parameters(uninterrupted, tmp_path):
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(
+        train_cmd(killed, "train.checkpoint_every=1"),
+        env=ENV,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 300
+    try:
+        while latest_checkpoint(killed / "checkpoints") is None:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    last = latest_checkpoint(killed / "checkpoints")
+    assert last is not None and last.name < f"step-{STEPS:06d}"  # killed mid-run
+    resumed = tmp_path / "resumed"
+    p = train(resumed, f"train.resume={killed}", "train.checkpoint_every=1")
+    assert p.returncode == 0, p.stderr
+    summary = json.loads((resumed / "summary.json").read_text())
+    assert summary["resumed_from"] == str(last)
+    assert (
+        0 < summary["start_step"] < STEPS and summary["steps_run"] == STEPS - summary["start_step"]
+    )
+    a, b = final_tensors(uninterrupted), final_tensors(resumed)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _other_model_checkpoint(folder: Path) -> Path:
+    from rollplex.backends.torch.model import build_model
+    from rollplex.backends.torch.trainer import TorchTrainer
+    from rollplex.runtime.checkpoint import save_checkpoint
+    from rollplex.specs import MODEL_PRESETS, AlgoSpec
+
+    other = MODEL_PRESETS["tiny"].model_copy(update={"num_layers": 1, "name": "tiny1"})
+    trainer = TorchTrainer(build_model(other, seed=0), other, AlgoSpec())
+    return save_checkpoint(folder, 1, trainer, other, seed=0)
+
+
+def test_an_unbuilt_backend_is_refused_before_any_work(tmp_path):
+    p = train(tmp_path / "out", "train.backend=vllm")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "backend 'vllm' is unavailable" in p.stderr and "not implemented yet" in p.stderr
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("corrupt", r"model/model\.safetensors: sha256 differs"),
+        (
+            "other_model",
+            r"belongs to another model \('tiny1'\): model\.num_layers: checkpoint has 1",
+        ),
+    ],
+)
+def test_a_bad_checkpoint_fails_cleanly_and_stays_untouched(uninterrupted, tmp_path, case, message):
+    if case == "corrupt":
+        bad = tmp_path / "step-000003"
+        shutil.copytree(uninterrupted / "checkpoints" / "step-000003", bad)
+        weights = bad / "model" / "model.safetensors"
+        data = bytearray(weights.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        weights.write_bytes(bytes(data))
+    else:
+        bad = _other_model_checkpoint(tmp_path / "other")
+    before = snapshot(bad)
+    out = tmp_path / "out"
+    p = train(out, f"train.resume={bad}")
+    assert p.returncode == 2
+    assert "Traceback" not in p.stderr
+    assert re.search(message, p.stderr), p.stderr
+    assert snapshot(bad) == before
+    assert not (out / "checkpoints").exists()  # it stopped before training
