@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rollplex.planner.api import PlanResult, plan_step
+from rollplex.planner.cost_model import CostModel
 from rollplex.planner.plan import Plan
 from rollplex.specs.run import RunSpec
 from rollplex.trace import (
@@ -45,6 +46,16 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return conv(dataclasses.asdict(plan))
 
 
+def cost_model_for(spec: RunSpec) -> CostModel:
+    cm = CostModel(spec.hardware)
+    if spec.calibration is None:
+        return cm
+    path = Path(spec.calibration)
+    if not path.is_file():
+        raise FileNotFoundError(f"calibration: no file at '{path}'")
+    return cm.calibrated(path)
+
+
 def _baselines(spec: RunSpec) -> dict[str, PlanResult | None]:
     out: dict[str, PlanResult | None] = {}
     variants = {
@@ -56,7 +67,13 @@ def _baselines(spec: RunSpec) -> dict[str, PlanResult | None]:
     for key, sched in variants.items():
         try:
             out[key] = plan_step(
-                spec.model, spec.workload, spec.algo, spec.hardware, sched, enforce_budget=False
+                spec.model,
+                spec.workload,
+                spec.algo,
+                spec.hardware,
+                sched,
+                cost_model=cost_model_for(spec),
+                enforce_budget=False,
             )
         except ValueError as err:
             log.warning("baseline %s could not be planned: %s", key, err)
@@ -69,7 +86,14 @@ def _ratio(base: PlanResult | None, t: float) -> float | None:
 
 
 def run_plan(spec: RunSpec, out: Path) -> dict[str, Any]:
-    result = plan_step(spec.model, spec.workload, spec.algo, spec.hardware, spec.schedule)
+    result = plan_step(
+        spec.model,
+        spec.workload,
+        spec.algo,
+        spec.hardware,
+        spec.schedule,
+        cost_model=cost_model_for(spec),
+    )
     plan, report = result.plan, result.report
     base = _baselines(spec)
     (out / "plan.json").write_text(json.dumps(plan_to_dict(plan), indent=1))
@@ -97,6 +121,7 @@ def run_plan(spec: RunSpec, out: Path) -> dict[str, Any]:
         "offloads": sum(1 for d in plan.devices for s in d.steps if s.kind == "offload"),
         "decisions": plan.notes,
         "graph_hash": plan.graph_hash,
+        "calibration": spec.calibration,
     }
     table = _summary_table(plan, summary)
     (out / "plan.md").write_text(table)

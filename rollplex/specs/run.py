@@ -79,4 +79,9 @@ class RunSpec(Spec):
     workload: WorkloadSpec = Field(..., description="The workload (conf/workload).")
     schedule: ScheduleSpec = Field(..., description="The schedule (conf/schedule).")
     hardware: HardwareSpec = Field(..., description="The cluster (conf/hardware).")
+    calibration: str | None = Field(
+        None,
+        description="Measured op times (rollplex-calibration/1 JSON, e.g. "
+        "bench/results/calibration_h200_qwen2_5_vl_7b.json) that rescale the cost model.",
+    )
     train: TrainSpec = Field(default_factory=TrainSpec, description="The train job.")
