@@ -9,7 +9,9 @@ from rollplex.graph.ir import Graph, Phase
 from rollplex.specs import AlgoSpec, ModelSpec, WorkloadSpec
 
 
-def build_grpo(model: ModelSpec, workload: WorkloadSpec, algo: AlgoSpec) -> Graph:
+def build_grpo(model: ModelSpec, workload: WorkloadSpec, algo: AlgoSpec,
+               estimator: str = "grpo") -> Graph:
+    """`estimator` names the advantage: "grpo" (group-normalised) or "rloo" (leave-one-out)."""
     b = StepBuilder(model, workload)
     g = workload.group_size
     policy = b.weights("policy")
@@ -22,7 +24,7 @@ def build_grpo(model: ModelSpec, workload: WorkloadSpec, algo: AlgoSpec) -> Grap
         kv = b.prefix_prefill(feats, prompts.text, policy)
         responses, old_logprobs = b.decode(kv, policy, group_size=g)
         rewards = b.reward(responses, prompts.answers, group_size=g)
-        advantages = b.advantage(rewards, "grpo", group_size=g)
+        advantages = b.advantage(rewards, estimator, group_size=g)
 
     ref_logprobs = None
     if ref is not None:

@@ -1,12 +1,12 @@
 """RLOO: G samples per prompt; each sample's baseline is the mean reward of the other
 G - 1 (leave-one-out), so it needs G >= 2. Usually run without a reference; the KL (when
-`use_reference`) goes into the loss as in GRPO. Written verl-style like grpo.py: the
-reference and training phases recompute vision and prefix per sample."""
+`use_reference`) goes into the loss as in GRPO. The step is GRPO's with another advantage
+estimator, written verl-style: the dedup passes remove the per-sample prefix work."""
 
 from __future__ import annotations
 
-from rollplex.graph.builder import StepBuilder
-from rollplex.graph.ir import Graph, Phase
+from rollplex.algos.grpo import build_grpo
+from rollplex.graph.ir import Graph
 from rollplex.specs import AlgoSpec, ModelSpec, WorkloadSpec
 
 
@@ -14,43 +14,4 @@ def build_rloo(model: ModelSpec, workload: WorkloadSpec, algo: AlgoSpec) -> Grap
     g = workload.group_size
     if g < 2:
         raise ValueError(f"RLOO needs group_size >= 2 for a leave-one-out baseline, got {g}")
-    b = StepBuilder(model, workload)
-    policy = b.weights("policy")
-    ref = b.weights("ref") if algo.use_reference else None
-    adam = b.optimizer_state(policy)
-    prompts = b.prompts()
-
-    with b.phase(Phase.ROLLOUT):
-        feats = b.vision_encode(prompts.pixels, b.vision_weights(policy))
-        kv = b.prefix_prefill(feats, prompts.text, policy)
-        responses, old_logprobs = b.decode(kv, policy, group_size=g)
-        rewards = b.reward(responses, prompts.answers, group_size=g)
-        advantages = b.advantage(rewards, "rloo", group_size=g)
-
-    ref_logprobs = None
-    if ref is not None:
-        with b.phase(Phase.REFERENCE):
-            pixels = b.expand(prompts.pixels, g, name="reference.expand_pixels")
-            text = b.expand(prompts.text, g, name="reference.expand_text")
-            ref_feats = b.vision_encode(pixels, b.vision_weights(ref))
-            ref_logprobs = b.logprob(ref_feats, text, responses, ref)["logprobs"]
-
-    with b.phase(Phase.TRAIN):
-        pixels = b.expand(prompts.pixels, g, name="train.expand_pixels")
-        text = b.expand(prompts.text, g, name="train.expand_text")
-        train_feats = b.vision_encode(pixels, b.vision_weights(policy))
-        actor = b.logprob(train_feats, text, responses, policy, train=True)
-        loss = b.policy_loss(
-            actor["logprobs"],
-            old_logprobs,
-            advantages,
-            ref_logprobs,
-            clip_eps=algo.clip_eps,
-            kl_coef=algo.kl_coef,
-        )
-        grads = b.backward(loss, policy, [actor["saved"]])
-
-    with b.phase(Phase.UPDATE):
-        new_policy, _ = b.optimizer_step(policy, grads, adam)
-        b.weight_sync(new_policy)
-    return b.build()
+    return build_grpo(model, workload, algo, estimator="rloo")
