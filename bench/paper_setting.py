@@ -37,13 +37,18 @@ KIND_LABEL = {
 }
 
 
-def plan(name: str, dedup: bool = True, strategy: str = "greedy_by_size",
-         prompts: int = 256) -> PlanResult:
+def plan(
+    name: str, dedup: bool = True, strategy: str = "greedy_by_size", prompts: int = 256
+) -> PlanResult:
     work = WORKLOAD_PRESETS["video"].model_copy(update={"prompts_per_step": prompts})
-    return plan_step(MODEL_PRESETS["qwen2_5_vl_32b"], work, AlgoSpec(),
-                     HARDWARE_PRESETS["h800x32"],
-                     ScheduleSpec(name=name, dedup=dedup, memory_strategy=strategy),
-                     enforce_budget=False)
+    return plan_step(
+        MODEL_PRESETS["qwen2_5_vl_32b"],
+        work,
+        AlgoSpec(),
+        HARDWARE_PRESETS["h800x32"],
+        ScheduleSpec(name=name, dedup=dedup, memory_strategy=strategy),
+        enforce_budget=False,
+    )
 
 
 def by_kind(r: PlanResult) -> dict[str, int]:
@@ -68,7 +73,9 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=256, help="prompts per step (G = 8)")
     args = ap.parse_args()
     runs = {
-        "serial (verl: prefix per sample and per phase)": plan("serial", False, prompts=args.prompts),
+        "serial (verl: prefix per sample and per phase)": plan(
+            "serial", False, prompts=args.prompts
+        ),
         "serial + dedup passes": plan("serial", True, prompts=args.prompts),
         "disaggregated (best split)": plan("disaggregated", True, prompts=args.prompts),
         "rollplex": plan("rollplex", True, prompts=args.prompts),
@@ -77,42 +84,94 @@ def main() -> None:
     t = {k: r.plan.step_time_s for k, r in runs.items()}
     keys = list(runs)
     roll = t["rollplex"]
-    lines = [f"# The paper's setting on paper (`python bench/paper_setting.py "
-             f"--prompts {args.prompts}`)", "",
-             f"Qwen2.5-VL-32B, video: 16 frames at 448x448 (2,048 visual + 256 text tokens), "
-             f"{args.prompts} prompts x G=8 per step, responses lognormal mean 256 / max 1024; "
-             "32 x H800 80 GB (79.6 GiB usable), 4 nodes. Times are the planner's predictions "
-             "(simulated), not measurements.", "",
-             "## Step time", "", "| schedule | step (s) | rollplex speedup | peak GiB/GPU | "
-             "fits 79.6 GiB | decisions |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"# The paper's setting on paper (`python bench/paper_setting.py "
+        f"--prompts {args.prompts}`)",
+        "",
+        f"Qwen2.5-VL-32B, video: 16 frames at 448x448 (2,048 visual + 256 text tokens), "
+        f"{args.prompts} prompts x G=8 per step, responses lognormal mean 256 / max 1024; "
+        "32 x H800 80 GB (79.6 GiB usable), 4 nodes. Times are the planner's predictions "
+        "(simulated), not measurements.",
+        "",
+        "## Step time",
+        "",
+        "| schedule | step (s) | rollplex speedup | peak GiB/GPU | fits 79.6 GiB | decisions |",
+        "|---|---|---|---|---|---|",
+    ]
     for k in keys:
         r = runs[k]
         notes = "; ".join(r.plan.notes)
-        lines.append(f"| {k} | {t[k]:.2f} | {t[k] / roll:.2f}x | "
-                     f"{r.plan.peak_bytes_per_gpu / GIB:.1f} | {r.plan.fits_budget} | {notes} |")
-    lines += ["", "Paper (32 x H800): rollplex 1.23-1.30x over serial colocation and "
-              "1.57-2.24x over disaggregation.", ""]
-    lines += ["## Where the time goes (end of each phase on the critical device, s)", "",
-              "| schedule | rollout | reference | train | update |", "|---|---|---|---|---|"]
+        lines.append(
+            f"| {k} | {t[k]:.2f} | {t[k] / roll:.2f}x | "
+            f"{r.plan.peak_bytes_per_gpu / GIB:.1f} | {r.plan.fits_budget} | {notes} |"
+        )
+    lines += [
+        "",
+        "Paper (32 x H800): rollplex 1.23-1.30x over serial colocation and "
+        "1.57-2.24x over disaggregation.",
+        "",
+    ]
+    lines += [
+        "## Where the time goes (end of each phase on the critical device, s)",
+        "",
+        "| schedule | rollout | reference | train | update |",
+        "|---|---|---|---|---|",
+    ]
     for k in keys:
         p = phase_times(runs[k])
-        lines.append(f"| {k} | " + " | ".join(f"{p.get(ph, 0):.2f}" for ph in
-                                                 ("rollout", "reference", "train", "update"))
-                     + " |")
-    lines += ["", "## Memory per GPU, item by item", "",
-              "Naive: every tensor of the verl step resident at once for the whole step (the "
-              "`naive` strategy: no lifetime reuse, no phase-aware frees). Planned: the "
-              "lifetime-aware greedy assignment of the same tensors.", "",
-              "| item | naive (verl serial) GiB | planned verl serial GiB | planned rollplex GiB |",
-              "|---|---|---|---|"]
+        lines.append(
+            f"| {k} | "
+            + " | ".join(
+                f"{p.get(ph, 0):.2f}" for ph in ("rollout", "reference", "train", "update")
+            )
+            + " |"
+        )
+    lines += [
+        "",
+        "## Memory per GPU, item by item",
+        "",
+        "Naive: every tensor of the verl step resident at once for the whole step (the "
+        "`naive` strategy: no lifetime reuse, no phase-aware frees). Planned: the "
+        "lifetime-aware greedy assignment of the same tensors.",
+        "",
+        "| item | naive (verl serial) GiB | planned verl serial GiB | planned rollplex GiB |",
+        "|---|---|---|---|",
+    ]
     nk, sk, rk = by_kind(naive), by_kind(runs[keys[0]]), by_kind(runs["rollplex"])
     for kind in KIND_LABEL:
-        lines.append(f"| {KIND_LABEL[kind]} | {nk.get(kind, 0) / GIB:.1f} | "
-                     f"{sk.get(kind, 0) / GIB:.1f} (sum of slots) | "
-                     f"{rk.get(kind, 0) / GIB:.1f} (sum of slots) |")
-    lines.append(f"| **total / peak** | **{naive.plan.peak_bytes_per_gpu / GIB:.1f}** | "
-                 f"**{runs[keys[0]].plan.peak_bytes_per_gpu / GIB:.1f}** peak | "
-                 f"**{runs['rollplex'].plan.peak_bytes_per_gpu / GIB:.1f}** peak |")
+        lines.append(
+            f"| {KIND_LABEL[kind]} | {nk.get(kind, 0) / GIB:.1f} | "
+            f"{sk.get(kind, 0) / GIB:.1f} (sum of slots) | "
+            f"{rk.get(kind, 0) / GIB:.1f} (sum of slots) |"
+        )
+    lines.append(
+        f"| **total / peak** | **{naive.plan.peak_bytes_per_gpu / GIB:.1f}** | "
+        f"**{runs[keys[0]].plan.peak_bytes_per_gpu / GIB:.1f}** peak | "
+        f"**{runs['rollplex'].plan.peak_bytes_per_gpu / GIB:.1f}** peak |"
+    )
+    lines += [
+        "",
+        "## Reading",
+        "",
+        "- The paper's ~165 GiB for naive colocation is not reproduced item by item: "
+        "here training state is FSDP-sharded over all 32 GPUs (16 B/param / 32), the "
+        "KV cache is sized by the workload instead of a preallocated pool "
+        "(gpu_memory_utilization), and the naive column sums every op's scratch. A "
+        "Megatron-style layout without optimizer sharding (TP 8: 16 B/param / 8 = "
+        "62 GiB of training state) plus a 40 GB KV pool lands near the paper's number; "
+        "that reconstruction is ours, not the paper's.",
+        "- Deduplication, not overlap, is the big lever: verl's serial step recomputes "
+        "the 2,304-token prefix for each of the 8 samples in two phases.",
+        "- Overlap beside decode earns little under FACTS.md's H200 measurements (two "
+        "streams 1.01x, SM partitions about the same); the planner keeps only "
+        "piggybacking of the actor's prefix rows on decode steps (same weights "
+        "version) and declines the reference prefix. That is why rollplex over "
+        "serial+dedup is ~1.05x here, against the paper's 1.23-1.30x over serial "
+        "colocation; the paper's baseline and interference are not ours.",
+        "- Disaggregation loses because a synchronous on-policy step leaves each pool "
+        "idle while the other works; the best split is searched (pool size x TP) and "
+        "must fit its training state.",
+    ]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
