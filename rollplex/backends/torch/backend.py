@@ -31,7 +31,7 @@ from rollplex.backends.base import (
     Sampling,
 )
 from rollplex.backends.torch.batch import PromptBatch
-from rollplex.backends.torch.loss import group_advantages
+from rollplex.backends.torch.loss import ADVANTAGES
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.roles import (
     TorchReference,
@@ -253,9 +253,10 @@ class TorchBackend(Backend):
         if k == "reward":
             return {"rewards": self._reward(x["responses"], x["answers"], a["group_size"])}
         if k == "advantage":
-            if a.get("estimator", "grpo") != "grpo":
-                _fail(op, f"estimator {a['estimator']!r}: only grpo is implemented")
-            return {"advantages": group_advantages(x["rewards"], a["group_size"])}
+            estimator = ADVANTAGES.get(a.get("estimator", "grpo"))
+            if estimator is None:
+                _fail(op, f"estimator {a['estimator']!r}: only {sorted(ADVANTAGES)} run here")
+            return {"advantages": estimator(x["rewards"], a["group_size"])}
         if k == "policy_loss":
             loss = self.trainer.loss(
                 x["logprobs"], x["old_logprobs"], x["advantages"], x.get("ref_logprobs"), **a

@@ -1,4 +1,5 @@
-"""GRPO: group-normalised advantages and the clipped policy loss with a k3 KL penalty."""
+"""Advantages (GRPO group-normalised, RLOO leave-one-out) and the clipped policy loss
+with a k3 KL penalty."""
 
 from __future__ import annotations
 
@@ -17,6 +18,20 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) 
     if group_size == 1:
         return centred.view(-1)
     return (centred / (r.std(dim=1, keepdim=True) + eps)).view(-1)
+
+
+def leave_one_out_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """RLOO: r_i minus the mean reward of the other G - 1 samples of its group [N]."""
+    if group_size < 2 or rewards.numel() % group_size:
+        raise ValueError(
+            f"RLOO needs groups of >= 2; got {rewards.numel()} rewards in groups of {group_size}"
+        )
+    r = rewards.float().view(-1, group_size)
+    others = (r.sum(dim=1, keepdim=True) - r) / (group_size - 1)
+    return (r - others).view(-1)
+
+
+ADVANTAGES = {"grpo": group_advantages, "rloo": leave_one_out_advantages}
 
 
 def grpo_loss(

@@ -69,3 +69,12 @@ def test_group_advantages():
     assert (group_advantages(rewards, 1) == 0).all()
     with pytest.raises(ValueError):
         group_advantages(rewards, 2)
+
+
+def test_leave_one_out_baseline_excludes_the_sample() -> None:
+    from rollplex.backends.torch.loss import leave_one_out_advantages
+
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    adv = leave_one_out_advantages(r, 3)
+    assert torch.allclose(adv, torch.tensor([1.0, -0.5, -0.5, 0.0, 0.0, 0.0]))
+    assert torch.allclose(adv.view(2, 3).sum(1), torch.zeros(2))  # zero-mean per group
