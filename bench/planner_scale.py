@@ -1,16 +1,24 @@
 """How long planning takes as graphs grow, on one core (a benchmark, not a test).
 
 The graph is K GRPO micro-steps over the same weights (K prompt batches of one long step,
-as a 10,000-op program would look), so it has 13K ops after the dedup passes. Prints a
-markdown table last.
+as a 10,000-op program would look), so it has 13K ops after the dedup passes: 770 copies
+make 10,010 ops. "planning" is one `plan_step` call on it with `passes=()`: order,
+placement, replay, lifetimes, memory slots and residency, validation and the report.
+What stresses the planner: the serial schedule keeps every copy's rollout outputs live
+until its training phase, so thousands of tensors cross each memory query. HBM is made
+unlimited so the memory planner is timed, not the offload search. `--schedule rollplex`
+times the overlap search too, whose trials are bounded on long graphs (see
+rollplex/planner/schedules/rollplex.py). Prints a markdown table last.
 
-    python bench/planner_scale.py --steps 1 10 100 770
+    OMP_NUM_THREADS=1 python bench/planner_scale.py --steps 1 100 770 --repeats 3
+    OMP_NUM_THREADS=1 python bench/planner_scale.py --steps 1 100 770 --schedule rollplex
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import platform
 import statistics
 import time
 
@@ -67,6 +75,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--schedule", default="serial")
     args = ap.parse_args()
+    print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} cpus")
+    print(f"load average at start: {os.getloadavg()[0]:.2f}")
     model, work = MODEL_PRESETS["qwen2_5_vl_7b"], WORKLOAD_PRESETS["video"]
     hw = HARDWARE_PRESETS["h200x8"].model_copy(update={"hbm_gib": 1e6})  # time the planner
     rows = []
@@ -92,6 +102,7 @@ def main() -> None:
                 dev.peak_bytes / dev.lower_bound_bytes,
             )
         )
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
     print(f"schedule={args.schedule}; medians of {args.repeats}; one core (OMP_NUM_THREADS=1)")
     print(
         "| GRPO copies | ops | plan steps | planning (order, placement, replay, memory, "

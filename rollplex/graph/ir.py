@@ -8,6 +8,7 @@ which makes every traversal deterministic without ever sorting by name.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -178,10 +179,34 @@ class Graph:
         return self._nx
 
     def topo_order(self) -> list[Op]:
-        """Dependencies first; among ready ops, program order (never names) breaks ties."""
-        g = self.nx
-        order = nx.lexicographical_topological_sort(g, key=lambda n: g.nodes[n]["index"])
-        return [self.ops[n] for n in order]
+        """Dependencies first; among ready ops, program order (never names) breaks ties.
+
+        Kahn's algorithm over program indices with a heap of the ready ones; when program
+        order already has every producer first (builders write it so), it is the answer."""
+        ops = list(self.ops.values())
+        index = {op.name: i for i, op in enumerate(ops)}
+        made = self.producers()
+        reads = ((i, v) for i, op in enumerate(ops) for v in op.inputs.values())
+        if all(index[made[v].name] < i for i, v in reads if v in made):
+            return ops
+        after: list[list[int]] = [[] for _ in ops]
+        waits = [0] * len(ops)
+        for i, op in enumerate(ops):
+            for src in {index[made[v].name] for v in op.inputs.values() if v in made}:
+                after[src].append(i)
+                waits[i] += 1
+        ready = [i for i, w in enumerate(waits) if w == 0]  # ascending: already a heap
+        out: list[Op] = []
+        while ready:
+            i = heapq.heappop(ready)
+            out.append(ops[i])
+            for j in after[i]:
+                waits[j] -= 1
+                if waits[j] == 0:
+                    heapq.heappush(ready, j)
+        if len(out) < len(ops):
+            raise GraphError("graph", "has a dependency cycle (lint names it)")
+        return out
 
     def subgraph(self, phase: Phase) -> Graph:
         """The ops of one phase; values made elsewhere become external inputs."""

@@ -38,6 +38,37 @@ def op_cost(graph: Graph, op: Op, ctx: CostContext) -> Cost:
     return _COSTS[op.kind](graph, op, ctx)
 
 
+def cost_key(graph: Graph, op: Op) -> tuple:
+    """Everything the cost functions here read of `op` and its graph, as a hashable key: ops
+    with equal keys cost the same under every context, so the planner prices the K copies of
+    one step once. A cost function that starts reading more of the graph must add it here."""
+    # Attributes by repr: equal reprs are equal attributes (a different order only misses).
+    key = (op.kind, op.phase, repr(op.attrs), tuple(op.outputs), _ports(graph, op))
+    if op.kind != "backward":
+        return key
+    # `_backward` also reads each forward behind a saved input (once, in port order) and the
+    # vision encoder feeding it when that trains the same weights.
+    weights, forwards = op.inputs["weights"], {}
+    for port, v in op.inputs.items():
+        fwd = graph.producer(v) if port.startswith("saved") else None
+        if fwd is None or fwd.name in forwards:
+            continue
+        vision = graph.producer(fwd.inputs["features"]) if "features" in fwd.inputs else None
+        trained = (
+            vision is not None
+            and vision.kind == "vision_encode"
+            and vision.inputs["weights"] == weights
+        )
+        pixels = graph.values[vision.inputs["pixels"]].shape if trained and vision else None
+        forwards[fwd.name] = (fwd.kind, _ports(graph, fwd), pixels)
+    return (*key, tuple(forwards.values()))
+
+
+def _ports(graph: Graph, op: Op) -> tuple:
+    values = graph.values
+    return tuple([(p, (v := values[n]).shape, v.dtype, v.kind) for p, n in op.inputs.items()])
+
+
 def prefix_flops(graph: Graph, op: Op, ctx: CostContext) -> float:
     """FLOPs of response-independent work in `op`: prefix ops whole, and the part of a
     backward that differentiates prefix forwards (vision and logprob_prefix)."""

@@ -21,12 +21,19 @@ from rollplex.graph.passes import (
     run_passes,
 )
 from rollplex.planner.cost_model import CostModel
+from rollplex.planner.gc_paused import cyclic_gc_paused
 from rollplex.planner.interference import InterferenceModel
 from rollplex.planner.lifetimes import DeviceSizer
 from rollplex.planner.plan import Plan
-from rollplex.planner.residency import Memory, PlanOverBudget, check_budget, settle_memory
+from rollplex.planner.residency import (
+    Memory,
+    PlanOverBudget,
+    check_budget,
+    settle_memory,
+    settled_time,
+)
 from rollplex.planner.schedules import SCHEDULES, PlanningContext
-from rollplex.planner.simulate import SimReport, simulate
+from rollplex.planner.simulate import SimReport, report
 from rollplex.planner.validate import validate_plan
 from rollplex.specs import AlgoSpec, HardwareSpec, ModelSpec, ScheduleSpec, WorkloadSpec
 
@@ -60,6 +67,7 @@ def rollout_tp_options(model: ModelSpec, hardware: HardwareSpec) -> list[int]:
     return options or [min(hardware.num_gpus, hardware.gpus_per_node)]
 
 
+@cyclic_gc_paused()
 def plan_step(
     model: ModelSpec,
     workload: WorkloadSpec,
@@ -145,23 +153,28 @@ def _plan_step(
         interference or InterferenceModel(),
     )
 
-    def settle(plan: Plan) -> Plan:
+    def memory(plan: Plan) -> Memory:
         plan.meta["graph"] = graph
-        mem = Memory(
+        return Memory(
             sizers=_sizers(plan, ctx),
             host_link_gbps=hardware.host_link_gbps,
             strategy=schedule.memory_strategy,
             budget_bytes=hardware.hbm_bytes,
         )
-        return settle_memory(plan, mem, ctx.interference)
+
+    def settle(plan: Plan) -> Plan:
+        return settle_memory(plan, memory(plan), ctx.interference)
+
+    def settled_seconds(p: Plan) -> float:
+        return settled_time(p, memory(p), ctx.interference)[0]
 
     def fitted_time(p: Plan) -> float:
-        settle(p)
-        return p.step_time_s if p.fits_budget else float("inf")
+        seconds, fits = settled_time(p, memory(p), ctx.interference)
+        return seconds if fits else float("inf")
 
     if schedule.name == "rollplex":
         # Overlap must pay for the memory it costs: candidates are scored after residency.
-        plan = SCHEDULES["rollplex"](ctx, evaluate=lambda p: settle(p).step_time_s)
+        plan = SCHEDULES["rollplex"](ctx, evaluate=settled_seconds)
     elif schedule.name == "disaggregated":
         # The fastest split whose pools hold their state.
         plan = SCHEDULES["disaggregated"](ctx, evaluate=fitted_time)
@@ -172,7 +185,7 @@ def _plan_step(
         check_budget(plan)
     validate_plan(plan, graph, budget=enforce_budget)
     plan.meta.pop("graph", None)
-    return PlanResult(plan, graph, source, records, simulate(plan, ctx.interference))
+    return PlanResult(plan, graph, source, records, report(plan))  # settle() replayed it last
 
 
 def _sizers(plan: Plan, ctx: PlanningContext) -> dict[str, DeviceSizer]:

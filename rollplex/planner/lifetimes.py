@@ -17,7 +17,7 @@ that makes it to the last step that reads it; what must survive into the next RL
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rollplex.graph.ir import Graph, Phase, Value, ValueKind
 from rollplex.ops.formulas import kv_fraction
@@ -47,15 +47,27 @@ class DeviceSizer:
     dev: DevicePlan
     train_gpus: int
     micro_tokens: int
+    _micro: int = field(default=0, init=False, repr=False, compare=False)  # computed once
+    # Sizes depend on a value's shape, dtype and kind only: the K copies of a step share them.
+    _sizes: dict[tuple, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def micro_batches(self) -> int:
-        samples = self.workload.samples_per_step / max(1, self.train_gpus)
-        tokens = samples * (
-            self.workload.prefix_tokens(self.model.vision) + self.workload.response_length.mean
-        )
-        return max(1, math.ceil(tokens / self.micro_tokens))
+        if not self._micro:
+            samples = self.workload.samples_per_step / max(1, self.train_gpus)
+            tokens = samples * (
+                self.workload.prefix_tokens(self.model.vision) + self.workload.response_length.mean
+            )
+            self._micro = max(1, math.ceil(tokens / self.micro_tokens))
+        return self._micro
 
     def value_bytes(self, v: Value, producer_phase: Phase | None, overlapped: bool) -> int:
+        key = (v.shape, v.dtype, v.kind, producer_phase, overlapped)
+        size = self._sizes.get(key)
+        if size is None:
+            size = self._sizes[key] = self._value_bytes(v, producer_phase, overlapped)
+        return size
+
+    def _value_bytes(self, v: Value, producer_phase: Phase | None, overlapped: bool) -> int:
         if v.kind in PERSISTENT or v.kind is ValueKind.GRAD:
             return math.ceil(v.nbytes / self.train_gpus)
         rollout = producer_phase is Phase.ROLLOUT or (
@@ -89,39 +101,37 @@ def device_lifetimes(
     times = sorted({t for s in steps for t in (s.start_s, s.end_s)})
     at = {t: i for i, t in enumerate(times)}
     end = max(0, len(times) - 2)
-
-    def begin(step: Step) -> int:
-        return min(at[step.start_s], end)
-
-    def until(step: Step) -> int:
-        return max(begin(step), at[step.end_s] - 1)
+    begin: dict[int, int] = {}  # step index -> its first position
+    until: dict[int, int] = {}  # step index -> its last position
+    for s in steps:
+        b = begin[s.index] = min(at[s.start_s], end)
+        until[s.index] = max(b, at[s.end_s] - 1)
 
     syncs = [s for s in steps if s.kind == "weight_sync"]
-    made: dict[str, list[Step]] = {}
-    used: dict[str, list[Step]] = {}
+    made: dict[str, list[Step]] = {}  # value -> the steps that write it, in start order
+    used: dict[str, list[Step]] = {}  # value -> the steps that read it
+    ops = graph.ops
     for s in steps:
-        op = graph.ops.get(s.op)
+        op = ops.get(s.op)
         if op is None or s.kind == "transfer":
             continue
-        for v in op.outputs.values():
-            made.setdefault(v, []).append(s)
-        for v in op.inputs.values():
-            used.setdefault(v, []).append(s)
+        for table, names in ((made, op.outputs), (used, op.inputs)):
+            for v in names.values():
+                if v in table:
+                    table[v].append(s)
+                else:
+                    table[v] = [s]
     out: list[Lifetime] = []
+    no_steps: list[Step] = []
+    any_corun = any(s.corun is not CoRun.NONE for s in steps)
     for name in dict.fromkeys([*made, *used]):
         v = graph.values[name]
-        producers, consumers = made.get(name, []), used.get(name, [])
-        if v.kind in PERSISTENT and name in made:
+        producers, consumers = made.get(name, no_steps), used.get(name, no_steps)
+        persistent = v.kind in PERSISTENT
+        if persistent and producers:
             continue  # optimizer outputs update the same storage in place
-        if consumers and all(s.previous_step for s in consumers) and not producers:
+        if consumers and not producers and all(s.previous_step for s in consumers):
             continue  # lands in a buffer counted where it is used
-        if v.kind in PERSISTENT:
-            first, last = 0, end
-        else:
-            first = min(begin(s) for s in (producers or consumers))
-            last = max(until(s) for s in consumers) if consumers else until(producers[0])
-        if v.kind is ValueKind.WEIGHTS and name in made:
-            continue
         if v.kind is ValueKind.WEIGHTS and dev.name == "rollout":
             # A rollout pool holds only its TP copy; the weight sync writes into it.
             if any(s.phase == Phase.ROLLOUT.value for s in consumers):
@@ -138,41 +148,52 @@ def device_lifetimes(
                     )
                 )
             continue
-        phase = Phase(producers[0].phase) if producers else None
-        overlapped = any(s.corun is not CoRun.NONE for s in producers)
+        if persistent:
+            first, last = 0, end
+            first_step, last_step = steps[0], steps[-1]
+        else:
+            # Steps are listed in start order, and positions rise with it: the first step
+            # holds the first position.
+            first_step = (producers or consumers)[0]
+            first = begin[first_step.index]
+            if len(consumers) == 1:
+                last_step = consumers[0]
+                last = until[last_step.index]
+            elif consumers:
+                last = max(until[s.index] for s in consumers)
+                last_step = max(consumers, key=_end_s)
+            else:
+                last, last_step = until[producers[0].index], producers[-1]
+        phase = _PHASES[producers[0].phase] if producers else None
+        overlapped = any_corun and any(s.corun is not CoRun.NONE for s in producers)
         size = sizer.value_bytes(v, phase, overlapped)
         lane = producers[0].stream if producers else 0
-        first_step = (producers or consumers)[0]
-        last_step = max(consumers, key=lambda c: c.end_s) if consumers else producers[-1]
-        if v.kind in PERSISTENT:
-            first_step, last_step = steps[0], steps[-1]
-        out.append(_life(name, v.kind.value, size, first, last, lane, first_step, last_step))
+        out.append(_life(name, _KINDS[v.kind], size, first, last, lane, first_step, last_step))
         if v.kind is ValueKind.WEIGHTS and rollout_tp_copy:
             out += _rollout_copy(
                 v, consumers, until, begin, end, steps, syncs, dev, name in trained
             )
     for s in steps:
         if s.scratch_bytes:
-            out.append(
-                _life(
-                    f"{s.name}.scratch",
-                    "scratch",
-                    s.scratch_bytes,
-                    begin(s),
-                    until(s),
-                    s.stream,
-                    s,
-                    s,
-                )
-            )
+            i = s.index
+            name = f"{s.name}.scratch"
+            out.append(_life(name, "scratch", s.scratch_bytes, begin[i], until[i], s.stream, s, s))
     return out
+
+
+_PHASES = {p.value: p for p in Phase}
+_KINDS = {k: k.value for k in ValueKind}
+
+
+def _end_s(step: Step) -> float:
+    return step.end_s
 
 
 def _rollout_copy(
     v: Value,
     consumers: list[Step],
-    until,
-    begin,
+    until: dict[int, int],
+    begin: dict[int, int],
     end: int,
     steps: list[Step],
     syncs: list[Step],
@@ -194,7 +215,7 @@ def _rollout_copy(
             "rollout_weights",
             size,
             0,
-            until(last_roll),
+            until[last_roll.index],
             0,
             steps[0],
             last_roll,
@@ -203,7 +224,7 @@ def _rollout_copy(
             f"{v.name}@rollout.next",
             "rollout_weights",
             size,
-            begin(syncs[0]),
+            begin[syncs[0].index],
             end,
             0,
             syncs[0],

@@ -3,7 +3,7 @@ streams (or device groups). Same-stream order needs no event: a stream runs in o
 
 from __future__ import annotations
 
-from rollplex.graph.ir import Graph, Op
+from rollplex.graph.ir import Graph, Op, ValueKind
 from rollplex.planner.plan import CoRun, DevicePlan, Event, Plan, Step, StreamPlan
 
 
@@ -46,15 +46,15 @@ class PlanBuilder:
         """Append one step; it waits for every step of its inputs' producers, plus `after`.
         `previous_step`: it carries the previous step's result, so has no producer here."""
         deps: list[Step] = []
+        made, steps_of = self.graph.producers(), self._steps_of
         for v in op.inputs.values():
-            src = self.graph.producer(v)
+            src = made.get(v)
             if src is None or previous_step:
                 continue
-            if not self.steps_of(src.name):
+            if not steps_of.get(src.name):
                 raise RuntimeError(f"step for '{op.name}' issued before its producer '{src.name}'")
-            deps += self.steps_of(src.name)
+            deps += steps_of[src.name]
         deps += after or []
-        weights = self.graph.weights_read(op)
         step = Step(
             index=len(self._where),
             op=op_name or op.name,
@@ -66,18 +66,19 @@ class PlanBuilder:
             solo_s=solo_s,
             rate_class=rate_class,
             corun=corun,
-            weights_version=next(iter(weights.values()), None),
+            weights_version=_weights_version(self.graph, op),
             previous_step=previous_step,
             scratch_bytes=int(scratch_bytes),
         )
+        here = (dev.name, stream)
         for d in deps:
-            if self._where[d.index] != (dev.name, stream):
+            if self._where[d.index] != here:
                 ev = self._event(d)
                 if ev not in step.waits:
                     step.waits.append(ev)
         dev.steps.append(step)
         dev.streams[stream].steps.append(step.index)
-        self._where[step.index] = (dev.name, stream)
+        self._where[step.index] = here
         self._steps_of.setdefault(step.op, []).append(step)
         return step
 
@@ -89,3 +90,12 @@ class PlanBuilder:
             self._event_of[step.index] = ev.id
             step.signals = ev.id
         return self._event_of[step.index]
+
+
+def _weights_version(graph: Graph, op: Op) -> str | None:
+    """The version of the first weights `op` reads (what `Graph.weights_read` lists first)."""
+    for v in op.inputs.values():
+        value = graph.values[v]
+        if value.kind is ValueKind.WEIGHTS:
+            return value.version
+    return None

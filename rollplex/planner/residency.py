@@ -51,6 +51,7 @@ class Memory:
 
 def settle_memory(plan: Plan, mem: Memory, interference=None) -> Plan:
     replay(plan, interference)
+    moved = False
     for dev in plan.devices:
         tried: set[str] = set()
         while True:
@@ -64,9 +65,24 @@ def settle_memory(plan: Plan, mem: Memory, interference=None) -> Plan:
             tried.add(victim.value)
             _offload(plan, dev, victim, mem)
             replay(plan, interference)
+            moved = True
         _finish(dev, lives, result, mem)
-    replay(plan, interference)
+    if moved:  # a later group's offloads may shift this one's times; else nothing changed
+        replay(plan, interference)
     return plan
+
+
+def settled_time(plan: Plan, mem: Memory, interference=None) -> tuple[float, bool]:
+    """(step time, fits the budget) as `settle_memory` would leave the plan, for scoring
+    candidate plans cheaply: when each group's tensors fit the budget even unshared (no
+    strategy packs worse than giving every tensor its own bytes), settling moves nothing,
+    so no offsets need assigning. Otherwise the plan is settled."""
+    replay(plan, interference)
+    for dev in plan.devices:
+        if sum(lf.record.size for lf in _lifetimes(plan, dev, mem)) > mem.budget_bytes:
+            settle_memory(plan, mem, interference)
+            return plan.step_time_s, plan.fits_budget
+    return plan.step_time_s, True
 
 
 def check_budget(plan: Plan) -> None:
@@ -98,12 +114,14 @@ def plan_graph(plan: Plan):
 def _apply_offloads(dev: DevicePlan, lives: list[Lifetime]) -> list[Lifetime]:
     """Cut the lifetimes of offloaded values to their resident stretches: from an onload's
     start (or the value's birth) to an offload's end (or the value's last use)."""
-    times = sorted({t for s in dev.steps for t in (s.start_s, s.end_s)})
-    at = {t: i for i, t in enumerate(times)}
     moves: dict[str, list[tuple[float, str, Step]]] = {}
     for s in dev.steps:
         if s.kind in ("offload", "onload"):
             moves.setdefault(s.op, []).append((s.start_s, s.kind, s))
+    if not moves:
+        return lives
+    times = sorted({t for s in dev.steps for t in (s.start_s, s.end_s)})
+    at = {t: i for i, t in enumerate(times)}
     out = []
     for lf in lives:
         marks = sorted(moves.get(lf.value, []), key=lambda m: (m[0], m[2].index))
@@ -224,18 +242,18 @@ def _finish(dev: DevicePlan, lives: list[Lifetime], result, mem: Memory) -> None
     dev.peak_bytes = result.total_bytes
     dev.lower_bound_bytes = lower_bound([lf.record for lf in lives])
     dev.slots, dev.effects = [], []
+    slots, effects, alloc, free = dev.slots, dev.effects, MemAction.ALLOC, MemAction.FREE
     for lf, off in zip(lives, result.offsets, strict=True):
         r = lf.record
-        dev.slots.append(
+        slots.append(
             Slot(lf.value, r.size, lf.first_step, lf.last_step, r.lane, off, value_kind=lf.kind)
         )
-        dev.effects.append(
-            MemoryEffect(MemAction.ALLOC, lf.value, lf.first_step, r.size, r.lane, off)
-        )
-        dev.effects.append(
-            MemoryEffect(MemAction.FREE, lf.value, lf.last_step, r.size, r.lane, off)
-        )
+        effects.append(MemoryEffect(alloc, lf.value, lf.first_step, r.size, r.lane, off))
+        effects.append(MemoryEffect(free, lf.value, lf.last_step, r.size, r.lane, off))
+    size_of: dict[str, int] = {}  # a value's first slot gives the bytes it moves
+    for sl in dev.slots:
+        size_of.setdefault(sl.value, sl.size)
     for s in dev.steps:
         if s.kind in ("offload", "onload"):
-            size = next((sl.size for sl in dev.slots if sl.value == s.op), 0)
+            size = size_of.get(s.op, 0)
             dev.effects.append(MemoryEffect(MemAction(s.kind), s.op, s.index, size, s.stream))

@@ -14,14 +14,21 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from rollplex.planner.interference import InterferenceModel
-from rollplex.planner.plan import CoRun, DevicePlan, Plan, Step
+from rollplex.planner.plan import CoRun, Plan, Step
 
 _EPS = 1e-12
 
 
-def _rates(running: list[Step], dev: DevicePlan, model: InterferenceModel) -> dict[int, float]:
-    """Rate of each running step of one device group."""
-    partition = {s.stream: s.partition for s in dev.streams}
+def _rates(
+    running: list[Step], partition: dict[int, float | None], model: InterferenceModel
+) -> dict[int, float]:
+    """Rate of each running step of one device group (`partition`: SM share per stream)."""
+    if len(running) == 1:  # the common case, as below with groups of one
+        s = running[0]
+        frac = partition.get(s.stream)
+        if s.rate_class == "copy" or frac is None:
+            return {s.index: 1.0}
+        return {s.index: model.partition_solo_rate(frac, s.rate_class == "bandwidth")}
     work = [s for s in running if s.rate_class != "copy"]
     rates = {s.index: 1.0 for s in running if s.rate_class == "copy"}
     bw = [s for s in work if s.rate_class == "bandwidth"]
@@ -46,42 +53,71 @@ def _rates(running: list[Step], dev: DevicePlan, model: InterferenceModel) -> di
 
 
 def replay(plan: Plan, model: InterferenceModel | None = None) -> float:
-    """Fill every step's predicted start/end; return and store the step time."""
+    """Fill every step's predicted start/end; return and store the step time.
+
+    Each round starts the ready stream heads, then advances time to the next step end. Only
+    streams whose head changed, or whose head waits on an event that just fired, are checked
+    for a ready head, and rates are recomputed only for groups whose running set changed: a
+    round costs the steps it touches, not the size of the plan."""
     model = model or InterferenceModel()
-    fired_at: dict[int, float] = {}
-    event_of_step = {e.step: e.id for e in plan.events}
-    queues = {(d.name, st.stream): deque(st.steps) for d in plan.devices for st in d.streams}
+    queues: list[deque[Step]] = []
+    group: list[int] = []  # device group of each queue
     by_index = {s.index: s for d in plan.devices for s in d.steps}
-    device_of = {s.index: d for d in plan.devices for s in d.steps}
+    for g, d in enumerate(plan.devices):
+        for st in d.streams:
+            queues.append(deque(by_index[i] for i in st.steps))
+            group.append(g)
+    partitions = [{st.stream: st.partition for st in d.streams} for d in plan.devices]
+    event_of_step = {e.step: e.id for e in plan.events}
+    waiting: dict[int, list[int]] = {}  # event -> queues holding a step that waits on it
+    for q, steps in enumerate(queues):
+        for s in steps:
+            for e in s.waits:
+                waiting.setdefault(e, []).append(q)
+    fired: set[int] = set()
+    running: list[list[Step]] = [[] for _ in plan.devices]  # per group, in start order
     remaining: dict[int, float] = {}
+    rates: dict[int, float] = {}
+    where: dict[int, int] = {}  # running step -> its queue
+    dirty, changed = set(range(len(queues))), set(range(len(plan.devices)))
     t = 0.0
     while True:
-        for q in queues.values():  # start every ready head
-            if q and q[0] not in remaining and all(e in fired_at for e in by_index[q[0]].waits):
-                s = by_index[q[0]]
-                s.start_s = t
-                remaining[s.index] = max(s.solo_s, 0.0)
+        for q in sorted(dirty) if len(dirty) > 1 else dirty:  # start ready heads, stream order
+            head = queues[q][0] if queues[q] else None
+            if head is None or head.index in remaining:
+                continue
+            if not head.waits or all(e in fired for e in head.waits):
+                head.start_s = t
+                remaining[head.index] = max(head.solo_s, 0.0)
+                where[head.index] = q
+                running[group[q]].append(head)
+                changed.add(group[q])
+        dirty.clear()
         if not remaining:
-            if any(queues.values()):
-                stuck = [by_index[q[0]].name for q in queues.values() if q]
+            if any(queues):
+                stuck = [q[0].name for q in queues if q]
                 raise RuntimeError(f"plan deadlocks: {stuck} wait for events that never fire")
             break
-        rates: dict[int, float] = {}
-        for d in plan.devices:
-            running = [by_index[i] for i in remaining if device_of[i] is d]
-            if running:
-                rates.update(_rates(running, d, model))
-        dt = min(remaining[i] / max(rates[i], _EPS) for i in remaining)
+        for g in changed:
+            if running[g]:
+                rates.update(_rates(running[g], partitions[g], model))
+        changed.clear()
+        dt = min([remaining[i] / max(rates[i], _EPS) for i in remaining])
         t += dt
         for i in list(remaining):
             remaining[i] -= dt * rates[i]
-            if remaining[i] <= 1e-9 * max(1.0, by_index[i].solo_s):
-                s = by_index[i]
+            q = where[i]
+            s = queues[q][0]
+            if remaining[i] <= 1e-9 * max(1.0, s.solo_s):
                 s.end_s = t
-                del remaining[i]
-                queues[(device_of[i].name, s.stream)].popleft()
+                del remaining[i], rates[i], where[i]
+                queues[q].popleft()
+                running[group[q]].remove(s)
+                changed.add(group[q])
+                dirty.add(q)
                 if i in event_of_step:
-                    fired_at[event_of_step[i]] = t
+                    fired.add(event_of_step[i])
+                    dirty.update(waiting.get(event_of_step[i], ()))
     plan.step_time_s = t
     return t
 
@@ -109,7 +145,13 @@ def _union_length(intervals: list[tuple[float, float]]) -> float:
 
 def simulate(plan: Plan, model: InterferenceModel | None = None) -> SimReport:
     """Step time, peak per GPU, busy share per stream and bubbles, for any cluster size."""
-    step = replay(plan, model)
+    replay(plan, model)
+    return report(plan)
+
+
+def report(plan: Plan) -> SimReport:
+    """`simulate`'s report of a plan `replay` has already timed."""
+    step = plan.step_time_s
     busy, bubbles, phases = {}, {}, {}
     for d in plan.devices:
         names = {st.stream: st.name for st in d.streams}

@@ -16,7 +16,7 @@ import bisect
 import heapq
 
 from rollplex.graph.ir import Graph, version_model
-from rollplex.planner.plan import DevicePlan, Plan, Slot, Step
+from rollplex.planner.plan import DevicePlan, Event, Plan, Slot, Step
 
 
 class PlanError(ValueError):
@@ -27,9 +27,10 @@ def validate_plan(plan: Plan, graph: Graph, budget: bool = True) -> Plan:
     """Raise PlanError on the first broken invariant (`budget=False` skips rule 3)."""
     steps = {s.index: s for d in plan.devices for s in d.steps}
     events = {e.id: e for e in plan.events}
+    made = _producer_steps(graph, steps)
     for dev in plan.devices:
         _check_slots(dev, steps)
-        _check_order(plan, dev, graph, steps, events)
+        _check_order(dev, graph, made, events)
         if budget and dev.peak_bytes > dev.budget_bytes:
             raise PlanError(
                 f"device '{dev.name}': predicted peak {dev.peak_bytes} B exceeds "
@@ -42,70 +43,79 @@ def validate_plan(plan: Plan, graph: Graph, budget: bool = True) -> Plan:
     return plan
 
 
+_COPIES = ("offload", "onload", "transfer")
+
+
 def _check_slots(dev: DevicePlan, steps: dict[int, Step]) -> None:
     """Sweep each lane in time, keeping the live slots sorted by offset: live slots never
     overlap each other (or we would have stopped), so a new slot can only collide with
     its neighbours by offset. O(n log n) for n slots."""
-    by_lane: dict[int, list[tuple[float, float, Slot]]] = {}
-    for s in dev.slots:
-        if s.size:
-            live = (steps[s.first].start_s, steps[s.last].end_s)
-            by_lane.setdefault(s.lane, []).append((*live, s))
+    by_lane: dict[int, list[tuple[float, float, int, int, int]]] = {}
+    for k, s in enumerate(dev.slots):
+        if s.size:  # k breaks ties: equal lifetimes keep their order
+            item = (steps[s.first].start_s, steps[s.last].end_s, k, s.offset, s.offset + s.size)
+            by_lane.setdefault(s.lane, []).append(item)
     for lane, slots in by_lane.items():
-        slots.sort(key=lambda x: (x[0], x[1]))
-        expiry: list[tuple[float, int, Slot]] = []  # heap of (end, id, slot)
-        live: list[tuple[int, int, Slot]] = []  # sorted by (offset, id)
-        for start, end, s in slots:
+        slots.sort()
+        expiry: list[tuple[float, int, int]] = []  # heap of (end, offset, k)
+        live: list[tuple[int, int, int]] = []  # (offset, k, end byte), sorted
+        for start, end, k, lo, hi in slots:
             while expiry and expiry[0][0] <= start:
-                _, sid, gone = heapq.heappop(expiry)
-                del live[bisect.bisect_left(live, (gone.offset, sid))]
+                _, offset, gone = heapq.heappop(expiry)
+                del live[bisect.bisect_left(live, (offset, gone))]
             if end <= start:
                 continue  # a zero-length stretch holds nothing
-            k = bisect.bisect_left(live, (s.offset, id(s)))
-            for other in live[k - 1 : k] + live[k : k + 1]:
-                a = other[2]
-                if s.offset < a.offset + a.size and a.offset < s.offset + s.size:
-                    raise PlanError(
-                        f"device '{dev.name}' lane {lane}: slots '{a.value}' "
-                        f"[{a.offset}, {a.offset + a.size}) and '{s.value}' "
-                        f"[{s.offset}, {s.offset + s.size}) overlap while both are live"
-                    )
-            live.insert(k, (s.offset, id(s), s))
-            heapq.heappush(expiry, (end, id(s), s))
+            j = bisect.bisect_left(live, (lo, k))
+            if j and live[j - 1][2] > lo:  # the one below reaches into it
+                _overlap_error(dev, lane, dev.slots[live[j - 1][1]], dev.slots[k])
+            if j < len(live) and live[j][0] < hi:  # it reaches into the one above
+                _overlap_error(dev, lane, dev.slots[live[j][1]], dev.slots[k])
+            live.insert(j, (lo, k, hi))
+            heapq.heappush(expiry, (end, lo, k))
+
+
+def _overlap_error(dev: DevicePlan, lane: int, a: Slot, s: Slot) -> None:
+    raise PlanError(
+        f"device '{dev.name}' lane {lane}: slots '{a.value}' "
+        f"[{a.offset}, {a.offset + a.size}) and '{s.value}' "
+        f"[{s.offset}, {s.offset + s.size}) overlap while both are live"
+    )
+
+
+def _producer_steps(graph: Graph, steps: dict[int, Step]) -> dict[str, list[Step]]:
+    """value -> the steps that compute it (copies move values, they do not make them)."""
+    made: dict[str, list[Step]] = {}
+    for s in steps.values():
+        if (op := graph.ops.get(s.op)) is not None and s.kind not in _COPIES:
+            for v in op.outputs.values():
+                made.setdefault(v, []).append(s)
+    return made
 
 
 def _check_order(
-    plan: Plan, dev: DevicePlan, graph: Graph, steps: dict[int, Step], events: dict[int, object]
+    dev: DevicePlan, graph: Graph, made: dict[str, list[Step]], events: dict[int, Event]
 ) -> None:
     stream_pos = {i: (st.stream, k) for st in dev.streams for k, i in enumerate(st.steps)}
-    made: dict[str, list[Step]] = {}
-    for s in steps.values():
-        if (op := graph.ops.get(s.op)) is not None and s.kind not in (
-            "offload",
-            "onload",
-            "transfer",
-        ):
-            for v in op.outputs.values():
-                made.setdefault(v, []).append(s)
+    ops = graph.ops
     for s in dev.steps:
-        op = graph.ops.get(s.op)
-        if op is None or s.previous_step or s.kind in ("offload", "onload", "transfer"):
+        op = ops.get(s.op)
+        if op is None or s.previous_step or s.kind in _COPIES:
             continue
-        waited = {events[e].step for e in s.waits if e in events}
+        here = stream_pos.get(s.index)
+        waited: set[int] | None = None  # built only if some producer is on another stream
         for v in op.inputs.values():
-            for p in made.get(v, []):
+            for p in made.get(v, ()):
                 if p.op == s.op:
                     continue
-                same = (
-                    stream_pos.get(p.index, (None,))[0] == s.stream
-                    and p.index in stream_pos
-                    and stream_pos[p.index][1] < stream_pos[s.index][1]
-                )
-                if not same and p.index not in waited:
-                    raise PlanError(
-                        f"step '{s.name}' reads '{v}' from step '{p.name}' on "
-                        f"another stream without waiting for its event"
-                    )
+                at = stream_pos.get(p.index)
+                if at is None or at[0] != s.stream or here is None or at[1] >= here[1]:
+                    if waited is None:
+                        waited = {events[e].step for e in s.waits if e in events}
+                    if p.index not in waited:
+                        raise PlanError(
+                            f"step '{s.name}' reads '{v}' from step '{p.name}' on "
+                            f"another stream without waiting for its event"
+                        )
                 if p.end_s > s.start_s + 1e-12:
                     raise PlanError(
                         f"step '{s.name}' starts at {s.start_s:.6f}s before its "

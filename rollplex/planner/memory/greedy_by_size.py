@@ -21,20 +21,24 @@ the bound on 2k-record tables.
 
 Cost: the intersecting records are found through `OccupancyIndex` (a segment tree of byte
 ranges), so a pass costs O(n log n) plus the size of the byte unions it reads, never a scan of
-all placed records. Repair's work is capped by a budget proportional to the lane. The cyclic
-garbage collector is paused during a plan (see `_cyclic_gc_paused`).
+all placed records. Where consecutive windows mostly overlap (copies of one tensor issued a
+position apart, thousands of long-lived records crossing each), `SlidingUnion` walks one window
+along instead and touches only the records that enter or leave it. Both answer the same query,
+so the offsets do not depend on which one runs. Repair's work is capped by a budget
+proportional to the lane. The cyclic garbage collector is paused during a plan (see
+`rollplex.planner.gc_paused`).
 """
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
+from rollplex.planner.gc_paused import cyclic_gc_paused
 from rollplex.planner.memory.assignment import MemoryAssignment
 from rollplex.planner.memory.interval_index import OccupancyIndex
 from rollplex.planner.memory.records import UsageRecord, lane_indices, lower_bound
 from rollplex.planner.memory.repair import repair_peak
+from rollplex.planner.memory.sliding_union import sliding_union
 
 NAME = "greedy_by_size"
 
@@ -43,7 +47,7 @@ def assign(records: Sequence[UsageRecord], *, repair: bool = True) -> MemoryAssi
     """Best-fit offsets, largest record first, per lane; then peak repair unless disabled."""
     offsets = [0] * len(records)
     arena_sizes: dict[int, int] = {}
-    with _cyclic_gc_paused():
+    with cyclic_gc_paused():
         for lane, idx in lane_indices(records).items():
             idx.sort(key=lambda i: _priority(records[i], i))
             arena = place_best_fit(records, idx, offsets)
@@ -65,20 +69,6 @@ def _repair(records: Sequence[UsageRecord], idx: list[int], offsets: list[int], 
     return max(o + r.size for o, r in zip(fixed, lane_records, strict=True))
 
 
-@contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
-    # A pass allocates hundreds of thousands of small tuples and lists, none in a reference
-    # cycle, and each burst makes the cyclic collector re-scan the caller's whole heap: about a
-    # fifth of a 20k-record plan in a busy process. Reference counting still frees it all.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def _priority(r: UsageRecord, i: int) -> tuple[int, int, int, int]:
     return (-r.size, r.first, r.first - r.last, i)
 
@@ -88,25 +78,18 @@ def place_best_fit(records: Sequence[UsageRecord], order: list[int], offsets: li
 
     Writes the offsets into `offsets`.
     """
-    index = OccupancyIndex([(records[i].first, records[i].last) for i in order])
+    windows = [(records[i].first, records[i].last) for i in order]
+    # Both answer the same query; sliding wins when consecutive windows mostly overlap.
+    occupancy = sliding_union(windows) or OccupancyIndex(windows)
     arena = 0
     for k, i in enumerate(order):
         size = records[i].size
         if not size:
             offsets[i] = 0
             continue
-        # Ranges come sorted by start and may overlap; `top` is the highest end seen so far.
-        best, best_waste, top = -1, -1, 0
-        for start, end in index.occupied(k):
-            waste = start - top - size
-            if waste >= 0 and (best < 0 or waste < best_waste):
-                best, best_waste = top, waste
-            if end > top:
-                top = end
-        if best < 0:
-            best = top
+        best = occupancy.best_fit(k, size)
         offsets[i] = best
-        index.add(k, best, best + size)
+        occupancy.add(k, best, best + size)
         if best + size > arena:
             arena = best + size
     return arena

@@ -72,6 +72,19 @@ class OccupancyIndex:
         for node in self._paths[k]:
             sub[node].append(item)
 
+    def best_fit(self, k: int, size: int) -> int:
+        """Offset of the shortest gap of at least `size` bytes free over window k (lowest on
+        ties), else the top of what is placed over it."""
+        # Ranges come sorted by start and may overlap; `top` is the highest end seen so far.
+        best, best_waste, top = -1, -1, 0
+        for start, end in self.occupied(k):
+            waste = start - top - size
+            if waste >= 0 and (best < 0 or waste < best_waste):
+                best, best_waste = top, waste
+            if end > top:
+                top = end
+        return top if best < 0 else best
+
     def occupied(self, k: int) -> _Ranges:
         """Occupied byte ranges over window k, sorted by start; they may overlap."""
         found: _Ranges = []

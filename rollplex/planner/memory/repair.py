@@ -116,7 +116,7 @@ def _recreate(
 
 def _orders(hot: np.ndarray, size: np.ndarray, round_no: int) -> Iterator[tuple[list[int], bool]]:
     """(order, best fit?) pairs, built lazily: a round stops at the first one that works."""
-    rank = sorted(hot.tolist(), key=lambda i: (-int(size[i]), i))  # ties by lane position
+    rank = hot[np.lexsort((hot, -size[hot]))].tolist()  # largest first, ties by lane position
     yield rank, False
     yield rank, True
     rng = random.Random(round_no)

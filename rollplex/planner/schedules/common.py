@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from rollplex.graph.ir import Graph, Op
 from rollplex.graph.serialize import stable_hash
+from rollplex.ops.costs import cost_key
 from rollplex.planner.cost_model import CostModel, Timing
 from rollplex.planner.interference import InterferenceModel
 from rollplex.planner.layout import OpTimer, RoleLayout, default_rollout_tp
@@ -57,16 +58,22 @@ class PlanningContext:
 
 @dataclass(slots=True)
 class CachedTimer:
-    """Each (op, chunks) is priced once per plan attempt."""
+    """Each (op, chunks) is priced once per plan attempt, and ops that read the same shapes
+    the same way (equal `cost_key`: the K copies of one step) share one pricing."""
 
     inner: OpTimer
     _cache: dict[tuple[str, int], Timing] = field(default_factory=dict)
+    _by_key: dict[tuple, Timing] = field(default_factory=dict)
 
     def __call__(self, op: Op, chunks: int = 1) -> Timing:
-        key = (op.name, chunks)
-        if key not in self._cache:
-            self._cache[key] = self.inner.time(op, chunks)
-        return self._cache[key]
+        timing = self._cache.get((op.name, chunks))
+        if timing is None:
+            key = (cost_key(self.inner.graph, op), chunks)
+            timing = self._by_key.get(key)
+            if timing is None:
+                timing = self._by_key[key] = self.inner.time(op, chunks)
+            self._cache[(op.name, chunks)] = timing
+        return timing
 
     @property
     def rollout(self) -> RoleLayout:

@@ -15,15 +15,23 @@ memory settled), or stays serial. Starting from the serial plan of the same grap
 accepting only improvements, auto never predicts a step slower than serial. An explicit
 `overlap` mode is an ablation: it places every eligible candidate that way, and the
 prediction says honestly what that costs.
+
+Every trial rebuilds and replays the whole plan, so on long graphs (K micro-steps of one
+step: K copies of each candidate) trials are bounded:
+- twins, candidates with the same cost key and weights, behave alike: a twin of one that
+  stayed serial stays serial untried, a twin of a placed one tries only that placement;
+- auto spends at most `TRIAL_OPS` op placements on trials (a count, not a clock, so the
+  plan is deterministic): about 25 trials at 10,000 ops, no limit in practice below a few
+  thousand. Candidates left when it runs out stay serial; an explicit mode places them
+  untried and scores the final plan once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import networkx as nx
-
 from rollplex.graph.ir import Op, Phase
+from rollplex.ops.costs import cost_key
 from rollplex.ops.registry import get_kind
 from rollplex.planner.layout import rows_chunks
 from rollplex.planner.placement import PlanBuilder
@@ -38,6 +46,9 @@ MODES = {
     "none": (),
     "auto": (CoRun.PIGGYBACK, CoRun.STREAMS, CoRun.PARTITION),
 }
+
+
+TRIAL_OPS = 250_000  # op placements auto may spend on trials (each trial builds every op)
 
 
 def plan_rollplex(ctx: PlanningContext, evaluate: Callable[[Plan], float] | None = None) -> Plan:
@@ -55,13 +66,29 @@ def plan_rollplex(ctx: PlanningContext, evaluate: Callable[[Plan], float] | None
         best.notes.append("no decode op: nothing to overlap, serial placement")
         return best
     before = {op.name for op in order[: order.index(decode)]}
+    forced = ctx.schedule.overlap != "auto"
+    trials = max(1, TRIAL_OPS // max(1, len(ctx.graph)))
+    twins: dict[tuple, CoRun | None] = {}  # twin key -> placement kept (None: stayed serial)
+    untried = 0  # candidates the budget left out
     for op in _candidates(ctx, order, decode):
         pick = None
         producers = {p.name for v in op.inputs.values() if (p := ctx.graph.producer(v))}
         if not producers <= before | set(chosen):
             continue  # needs work that only runs after the decode
-        forced = ctx.schedule.overlap != "auto"
-        for mode in _modes(ctx, op, decode):
+        twin = (cost_key(ctx.graph, op), tuple(ctx.graph.weights_read(op).values()))
+        modes = _modes(ctx, op, decode)
+        if not forced and twin in twins:
+            modes = () if twins[twin] is None else (twins[twin],)
+        if not trials and modes:
+            untried += 1
+            if forced:  # an ablation places it anyway; the final plan is scored below
+                chosen[op.name] = modes[0]
+                notes.append(f"{op.name}: {modes[0].value} (untried)")
+            continue
+        for mode in modes:
+            if not trials:
+                break
+            trials -= 1
             trial_choice = {**chosen, op.name: mode}
             trial = _build(ctx, timer, order, decode, trial_choice)
             t = score(trial)
@@ -69,17 +96,24 @@ def plan_rollplex(ctx: PlanningContext, evaluate: Callable[[Plan], float] | None
                 best_time, best, pick = t, trial, mode
                 if forced:
                     break
+        twins[twin] = pick
         if pick is not None:
             chosen[op.name] = pick
         notes.append(
             f"{op.name}: {pick.value if pick else 'serial'} (step {best_time * 1e3:.1f} ms)"
         )
+    if untried and forced:
+        best = _build(ctx, timer, order, decode, chosen)
+        best_time = score(best)
+        notes.append(f"trial budget spent: {untried} placed untried, step {best_time * 1e3:.1f} ms")
+    elif untried:
+        notes.append(f"trial budget spent: {untried} more candidates stay serial untried")
     best.notes.extend(notes)
     return best
 
 
 def _candidates(ctx: PlanningContext, order: list[Op], decode: Op) -> list[Op]:
-    after_decode = nx.descendants(ctx.graph.nx, decode.name)
+    after_decode = _descendants(ctx, decode)
     return [
         op
         for op in order
@@ -87,6 +121,23 @@ def _candidates(ctx: PlanningContext, order: list[Op], decode: Op) -> list[Op]:
         and get_kind(op.kind).prefix
         and op.name not in after_decode
     ]
+
+
+def _descendants(ctx: PlanningContext, op: Op) -> set[str]:
+    """Names of the ops that read what `op` makes, directly or through others."""
+    readers: dict[str, list[Op]] = {}
+    for other in ctx.graph:
+        for v in other.inputs.values():
+            readers.setdefault(v, []).append(other)
+    seen: set[str] = set()
+    stack = [op]
+    while stack:
+        for v in stack.pop().outputs.values():
+            for reader in readers.get(v, ()):
+                if reader.name not in seen:
+                    seen.add(reader.name)
+                    stack.append(reader)
+    return seen
 
 
 def _modes(ctx: PlanningContext, op: Op, decode: Op) -> tuple[CoRun, ...]:
