@@ -9,8 +9,9 @@ from rollplex.graph.ir import Graph, Phase
 from rollplex.specs import AlgoSpec, ModelSpec, WorkloadSpec
 
 
-def build_grpo(model: ModelSpec, workload: WorkloadSpec, algo: AlgoSpec,
-               estimator: str = "grpo") -> Graph:
+def build_grpo(
+    model: ModelSpec, workload: WorkloadSpec, algo: AlgoSpec, estimator: str = "grpo"
+) -> Graph:
     """`estimator` names the advantage: "grpo" (group-normalised) or "rloo" (leave-one-out)."""
     b = StepBuilder(model, workload)
     g = workload.group_size
