@@ -173,8 +173,9 @@ def _plan_step(
         return seconds if fits else float("inf")
 
     if schedule.name == "rollplex":
-        # Overlap must pay for the memory it costs: candidates are scored after residency.
-        plan = SCHEDULES["rollplex"](ctx, evaluate=settled_seconds)
+        # Overlap must pay for the memory it costs: candidates are scored after residency,
+        # and one that cannot fit is declined (its prefix is computed where it is consumed).
+        plan = SCHEDULES["rollplex"](ctx, evaluate=fitted_time)
     elif schedule.name == "disaggregated":
         # The fastest split whose pools hold their state.
         plan = SCHEDULES["disaggregated"](ctx, evaluate=fitted_time)

@@ -53,3 +53,34 @@ def test_naive_strategy_costs_more() -> None:
     greedy = _plan(139.8)
     naive = _plan(1000.0, memory_strategy="naive")
     assert naive.plan.peak_bytes_per_gpu > greedy.plan.peak_bytes_per_gpu
+
+
+def test_overlap_that_cannot_fit_is_declined() -> None:
+    """With room, the actor prefix rides the decode (its boundary waits for backward); at a
+    budget only the serial placement fits, the prefix is computed where it is consumed."""
+    from .conftest import VIDEO_16
+
+    def plan(hbm: float):
+        hw = HARDWARE_PRESETS["h200x8"].model_copy(update={"hbm_gib": hbm})
+        return plan_step(
+            MODEL_PRESETS["qwen2_5_vl_7b"],
+            VIDEO_16,
+            AlgoSpec(),
+            hw,
+            ScheduleSpec(name="rollplex", parallel={"rollout_tp": 1}),
+        )
+
+    roomy = plan(139.8)
+    assert any(s.corun.value == "piggyback" for s in roomy.plan.all_steps())
+    serial = plan_step(
+        MODEL_PRESETS["qwen2_5_vl_7b"],
+        VIDEO_16,
+        AlgoSpec(),
+        HARDWARE_PRESETS["h200x8"],
+        ScheduleSpec(name="serial", parallel={"rollout_tp": 1}),
+    )
+    budget = (serial.plan.peak_bytes_per_gpu + roomy.plan.peak_bytes_per_gpu) / 2 / GIB
+    tight = plan(budget)
+    assert tight.plan.fits_budget
+    assert all(s.corun.value == "none" for s in tight.plan.all_steps())
+    assert tight.plan.step_time_s <= serial.plan.step_time_s * (1 + 1e-9)
