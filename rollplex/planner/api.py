@@ -165,9 +165,6 @@ def _plan_step(
     def settle(plan: Plan) -> Plan:
         return settle_memory(plan, memory(plan), ctx.interference)
 
-    def settled_seconds(p: Plan) -> float:
-        return settled_time(p, memory(p), ctx.interference)[0]
-
     def fitted_time(p: Plan) -> float:
         seconds, fits = settled_time(p, memory(p), ctx.interference)
         return seconds if fits else float("inf")
