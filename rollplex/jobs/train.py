@@ -139,7 +139,14 @@ def _train(spec: RunSpec, out: Path, ckpt) -> dict[str, Any]:
     if recent:
         _export(out, tb, writer, spec, plan, graph, list(recent))
     writer.close()
-    return _summary(spec, plan, rows, start, ckpt, ckpt_root, last_ckpt, recent)
+    summary = _summary(spec, plan, rows, start, ckpt, ckpt_root, last_ckpt, recent)
+    if summary["first_mean_reward"] is not None:
+        print(
+            f"mean reward {summary['first_mean_reward']:.3f} (first 10 steps) -> "
+            f"{summary['final_mean_reward']:.3f} (last {summary['final_mean_reward_over']}); "
+            f"run folder {out} (tensorboard --logdir {out})"
+        )
+    return summary
 
 
 class _Scalars(Callback):
