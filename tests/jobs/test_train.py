@@ -174,3 +174,12 @@ def test_a_bad_checkpoint_fails_cleanly_and_stays_untouched(uninterrupted, tmp_p
     assert re.search(message, p.stderr), p.stderr
     assert snapshot(bad) == before
     assert not (out / "checkpoints").exists()  # it stopped before training
+
+
+def test_rloo_trains_and_ppo_is_refused_with_the_reason(tmp_path):
+    p = train(tmp_path / "rloo", "algo=rloo", "train.steps=2")
+    assert p.returncode == 0, p.stderr
+    summary = json.loads((tmp_path / "rloo" / "summary.json").read_text())
+    assert summary["steps_run"] == 2
+    q = train(tmp_path / "ppo", "algo=ppo")
+    assert q.returncode == 2 and "no critic ops" in q.stderr and "Traceback" not in q.stderr
