@@ -24,9 +24,7 @@ def build_grpo_with_reward_model(
     prompts = b.prompts()
 
     with b.phase(Phase.ROLLOUT):
-        feats = b.vision_encode(prompts.pixels, b.vision_weights(policy))
-        kv = b.prefix_prefill(feats, prompts.text, policy)
-        responses, old_logprobs = b.decode(kv, policy, group_size=g)
+        responses, old_logprobs = b.rollout(prompts, policy, g)
         rule = b.reward(responses, prompts.answers, group_size=g)
 
     # Frozen scorers, written per sample as verl runs them; the passes share their prefix.
@@ -41,14 +39,10 @@ def build_grpo_with_reward_model(
             coefs=[1.0, rm_coef],
         )["rewards"]
         advantages = b.advantage(rewards, "grpo", group_size=g)
-        ref_feats = b.vision_encode(pixels, b.vision_weights(ref))
-        ref_logprobs = b.logprob(ref_feats, text, responses, ref)["logprobs"]
+        ref_logprobs = b.per_sample_logprob(prompts, responses, ref, g)["logprobs"]
 
     with b.phase(Phase.TRAIN):
-        pixels, text = b.expand(prompts.pixels, g), b.expand(prompts.text, g)
-        actor = b.logprob(
-            b.vision_encode(pixels, b.vision_weights(policy)), text, responses, policy, train=True
-        )
+        actor = b.per_sample_logprob(prompts, responses, policy, g, train=True)
         loss = b.policy_loss(
             actor["logprobs"],
             old_logprobs,

@@ -21,25 +21,17 @@ def build_grpo(
     prompts = b.prompts()
 
     with b.phase(Phase.ROLLOUT):
-        feats = b.vision_encode(prompts.pixels, b.vision_weights(policy))
-        kv = b.prefix_prefill(feats, prompts.text, policy)
-        responses, old_logprobs = b.decode(kv, policy, group_size=g)
+        responses, old_logprobs = b.rollout(prompts, policy, g)
         rewards = b.reward(responses, prompts.answers, group_size=g)
         advantages = b.advantage(rewards, estimator, group_size=g)
 
     ref_logprobs = None
     if ref is not None:
         with b.phase(Phase.REFERENCE):
-            pixels = b.expand(prompts.pixels, g, name="reference.expand_pixels")
-            text = b.expand(prompts.text, g, name="reference.expand_text")
-            ref_feats = b.vision_encode(pixels, b.vision_weights(ref))
-            ref_logprobs = b.logprob(ref_feats, text, responses, ref)["logprobs"]
+            ref_logprobs = b.per_sample_logprob(prompts, responses, ref, g)["logprobs"]
 
     with b.phase(Phase.TRAIN):
-        pixels = b.expand(prompts.pixels, g, name="train.expand_pixels")
-        text = b.expand(prompts.text, g, name="train.expand_text")
-        train_feats = b.vision_encode(pixels, b.vision_weights(policy))
-        actor = b.logprob(train_feats, text, responses, policy, train=True)
+        actor = b.per_sample_logprob(prompts, responses, policy, g, train=True)
         loss = b.policy_loss(
             actor["logprobs"],
             old_logprobs,

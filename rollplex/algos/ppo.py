@@ -23,31 +23,20 @@ def build_ppo(model: ModelSpec, workload: WorkloadSpec, algo: AlgoSpec) -> Graph
     prompts = b.prompts()
 
     with b.phase(Phase.ROLLOUT):
-        feats = b.vision_encode(prompts.pixels, b.vision_weights(policy))
-        kv = b.prefix_prefill(feats, prompts.text, policy)
-        responses, old_logprobs = b.decode(kv, policy, group_size=g)
+        responses, old_logprobs = b.rollout(prompts, policy, g)
         rewards = b.reward(responses, prompts.answers, group_size=g)
 
     with b.phase(Phase.REFERENCE):
-        pixels = b.expand(prompts.pixels, g, name="reference.expand_pixels")
-        text = b.expand(prompts.text, g, name="reference.expand_text")
-        critic_feats = b.vision_encode(
-            pixels, b.vision_weights(critic), name="reference.critic_vision_encode"
-        )
-        old_values = b.logprob(
-            critic_feats, text, responses, critic, head="value", name="reference.critic"
+        old_values = b.per_sample_logprob(
+            prompts, responses, critic, g, head="value", name="reference.critic"
         )["logprobs"]
         advantages, returns = b.gae(rewards, old_values, algo.gamma, algo.gae_lambda)
         ref_logprobs = None
         if ref is not None:
-            ref_feats = b.vision_encode(pixels, b.vision_weights(ref))
-            ref_logprobs = b.logprob(ref_feats, text, responses, ref)["logprobs"]
+            ref_logprobs = b.per_sample_logprob(prompts, responses, ref, g)["logprobs"]
 
     with b.phase(Phase.TRAIN):
-        pixels = b.expand(prompts.pixels, g, name="train.expand_pixels")
-        text = b.expand(prompts.text, g, name="train.expand_text")
-        actor_feats = b.vision_encode(pixels, b.vision_weights(policy))
-        actor = b.logprob(actor_feats, text, responses, policy, train=True)
+        actor = b.per_sample_logprob(prompts, responses, policy, g, train=True)
         loss = b.policy_loss(
             actor["logprobs"],
             old_logprobs,
@@ -58,11 +47,8 @@ def build_ppo(model: ModelSpec, workload: WorkloadSpec, algo: AlgoSpec) -> Graph
         )
         policy_grads = b.backward(loss, policy, [actor["saved"]])
 
-        critic_feats = b.vision_encode(
-            pixels, b.vision_weights(critic), name="train.critic_vision_encode"
-        )
-        values = b.logprob(
-            critic_feats, text, responses, critic, train=True, head="value", name="train.critic"
+        values = b.per_sample_logprob(
+            prompts, responses, critic, g, train=True, head="value", name="train.critic"
         )
         critic_loss = b.value_loss(values["logprobs"], returns, old_values)
         critic_grads = b.backward(critic_loss, critic, [values["saved"]], "train.critic_backward")

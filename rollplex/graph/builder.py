@@ -160,6 +160,34 @@ class StepBuilder:
             "expand_group", {"x": x}, {"y": (shape, v.dtype, v.kind)}, name, group_size=group_size
         )["y"]
 
+    def rollout(self, prompts: Prompts, weights: str, group_size: int) -> tuple[str, str]:
+        """Vision, prefix prefill and decode of `group_size` responses per prompt:
+        returns (responses, their logprobs)."""
+        feats = self.vision_encode(prompts.pixels, self.vision_weights(weights))
+        kv = self.prefix_prefill(feats, prompts.text, weights)
+        return self.decode(kv, weights, group_size=group_size)
+
+    def per_sample_logprob(
+        self,
+        prompts: Prompts,
+        responses: str,
+        weights: str,
+        group_size: int,
+        train: bool = False,
+        head: str = "lm",
+        name: str | None = None,
+    ) -> dict[str, str]:
+        """Score responses as verl does: each prompt repeated per sample, then vision and a
+        full logprob. The dedup passes turn the repeats into one prefix per prompt."""
+        pixels = self.expand(
+            prompts.pixels, group_size, self._unique(f"{self._phase}.expand_pixels")
+        )
+        text = self.expand(prompts.text, group_size, self._unique(f"{self._phase}.expand_text"))
+        feats = self.vision_encode(
+            pixels, self.vision_weights(weights), f"{name}_vision_encode" if name else None
+        )
+        return self.logprob(feats, text, responses, weights, train=train, name=name, head=head)
+
     def vision_encode(self, pixels: str, weights: str, name: str | None = None) -> str:
         out = self._act(self.rows(pixels), self.visual_tokens, self.model.hidden_size)
         return self.op(
