@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -54,6 +54,9 @@ class Value:
     version: str | None = None
     external: bool = False  # supplied from outside the step (initial weights, prompts)
 
+    def clone(self, **changes: Any) -> Value:
+        return replace(self, **changes)
+
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * DTYPE_BYTES[self.dtype]
@@ -70,6 +73,18 @@ class Op:
     outputs: dict[str, str] = field(default_factory=dict)
     attrs: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def clone(self) -> Op:
+        """A copy whose port, attribute and meta dicts can be edited on their own."""
+        return Op(
+            self.name,
+            self.kind,
+            self.phase,
+            dict(self.inputs),
+            dict(self.outputs),
+            dict(self.attrs),
+            dict(self.meta),
+        )
 
 
 class GraphError(ValueError):
@@ -115,23 +130,9 @@ class Graph:
 
     def copy(self) -> Graph:
         """A deep-enough copy for passes: new Value/Op records, shared immutable leaves."""
-        values = [
-            Value(v.name, v.shape, v.dtype, v.kind, v.version, v.external)
-            for v in self.values.values()
-        ]
-        ops = [
-            Op(
-                o.name,
-                o.kind,
-                o.phase,
-                dict(o.inputs),
-                dict(o.outputs),
-                dict(o.attrs),
-                dict(o.meta),
-            )
-            for o in self.ops.values()
-        ]
-        return Graph(values, ops)
+        return Graph(
+            [v.clone() for v in self.values.values()], [o.clone() for o in self.ops.values()]
+        )
 
     # -- queries ------------------------------------------------------------------------
     def producer(self, value: str) -> Op | None:
@@ -213,27 +214,11 @@ class Graph:
         ops = [op for op in self.ops.values() if op.phase is phase]
         made = {v for op in ops for v in op.outputs.values()}
         used = [v for op in ops for v in (*op.inputs.values(), *op.outputs.values())]
-        values = []
-        for name in dict.fromkeys(used):
-            v = self.values[name]
-            values.append(
-                Value(v.name, v.shape, v.dtype, v.kind, v.version, v.external or name not in made)
-            )
-        return Graph(
-            values,
-            [
-                Op(
-                    o.name,
-                    o.kind,
-                    o.phase,
-                    dict(o.inputs),
-                    dict(o.outputs),
-                    dict(o.attrs),
-                    dict(o.meta),
-                )
-                for o in ops
-            ],
-        )
+        values = [
+            self.values[n].clone(external=self.values[n].external or n not in made)
+            for n in dict.fromkeys(used)
+        ]
+        return Graph(values, [o.clone() for o in ops])
 
     def lint(self) -> Graph:
         """Check every invariant (see `rollplex.graph.invariants`); raise GraphError."""
