@@ -154,8 +154,8 @@ def _plan_step(
     )
 
     def memory(plan: Plan) -> Memory:
-        plan.meta["graph"] = graph
         return Memory(
+            graph=graph,
             sizers=_sizers(plan, ctx),
             host_link_gbps=hardware.host_link_gbps,
             strategy=schedule.memory_strategy,
@@ -182,7 +182,6 @@ def _plan_step(
     if enforce_budget:
         check_budget(plan)
     validate_plan(plan, graph, budget=enforce_budget)
-    plan.meta.pop("graph", None)
     return PlanResult(plan, graph, source, records, report(plan))  # settle() replayed it last
 
 

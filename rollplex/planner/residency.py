@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rollplex.graph.ir import Graph
 from rollplex.planner.lifetimes import PERSISTENT, DeviceSizer, Lifetime, device_lifetimes
 from rollplex.planner.memory import assign
 from rollplex.planner.memory.records import lower_bound
@@ -41,6 +42,7 @@ class PlanOverBudget(ValueError):
 class Memory:
     """What `settle_memory` needs to know about the run."""
 
+    graph: Graph  # the graph the plan runs (its ops name what each step reads and makes)
     sizers: dict[str, DeviceSizer]
     host_link_gbps: float
     strategy: str
@@ -103,12 +105,8 @@ def check_budget(plan: Plan) -> None:
 
 
 def _lifetimes(plan: Plan, dev: DevicePlan, mem: Memory) -> list[Lifetime]:
-    lives = device_lifetimes(plan_graph(plan), dev, mem.sizers[dev.name], mem.rollout_copies)
+    lives = device_lifetimes(mem.graph, dev, mem.sizers[dev.name], mem.rollout_copies)
     return _apply_offloads(dev, lives)
-
-
-def plan_graph(plan: Plan):
-    return plan.meta["graph"]
 
 
 def _apply_offloads(dev: DevicePlan, lives: list[Lifetime]) -> list[Lifetime]:
@@ -160,7 +158,7 @@ def _pick_offload(dev: DevicePlan, lives: list[Lifetime], tried: set[str]) -> Li
 
 
 def _offload(plan: Plan, dev: DevicePlan, lf: Lifetime, mem: Memory) -> None:
-    g = plan_graph(plan)
+    g = mem.graph
     steps = sorted(dev.steps, key=lambda s: (s.start_s, s.index))
     users = [
         s for s in steps if (op := g.ops.get(s.op)) is not None and lf.value in op.inputs.values()

@@ -150,8 +150,9 @@ def test_settled_time_is_what_settling_predicts(hbm_gib: float) -> None:
 
     def fresh() -> tuple[Plan, Memory]:
         plan = rollplex_schedule._build(ctx, ctx.timer(8, 8), list(r.graph), None, {})
-        plan.meta["graph"] = r.graph
-        return plan, Memory(_sizers(plan, ctx), hw.host_link_gbps, "greedy_by_size", hw.hbm_bytes)
+        return plan, Memory(
+            r.graph, _sizers(plan, ctx), hw.host_link_gbps, "greedy_by_size", hw.hbm_bytes
+        )
 
     plan, mem = fresh()
     quick = settled_time(plan, mem)
