@@ -10,6 +10,7 @@ run before any model loads; pixels are decoded when a batch asks for the row.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -108,11 +109,16 @@ def load_file(path: str, fmt: str) -> Any:
 
     datasets.disable_progress_bars()
     builder = "json" if fmt == "jsonl" else "parquet"
+    quiet = logging.getLogger("datasets")  # it logs the error we raise, as a second line
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
     try:
         return datasets.load_dataset(builder, data_files=str(file), split="train")
     except Exception as err:
         bad = _bad_json_line(file) if fmt == "jsonl" else None
         raise DataError(f"{file}: cannot read as {fmt}{bad or ''}: {_first_line(err)}") from None
+    finally:
+        quiet.setLevel(level)
 
 
 def _bad_json_line(file: Path) -> str | None:
@@ -130,6 +136,9 @@ def _bad_json_line(file: Path) -> str | None:
     return None
 
 
-def _first_line(err: Exception) -> str:
+def _first_line(err: BaseException) -> str:
+    """The root cause's first line: datasets wraps parser errors in a generic one."""
+    while err.__cause__ is not None or err.__context__ is not None:
+        err = err.__cause__ or err.__context__
     text = str(err).strip() or type(err).__name__
     return text.splitlines()[0][:300]
