@@ -57,12 +57,13 @@ class RowSource(IndexedSource):
     def _check_rows(self) -> None:
         keys = [self.spec.prompt_key, self.spec.answer_key, self.image_key, self.video_key]
         cols = self.dataset.select_columns([k for k in keys if k])
+        checked: set[str] = set()  # datasets repeat images across questions (easy-vqa: ~10x)
         for start in range(0, len(cols), 1024):
             chunk = cols[start : start + 1024]
             for j in range(len(chunk[self.spec.prompt_key])):
-                self._check_row(start + j, {k: chunk[k][j] for k in chunk})
+                self._check_row(start + j, {k: chunk[k][j] for k in chunk}, checked)
 
-    def _check_row(self, i: int, row: dict[str, Any]) -> None:
+    def _check_row(self, i: int, row: dict[str, Any], checked: set[str]) -> None:
         pk, ak = self.spec.prompt_key, self.spec.answer_key
         if not isinstance(row[pk], str):
             raise DataError(f"{self._where(i, pk)}: expected text, got {row[pk]!r:.80}")
@@ -70,7 +71,11 @@ class RowSource(IndexedSource):
             raise DataError(f"{self._where(i, ak)}: the answer is missing")
         images = as_list(row[self.image_key]) if self.image_key else []
         for item in images:
+            if isinstance(item, str) and item in checked:
+                continue
             check_image(item, self.base, self._where(i, self.image_key))
+            if isinstance(item, str):
+                checked.add(item)
         n_ph = row[pk].count(IMAGE)
         if n_ph and n_ph != len(images):
             raise DataError(

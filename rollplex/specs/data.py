@@ -89,6 +89,8 @@ class DataSpec(Spec):
             raise ValueError(f"data source '{self.source}' needs data.path=<file>")
         if self.source not in FILE_SOURCES and (self.path or self.eval_path):
             raise ValueError(f"data.path/eval_path are for {FILE_SOURCES}, not '{self.source}'")
+        if self.questions is not None and not self.source.startswith("synthetic"):
+            raise ValueError(f"data.questions is for the synthetic sources, not '{self.source}'")
         return self
 
     def user_turn(self, problem: str) -> str:

@@ -56,5 +56,7 @@ def test_template_and_paths_are_checked() -> None:
         DataSpec(source="jsonl")
     with pytest.raises(ValueError, match="not 'synthetic'"):
         DataSpec(path="x.jsonl")
+    with pytest.raises(ValueError, match="questions is for the synthetic sources"):
+        DataSpec(source="easyvqa", questions=("count",))
     with pytest.raises(ValueError, match="extra"):
         DataSpec(prompt_column="q")
