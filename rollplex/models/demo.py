@@ -2,15 +2,17 @@
 tokenizer, built on first use and cached.
 
 - Tokenizer: byte-level BPE trained with `tokenizers` on easy-vqa's questions and answers
-  (the installed `easy_vqa` package) and the synthetic task's words, with Qwen2.5-VL's
-  special tokens and chat template. A few hundred ids, so every answer word is one token.
+  (the installed `easy_vqa` package) and the synthetic tasks' words (image and video),
+  with Qwen2.5-VL's special tokens and chat template. A few hundred ids, so every answer
+  word is one token.
 - Model: the tiny preset's shapes (head_dim 32, which vLLM's CPU attention accepts) with
   the tokenizer's vocab; random weights from seed 0.
 - Image processor: transformers' Qwen2-VL one, with small pixel bounds for CPU runs.
 
-The cache folder is named by a hash of this recipe (this file, the chat template and the
-library versions), so a change builds a new folder. A build happens in a temporary folder
-renamed into place: concurrent first uses never see a partial folder.
+The cache folder is named by a hash of the recipe (this file, the chat template, the
+synthetic tasks' word lists and the library versions), so a change builds a new folder.
+A build happens in a temporary folder renamed into place: concurrent first uses never
+see a partial folder.
 """
 
 from __future__ import annotations
@@ -45,9 +47,12 @@ def rollplex_home() -> Path:
 
 
 def recipe_hash() -> str:
+    import rollplex.data
+
     h = hashlib.sha256()
-    for mod in (__file__, chat_template.__file__):
-        h.update(Path(mod).read_bytes())
+    data = Path(rollplex.data.__file__).parent
+    for path in (__file__, chat_template.__file__, data / "shapes.py", data / "motion.py"):
+        h.update(Path(path).read_bytes())
     for dist in ("transformers", "tokenizers", "easy-vqa"):
         h.update(f"{dist}={importlib.metadata.version(dist)};".encode())
     return h.hexdigest()[:12]
@@ -77,18 +82,20 @@ def ensure_demo_folder(root: str | Path | None = None) -> Path:
 
 def corpus() -> list[str]:
     """Training text: easy-vqa's questions and answers (train and test) and the synthetic
-    task's questions and answers; answers also stand alone, as a response starts."""
+    image and video tasks' questions and answers; answers also stand alone, as a response
+    starts, and chat roles appear as the template writes them."""
     import easy_vqa
 
-    from rollplex.backends.torch.task import ANSWER_WORDS, QUESTIONS
+    from rollplex.data import motion, shapes
 
     lines: list[str] = []
-    answers = [*easy_vqa.get_answers(), *ANSWER_WORDS]
+    answers = [*easy_vqa.get_answers(), *shapes.ANSWER_WORDS, *motion.ANSWER_WORDS]
     for get in (easy_vqa.get_train_questions, easy_vqa.get_test_questions):
         questions, qa_answers, _ = get()
         lines += questions
         lines += qa_answers
-    lines += list(QUESTIONS.values()) * 100
+    lines += [*shapes.QUESTIONS.values(), *motion.QUESTIONS.values()] * 100
+    lines += ["system", "user", "assistant", "You are a helpful assistant."] * 100
     lines += [f"{w}" for w in answers for _ in range(200)]
     lines += [f" {w}" for w in answers for _ in range(200)]
     lines += [f"<answer>{w}</answer>" for w in answers for _ in range(20)]

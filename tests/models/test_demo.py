@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from rollplex.backends.torch.task import ANSWER_WORDS
+from rollplex.data import motion, shapes
 from rollplex.models import demo, ensure_demo_folder, open_model_folder
 from rollplex.models.demo import SPECIAL_TOKENS
 
@@ -67,7 +67,7 @@ def test_is_a_hub_folder_with_qwen_tokens(built):
     assert opened.spec.head_dim == 32 and 2 * sum(opened.spec.mrope_section) == 32
     import easy_vqa
 
-    for word in [*easy_vqa.get_answers(), *ANSWER_WORDS]:
+    for word in [*easy_vqa.get_answers(), *shapes.ANSWER_WORDS, *motion.ANSWER_WORDS]:
         assert len(tok.encode(word, add_special_tokens=False)) == 1, word
     chat = [
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what shape?"}]}
