@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 from pathlib import Path
@@ -76,17 +77,22 @@ def load_pretrained(
 ) -> Any:
     """`Qwen2_5_VLForConditionalGeneration.from_pretrained` after checking every tensor's
     name and shape against config.json (from_pretrained would randomly fill a missing one).
-    Loads on the CPU and moves to `device` (device_map needs `accelerate`)."""
+    Loads straight onto a CUDA device when `accelerate` is installed (transformers needs it
+    for device_map), else on the CPU and then moves."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     folder = Path(folder)
     check_weights(folder, read_config(folder))
     dtype = dtype or default_dtype(device)
+    kwargs: dict[str, Any] = {}
+    if torch.device(device).type != "cpu" and importlib.util.find_spec("accelerate"):
+        kwargs["device_map"] = {"": str(device)}
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-        folder, dtype=dtype, attn_implementation=attn_implementation
+        folder, dtype=dtype, attn_implementation=attn_implementation, **kwargs
     )
+    model = model.to(device)
     reset_rotary(model)
-    return model.to(device).eval()
+    return model.eval()
 
 
 def reset_rotary(model: torch.nn.Module) -> None:

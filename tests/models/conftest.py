@@ -4,6 +4,7 @@ of a random model, a BPE tokenizer trained with `tokenizers`, and a Qwen2-VL pro
 from __future__ import annotations
 
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,17 @@ def write_hub(folder: Path, max_shard_size: str = "5GB") -> Hub:
 @pytest.fixture(scope="session")
 def hub(tmp_path_factory) -> Hub:
     return write_hub(tmp_path_factory.mktemp("hub") / "tiny-qwen")
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory) -> tuple[Path, Path, float]:
+    """The demo folder built once for the session: (root, folder, seconds to build)."""
+    from rollplex.models import ensure_demo_folder
+
+    root = tmp_path_factory.mktemp("home")
+    start = time.perf_counter()
+    folder = ensure_demo_folder(root)
+    return root, folder, time.perf_counter() - start
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

@@ -3,21 +3,11 @@ dataset's text, and a real Hub folder (Qwen2.5-VL's special tokens and chat temp
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from rollplex.data import motion, shapes
 from rollplex.models import demo, ensure_demo_folder, open_model_folder
 from rollplex.models.demo import SPECIAL_TOKENS
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    root = tmp_path_factory.mktemp("home")
-    start = time.perf_counter()
-    folder = ensure_demo_folder(root)
-    return root, folder, time.perf_counter() - start
 
 
 def test_builds_once_and_is_reused(built, monkeypatch):

