@@ -227,3 +227,12 @@ def test_a_training_checkpoint_folder_opens_as_its_model(hub, tmp_path):
     hub.copy(ckpt / "model")
     (ckpt / "trainer_state.json").write_text("{}")
     assert open_model_folder(ckpt).path == (ckpt / "model").resolve()
+
+
+def test_chat_template_may_live_with_the_processor(hub, tmp_path):
+    """Hub Qwen2.5-VL repos keep the template in chat_template.json (the processor's)."""
+    folder = hub.copy(tmp_path / "m")
+    _drop_template(folder)
+    template = {"chat_template": hub.tokenizer.chat_template}
+    (folder / "chat_template.json").write_text(json.dumps(template))
+    assert open_model_folder(folder).tokenizer().chat_template == hub.tokenizer.chat_template
