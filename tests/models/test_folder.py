@@ -236,3 +236,15 @@ def test_chat_template_may_live_with_the_processor(hub, tmp_path):
     template = {"chat_template": hub.tokenizer.chat_template}
     (folder / "chat_template.json").write_text(json.dumps(template))
     assert open_model_folder(folder).tokenizer().chat_template == hub.tokenizer.chat_template
+
+
+def test_backend_constructors_take_the_folder_when_the_spec_names_one(hub):
+    from rollplex.backends.torch.model import model_for
+    from rollplex.backends.torch.tokenizer import image_processor_for, tokenizer_for
+
+    spec = open_model_folder(hub.folder).spec
+    assert tokenizer_for(spec).get_vocab() == hub.tokenizer.get_vocab()
+    assert image_processor_for(spec).to_dict() == hub.processor.to_dict()
+    _equal_state(hub.model, model_for(spec, seed=123))  # the folder's weights, not the seed's
+    tiny = MODEL_PRESETS["tiny"]
+    assert len(tokenizer_for(tiny)) == tiny.vocab_size  # no folder: the built-in word level
