@@ -18,7 +18,6 @@ baseline and the yardstick.
 
 from __future__ import annotations
 
-from rollplex.backends.torch.batch import PromptBatch, PromptInputs, collate_prompts
 from rollplex.backends.torch.decode import decode, sample_next
 from rollplex.backends.torch.logprob import (
     full_logits,
@@ -29,6 +28,7 @@ from rollplex.backends.torch.logprob import (
 )
 from rollplex.backends.torch.loss import group_advantages, grpo_loss
 from rollplex.backends.torch.prefix import PrefixState, expand_prefix, prefix_forward, vision_encode
+from rollplex.data.prompts import PromptBatch, PromptInputs, collate_prompts
 
 __all__ = [
     "PrefixState",

@@ -1,0 +1,1 @@
+"""Prompt data: sources, samples, rendering and rewards."""
