@@ -2,7 +2,7 @@
 
 One GRPO step over B prompts and G samples each, with the prefix computed once per prompt:
 
-    feats = vision_encode(model, batch.pixel_values, batch.image_grid_thw)
+    feats = vision_encode(model, *batch.visual_rows()[:2])   # images and videos, row order
     state = expand_prefix(prefix_forward(model, batch, feats, grad=False), G)
     tokens, old_logp, lengths = decode(model, state, R, temperature, top_p, gen, eos_id)
     with torch.no_grad():                       # reference model, same prefix trick

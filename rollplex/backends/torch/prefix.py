@@ -96,10 +96,13 @@ def cache_kv(kv: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def vision_encode(model: Model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-    """Merged visual features [sum tokens, H], images in order: the vision tower plus the
-    2x2 merger, exactly the call `get_image_features` makes. Autograd follows the caller's
+    """Merged visual features [sum tokens, H], visuals in order (images, and videos: grids
+    with t > 1): the vision tower plus the 2x2 merger, exactly the call
+    `get_image_features` / `get_video_features` make. Autograd follows the caller's
     grad mode (and the tower's requires_grad flags)."""
     visual = model.model.visual
+    if grid_thw.shape[0] == 0:  # text-only prompts (a row chunk may hold only those)
+        return pixel_values.new_zeros((0, model.config.vision_config.out_hidden_size))
     return visual(pixel_values.type(visual.dtype), grid_thw=grid_thw).pooler_output
 
 

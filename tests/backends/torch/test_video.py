@@ -259,3 +259,21 @@ def test_grpo_steps_train_on_video_alike_under_every_schedule(spec, renderer):
     for key, bound in (("chunked", 1e-5), ("verl", 5e-5)):
         for name, p in finals[key].items():
             torch.testing.assert_close(p, serial[name], atol=bound, rtol=0, msg=f"{key} {name}")
+
+
+def test_row_chunks_of_a_mixed_batch(model, renderer):
+    """Rows selected from a mixed batch, down to a chunk of text-only prompts, give the
+    whole batch's prefix results for those rows."""
+    batch = renderer.encode_batch(MIXED)
+    pixels = Pixels.of(batch)
+    with torch.no_grad():
+        whole = prefix_forward(model, batch.text_only(), features_of(model, pixels).values, False)
+        for lo, hi in [(0, 2), (1, 3), (3, 4)]:
+            part = batch.select(lo, hi)
+            feats = features_of(model, pixels.select(lo, hi))
+            assert feats.tokens == features_of(model, Pixels.of(part)).tokens
+            state = prefix_forward(model, part.text_only(), feats.values, False)
+            torch.testing.assert_close(
+                state.last_logits, whole.last_logits[lo:hi], atol=1e-5, rtol=0
+            )
+            assert torch.equal(state.next_positions, whole.next_positions[lo:hi])
