@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,6 +15,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
 )
 
 from rollplex.backends.torch.tokenizer import SPECIAL_TOKEN_NAMES, build_image_processor
+from rollplex.data import Sample
 from rollplex.data.prompts import collate_prompts
 from rollplex.data.render import PromptRenderer, RenderError, smart_resize
 from rollplex.specs.model import MODEL_PRESETS
@@ -37,15 +38,6 @@ QWEN_TEMPLATE = (
     "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-
-
-@dataclass(slots=True, frozen=True)
-class Sample:  # stand-in for rollplex.data's Sample (same fields)
-    uid: str
-    problem: str
-    answer: str
-    images: tuple[Image.Image, ...] = ()
-    video: tuple[Image.Image, ...] | None = None
 
 
 @pytest.fixture(scope="module")
@@ -263,8 +255,6 @@ def test_bad_settings(tokenizer, processor):
 def test_collate_refuses_inconsistent_prompts(tokenizer, processor):
     r = _renderer(tokenizer, processor)
     p = r.encode(Sample("v", "<image>", "x", images=(_image(28, 28, 0),)))
-    from dataclasses import replace
-
     with pytest.raises(ValueError, match="prompt 0: image grids hold 4 patches, pixels 3"):
         collate_prompts([replace(p, pixel_values=p.pixel_values[:3])], pad_id=0)
     with pytest.raises(ValueError, match="prompt 1: holds images and a video"):

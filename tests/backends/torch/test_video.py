@@ -6,8 +6,6 @@ in logprobs, greedy decode and gradients; and GRPO steps train on video through 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 from PIL import Image, ImageDraw
@@ -19,6 +17,7 @@ from rollplex.backends.torch.roles import features_of
 from rollplex.backends.torch.task import VOCAB_WORDS
 from rollplex.backends.torch.tokenizer import build_image_processor, build_tokenizer, token_id
 from rollplex.backends.torch.values import Pixels
+from rollplex.data import Sample
 from rollplex.data.prompts import PromptBatch
 from rollplex.data.render import PromptRenderer
 
@@ -35,15 +34,6 @@ TEMPLATE = (
     "{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-
-
-@dataclass(slots=True, frozen=True)
-class Sample:  # stand-in for rollplex.data's Sample (same fields)
-    uid: str
-    problem: str
-    answer: str
-    images: tuple[Image.Image, ...] = ()
-    video: tuple[Image.Image, ...] | None = None
 
 
 def moving_square(frames: int, size: int, seed: int) -> tuple[Image.Image, ...]:
