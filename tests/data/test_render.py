@@ -261,3 +261,21 @@ def test_collate_refuses_inconsistent_prompts(tokenizer, processor):
         collate_prompts(
             [p, replace(p, pixel_values_videos=p.pixel_values, video_grid_thw=p.image_grid_thw)], 0
         )
+
+
+def test_renders_the_synthetic_sources(tokenizer, processor):
+    """Samples of the data sources render: image prompts at the image's size, video
+    prompts with one temporal patch per two frames."""
+    from rollplex.data import build_source
+    from rollplex.specs.data import DataSpec
+
+    r = _renderer(tokenizer, processor, max_pixels=84 * 84, video_max_pixels=84 * 84)
+    images = build_source(DataSpec(source="synthetic"), "train", seed=0).batch(0, 2)
+    batch = r.encode_batch(images)
+    assert batch.image_grid_thw.tolist() == [[1, 6, 6]] * 2
+    assert (batch.mm_token_type_ids == 1).sum(1).tolist() == [9, 9]
+    videos = build_source(DataSpec(source="synthetic_video"), "train", seed=0, frames=4)
+    batch = r.encode_batch(videos.batch(0, 2))
+    assert batch.video_grid_thw.tolist() == [[2, 6, 6]] * 2
+    assert (batch.mm_token_type_ids == 2).sum(1).tolist() == [18, 18]
+    assert batch.image_counts.tolist() == [0, 0]
