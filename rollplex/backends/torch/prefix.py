@@ -133,7 +133,9 @@ def prefix_positions(model: Model, batch: PromptBatch) -> tuple[torch.Tensor, to
     so a response continues exactly as in one forward over prompt + response. The
     `rope_deltas` it returns (max position + 1 - length) agree with that for images but
     not for a video whose temporal positions outrun its height and width: transformers 5
-    puts the text after a video at start + max(h, w) / merge."""
+    puts the text after a video at start + max(h, w) / merge. (vLLM 0.32 and Qwen's own
+    code put it at the video's max position + 1, so for such videos their positions differ
+    from transformers' ones.)"""
     b, p = batch.input_ids.shape
     rows = torch.arange(b, device=batch.input_ids.device)
     ids = torch.nn.functional.pad(batch.input_ids, (0, 1), value=0)
