@@ -31,7 +31,7 @@ from rollplex.backends.base import (
     Sampling,
 )
 from rollplex.backends.torch.batch import PromptBatch
-from rollplex.backends.torch.loss import ADVANTAGES
+from rollplex.backends.torch.loss import ADVANTAGES, group_advantages
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.roles import (
     TorchReference,
@@ -100,7 +100,7 @@ class TorchBackend(Backend):
         if not spec.trainable_vision:  # one frozen tower for all (see roles.py)
             ref.model.visual = policy.model.visual
         self.trainer = TorchTrainer(policy, spec, config.algo)
-        self.reference = TorchReference(ref)
+        self.reference = TorchReference(ref, config.algo.temperature)
         self.rollout = TorchRollout(spec, self.device)
         self.rollout.load_weights(self.trainer.live_weights())
         self._frozen = VersionCounter(0)
@@ -256,7 +256,15 @@ class TorchBackend(Backend):
             estimator = ADVANTAGES.get(a.get("estimator", "grpo"))
             if estimator is None:
                 _fail(op, f"estimator {a['estimator']!r}: only {sorted(ADVANTAGES)} run here")
-            return {"advantages": estimator(x["rewards"], a["group_size"])}
+            if estimator is group_advantages:
+                adv = estimator(
+                    x["rewards"],
+                    a["group_size"],
+                    norm_by_std=self.config.algo.norm_adv_by_std_in_grpo,
+                )
+            else:
+                adv = estimator(x["rewards"], a["group_size"])
+            return {"advantages": adv}
         if k == "policy_loss":
             loss = self.trainer.loss(
                 x["logprobs"], x["old_logprobs"], x["advantages"], x.get("ref_logprobs"), **a
