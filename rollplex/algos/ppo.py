@@ -50,7 +50,9 @@ def build_ppo(model: ModelSpec, workload: WorkloadSpec, algo: AlgoSpec) -> Graph
         values = b.per_sample_logprob(
             prompts, responses, critic, g, train=True, head="value", name="train.critic"
         )
-        critic_loss = b.value_loss(values["logprobs"], returns, old_values)
+        critic_loss = b.value_loss(
+            values["logprobs"], returns, old_values, clip_eps=algo.value_clip
+        )
         critic_grads = b.backward(critic_loss, critic, [values["saved"]], "train.critic_backward")
 
     with b.phase(Phase.UPDATE):

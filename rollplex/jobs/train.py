@@ -48,10 +48,6 @@ def check_spec(spec: RunSpec) -> None:
     from rollplex.backends import backend_class
 
     backend_class(t.backend)  # BackendUnavailable (a ValueError) says why not
-    if spec.algo.name == "ppo":
-        raise ValueError(
-            "train runs GRPO and RLOO (algo='ppo'): the torch backend has no critic ops yet"
-        )
     if t.max_new_tokens > w.response_length.max:
         raise ValueError(
             f"train.max_new_tokens={t.max_new_tokens} exceeds workload."
