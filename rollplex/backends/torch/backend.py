@@ -283,7 +283,12 @@ class TorchBackend(Backend):
         if k == "advantage" and a.get("estimator") == "gae":
             if self.critic is None:
                 _fail(op, "needs a critic (GAE reads its values)")
-            adv, returns = self.critic.advantages(x["rewards"], x["values"], a["gamma"], a["lam"])
+            kl = None
+            if "ref_logprobs" in x:
+                kl = (x["old_logprobs"], x["ref_logprobs"], a["kl_coef"])
+            adv, returns = self.critic.advantages(
+                x["rewards"], x["values"], a["gamma"], a["lam"], kl
+            )
             return {"advantages": adv, "returns": returns}
         if k == "value_loss":
             loss = self.critic.loss(

@@ -28,7 +28,7 @@ from torch import nn
 from rollplex.backends.base import BackendError
 from rollplex.backends.torch.batch import PromptBatch
 from rollplex.backends.torch.logprob import features_full_head_outputs, response_head_outputs
-from rollplex.backends.torch.loss import gae, token_rewards, value_loss
+from rollplex.backends.torch.loss import gae, kl_penalized_rewards, token_rewards, value_loss
 from rollplex.backends.torch.prefix import Model, PrefixState, expand_prefix, prefix_forward
 from rollplex.backends.torch.roles import (
     capture_saved,
@@ -104,11 +104,21 @@ class TorchCritic:
         return WeightsHandle("critic", self.model, params, self.counter.n, self.counter)
 
     def advantages(
-        self, rewards: torch.Tensor, old_values: TokenLogprobs, gamma: float, lam: float
+        self,
+        rewards: torch.Tensor,
+        old_values: TokenLogprobs,
+        gamma: float,
+        lam: float,
+        kl: tuple[TokenLogprobs, TokenLogprobs, float] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """GAE with the sequence reward on each response's last valid token: (whitened
-        advantages [S, R], returns [S, R])."""
+        advantages [S, R], returns [S, R]). `kl=(old, ref, coef)` first subtracts
+        coef * (old - ref) from every token's reward (verl's apply_kl_penalty, 'kl')."""
         scores = token_rewards(rewards, old_values.mask)
+        if kl is not None:
+            scores = kl_penalized_rewards(
+                scores, kl[0].values, kl[1].values, old_values.mask, kl[2]
+            )
         return gae(scores, old_values.values.detach(), old_values.mask, gamma, lam)
 
     def loss(

@@ -53,6 +53,19 @@ def token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(last, rewards.float()[:, None], 0.0)
 
 
+def kl_penalized_rewards(
+    rewards: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    coef: float,
+) -> torch.Tensor:
+    """Token rewards [N, R] minus coef * (old - ref) on valid tokens: verl's
+    apply_kl_penalty with its default k1 estimator (use_kl_in_reward)."""
+    kl = torch.where(mask.bool(), old_logprobs.detach() - ref_logprobs.detach(), 0.0)
+    return rewards - coef * kl
+
+
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(x - mean) / sqrt(var + 1e-8) over the valid entries, unbiased var (verl's)."""
     valid = mask.bool()

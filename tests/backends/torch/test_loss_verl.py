@@ -231,3 +231,16 @@ def test_rollout_logprobs_equal_trainer_logprobs_at_temperature(spec, batch):
         raw = response_logprobs(model, state, tokens, lengths)
     torch.testing.assert_close(rollout, scored, atol=1e-5, rtol=0)
     assert (rollout - raw).abs().max() > 1e-3  # scoring the raw logits would be off-policy
+
+
+def test_kl_in_reward_matches_verl():
+    """verl's apply_kl_penalty ('kl' estimator): token_rewards - beta * (old - ref)."""
+    from rollplex.backends.torch.loss import kl_penalized_rewards
+
+    beta = 0.1
+    scores = token_rewards(torch.tensor(REWARDS), MASK)
+    got = kl_penalized_rewards(scores, OLD, REF, MASK, beta)
+    for i in range(8):
+        for t in _valid(i):
+            expect = float(scores[i, t]) - beta * (float(OLD[i, t]) - float(REF[i, t]))
+            assert abs(float(got[i, t]) - expect) < 1e-6
