@@ -182,3 +182,6 @@ def test_rloo_and_ppo_train(tmp_path, algo):
     assert p.returncode == 0, p.stderr
     summary = json.loads((tmp_path / algo / "summary.json").read_text())
     assert summary["steps_run"] == 3
+    if algo == "ppo":  # checkpoints lack the critic: resuming is refused, with the reason
+        q = train(tmp_path / "again", "algo=ppo", f"train.resume={tmp_path / algo}")
+        assert q.returncode == 2 and "critic" in q.stderr and "Traceback" not in q.stderr
