@@ -280,9 +280,9 @@ class TorchBackend(Backend):
             return {"y": repeat_rows(x["x"], a["group_size"])}
         if k == "reward":
             return {"rewards": self._reward(x["responses"], x["answers"], a["group_size"])}
+        if (k == "value_loss" or a.get("estimator") == "gae") and self.critic is None:
+            _fail(op, "needs a critic: no op of this graph reads critic weights")
         if k == "advantage" and a.get("estimator") == "gae":
-            if self.critic is None:
-                _fail(op, "needs a critic (GAE reads its values)")
             kl = None
             if "ref_logprobs" in x:
                 kl = (x["old_logprobs"], x["ref_logprobs"], a["kl_coef"])
