@@ -59,12 +59,12 @@ class VllmRollout(RolloutRole):
     ) -> None:
         """Start the engine on `folder` (its weights become `<model>@<version>`).
         `kv_cache_bytes` is the plan's KV budget for the rollout; it overrides the spec's.
-        Raises BackendUnavailable without vLLM, ModelFolderError on an incomplete folder,
-        both before any engine starts."""
+        Raises ModelFolderError on an incomplete folder, then BackendUnavailable without
+        vLLM, both before any engine starts."""
         self.spec = spec or VllmSpec()
-        require_vllm()
         self.folder = check_model_folder(folder)
         self._pads = placeholder_ids(self.folder)
+        require_vllm()
         self.llm = start_engine(self.folder, self.spec, kv_cache_bytes)
         self.cpu = on_cpu()
         self._version = version_name(model, version)
@@ -135,6 +135,20 @@ class VllmRollout(RolloutRole):
     def _check_idle(self, what: str) -> None:
         if self._session is not None and not self._session.finished:
             raise BackendError(f"cannot {what} while a decode session is unfinished")
+
+    def shutdown(self) -> None:
+        """Stop the engine and free what it holds; another engine can start in this process."""
+        if self.llm is None:
+            return
+        from vllm.distributed.parallel_state import (
+            destroy_distributed_environment,
+            destroy_model_parallel,
+        )
+
+        self.llm.llm_engine.engine_core.shutdown()
+        self.llm = None
+        destroy_model_parallel()
+        destroy_distributed_environment()
 
     # -- residency --------------------------------------------------------------------------
     def sleep(self, level: int = 1) -> None:
