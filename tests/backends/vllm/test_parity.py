@@ -22,7 +22,9 @@ G = 2
 def engine(folder):
     from rollplex.backends.vllm import VllmRollout
 
-    return VllmRollout(folder, VllmSpec(**(ENGINE.model_dump() | {"return_logprobs": True})))
+    engine = VllmRollout(folder, VllmSpec(**(ENGINE.model_dump() | {"return_logprobs": True})))
+    yield engine
+    engine.shutdown()
 
 
 def torch_generate(folder, batch, sampling: Sampling):

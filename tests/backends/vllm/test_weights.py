@@ -58,7 +58,9 @@ def fresh_tokens(new_folder):
 def engine(folder, fresh_tokens):
     from rollplex.backends.vllm import VllmRollout
 
-    return VllmRollout(folder, ENGINE)
+    engine = VllmRollout(folder, ENGINE)
+    yield engine
+    engine.shutdown()
 
 
 def test_live_update_equals_fresh_engine(engine, folder, fresh_tokens):
