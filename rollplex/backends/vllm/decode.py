@@ -69,6 +69,8 @@ class VllmDecode(DecodeSession):
         self._ids = [f"{tag}-{r}" for r in range(self.rows)]
         self._row_of = {rid: r for r, rid in enumerate(self._ids)}
         self._out: list[Any] = [None] * self.rows
+        # prompt tokens per row as the engine saw them (placeholders expanded); -1 until done
+        self.prompt_lengths: list[int] = [-1] * self.rows
         self._steps = 0
         for r, rid in enumerate(self._ids):
             params = SamplingParams(
@@ -104,6 +106,7 @@ class VllmDecode(DecodeSession):
                     raise BackendError(f"vLLM returned an unknown request {out.request_id!r}")
                 if out.finished:
                     self._out[r] = out.outputs[0]
+                    self.prompt_lengths[r] = len(out.prompt_token_ids or ())
             self._steps += 1
             if budget is not None:
                 budget -= 1

@@ -27,10 +27,13 @@ from rollplex.backends.base import BackendError
 
 @dataclass(slots=True, frozen=True)
 class Media:
-    """Per prompt: its images (RGB) and its video frames (RGB, or None)."""
+    """Per prompt: its images (RGB) and its video frames (RGB, or None). Frames are already
+    sampled (the data layer picks them), at `fps` frames per second of video: M-RoPE's
+    temporal positions follow it, so it must be the rate the prompt renderer used."""
 
     images: tuple[tuple[Image.Image, ...], ...]
     videos: tuple[tuple[Image.Image, ...] | None, ...] = ()
+    fps: float = 2.0
 
     @property
     def rows(self) -> int:
@@ -43,7 +46,18 @@ class Media:
             out["image"] = list(self.images[row])
         video = self.videos[row] if self.videos else None
         if video:
-            out["video"] = np.stack([np.asarray(f.convert("RGB")) for f in video])
+            frames = np.stack([np.asarray(f.convert("RGB")) for f in video])
+            n = len(video)
+            # vLLM wants metadata with raw frames; these are all the frames, none to sample
+            meta = {
+                "total_num_frames": n,
+                "fps": self.fps,
+                "duration": n / self.fps,
+                "video_backend": "rollplex",
+                "frames_indices": list(range(n)),
+                "do_sample_frames": False,
+            }
+            out["video"] = (frames, meta)
         return out
 
 

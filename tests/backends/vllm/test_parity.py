@@ -43,6 +43,8 @@ def test_greedy_tokens_and_logprobs_match_torch(engine, folder):
     ref, ref_lp = torch_generate(folder, batch, greedy())
     assert ours.tokens.shape == ref.tokens.shape == (2 * G, 8)
     assert len({tuple(r) for r in ref.tokens.tolist()}) > 1  # the prompts really differ
+    # vLLM expanded each collapsed placeholder run back to our image token count
+    assert engine._session.prompt_lengths == batch.lengths.repeat_interleave(G).tolist()
     assert torch.equal(ours.tokens, ref.tokens)
     assert torch.equal(ours.lengths, ref.lengths)
     torch.testing.assert_close(ours_lp.values[:, 0], ref_lp.values[:, 0], atol=1e-4, rtol=0)
@@ -77,3 +79,51 @@ def test_logprobs_only_when_asked(folder, engine):
     finally:
         engine.spec = VllmSpec(**(ENGINE.model_dump() | {"return_logprobs": True}))
     assert logprobs is None and responses.tokens.shape == (2 * G, 8)
+
+
+def test_video_prompt_runs(engine):
+    """A video prompt (frames already sampled) goes in as one collapsed placeholder; vLLM's
+    processor expands it to the grid's tokens and the frames move the output. (Parity with
+    transformers for video is not established: see bench/results/vllm_cpu.md.)"""
+    from PIL import Image
+
+    from rollplex.backends.vllm import Media
+
+    st = SPEC.special_tokens
+    ids = [st.vision_start_token_id, st.video_token_id, st.vision_end_token_id, 8, 9, 10]
+
+    def video(shift: int) -> Media:
+        frames = tuple(
+            Image.new("RGB", (56, 56), ((40 * i + shift) % 256, 100, 200 - 40 * i))
+            for i in range(4)
+        )
+        return Media(images=((),), videos=(frames,))
+
+    def run(m: Media):
+        session = engine.start_decode(engine.prefix_prefill(m, [ids]), 1, greedy(), 0)
+        session.advance()
+        return session
+
+    a, b, c = run(video(0)), run(video(0)), run(video(128))
+    # 4 frames of 56x56: grid (2, 4, 4) patches, merged 2x2 -> 8 video tokens
+    assert a.prompt_lengths == [len(ids) - 1 + 8]
+    ta, tb, tc = (s.result()[0].tokens for s in (a, b, c))
+    assert torch.equal(ta, tb)
+    assert not torch.equal(ta, tc)
+
+
+def test_engine_bounds_kv_and_declares_capabilities(engine, caplog):
+    import logging
+
+    config = engine.llm.llm_engine.vllm_config
+    assert config.cache_config.kv_cache_memory_bytes == ENGINE.kv_cache_bytes
+    assert config.cache_config.enable_prefix_caching
+    caps = engine.capabilities
+    assert caps.segmented_decode and caps.in_place_weight_load and caps.fused_prefix
+    assert not caps.prefix_kv_export and not caps.piggyback_rows
+    # CPU: sleep/wake are no-ops that say so once
+    with caplog.at_level(logging.INFO, logger="rollplex.backends.vllm.rollout"):
+        engine.sleep(1), engine.wake_up(), engine.sleep(2)
+    assert len([r for r in caplog.records if "cannot sleep" in r.message]) == 1
+    with pytest.raises(ValueError, match="sleep level 3"):
+        engine.sleep(3)
