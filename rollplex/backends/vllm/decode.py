@@ -72,6 +72,9 @@ class VllmDecode(DecodeSession):
         # prompt tokens per row as the engine saw them (placeholders expanded); -1 until done
         self.prompt_lengths: list[int] = [-1] * self.rows
         self._steps = 0
+        vocab = llm.llm_engine.model_config.get_vocab_size()
+        # an eos outside the vocabulary (e.g. -1) never occurs: no stop, as in the torch role
+        stop = [sampling.eos_id] if 0 <= sampling.eos_id < vocab else []
         for r, rid in enumerate(self._ids):
             params = SamplingParams(
                 n=1,
@@ -82,7 +85,7 @@ class VllmDecode(DecodeSession):
                 # stop at the role's eos only (not the config's or the tokenizer's), as the
                 # torch rollout does; the eos token stays in the output
                 ignore_eos=True,
-                stop_token_ids=[sampling.eos_id],
+                stop_token_ids=stop,
                 logprobs=0 if logprobs else None,
                 detokenize=False,
                 output_kind=RequestOutputKind.FINAL_ONLY,
