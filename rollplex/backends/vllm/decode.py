@@ -24,9 +24,9 @@ from rollplex.backends.vllm.prompts import VllmPrompts
 _session_ids = itertools.count()
 
 
-def row_seed(base: int, row: int) -> int:
-    """A request's sampling seed: a hash of the step's seed and the row (sample) index."""
-    digest = hashlib.sha256(f"rollplex-vllm-row:{base}:{row}".encode()).digest()
+def row_seed(seed: int, base: int, row: int) -> int:
+    """A request's sampling seed: a hash of the engine seed, the step's seed and the row."""
+    digest = hashlib.sha256(f"rollplex-vllm-row:{seed}:{base}:{row}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
@@ -54,6 +54,7 @@ class VllmDecode(DecodeSession):
         sampling: Sampling,
         seed: int,
         logprobs: bool,
+        engine_seed: int = 0,
     ) -> None:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -81,7 +82,7 @@ class VllmDecode(DecodeSession):
                 max_tokens=sampling.max_new_tokens,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
-                seed=row_seed(seed, r),
+                seed=row_seed(engine_seed, seed, r),
                 # stop at the role's eos only (not the config's or the tokenizer's), as the
                 # torch rollout does; the eos token stays in the output
                 ignore_eos=True,

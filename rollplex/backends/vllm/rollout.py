@@ -119,6 +119,7 @@ class VllmRollout(RolloutRole):
             sampling,
             step_seed(generator),
             self.spec.return_logprobs,
+            self.spec.seed,
         )
         return self._session
 
