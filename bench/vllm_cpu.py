@@ -104,7 +104,7 @@ def main() -> None:
 
     def torch_run() -> None:
         prefix = role.prefix_prefill(
-            role.vision_encode(Pixels(batch.pixel_values, batch.image_grid_thw)), text_only(batch)
+            role.vision_encode(Pixels.of(batch)), text_only(batch)
         )
         session = role.start_decode(prefix, G, sampling, torch.Generator().manual_seed(0))
         session.advance()

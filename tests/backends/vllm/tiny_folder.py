@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
-from rollplex.backends.torch.batch import PromptBatch, collate_prompts
 from rollplex.backends.torch.model import build_model, save_model
 from rollplex.backends.torch.task import QUESTIONS, VisualTask
 from rollplex.backends.torch.tokenizer import build_image_processor, build_tokenizer, encode_prompt
 from rollplex.backends.vllm.prompts import Media
+from rollplex.data.prompts import PromptBatch, collate_prompts
 from rollplex.specs.model import MODEL_PRESETS, ModelSpec
 
 SPEC: ModelSpec = MODEL_PRESETS["tiny"]  # head_dim 32: vLLM's CPU attention takes it
