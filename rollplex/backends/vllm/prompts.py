@@ -35,6 +35,15 @@ class Media:
     videos: tuple[tuple[Image.Image, ...] | None, ...] = ()
     fps: float = 2.0
 
+    @staticmethod
+    def of(samples: Sequence[Any], fps: float = 2.0) -> Media:
+        """The media of data samples (`rollplex.data.Sample`: `.images`, `.video`)."""
+        return Media(
+            tuple(tuple(s.images) for s in samples),
+            tuple(tuple(s.video) if s.video else None for s in samples),
+            fps,
+        )
+
     @property
     def rows(self) -> int:
         return len(self.images)

@@ -29,9 +29,7 @@ def engine(folder):
 
 def torch_generate(folder, batch, sampling: Sampling):
     role = torch_rollout(folder)
-    prefix = role.prefix_prefill(
-        role.vision_encode(Pixels.of(batch)), text_only(batch)
-    )
+    prefix = role.prefix_prefill(role.vision_encode(Pixels.of(batch)), text_only(batch))
     session = role.start_decode(prefix, G, sampling, torch.Generator().manual_seed(0))
     session.advance()
     return session.result()

@@ -15,11 +15,12 @@ from rollplex.data.prompts import PromptBatch, collate_prompts
 from rollplex.specs.model import MODEL_PRESETS, ModelSpec
 
 SPEC: ModelSpec = MODEL_PRESETS["tiny"]  # head_dim 32: vLLM's CPU attention takes it
-# Qwen2.5-VL's template, trimmed to text and images
+# Qwen2.5-VL's template, trimmed to text, images and video
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
     "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
     "{% if c['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif c['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
