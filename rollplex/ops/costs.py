@@ -82,9 +82,8 @@ def prefix_flops(graph: Graph, op: Op, ctx: CostContext) -> float:
 
 
 def decode_steps(graph: Graph, op: Op, ctx: CostContext) -> int:
-    """Decode steps one rank runs (until its longest response ends)."""
-    kv = graph.values[op.inputs["kv"]]
-    rows = ctx.per_rank(kv.shape[2])
+    """Decode steps one rank runs (until its longest response ends); `generate` too."""
+    rows = ctx.per_rank(_prompt_rows(graph, op))
     return _decode(ctx.model, ctx.workload, int(rows), op.attrs["group_size"], ctx.tp).steps
 
 
@@ -111,6 +110,25 @@ def _prefill(g: Graph, op: Op, ctx: CostContext) -> Cost:
     ins = g.inputs_of(op)
     rows = ctx.per_rank(ins["features"].shape[0])
     return F.prefix_prefill(ctx.model, rows, _prefix_tokens(ins), ctx.tp)
+
+
+def _prompt_rows(g: Graph, op: Op) -> int:
+    if op.kind == "generate":
+        return g.values[op.inputs["text"]].shape[0]
+    return g.values[op.inputs["kv"]].shape[2]
+
+
+def _generate(g: Graph, op: Op, ctx: CostContext) -> Cost:
+    """vision + prefill of each prompt once (the engine's prefix cache serves the G
+    samples), then the decode."""
+    ins = g.inputs_of(op)
+    px, text = ins["pixels"], ins["text"]
+    rows = ctx.per_rank(px.shape[0])
+    visual = ctx.workload.visual_tokens(ctx.model.vision)
+    cost = F.vision_encode(ctx.model, rows, px.shape[1], ctx.tp)
+    cost += F.prefix_prefill(ctx.model, rows, visual + text.shape[1], ctx.tp)
+    dec = _decode(ctx.model, ctx.workload, int(rows), op.attrs["group_size"], ctx.tp)
+    return cost + dec.cost
 
 
 def _decode_cost(g: Graph, op: Op, ctx: CostContext) -> Cost:
@@ -244,6 +262,7 @@ _COSTS = {
     "vision_encode": _vision,
     "prefix_prefill": _prefill,
     "decode": _decode_cost,
+    "generate": _generate,
     "logprob": _logprob("full"),
     "logprob_prefix": _logprob("prefix"),
     "logprob_response": _logprob("response"),

@@ -71,6 +71,26 @@ register(
 )
 register(
     OpKind(
+        "generate",
+        "A whole rollout in one engine op: vision, prefill (prefix-cached across the group) "
+        "and decode of group_size responses per prompt, for an engine that runs them itself "
+        "(planner/capabilities.py plans it for a rollout with fused_prefix).",
+        inputs={
+            "pixels": port(*_DATA, dtype=FLOAT, dims=_ROWS3),
+            "text": port(*_DATA, dtype=INT, dims=("B", None)),
+            "weights": port(K.WEIGHTS),
+            "vision_weights": port(K.WEIGHTS),
+        },
+        outputs={
+            "responses": port(K.ACTIVATION, dtype=INT, dims=("S", None)),
+            "logprobs": port(K.ACTIVATION, dtype=FLOAT, dims=("S", None)),
+        },
+        check=_grouped("B"),
+        attrs={"group_size": 1},
+    )
+)
+register(
+    OpKind(
         "logprob",
         "Full forward over prefix + response per sample (what verl runs).",
         inputs={

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rollplex.algos import build_step
+from rollplex.backends.capabilities import RoleCapabilities
 from rollplex.graph.ir import Graph
 from rollplex.graph.passes import (
     DEDUP_PASSES,
@@ -20,6 +21,7 @@ from rollplex.graph.passes import (
     eliminate_dead_ops,
     run_passes,
 )
+from rollplex.planner.capabilities import role_capabilities_pass
 from rollplex.planner.cost_model import CostModel
 from rollplex.planner.gc_paused import cyclic_gc_paused
 from rollplex.planner.interference import InterferenceModel
@@ -79,8 +81,11 @@ def plan_step(
     graph: Graph | None = None,
     enforce_budget: bool = True,
     passes: Sequence[PassFn] | None = None,
+    rollout: RoleCapabilities | None = None,
 ) -> PlanResult:
     """Plan one step. `passes` overrides the schedule's passes (`()`: plan `graph` as is).
+    `rollout`: the chosen rollout role's capabilities; the graph is rewritten for them
+    first (planner/capabilities.py), so the plan asks the role only for what it can do.
 
     With `schedule.parallel.rollout_tp` unset, every sensible rollout TP degree is planned
     and the fastest plan that fits is kept; if none fits, the last budget error is raised."""
@@ -96,6 +101,7 @@ def plan_step(
             graph,
             enforce_budget,
             passes,
+            rollout,
         )
     best, error = None, None
     for tp in rollout_tp_options(model, hardware):
@@ -114,6 +120,7 @@ def plan_step(
                 graph,
                 enforce_budget,
                 passes,
+                rollout,
             )
         except PlanOverBudget as err:
             error = err
@@ -140,9 +147,13 @@ def _plan_step(
     graph: Graph | None,
     enforce_budget: bool,
     passes: Sequence[PassFn] | None,
+    rollout: RoleCapabilities | None = None,
 ) -> PlanResult:
     source = graph if graph is not None else build_step(model, workload, algo)
-    graph, records = run_passes(source, passes_for(schedule) if passes is None else passes)
+    chosen = list(passes_for(schedule) if passes is None else passes)
+    if rollout is not None:
+        chosen.insert(0, role_capabilities_pass(rollout))
+    graph, records = run_passes(source, chosen)
     ctx = PlanningContext(
         graph,
         model,

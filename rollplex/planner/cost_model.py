@@ -21,7 +21,9 @@ from rollplex.ops.formulas import Cost
 from rollplex.specs import HardwareSpec
 
 CALIBRATION_FORMAT = "rollplex-calibration/1"
-BANDWIDTH_KINDS = frozenset({"decode", "weight_sync", "expand_group", "optimizer_step"})
+BANDWIDTH_KINDS = frozenset(
+    {"decode", "generate", "weight_sync", "expand_group", "optimizer_step"}
+)
 
 
 @dataclass(slots=True, frozen=True)
@@ -32,6 +34,7 @@ class Efficiency:
 
 DEFAULT_EFFICIENCY: dict[str, Efficiency] = {
     "decode": Efficiency(compute=0.6, bandwidth=0.77),
+    "generate": Efficiency(compute=0.6, bandwidth=0.77),  # mostly decode
     "optimizer_step": Efficiency(compute=0.5, bandwidth=0.7),
     "expand_group": Efficiency(compute=0.5, bandwidth=0.6),
 }

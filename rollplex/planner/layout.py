@@ -74,7 +74,10 @@ class OpTimer:
     def _micro_batches(self, op: Op, ctx: CostContext, cost: Cost) -> int:
         """Forwards and backwards run in micro-batches of `micro_tokens` tokens per GPU (a
         chunked prefill in rollout), so their scratch is one micro-batch's."""
-        if op.kind in ("decode", "optimizer_step", "weight_sync") or self.micro_tokens <= 0:
+        if (
+            op.kind in ("decode", "generate", "optimizer_step", "weight_sync")
+            or self.micro_tokens <= 0
+        ):
             return 1
         tokens = cost.flops / max(1.0, self._flops_per_token(ctx))
         if op.kind == "backward":
@@ -83,7 +86,7 @@ class OpTimer:
 
     def _time(self, op: Op, ctx: CostContext, cost: Cost) -> Timing:
         hw, cm = self.hardware, self.cost_model
-        if op.kind == "decode":
+        if op.kind in ("decode", "generate"):  # generate: an engine's prefill + decode
             steps = decode_steps(self.graph, op, ctx)
             comm = (
                 F.tp_allreduce_bytes(
@@ -120,8 +123,9 @@ class OpTimer:
         w = self.graph.values[op.inputs["weights"]]
         per_gpu = w.nbytes / self.rollout.tp
         gbps = self.hardware.internode_gbps if cross_pool else self.rollout.link_gbps(self.hardware)
-        if not cross_pool:
+        if not cross_pool and op.attrs.get("mode", "alias") == "alias":
             per_gpu *= 1 - 1 / max(1, self.train.gpus)  # the local shard needs no copy
+        # mode "load": an engine holds its own copy, every byte is copied into it
         s = self.cost_model.transfer_s(per_gpu, gbps)
         return Timing(s, 0.0, 0.0, s, "copy")
 

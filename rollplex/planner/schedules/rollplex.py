@@ -57,7 +57,8 @@ def plan_rollplex(ctx: PlanningContext, evaluate: Callable[[Plan], float] | None
     n = ctx.hardware.num_gpus
     timer = ctx.timer(n, n)
     order = ordered(ctx, timer)
-    decode = next((op for op in order if op.kind == "decode"), None)
+    # the decode window: a decode, or an engine's whole rollout (planner/capabilities.py)
+    decode = next((op for op in order if op.kind in ("decode", "generate")), None)
     score = evaluate or (lambda p: replay(p, ctx.interference))
     base = _build(ctx, timer, order, decode, {})
     best_time = score(base)
@@ -142,6 +143,8 @@ def _descendants(ctx: PlanningContext, op: Op) -> set[str]:
 
 def _modes(ctx: PlanningContext, op: Op, decode: Op) -> tuple[CoRun, ...]:
     modes = MODES[ctx.schedule.overlap]
+    if not decode.meta.get("piggyback_rows", True):  # the rollout role cannot host rows
+        modes = tuple(m for m in modes if m is not CoRun.PIGGYBACK)
     same_weights = set(ctx.graph.weights_read(op).values()) <= set(
         ctx.graph.weights_read(decode).values()
     )

@@ -1,0 +1,91 @@
+"""Plan only what the chosen roles can do: a graph pass driven by the rollout's capabilities.
+
+It runs on the algorithm's graph before the deduplicating passes (`plan_step(...,
+rollout=caps)`), and it is all the planner needs to know about roles:
+- `fused_prefix` (an engine such as vLLM that encodes, prefills and prefix-caches inside
+  its own steps): the rollout's vision_encode -> prefix_prefill -> decode chain becomes
+  one `generate` op over pixels + text. There is no separate rollout prefix work to place,
+  and no rollout features or KV for the reference or trainer to reuse: they encode their
+  own, and that prefix work can still overlap the engine's decode window on another
+  stream (schedules/rollplex.py keeps them as candidates);
+- `piggyback_rows` false: the decode window op gets `meta["piggyback_rows"] = False`, and
+  the rollplex schedule then offers no piggyback placement on it;
+- `in_place_weight_load` without an alias (an engine holding its own copy): `weight_sync`
+  becomes mode "load", priced as a full copy into the engine rather than a free alias.
+A torch rollout (prefix KV exported, rows piggybacked, weights aliased) leaves the graph as
+it is, apart from the meta flag.
+"""
+
+from __future__ import annotations
+
+from rollplex.backends.capabilities import RoleCapabilities
+from rollplex.graph.ir import Graph, Op, Phase
+
+
+def apply_rollout_capabilities(graph: Graph, caps: RoleCapabilities) -> tuple[Graph, bool]:
+    """`graph` rewritten for a rollout role with `caps` (a new graph); (graph, changed)."""
+    ops: list[Op] = []
+    changed = False
+    fused: dict[str, Op] = {}  # decode name -> its generate op
+    dropped: set[str] = set()
+    if caps.fused_prefix:
+        for op in graph:
+            if op.kind == "decode" and op.phase is Phase.ROLLOUT:
+                gen, gone = _fuse(graph, op)
+                fused[op.name], dropped = gen, dropped | gone
+    for op in graph:
+        if op.name in dropped:
+            changed = True
+            continue
+        new = fused.get(op.name, op).clone()
+        window = new.kind in ("decode", "generate")
+        if window and new.meta.get("piggyback_rows") != caps.piggyback_rows:
+            new.meta["piggyback_rows"] = caps.piggyback_rows
+            changed = True
+        if new.kind == "weight_sync" and caps.fused_prefix and new.attrs.get("mode") == "alias":
+            new.attrs["mode"] = "load"
+            changed = True
+        changed |= new.name in fused
+        ops.append(new)
+    live = {v for op in ops for v in (*op.inputs.values(), *op.outputs.values())}
+    values = [v for v in graph.values.values() if v.name in live]
+    return Graph(values, ops), changed
+
+
+def _fuse(graph: Graph, decode: Op) -> tuple[Op, set[str]]:
+    """The `generate` op standing for `decode` and the prefix ops it absorbs (those whose
+    outputs nothing else reads)."""
+    prefill = graph.producer(decode.inputs["kv"])
+    vision = graph.producer(prefill.inputs["features"]) if prefill is not None else None
+    if prefill is None or prefill.kind != "prefix_prefill" or vision is None:
+        raise ValueError(
+            f"'{decode.name}': a fused-prefix rollout needs vision_encode -> prefix_prefill "
+            "-> decode in the rollout phase"
+        )
+    gone = {prefill.name}
+    if all(c.name == prefill.name for c in graph.consumers(vision.outputs["features"])):
+        gone.add(vision.name)
+    gen = Op(
+        decode.name,  # the same name: plans, traces and tests keep finding the rollout
+        "generate",
+        Phase.ROLLOUT,
+        {
+            "pixels": vision.inputs["pixels"],
+            "text": prefill.inputs["text"],
+            "weights": decode.inputs["weights"],
+            "vision_weights": vision.inputs["weights"],
+        },
+        dict(decode.outputs),
+        dict(decode.attrs),
+        {**decode.meta, "fused": [vision.name, prefill.name, decode.name]},
+    )
+    return gen, gone
+
+
+def role_capabilities_pass(caps: RoleCapabilities):
+    """`apply_rollout_capabilities` for `caps` as a named graph pass."""
+
+    def role_capabilities(graph: Graph) -> tuple[Graph, bool]:
+        return apply_rollout_capabilities(graph, caps)
+
+    return role_capabilities
