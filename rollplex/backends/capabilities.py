@@ -24,3 +24,7 @@ class RoleCapabilities:
     # the engine does prefix caching and vision encoding itself: prefix_prefill and
     # vision_encode are bookkeeping, their real work happens inside decode
     fused_prefix: bool = False
+    # its decode's per-token logprobs are log softmax(logits / T), the distribution the
+    # trainer scores (backends/torch/logprob.py token_logprobs); otherwise the runtime does
+    # not use them as old logprobs (runtime/dispatch.py)
+    scaled_logprobs: bool = False

@@ -1,8 +1,12 @@
 """`rollplex train`: GRPO on the synthetic visual task, every step run through one plan.
 
-The plan is made once with `plan_step` for the configured schedule and applied by the
-executor at every step; serial and rollplex plans train the very same parameters. The run
-folder gets:
+The roles come from `backend.*` (conf/backend): `backend.rollout=vllm` rolls out on an
+in-process vLLM engine beside the torch reference and trainer. The plan is made once with
+`plan_step` for the configured schedule and the chosen rollout's capabilities, and applied
+by the executor at every step; serial and rollplex plans train the very same parameters.
+After every optimizer step the plan's `weight_sync` hands the trainer's weights to the
+rollout (an alias for torch, an in-place load for vLLM); its measured time is in
+calibration.json like every other op's. The run folder gets:
 - `tb/`: TensorBoard scalars (reward, KL, loss, step time, resident bytes) and the planned
   and measured timelines side by side (workers `planned0` and `measured0`, the last
   `train.trace_steps` steps), with the planned-vs-measured table as text;
@@ -45,9 +49,9 @@ CSV_FIELDS = (
 def check_spec(spec: RunSpec) -> None:
     """What the torch backend and the synthetic task can run; raises ValueError."""
     t, w = spec.train, spec.workload
-    from rollplex.backends import backend_class
+    from rollplex.runtime.compose import check_roles
 
-    backend_class(t.backend)  # BackendUnavailable (a ValueError) says why not
+    check_roles(spec.backend)  # BackendUnavailable (a ValueError) says what to install
     if spec.algo.name == "ppo" and t.resume:
         raise ValueError(
             "train.resume with algo=ppo: checkpoints hold the policy, not the critic, so a "
@@ -83,17 +87,20 @@ def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
 
 
 def _train(spec: RunSpec, out: Path, ckpt) -> dict[str, Any]:
-    from rollplex.backends import backend_class
-    from rollplex.backends.torch.backend import TorchConfig
     from rollplex.backends.torch.data import TaskData
     from rollplex.jobs.plan import plan_to_dict
     from rollplex.planner.api import plan_step
     from rollplex.runtime import Executor, Progress
     from rollplex.runtime.checkpoint import restore, save_checkpoint
+    from rollplex.runtime.compose import compose, rollout_capabilities
+    from rollplex.runtime.dispatch import StepConfig
     from rollplex.trace import open_writer
 
-    t = spec.train
-    result = plan_step(spec.model, spec.workload, spec.algo, spec.hardware, spec.schedule)
+    t, w = spec.train, spec.workload
+    caps = rollout_capabilities(spec.backend)
+    result = plan_step(
+        spec.model, spec.workload, spec.algo, spec.hardware, spec.schedule, rollout=caps
+    )
     plan, graph = result.plan, result.graph
     (out / "plan.json").write_text(json.dumps(plan_to_dict(plan), indent=1))
     log.info(
@@ -105,8 +112,11 @@ def _train(spec: RunSpec, out: Path, ckpt) -> dict[str, Any]:
         sum(len(d.streams) for d in plan.devices),
         "; ".join(plan.notes) or "no overlap",
     )
-    backend = backend_class(t.backend)(
-        TorchConfig(spec.model, spec.algo, spec.seed, t.max_new_tokens, t.reward, t.device)
+    backend = compose(
+        StepConfig(spec.model, spec.algo, spec.seed, t.max_new_tokens, t.reward, t.device),
+        spec.backend,
+        workdir=out,
+        max_pixels=w.height * w.width,  # the processor TaskData renders prompts with
     )
     start = 0
     if ckpt is not None:
@@ -136,6 +146,9 @@ def _train(spec: RunSpec, out: Path, ckpt) -> dict[str, Any]:
                 log.info("checkpoint %s (reward %.3f)", last_ckpt, res.metrics.get("reward", 0))
     finally:
         progress.close()
+        shutdown = getattr(backend.rollout, "shutdown", None)
+        if callable(shutdown):  # an engine: free it, another may start in this process
+            shutdown()
     _write_csv(out / "metrics.csv", rows)
     if recent:
         _export(out, tb, writer, spec, plan, graph, list(recent))

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from rollplex.specs.algo import AlgoSpec
+from rollplex.specs.backend import BackendSpec
 from rollplex.specs.base import Spec
 from rollplex.specs.data import DataSpec
 from rollplex.specs.hardware import HardwareSpec
@@ -38,11 +39,6 @@ class TrainSpec(Spec):
         ge=1,
         description="Generation cap of the tiny task (at most "
         "workload.response_length.max, which the plan is sized for).",
-    )
-    backend: str = Field(
-        "torch",
-        description="Backend that runs the plan (rollplex.backends.REGISTRY). Only 'torch' "
-        "is built; 'vllm' and 'fsdp' are registered and refuse with the reason.",
     )
     device: str = Field("cpu", description="torch device: cpu or cuda.")
     deterministic: bool = Field(True, description="torch deterministic algorithms.")
@@ -89,5 +85,8 @@ class RunSpec(Spec):
     data: DataSpec = Field(default_factory=DataSpec, description="Prompts (conf/data).")
     reward: RewardSpec = Field(
         default_factory=RewardSpec, description="Reward components (conf/reward)."
+    )
+    backend: BackendSpec = Field(
+        default_factory=BackendSpec, description="Role implementations (conf/backend)."
     )
     train: TrainSpec = Field(default_factory=TrainSpec, description="The train job.")

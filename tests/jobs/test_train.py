@@ -3,6 +3,7 @@ same parameters, and clean errors for checkpoints that cannot be resumed."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -139,11 +140,26 @@ def _other_model_checkpoint(folder: Path) -> Path:
     return save_checkpoint(folder, 1, trainer, other, seed=0)
 
 
-def test_an_unbuilt_backend_is_refused_before_any_work(tmp_path):
-    p = train(tmp_path / "out", "train.backend=vllm")
+def test_an_unbuilt_role_is_refused_before_any_work(tmp_path):
+    p = train(tmp_path / "out", "backend.trainer=fsdp")
     assert p.returncode == 2 and "Traceback" not in p.stderr
-    assert "backend 'vllm' is unavailable" in p.stderr and "not implemented yet" in p.stderr
+    assert "backend.trainer=fsdp is unavailable" in p.stderr and "not built yet" in p.stderr
     assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is not None, reason="vLLM is installed in this venv"
+)
+def test_vllm_rollout_without_vllm_names_what_to_install(tmp_path):
+    p = train(tmp_path / "out", "backend.rollout=vllm")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "backend.rollout=vllm" in p.stderr and "pip install vllm" in p.stderr
+    assert not (tmp_path / "out" / "plan.json").exists()  # nothing planned, nothing loaded
+
+
+def test_the_old_train_backend_key_is_gone(tmp_path):
+    p = train(tmp_path / "out", "+train.backend=torch")
+    assert p.returncode == 2 and "backend" in p.stderr
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from rollplex.backends.torch.backend import TorchBackend, TorchConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.planner.api import PlanResult, plan_step
 from rollplex.runtime import Callback, Executor, StepResult
+from rollplex.runtime.compose import compose
+from rollplex.runtime.dispatch import RoleDispatch, StepConfig
 from rollplex.specs import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,
@@ -38,7 +39,7 @@ def _deterministic():
 @dataclass
 class Run:
     planned: PlanResult
-    backend: TorchBackend
+    backend: RoleDispatch
     executor: Executor
     results: list[StepResult]
 
@@ -55,7 +56,7 @@ def run_schedule(
     device: str = "cpu",
 ) -> Run:
     planned = plan_step(MODEL, WORKLOAD, ALGO, hardware, schedule)
-    backend = TorchBackend(TorchConfig(MODEL, ALGO, seed=seed, max_new_tokens=4, device=device))
+    backend = compose(StepConfig(MODEL, ALGO, seed=seed, max_new_tokens=4, device=device))
     executor = Executor(planned.plan, planned.graph, backend, callbacks or [], device=device)
     data = TaskData(MODEL, WORKLOAD, seed=seed)
     results = [executor.run_step(k, data.step(k)) for k in range(steps)]
@@ -74,5 +75,5 @@ def cached_run(schedule: ScheduleSpec, hardware: HardwareSpec = CPU) -> Run:
 
 
 def initial_params(seed: int = 0) -> dict[str, torch.Tensor]:
-    backend = TorchBackend(TorchConfig(MODEL, ALGO, seed=seed, max_new_tokens=4))
+    backend = compose(StepConfig(MODEL, ALGO, seed=seed, max_new_tokens=4))
     return {n: p.detach().clone() for n, p in backend.trainer.model.named_parameters()}

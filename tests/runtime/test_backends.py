@@ -1,70 +1,88 @@
-"""The backend registry: lazy, and honest about what is not there."""
+"""The role registry: each role chosen on its own, lazy, and honest about what is not there."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
 import pytest
+from pydantic import ValidationError
 
-from rollplex.backends import REGISTRY, BackendUnavailable, available_backends, backend_class
-from rollplex.backends.base import Backend, Lifecycle, RolloutRole, Trainer
+from rollplex.backends import ROLES, BackendUnavailable, available_roles, role_entry
+from rollplex.backends.base import RolloutRole, Trainer
+from rollplex.backends.capabilities import RoleCapabilities
+from rollplex.runtime.compose import check_roles, rollout_capabilities
+from rollplex.specs.backend import BackendSpec
 
 
-def test_torch_is_real_and_declares_its_kinds_and_lifecycle():
-    cls = backend_class("torch")
-    assert issubclass(cls, Backend) and cls.name == "torch"
-    kinds = cls.op_kinds()
-    grpo = {
-        "vision_encode",
-        "prefix_prefill",
-        "decode",
-        "reward",
-        "advantage",
-        "logprob_prefix",
-        "logprob_response",
-        "logprob",
-        "expand_group",
-        "policy_loss",
-        "backward",
-        "optimizer_step",
-        "weight_sync",
+def test_torch_roles_are_real_and_declare_capabilities():
+    for role in ("rollout", "reference", "trainer"):
+        assert "torch" in available_roles(role)
+        caps = role_entry(role, "torch").role_class().capabilities
+        assert isinstance(caps, RoleCapabilities)
+    roll = rollout_capabilities(BackendSpec())
+    assert roll.piggyback_rows and roll.prefix_kv_export and not roll.fused_prefix
+    assert roll.scaled_logprobs  # its decode logprobs serve as old logprobs
+
+
+def test_capabilities_are_small_frozen_values():
+    caps = RoleCapabilities()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        caps.piggyback_rows = True  # type: ignore[misc]
+    assert {f.name for f in dataclasses.fields(caps)} >= {
+        "segmented_decode",
+        "prefix_kv_export",
+        "piggyback_rows",
+        "sleep_levels",
+        "in_place_weight_load",
+        "weights_sources",
     }
-    assert grpo | {"value_loss"} <= kinds  # PPO's critic runs too (critic.py)
-    assert set(cls.lifecycle) == {"rollout", "reference", "trainer"}
-    assert all(isinstance(v, Lifecycle) for v in cls.lifecycle.values())
-    assert "torch" in available_backends()
 
 
-@pytest.mark.parametrize("name", ["vllm", "fsdp"])
-def test_unbuilt_backends_say_why(name):
-    with pytest.raises(BackendUnavailable, match=r"not implemented yet") as err:
-        backend_class(name)
-    assert name in str(err.value) and "use backend 'torch'" in str(err.value)
-    assert name not in available_backends()
+def test_the_vllm_rollout_declares_what_it_cannot_host():
+    caps = ROLES["rollout"]["vllm"]
+    try:
+        cls = caps.role_class()
+    except BackendUnavailable as e:
+        assert "pip install vllm" in str(e)  # names what to install
+        return
+    c = cls.capabilities
+    assert c.fused_prefix and not c.piggyback_rows and not c.prefix_kv_export
+    assert c.in_place_weight_load and not c.scaled_logprobs
 
 
-def test_unknown_and_missing_packages(monkeypatch):
-    with pytest.raises(BackendUnavailable, match="unknown backend 'tpu'"):
-        backend_class("tpu")
-    entry = REGISTRY["torch"]
+def test_the_fsdp_slot_says_why():
+    with pytest.raises(BackendUnavailable, match=r"backend.trainer=fsdp is unavailable"):
+        check_roles(BackendSpec(trainer="fsdp"))
+    assert "fsdp" not in available_roles("trainer")
+
+
+def test_unknown_names_fail_in_the_spec():
+    with pytest.raises(ValidationError, match=r"backend.rollout='sglang' is unknown"):
+        BackendSpec(rollout="sglang")
+    with pytest.raises(ValidationError, match=r"extra"):
+        BackendSpec(backend="torch")  # type: ignore[call-arg]
+
+
+def test_missing_packages_name_what_to_install(monkeypatch):
+    entry = ROLES["rollout"]["torch"]
     monkeypatch.setitem(
-        REGISTRY, "torch", type(entry)("torch", entry.module, entry.cls, ("no_such_package_xyz",))
+        ROLES["rollout"], "torch", dataclasses.replace(entry, requires=("no_such_package_xyz",))
     )
-    with pytest.raises(BackendUnavailable, match="needs no_such_package_xyz"):
-        backend_class("torch")
+    with pytest.raises(BackendUnavailable, match="needs no_such_package_xyz.*pip install"):
+        check_roles(BackendSpec())
 
 
-def test_importing_the_registry_imports_no_backend():
+def test_importing_the_registry_imports_no_role():
     code = (
-        "import sys, rollplex.backends; "
-        "print(any(m in sys.modules for m in ('transformers', 'rollplex.backends.torch')))"
+        "import sys, rollplex.backends, rollplex.specs.backend; "
+        "print(any(m in sys.modules for m in ('transformers', 'vllm', 'rollplex.backends.torch')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 def test_roles_take_weights_from_the_trainer_or_a_folder():
-    # The hook later backends (vLLM rollout, FSDP trainer) build on.
     assert "load_weights" in RolloutRole.__abstractmethods__
     assert {"live_weights", "state_dict", "save_weights"} <= Trainer.__abstractmethods__

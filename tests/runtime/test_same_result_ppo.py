@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollplex.backends.torch.backend import TorchBackend, TorchConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.planner.api import plan_step
 from rollplex.runtime import Executor
+from rollplex.runtime.compose import compose
+from rollplex.runtime.dispatch import RoleDispatch, StepConfig
 from rollplex.specs import AlgoSpec, ScheduleSpec
 from tests.runtime.conftest import CPU, MODEL, WORKLOAD
 
@@ -25,7 +26,7 @@ _CHUNKED = ScheduleSpec(name="rollplex", overlap="streams", chunk_tokens=40)
 def _run(schedule: ScheduleSpec, steps: int = 3):
     if schedule not in _RUNS:
         planned = plan_step(MODEL, WORKLOAD, PPO, CPU, schedule)
-        backend = TorchBackend(TorchConfig(MODEL, PPO, seed=0, max_new_tokens=4))
+        backend = compose(StepConfig(MODEL, PPO, seed=0, max_new_tokens=4))
         executor = Executor(planned.plan, planned.graph, backend, [])
         start = _params(backend)
         data = TaskData(MODEL, WORKLOAD, seed=0)
@@ -34,7 +35,7 @@ def _run(schedule: ScheduleSpec, steps: int = 3):
     return _RUNS[schedule]
 
 
-def _params(backend: TorchBackend) -> dict[str, torch.Tensor]:
+def _params(backend: RoleDispatch) -> dict[str, torch.Tensor]:
     out = {f"policy.{n}": p.detach().clone() for n, p in backend.trainer.model.named_parameters()}
     assert backend.critic is not None
     for n, p in backend.critic.model.named_parameters():
@@ -100,7 +101,7 @@ def test_ppo_kl_in_reward_moves_the_kl_into_gae():
     (loss_op,) = [op for op in g if op.kind == "policy_loss"]
     assert {"old_logprobs", "ref_logprobs"} <= set(gae_op.inputs)
     assert "ref_logprobs" not in loss_op.inputs and loss_op.attrs["kl_coef"] == 0
-    backend = TorchBackend(TorchConfig(MODEL, algo, seed=0, max_new_tokens=4))
+    backend = compose(StepConfig(MODEL, algo, seed=0, max_new_tokens=4))
     executor = Executor(planned.plan, g, backend, [])
     data = TaskData(MODEL, WORKLOAD, seed=0)
     with_kl = [executor.run_step(k, data.step(k)).metrics for k in range(2)]

@@ -57,11 +57,12 @@ def test_row_ranges_cover_every_row_once():
 
 
 def test_chunked_prefill_is_bit_identical(setup):
-    from rollplex.backends.torch.backend import TorchBackend, TorchConfig
+    from rollplex.runtime.compose import compose
+    from rollplex.runtime.dispatch import StepConfig
     from tests.runtime.conftest import ALGO
 
     _, batch, feats, _ = setup
-    backend = TorchBackend(TorchConfig(MODEL, ALGO, seed=0, max_new_tokens=4))
+    backend = compose(StepConfig(MODEL, ALGO, seed=0, max_new_tokens=4))
     handle = backend.trainer.handle()
     op = Op(
         "rollout.prefix_prefill",

@@ -8,12 +8,13 @@ import copy
 import pytest
 
 from rollplex.backends.base import BackendError
-from rollplex.backends.torch.backend import TorchBackend, TorchConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.graph.ir import Op, Phase, Value, ValueKind
 from rollplex.planner.api import plan_step
 from rollplex.planner.plan import Step
 from rollplex.runtime import Executor
+from rollplex.runtime.compose import compose
+from rollplex.runtime.dispatch import StepConfig
 from rollplex.specs import ScheduleSpec
 from tests.runtime.conftest import ALGO, CPU, MODEL, WORKLOAD, cached_run
 
@@ -29,7 +30,7 @@ def test_piggybacked_prefix_reads_the_decode_weights():
 
 
 def _executor(plan, graph):
-    backend = TorchBackend(TorchConfig(MODEL, ALGO, seed=0, max_new_tokens=4))
+    backend = compose(StepConfig(MODEL, ALGO, seed=0, max_new_tokens=4))
     return Executor(plan, graph, backend), TaskData(MODEL, WORKLOAD, seed=0)
 
 

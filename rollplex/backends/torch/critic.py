@@ -36,6 +36,7 @@ from rollplex.backends.torch.roles import (
     masked_logprobs,
     weights_params,
 )
+from rollplex.backends.torch.rows import merge_chunks
 from rollplex.backends.torch.values import (
     Features,
     GradsHandle,
@@ -174,6 +175,9 @@ class CriticRole:
     @property
     def model(self) -> Model:
         return self.critic.model
+
+    def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        return merge_chunks(parts, self.model.lm_head)
 
     def _out(self, value: Any, saved: SavedActivations) -> Any:
         return (value, saved) if self.train else value

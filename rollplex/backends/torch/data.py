@@ -11,7 +11,6 @@ from collections.abc import Sequence
 
 import torch
 
-from rollplex.backends.torch.backend import StepInputs
 from rollplex.backends.torch.task import KINDS, VisualTask
 from rollplex.backends.torch.tokenizer import (
     build_image_processor,
@@ -19,7 +18,9 @@ from rollplex.backends.torch.tokenizer import (
     encode_prompt,
     token_id,
 )
+from rollplex.backends.vllm.prompts import Media
 from rollplex.data.prompts import collate_prompts
+from rollplex.runtime.dispatch import StepInputs
 from rollplex.specs import ModelSpec, WorkloadSpec
 
 
@@ -43,4 +44,6 @@ class TaskData:
         enc = [encode_prompt(self.tokenizer, self.processor, s.image, s.question) for s in samples]
         answers = torch.tensor([token_id(self.tokenizer, s.answer) for s in samples])
         batch = collate_prompts(enc, pad_id=self.model.special_tokens.pad_token_id)
-        return StepInputs(batch, answers)
+        # the same images, raw, for an engine rollout that runs its own processor (vLLM)
+        media = Media(tuple((s.image.convert("RGB"),) for s in samples))
+        return StepInputs(batch, answers, media)

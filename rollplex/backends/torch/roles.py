@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -28,11 +28,13 @@ from rollplex.backends.base import (
     WeightsSource,
     version_name,
 )
+from rollplex.backends.capabilities import RoleCapabilities
 from rollplex.backends.torch.decode import DecodeSession as TorchDecodeSession
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs, response_mask
 from rollplex.backends.torch.model import load_model
 from rollplex.backends.torch.prefix import Model, PrefixState, expand_prefix, prefix_forward
 from rollplex.backends.torch.prefix import vision_encode as encode
+from rollplex.backends.torch.rows import merge_chunks
 from rollplex.backends.torch.values import (
     Features,
     Pixels,
@@ -123,6 +125,14 @@ class TorchRollout(RolloutRole):
     """Rolls out with whatever weights it was last given: the trainer's module itself
     (colocated alias: no copy, and every in-place update shows at once) or a model folder."""
 
+    capabilities: ClassVar[RoleCapabilities] = RoleCapabilities(
+        segmented_decode=True,
+        prefix_kv_export=True,  # its PrefixState is a plain value other ops can read
+        piggyback_rows=True,  # same-weights prefix rows can run between its decode steps
+        in_place_weight_load=True,  # LiveWeights: an alias, nothing copied
+        scaled_logprobs=True,  # decode.py scores the sampled token under logits / T
+    )
+
     def __init__(self, spec: ModelSpec, device: torch.device) -> None:
         self.spec, self.device = spec, device
         self.model: Model | None = None
@@ -142,8 +152,8 @@ class TorchRollout(RolloutRole):
     def weights_version(self) -> str:
         return self._version
 
-    def head(self) -> torch.nn.Module:
-        return self._model().lm_head
+    def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        return merge_chunks(parts, self._model().lm_head)
 
     def _model(self) -> Model:
         if self.model is None:
@@ -182,8 +192,13 @@ class TorchRollout(RolloutRole):
 class TorchReference(ReferenceScorer):
     """Scores with a frozen model; logprobs at the rollout's `temperature` (see logprob.py)."""
 
+    capabilities: ClassVar[RoleCapabilities] = RoleCapabilities(prefix_kv_export=True)
+
     def __init__(self, model: Model, temperature: float = 1.0) -> None:
         self.model, self.temperature = model, temperature
+
+    def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        return merge_chunks(parts, self.model.lm_head)
 
     def vision_encode(self, pixels: Pixels) -> Features:
         with torch.no_grad():

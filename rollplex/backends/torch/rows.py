@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rollplex.backends.base import BackendError
+from rollplex.backends.base import BackendError, ValueOps
 from rollplex.backends.torch.prefix import PrefixState, cache_kv, fork_cache
 from rollplex.backends.torch.values import Features, Pixels, SavedActivations
 from rollplex.data.prompts import PromptBatch
@@ -141,3 +141,21 @@ def move_value(value: Any, device: torch.device) -> Any:
 
 
 _PREFIX_FIELDS = ("last_logits", "attention_mask", "next_positions", "rope_deltas", "lengths")
+
+
+class TorchValues(ValueOps):
+    """The runtime's handle on the torch value types (values.py, PromptBatch, PrefixState)."""
+
+    def rows(self, inputs: dict[str, Any]) -> int:
+        return row_count(inputs)
+
+    def select(self, value: Any, lo: int, hi: int) -> Any:
+        return select_rows(value, lo, hi)
+
+    def repeat(self, value: Any, group_size: int) -> Any:
+        return repeat_rows(value, group_size)
+
+    def move(self, value: Any, device: Any) -> Any:
+        if value is None:  # an output the role did not produce (e.g. engine logprobs)
+            return None
+        return move_value(value, torch.device(device))

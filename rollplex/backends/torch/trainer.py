@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from rollplex.backends.base import BackendError, LiveWeights, Trainer
+from rollplex.backends.capabilities import RoleCapabilities
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs
 from rollplex.backends.torch.loss import policy_loss
 from rollplex.backends.torch.model import load_model, save_model
@@ -21,6 +22,7 @@ from rollplex.backends.torch.roles import (
     masked_logprobs,
     weights_params,
 )
+from rollplex.backends.torch.rows import merge_chunks
 from rollplex.backends.torch.values import (
     Features,
     GradsHandle,
@@ -39,6 +41,8 @@ from rollplex.specs import AlgoSpec, ModelSpec
 class TorchTrainer(Trainer):
     """AdamW on the graph's trained parameters, clipped to `algo.max_grad_norm`."""
 
+    capabilities: ClassVar[RoleCapabilities] = RoleCapabilities(prefix_kv_export=True)
+
     def __init__(self, model: Model, spec: ModelSpec, algo: AlgoSpec, version: int = 0) -> None:
         self.model, self.spec, self.algo = model, spec, algo
         freeze_for_graph(model, spec)
@@ -56,6 +60,9 @@ class TorchTrainer(Trainer):
             self.counter.n,
             self.counter,
         )
+
+    def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        return merge_chunks(parts, self.model.lm_head)
 
     def live_weights(self) -> LiveWeights:
         return LiveWeights(self.handle(), "policy", self.counter.n)

@@ -23,7 +23,7 @@ import torch
 from safetensors import safe_open
 
 from rollplex.backends.base import BackendError, CheckpointWeights, LiveWeights, WeightsSource
-from rollplex.backends.torch.model import _to_hub_name
+from rollplex.models.files import to_hub_name as _to_hub_name
 
 NamedTensors = Iterator[tuple[str, torch.Tensor]]
 

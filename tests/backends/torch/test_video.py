@@ -204,9 +204,10 @@ def test_greedy_decode_matches_transformers(model, renderer, spec, kind):
 def test_grpo_steps_train_on_video_alike_under_every_schedule(spec, renderer):
     """Two GRPO steps on video prompts through plans and the executor: serial (verl-style
     recompute) and rollplex (shared prefix, overlap) end with the same parameters."""
-    from rollplex.backends.torch.backend import StepInputs, TorchBackend, TorchConfig
     from rollplex.planner.api import plan_step
     from rollplex.runtime import Executor
+    from rollplex.runtime.compose import compose
+    from rollplex.runtime.dispatch import StepConfig, StepInputs
     from rollplex.specs import HARDWARE_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
 
     workload = WORKLOAD_PRESETS["tiny"].model_copy(update={"frames": 4, "prompts_per_step": 2})
@@ -229,7 +230,7 @@ def test_grpo_steps_train_on_video_alike_under_every_schedule(spec, renderer):
         planned = plan_step(spec, workload, algo, HARDWARE_PRESETS["cpu"], schedule)
         if key == "chunked":
             assert any(s.chunks > 1 for s in planned.plan.devices[0].steps)
-        backend = TorchBackend(TorchConfig(spec, algo, seed=0, max_new_tokens=3))
+        backend = compose(StepConfig(spec, algo, seed=0, max_new_tokens=3))
         # A stand-in verifiable reward that a random policy earns half the time, so the
         # step has a learning signal (the task's answer rarely comes up at random).
         backend._reward = lambda responses, _answers, _g: (responses.tokens[:, 0] % 2).float()

@@ -1,0 +1,339 @@
+"""RoleDispatch: the one place that runs a step graph's ops on whatever roles were chosen.
+
+Every mix of roles (torch or vLLM rollout, torch reference, torch or FSDP2 trainer) goes
+through here; backends provide roles and their value types only. Per op:
+- routing: by the op's phase and kind. Rollout ops go to the rollout role, reference ops
+  to the reference scorer, training and update ops to the trainer; ops that read the
+  critic's weights (PPO) go to the critic. `weight_sync` hands the trainer's live
+  weights to the rollout (an alias for a colocated torch rollout, an in-place load for an
+  engine); `generate` is the whole rollout in one engine op (planned for a rollout whose
+  capabilities say `fused_prefix`, see planner/capabilities.py);
+- row chunks: a prefix op's chunk i of n runs rows `row_ranges(rows, n)[i]` with the LM
+  head deferred, and the last chunk merges all parts through the role's `merge_rows`.
+  A row chunk runs matrix products with fewer rows, which may round differently from the
+  whole batch, so chunked prefix results equal the unchunked ones to float rounding;
+- decode segments: segment k of n advances one `DecodeSession` by its share of
+  `max_new_tokens` steps, with the step's one generator: bit-identical to one decode;
+- role-free ops (expand_group, reward, advantage, value_loss): role_free.py.
+
+Old logprobs: a rollout that returns none (vLLM without `return_logprobs`, or whose
+logprobs are not of the temperature-scaled distribution the trainer scores) leaves the
+decode's `logprobs` output None, and the policy loss then uses the trainer's own logprobs,
+detached: exactly on-policy for one update per batch (ratio 1, the PPO clip inactive).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from rollplex.backends.base import (
+    Backend,
+    BackendError,
+    Chunk,
+    OpResult,
+    ReferenceScorer,
+    RolloutRole,
+    Sampling,
+    Trainer,
+    ValueOps,
+)
+from rollplex.data.prompts import PromptBatch
+from rollplex.graph.ir import Graph, Op, Phase, version_model
+from rollplex.runtime.role_free import RoleFreeOps, task_reward
+from rollplex.specs import AlgoSpec, ModelSpec
+
+log = logging.getLogger(__name__)
+PREFIX_KINDS = frozenset({"vision_encode", "prefix_prefill", "logprob_prefix"})
+ROLE_FREE_KINDS = frozenset({"expand_group", "reward", "advantage", "value_loss"})
+ROLE_KINDS = {
+    Phase.ROLLOUT: RolloutRole.op_kinds,
+    Phase.REFERENCE: ReferenceScorer.op_kinds,
+    Phase.TRAIN: Trainer.op_kinds,
+    Phase.UPDATE: frozenset({"optimizer_step", "weight_sync"}),
+}
+
+
+@dataclass(slots=True, frozen=True)
+class StepConfig:
+    """What every role mix shares: the model, the algorithm and the rollout's sampling."""
+
+    model: ModelSpec
+    algo: AlgoSpec
+    seed: int
+    max_new_tokens: int
+    reward: str = "first_token"  # "first_token" | "answer_eos" (backends/torch/task.py)
+    device: str = "cpu"
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """One RL step's prompts: a collated batch (pixels included), the answer token ids, and
+    the raw media (images / frames) an engine rollout reads instead of pixel patches."""
+
+    batch: PromptBatch
+    answers: torch.Tensor  # [B] long
+    media: Any = None
+
+
+@dataclass(slots=True)
+class Roles:
+    """The chosen roles, the value types they share, and what supplies the step's inputs."""
+
+    rollout: RolloutRole
+    reference: ReferenceScorer | None
+    trainer: Trainer
+    values: ValueOps
+    externals: Any  # .bind(graph) -> name -> what; .supply(step inputs, roles) -> what -> value
+    critic_factory: Any = None  # () -> critic, built when a graph reads critic weights
+
+
+def decode_seed(seed: int, step: int) -> int:
+    """The decode generator's seed for RL step `step`: a function of (seed, step) only, so
+    a resumed run draws the same tokens as an uninterrupted one."""
+    digest = hashlib.sha256(f"rollplex-decode:{seed}:{step}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+class RoleDispatch(Backend):
+    name: ClassVar[str] = "roles"
+
+    def __init__(self, config: StepConfig, roles: Roles) -> None:
+        self.config, self.roles = config, roles
+        self.device = torch.device(config.device)
+        self.rollout, self.reference, self.trainer = roles.rollout, roles.reference, roles.trainer
+        self.values = roles.values
+        st, algo = config.model.special_tokens, config.algo
+        self.sampling = Sampling(
+            config.max_new_tokens, algo.temperature, algo.top_p, st.eos_token_id, st.pad_token_id
+        )
+        self.critic = None
+        self._critic_ops: frozenset[str] = frozenset()
+        self._externals: dict[str, str] = {}
+        self._generator: torch.Generator | None = None
+        self._inputs: StepInputs | None = None
+        self.metrics: dict[str, torch.Tensor] = {}
+        self.role_free = RoleFreeOps(self)
+        self.sync_seconds: list[float] = []
+
+    # -- binding ------------------------------------------------------------------------
+    def check_graph(self, graph: Graph) -> None:
+        """BackendError naming every op no chosen role (nor the runtime) runs."""
+        missing = [
+            f"{op.name} ({op.phase.value} {op.kind})"
+            for op in graph
+            if op.kind not in ROLE_FREE_KINDS and op.kind not in ROLE_KINDS.get(op.phase, ())
+        ]
+        if missing:
+            raise BackendError(f"no role runs: {', '.join(missing)}")
+        fused = self.rollout.capabilities.fused_prefix
+        split = [op.name for op in graph if op.kind == "prefix_prefill"]
+        if fused and split:
+            raise BackendError(
+                f"{type(self.rollout).__name__} prefills inside its engine, but the graph "
+                f"has {split}: plan it with the rollout's capabilities (planner/capabilities)"
+            )
+
+    def bind(self, graph: Graph) -> None:
+        self.check_graph(graph)
+        trained = {
+            version_model(graph.values[op.inputs["weights"]].version)
+            for op in graph
+            if op.kind == "optimizer_step"
+        }
+        if trained - {"policy", "critic"}:
+            raise BackendError(f"the roles train 'policy' and a 'critic', graph trains {trained}")
+        self._critic_ops = frozenset(
+            op.name
+            for op in graph
+            if "weights" in op.inputs
+            and version_model(graph.values[op.inputs["weights"]].version) == "critic"
+        )
+        if self._critic_ops and self.critic is None:
+            if self.roles.critic_factory is None:
+                raise BackendError(f"ops {sorted(self._critic_ops)} need a critic: none built")
+            self.critic = self.roles.critic_factory()
+        self._externals = self.roles.externals.bind(graph)
+
+    def begin_step(self, step: int, inputs: StepInputs) -> dict[str, Any]:
+        self.metrics = {}
+        self._inputs = inputs
+        self._generator = torch.Generator(self.device).manual_seed(
+            decode_seed(self.config.seed, step)
+        )
+        return self.roles.externals.supply(self._externals, inputs, self)
+
+    def end_step(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self.metrics.items()}
+
+    # -- ops ----------------------------------------------------------------------------
+    def run_op(
+        self, op: Op, inputs: dict[str, Any], chunk: Chunk, carry: dict[str, Any]
+    ) -> OpResult:
+        reads = {p: w.check(op.name) for p, w in inputs.items() if hasattr(w, "check")}
+        if op.kind in ("decode", "generate"):
+            return OpResult(self._decode(op, inputs, chunk, carry), reads)
+        if chunk.count > 1 and op.kind not in PREFIX_KINDS:
+            raise BackendError(f"'{op.name}' ({op.kind}) cannot run in chunks")
+        if op.kind in PREFIX_KINDS and chunk.count > 1:
+            lo, hi = _row_ranges(self.values.rows(inputs), chunk.count)[chunk.index]
+            x = {p: self.values.select(v, lo, hi) for p, v in inputs.items()}
+            carry.setdefault("parts", []).append(self._prefix(op, x, head=False))
+            if not chunk.last:
+                return OpResult({}, reads)
+            return OpResult(self.role(op).merge_rows(carry.pop("parts")), reads)
+        if op.kind in PREFIX_KINDS:
+            return OpResult(self._prefix(op, inputs), reads)
+        if op.kind == "weight_sync":
+            return OpResult(self._weight_sync(op, inputs), reads)
+        if op.kind in ROLE_FREE_KINDS:
+            return OpResult(self.role_free.run(op, inputs), reads)
+        return OpResult(self._role_op(op, inputs), reads)
+
+    def role(self, op: Op) -> Any:
+        if op.name in self._critic_ops:
+            return self.critic.role(train=op.phase is Phase.TRAIN)
+        role = {
+            Phase.ROLLOUT: self.rollout,
+            Phase.REFERENCE: self.reference,
+            Phase.TRAIN: self.trainer,
+            Phase.UPDATE: self.trainer,
+        }.get(op.phase)
+        if role is None:
+            raise BackendError(f"'{op.name}' ({op.kind}) has no role in phase {op.phase.value}")
+        return role
+
+    def _prefix(self, op: Op, x: dict[str, Any], head: bool = True) -> dict[str, Any]:
+        """`head=False` (row chunks): leave the LM head to the merge of all chunks."""
+        role = self.role(op)
+        kw = {} if head else {"head": False}
+        if op.kind == "vision_encode":
+            return {"features": role.vision_encode(x["pixels"])}
+        if op.kind == "prefix_prefill":
+            self._check_rollout(op, x["weights"])
+            return {"kv": role.prefix_prefill(x["features"], x["text"], **kw)}
+        out = role.logprob_prefix(x["features"], x["text"], **kw)
+        if op.phase is Phase.TRAIN:
+            return {"kv": out[0], "saved": out[1]} if "saved" in op.outputs else {"kv": out[0]}
+        return {"kv": out}
+
+    def _check_rollout(self, op: Op, weights: Any) -> None:
+        if self.rollout.weights_version != weights.name:
+            raise BackendError(
+                f"'{op.name}' reads {weights.name} but the rollout holds "
+                f"{self.rollout.weights_version}: a weight_sync is missing"
+            )
+
+    def _decode(self, op: Op, x: dict[str, Any], chunk: Chunk, carry: dict[str, Any]):
+        self._check_rollout(op, x["weights"])
+        if chunk.index == 0:
+            prefix = x["kv"] if op.kind == "decode" else self._engine_prompts(op, x)
+            carry["session"] = self.rollout.start_decode(
+                prefix, op.attrs["group_size"], self.sampling, self._generator
+            )
+        session = carry.get("session")
+        if session is None:
+            raise BackendError(f"'{op.name}' segment {chunk.index} has no session")
+        r = self.sampling.max_new_tokens
+        share = r * (chunk.index + 1) // chunk.count - r * chunk.index // chunk.count
+        session.advance(None if chunk.last else share)
+        if not chunk.last:
+            return {}
+        responses, logprobs = carry.pop("session").result()
+        self.metrics["response_length"] = responses.lengths.float().mean()
+        if logprobs is not None and not self.rollout.capabilities.scaled_logprobs:
+            logprobs = None  # not of the distribution the trainer scores: not old logprobs
+        return {"responses": responses, "logprobs": logprobs}
+
+    def _engine_prompts(self, op: Op, x: dict[str, Any]) -> Any:
+        """`generate`: the engine takes the prompts' raw media and token ids and runs vision
+        and prefill itself (cached across the G samples and across steps)."""
+        media = self._inputs.media if self.rollout.capabilities.fused_prefix else x["pixels"]
+        if media is None:
+            raise BackendError(
+                f"'{op.name}': {type(self.rollout).__name__} reads the prompts' raw images, "
+                "but the step inputs carry no media (StepInputs.media)"
+            )
+        return self.rollout.prefix_prefill(self.rollout.vision_encode(media), x["text"])
+
+    def _weight_sync(self, op: Op, x: dict[str, Any]) -> dict[str, Any]:
+        """The trainer's weights into the rollout: an alias for a colocated torch rollout,
+        an in-place engine load (checkpoint tensor names, caches reset) for vLLM."""
+        mode = op.attrs.get("mode", "alias")
+        caps = self.rollout.capabilities
+        if mode == "alias" and caps.fused_prefix:
+            raise BackendError(
+                f"'{op.name}' syncs by alias, but {type(self.rollout).__name__} holds its own "
+                "copy: plan with the rollout's capabilities (weight_sync mode 'load')"
+            )
+        self.rollout.load_weights(self.trainer.live_weights())
+        return {"weights": x["weights"]}
+
+    def _role_op(self, op: Op, x: dict[str, Any]) -> dict[str, Any]:
+        k, a = op.kind, op.attrs
+        critic = op.name in self._critic_ops
+        if k == "policy_loss":
+            old = x["old_logprobs"]
+            if old is None:  # the rollout gave none (see the module docstring)
+                old = _detached(x["logprobs"])
+            loss = self.trainer.loss(
+                x["logprobs"], old, x["advantages"], x.get("ref_logprobs"), **a
+            )
+            self.metrics.update(loss.metrics)
+            return {"loss": loss}
+        if k == "backward":
+            owner = self.critic if critic else self.trainer
+            return {"grads": owner.backward(x["loss"])}
+        if k == "optimizer_step":
+            owner = self.critic if critic else self.trainer
+            owner.optimizer_step(x["grads"])
+            return {"weights": owner.handle(), "state": x["state"]}
+        role = self.role(op)
+        if k == "logprob_response":
+            out = role.logprob_response(x["kv"], x["responses"], a.get("group_size", 1))
+        elif k == "logprob":
+            out = role.logprob(x["features"], x["text"], x["responses"])
+        else:
+            raise BackendError(f"'{op.name}' ({k}) is not a kind the roles run")
+        if op.phase is Phase.TRAIN:
+            if "saved" in op.outputs:
+                return {"logprobs": out[0], "saved": out[1]}
+            return {"logprobs": out[0]}
+        return {"logprobs": out}
+
+    def _reward(self, responses: Any, answers: torch.Tensor, group_size: int) -> torch.Tensor:
+        eos = self.sampling.eos_id
+        out = task_reward(self.config.reward, responses, answers, group_size, eos)
+        self.metrics["reward"] = out.mean()
+        return out
+
+    # -- memory -------------------------------------------------------------------------
+    def move(self, value: Any, to_host: bool) -> Any:
+        return self.values.move(value, "cpu" if to_host else self.device)
+
+
+def _detached(logprobs: Any) -> Any:
+    out = type(logprobs)(logprobs.values.detach(), logprobs.mask)
+    return out
+
+
+def _row_ranges(rows: int, chunks: int) -> list[tuple[int, int]]:
+    """`chunks` contiguous, near-equal row ranges (sizes differ by at most one)."""
+    if not 1 <= chunks <= rows:
+        raise BackendError(f"cannot cut {rows} rows into {chunks} chunks")
+    return [(rows * i // chunks, rows * (i + 1) // chunks) for i in range(chunks)]
+
+
+__all__ = [
+    "PREFIX_KINDS",
+    "ROLE_FREE_KINDS",
+    "RoleDispatch",
+    "Roles",
+    "StepConfig",
+    "StepInputs",
+    "decode_seed",
+]

@@ -1,0 +1,68 @@
+"""The ops no role owns: rows repeated per sample, rewards, advantages, the critic's loss.
+
+They read values the roles produced (responses, logprobs, values) and are the same for
+every mix of roles, so they run here, once, rather than in each backend.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rollplex.backends.base import BackendError
+from rollplex.backends.torch.loss import ADVANTAGES, group_advantages
+from rollplex.backends.torch.task import first_token_reward, reward
+from rollplex.graph.ir import Op
+
+if TYPE_CHECKING:
+    from rollplex.runtime.dispatch import RoleDispatch
+
+
+class RoleFreeOps:
+    def __init__(self, dispatch: RoleDispatch) -> None:
+        self.d = dispatch
+
+    def run(self, op: Op, x: dict[str, Any]) -> dict[str, Any]:
+        d, k, a = self.d, op.kind, op.attrs
+        if k == "expand_group":
+            return {"y": d.values.repeat(x["x"], a["group_size"])}
+        if k == "reward":
+            return {"rewards": d._reward(x["responses"], x["answers"], a["group_size"])}
+        if (k == "value_loss" or a.get("estimator") == "gae") and d.critic is None:
+            raise BackendError(f"'{op.name}' ({k}) needs a critic: no op reads critic weights")
+        if k == "advantage" and a.get("estimator") == "gae":
+            kl = None
+            if "ref_logprobs" in x:
+                kl = (x["old_logprobs"], x["ref_logprobs"], a["kl_coef"])
+            adv, returns = d.critic.advantages(x["rewards"], x["values"], a["gamma"], a["lam"], kl)
+            return {"advantages": adv, "returns": returns}
+        if k == "value_loss":
+            loss = d.critic.loss(
+                x["values"], x["returns"], x.get("old_values"), a.get("clip_eps", 0.5)
+            )
+            d.metrics.update(loss.metrics)
+            return {"loss": loss}
+        if k == "advantage":
+            estimator = ADVANTAGES.get(a.get("estimator", "grpo"))
+            if estimator is None:
+                raise BackendError(
+                    f"'{op.name}': estimator {a['estimator']!r}; only {sorted(ADVANTAGES)} run"
+                )
+            if estimator is group_advantages:
+                norm = d.config.algo.norm_adv_by_std_in_grpo
+                return {"advantages": estimator(x["rewards"], a["group_size"], norm_by_std=norm)}
+            return {"advantages": estimator(x["rewards"], a["group_size"])}
+        raise BackendError(f"'{op.name}' ({k}) is not a role-free op")
+
+
+def task_reward(kind: str, responses: Any, answers: torch.Tensor, group_size: int, eos: int):
+    """The synthetic task's reward per sample (backends/torch/task.py): `first_token` or
+    `answer_eos`; float32 [S] on the responses' device."""
+    per_sample = answers.repeat_interleave(group_size).tolist()
+    rows = responses.tokens.tolist()
+    if kind == "first_token":
+        r = [first_token_reward(t, a) for t, a in zip(rows, per_sample, strict=True)]
+    else:
+        r = [reward(t, a, eos) for t, a in zip(rows, per_sample, strict=True)]
+    return torch.tensor(r, dtype=torch.float32, device=responses.tokens.device)

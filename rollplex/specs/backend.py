@@ -1,0 +1,56 @@
+"""BackendSpec: which implementation runs each role (`conf/backend/`).
+
+    rollplex train backend.rollout=vllm backend.vllm.dtype=float32
+
+A name must be registered for its role (rollplex.backends.ROLES); whether it can run here
+(its packages installed and importable) is checked by the job before any model loads.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from rollplex.specs.base import Spec
+from rollplex.specs.vllm import VllmSpec
+
+
+def _known(role: str, name: str) -> str:
+    from rollplex.backends import ROLES  # light: no role module is imported
+
+    if name not in ROLES[role]:
+        raise ValueError(f"backend.{role}={name!r} is unknown; known: {sorted(ROLES[role])}")
+    return name
+
+
+class BackendSpec(Spec):
+    """The role implementations of a run, chosen one by one."""
+
+    rollout: str = Field(
+        "torch",
+        description="Rollout role: 'torch' (transformers modules, aliasing the trainer's "
+        "weights) or 'vllm' (an in-process vLLM engine; weights loaded in place after every "
+        "update).",
+    )
+    reference: str = Field("torch", description="Reference scorer role: 'torch'.")
+    trainer: str = Field(
+        "torch", description="Trainer role: 'torch' ('fsdp' is registered, not built yet)."
+    )
+    vllm: VllmSpec = Field(
+        default_factory=VllmSpec,
+        description="Engine knobs of the vLLM rollout (read when rollout=vllm).",
+    )
+
+    @field_validator("rollout")
+    @classmethod
+    def _rollout(cls, v: str) -> str:
+        return _known("rollout", v)
+
+    @field_validator("reference")
+    @classmethod
+    def _reference(cls, v: str) -> str:
+        return _known("reference", v)
+
+    @field_validator("trainer")
+    @classmethod
+    def _trainer(cls, v: str) -> str:
+        return _known("trainer", v)
