@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rollplex.backends import role_entry
+from rollplex.backends.base import RolloutRole
 from rollplex.backends.capabilities import RoleCapabilities
 from rollplex.runtime.dispatch import RoleDispatch, Roles, StepConfig
 from rollplex.specs.backend import BackendSpec
@@ -35,11 +36,14 @@ def compose(
     config: StepConfig,
     spec: BackendSpec | None = None,
     workdir: Path | None = None,
+    rollout: RolloutRole | None = None,
     **rollout_kw: Any,
 ) -> RoleDispatch:
     """The roles `spec` names, built for `config`, behind one RoleDispatch. `workdir`: where
     an engine rollout may write the model folder it starts from (default: a temp dir);
-    `rollout_kw` go to the rollout's builder (vLLM: `max_pixels` of the prompt renderer)."""
+    `rollout_kw` go to the rollout's builder (vLLM: `max_pixels` of the prompt renderer).
+    `rollout`: a rollout role already built (a started engine, whose start-up is the
+    expensive part) to reuse; it is given the new trainer's weights."""
     spec = spec or BackendSpec()
     check_roles(spec)
     if spec.trainer != "torch" or spec.reference != "torch":
@@ -49,9 +53,12 @@ def compose(
 
     trainer = role_entry("trainer", spec.trainer).builder_fn()(config)
     reference = role_entry("reference", spec.reference).builder_fn()(config, trainer)
-    rollout = role_entry("rollout", spec.rollout).builder_fn()(
-        config, trainer, spec=spec, workdir=workdir, **rollout_kw
-    )
+    if rollout is None:
+        rollout = role_entry("rollout", spec.rollout).builder_fn()(
+            config, trainer, spec=spec, workdir=workdir, **rollout_kw
+        )
+    else:
+        rollout.load_weights(trainer.live_weights())
     roles = Roles(
         rollout,
         reference,

@@ -56,8 +56,9 @@ def engine_args(folder: Path, spec: VllmSpec, kv_cache_bytes: int | None) -> dic
         seed=spec.seed,
         enable_prefix_caching=spec.enable_prefix_caching,
         max_num_seqs=spec.max_num_seqs,
-        # raw: log softmax of the model's logits, before temperature / top-p, which is what
-        # the trainer computes (so the two can be compared or substituted)
+        # raw: log softmax of the model's logits, before temperature / top-p. The trainer
+        # scores logits / T, so at T != 1 these are not its old logprobs: the role declares
+        # scaled_logprobs=False and the runtime uses the trainer's own (runtime/dispatch.py)
         logprobs_mode="raw_logprobs",
     )
     if not on_cpu():
