@@ -1,0 +1,87 @@
+"""The planner plans only what the rollout role can do (planner/capabilities.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollplex.algos import build_step
+from rollplex.backends.capabilities import RoleCapabilities
+from rollplex.backends.torch.roles import TorchRollout
+from rollplex.graph.ir import Phase
+from rollplex.planner.api import plan_step
+from rollplex.planner.capabilities import apply_rollout_capabilities
+from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
+
+MODEL, WORKLOAD = MODEL_PRESETS["tiny"], WORKLOAD_PRESETS["tiny"]
+CPU, H200 = HARDWARE_PRESETS["cpu"], HARDWARE_PRESETS["h200"]
+# what the vLLM rollout declares (backends/vllm/rollout.py), without importing vLLM
+ENGINE = RoleCapabilities(
+    segmented_decode=True,
+    sleep_levels=(1, 2),
+    in_place_weight_load=True,
+    fused_prefix=True,
+)
+TORCH = TorchRollout.capabilities
+
+
+def _steps(caps, overlap: str, hardware=CPU, name: str = "rollplex"):
+    planned = plan_step(
+        MODEL,
+        WORKLOAD,
+        AlgoSpec(),
+        hardware,
+        ScheduleSpec(name=name, overlap=overlap),
+        rollout=caps,
+    )
+    return planned, [s for d in planned.plan.devices for s in d.steps]
+
+
+@pytest.mark.parametrize("overlap", ["piggyback", "auto"])
+def test_torch_rollout_may_host_piggybacked_rows_and_prefills_apart(overlap):
+    _, steps = _steps(TORCH, overlap)
+    assert any(s.kind == "prefix_prefill" and s.phase == "rollout" for s in steps)
+    assert any(s.corun.value == "piggyback" for s in steps)
+
+
+@pytest.mark.parametrize("overlap", ["piggyback", "streams", "auto"])
+def test_engine_rollout_gets_one_generate_op_and_no_piggyback(overlap):
+    planned, steps = _steps(ENGINE, overlap)
+    rollout = [s for s in steps if s.phase == "rollout" and s.kind != "reward"]
+    assert {s.kind for s in rollout} <= {"generate", "advantage"}
+    assert not any(s.kind == "prefix_prefill" for s in steps)
+    assert not any(s.corun.value == "piggyback" for s in steps)
+    gen = planned.graph.ops[next(s.op for s in steps if s.kind == "generate")]
+    assert set(gen.inputs) == {"pixels", "text", "weights", "vision_weights"}
+    assert gen.meta["piggyback_rows"] is False
+
+
+def test_reference_and_training_prefix_still_overlap_the_engine_decode():
+    _, steps = _steps(ENGINE, "streams")
+    side = [s for s in steps if s.corun.value == "streams"]
+    assert {s.phase for s in side} == {"reference", "train"}
+    assert {"vision_encode", "logprob_prefix"} <= {s.kind for s in side}
+
+
+def test_engine_weight_sync_is_a_priced_copy_not_a_free_alias():
+    torch_plan, _ = _steps(TORCH, "none", H200, "serial")
+    engine_plan, _ = _steps(ENGINE, "none", H200, "serial")
+
+    def sync(p):
+        return next(s for d in p.plan.devices for s in d.steps if s.kind == "weight_sync")
+
+    assert p_mode(torch_plan) == "alias" and p_mode(engine_plan) == "load"
+    # alias: only the copy's fixed latency; load: every byte of the weights on top
+    assert sync(engine_plan).solo_s > sync(torch_plan).solo_s
+
+
+def p_mode(planned) -> str:
+    return next(op.attrs["mode"] for op in planned.graph if op.kind == "weight_sync")
+
+
+def test_the_pass_leaves_a_torch_graph_alone_apart_from_the_flag():
+    graph = build_step(MODEL, WORKLOAD, AlgoSpec())
+    out, _ = apply_rollout_capabilities(graph, TORCH)
+    assert [(op.name, op.kind) for op in out] == [(op.name, op.kind) for op in graph]
+    fused, changed = apply_rollout_capabilities(graph, ENGINE)
+    assert changed and len(fused) == len(graph) - 2  # vision + prefill folded in
+    assert not any(op.phase is Phase.ROLLOUT and op.kind == "vision_encode" for op in fused)
