@@ -70,7 +70,7 @@ def test_missing_packages_name_what_to_install(monkeypatch):
     monkeypatch.setitem(
         ROLES["rollout"], "torch", dataclasses.replace(entry, requires=("no_such_package_xyz",))
     )
-    with pytest.raises(BackendUnavailable, match="needs no_such_package_xyz.*pip install"):
+    with pytest.raises(BackendUnavailable, match=r"needs no_such_package_xyz.*pip install"):
         check_roles(BackendSpec())
 
 

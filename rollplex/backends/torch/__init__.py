@@ -8,7 +8,10 @@ Modules (imported on demand, so importing this package does not import transform
 - task:      VisualTask (seeded coloured-shapes questions) and reward
 - engine:    the per-op functions (vision_encode, prefix_forward, expand_prefix, decode,
              response_logprobs, full_logprobs, grpo_loss, group_advantages)
-- backend:   TorchBackend, the runtime's view: every GRPO op kind over an environment of
-             values (values.py), row chunks and host/device moves (rows.py), the roles
-             (roles.py: rollout, reference; trainer.py), task prompts per step (data.py)
+- roles.py / trainer.py / critic.py: the rollout, reference, trainer (and PPO critic) roles
+- backend:   their builders (build_trainer / build_reference / build_rollout) and the
+             step's external values as torch values (TorchExternals); routing, row chunks
+             and role-free ops are the runtime's (rollplex.runtime.dispatch)
+- values.py / rows.py: the value types, their row chunks and host/device moves (TorchValues)
+- data.py:   task prompts per step
 """

@@ -1,0 +1,42 @@
+"""`rollplex train backend.rollout=vllm` as a user runs it: the plan has one engine op and a
+weight_sync after every optimizer step, whose measured time lands in calibration.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.backends.vllm.conftest import needs_vllm
+
+pytestmark = needs_vllm
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def test_train_with_vllm_rollout(tmp_path):
+    run = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "rollplex.cli",
+        "train",
+        "model=tiny",
+        "workload=tiny",
+        "hardware=cpu",
+        "backend.rollout=vllm",
+        "train.steps=2",
+        "train.threads=1",
+        "train.progress=false",
+        f"hydra.run.dir={run}",
+    ]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    config = json.loads((run / "config.json").read_text())
+    assert config["backend"]["rollout"] == "vllm"
+    plan = (run / "plan.json").read_text()
+    assert '"generate"' in plan and '"prefix_prefill"' not in plan
+    calib = json.loads((run / "calibration.json").read_text())["entries"]
+    syncs = [e for e in calib if e["kind"] == "weight_sync"]
+    assert len(syncs) == 2 and all(e["measured_s"] > 0 and e["bytes"] > 0 for e in syncs)
+    assert (run / "checkpoints" / "step-000002").is_dir()
