@@ -49,6 +49,12 @@ CSV_FIELDS = (
 def check_spec(spec: RunSpec) -> None:
     """What the torch backend and the synthetic task can run; raises ValueError."""
     t, w = spec.train, spec.workload
+    if spec.algo.kl_in_reward and spec.backend.rollout == "vllm":
+        raise ValueError(
+            "algo.kl_in_reward with backend.rollout=vllm: the KL penalty in the reward needs "
+            "the rollout's logprobs of logits/T before training, and vLLM returns raw "
+            "logprobs (before temperature); use backend.rollout=torch or kl_in_reward=false"
+        )
     from rollplex.runtime.compose import check_roles
 
     check_roles(spec.backend)  # BackendUnavailable (a ValueError) says what to install

@@ -34,6 +34,11 @@ class RoleFreeOps:
         if k == "advantage" and a.get("estimator") == "gae":
             kl = None
             if "ref_logprobs" in x:
+                if x["old_logprobs"] is None:
+                    raise BackendError(
+                        f"'{op.name}': kl_in_reward needs the rollout's logprobs before "
+                        f"training, and {type(d.rollout).__name__} gives none of logits/T"
+                    )
                 kl = (x["old_logprobs"], x["ref_logprobs"], a["kl_coef"])
             adv, returns = d.critic.advantages(x["rewards"], x["values"], a["gamma"], a["lam"], kl)
             return {"advantages": adv, "returns": returns}

@@ -201,3 +201,10 @@ def test_rloo_and_ppo_train(tmp_path, algo):
     if algo == "ppo":  # checkpoints lack the critic: resuming is refused, with the reason
         q = train(tmp_path / "again", "algo=ppo", f"train.resume={tmp_path / algo}")
         assert q.returncode == 2 and "critic" in q.stderr and "Traceback" not in q.stderr
+
+
+def test_kl_in_reward_with_a_vllm_rollout_is_refused_before_any_work(tmp_path):
+    p = train(tmp_path / "out", "algo=ppo", "algo.kl_in_reward=true", "backend.rollout=vllm")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "kl_in_reward with backend.rollout=vllm" in p.stderr
+    assert not (tmp_path / "out" / "plan.json").exists()
