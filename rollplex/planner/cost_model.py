@@ -21,9 +21,7 @@ from rollplex.ops.formulas import Cost
 from rollplex.specs import HardwareSpec
 
 CALIBRATION_FORMAT = "rollplex-calibration/1"
-BANDWIDTH_KINDS = frozenset(
-    {"decode", "generate", "weight_sync", "expand_group", "optimizer_step"}
-)
+BANDWIDTH_KINDS = frozenset({"decode", "generate", "weight_sync", "expand_group", "optimizer_step"})
 
 
 @dataclass(slots=True, frozen=True)
