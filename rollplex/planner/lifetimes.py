@@ -26,6 +26,7 @@ from rollplex.planner.plan import CoRun, DevicePlan, Step
 from rollplex.specs import ModelSpec, WorkloadSpec
 
 PERSISTENT = (ValueKind.WEIGHTS, ValueKind.OPTIMIZER_STATE)
+MAIN_LANE = 0  # every schedule's first stream: compute, where the step's own state lives
 
 
 @dataclass(slots=True)
@@ -124,6 +125,7 @@ def device_lifetimes(
     out: list[Lifetime] = []
     no_steps: list[Step] = []
     any_corun = any(s.corun is not CoRun.NONE for s in steps)
+    handover = _Handover(dev, until) if len({s.stream for s in steps}) > 1 else None
     for name in dict.fromkeys([*made, *used]):
         v = graph.values[name]
         producers, consumers = made.get(name, no_steps), used.get(name, no_steps)
@@ -168,6 +170,8 @@ def device_lifetimes(
         overlapped = any_corun and any(s.corun is not CoRun.NONE for s in producers)
         size = sizer.value_bytes(v, phase, overlapped)
         lane = producers[0].stream if producers else 0
+        if handover is not None and producers and consumers:
+            lane, first = handover.lane(producers[0], consumers, lane, first)
         out.append(_life(name, _KINDS[v.kind], size, first, last, lane, first_step, last_step))
         if v.kind is ValueKind.WEIGHTS and rollout_tp_copy:
             out += _rollout_copy(
@@ -178,6 +182,72 @@ def device_lifetimes(
             i = s.index
             name = f"{s.name}.scratch"
             out.append(_life(name, "scratch", s.scratch_bytes, begin[i], until[i], s.stream, s, s))
+    return out
+
+
+class _Handover:
+    """Where a value made on a side stream and read only on the main one lives.
+
+    Arenas are per stream lane so that reusing bytes never needs an event the plan lacks.
+    A value that one stream hands to another (a prefix boundary made in the decode window
+    and read by the backward) would hold bytes in the side arena long after the window,
+    on top of that arena's own peak: the main arena's peak (the backward) and the side
+    one's add although the tensors are never live together. It lives in the main arena
+    instead (lane 0: where the long-lived state lives), reserved from the end
+    of the last reader-stream step that its maker is ordered after (stream order and
+    events): any bytes it reuses there were freed before it can be written."""
+
+    __slots__ = ("_before", "_dev", "_pos", "_until")
+
+    def __init__(self, dev: DevicePlan, until: dict[int, int]) -> None:
+        self._dev, self._until = dev, until
+        self._before: dict[int, dict[int, int]] | None = None
+        self._pos = {i: k for st in dev.streams for k, i in enumerate(st.steps)}
+
+    def lane(self, maker: Step, readers: list[Step], lane: int, first: int) -> tuple[int, int]:
+        target = readers[0].stream
+        if target != MAIN_LANE or target == lane or any(r.stream != target for r in readers):
+            return lane, first
+        last = self._ordered_before(maker).get(target)
+        return target, 0 if last is None else min(first, self._until[last] + 1)
+
+    def _ordered_before(self, step: Step) -> dict[int, int]:
+        """stream -> the latest step of that stream that `step` is ordered after."""
+        if self._before is None:
+            self._before = _ordered_before(self._dev, self._pos)
+        return self._before.get(step.index, {})
+
+
+def _ordered_before(dev: DevicePlan, pos: dict[int, int]) -> dict[int, dict[int, int]]:
+    """For each step: per stream, the latest step it follows (itself on its own stream),
+    through stream order and the events it waits on."""
+    by_index = {s.index: s for s in dev.steps}
+    signaller = {s.signals: s.index for s in dev.steps if s.signals is not None}
+    preds: dict[int, list[int]] = {i: [] for i in by_index}
+    for st in dev.streams:
+        for a, b in zip(st.steps, st.steps[1:], strict=False):
+            preds[b].append(a)
+    for s in dev.steps:
+        preds[s.index] += [signaller[e] for e in s.waits if e in signaller]
+    out: dict[int, dict[int, int]] = {}
+    pending = {i: len(p) for i, p in preds.items()}
+    succs: dict[int, list[int]] = {i: [] for i in by_index}
+    for i, p in preds.items():
+        for j in p:
+            succs[j].append(i)
+    ready = [i for i, n in pending.items() if n == 0]
+    while ready:
+        i = ready.pop()
+        mine = {by_index[i].stream: i}
+        for j in preds[i]:
+            for stream, k in out[j].items():
+                if stream not in mine or pos[k] > pos[mine[stream]]:
+                    mine[stream] = k
+        out[i] = mine
+        for j in succs[i]:
+            pending[j] -= 1
+            if not pending[j]:
+                ready.append(j)
     return out
 
 
