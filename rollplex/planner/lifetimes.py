@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from rollplex.graph.ir import Graph, Phase, Value, ValueKind
 from rollplex.ops.formulas import kv_fraction
+from rollplex.planner.happens_before import ordered_before
 from rollplex.planner.memory.records import UsageRecord
 from rollplex.planner.plan import CoRun, DevicePlan, Step
 from rollplex.specs import ModelSpec, WorkloadSpec
@@ -90,23 +91,30 @@ class DeviceSizer:
         return v.kind is ValueKind.ACTIVATION and len(v.shape) >= 2 and r in v.shape[1:3]
 
 
+def positions(dev: DevicePlan) -> tuple[list[Step], dict[int, int], dict[int, int], int]:
+    """(steps in start order, step index -> first position, -> last position, last position).
+
+    Positions are the distinct instants at which any step starts or ends; a value read by
+    step c is live over [producer start, c end), so records that share a position really
+    coexist in time, across streams too."""
+    steps = sorted(dev.steps, key=lambda s: (s.start_s, s.index))
+    times = sorted({t for s in steps for t in (s.start_s, s.end_s)})
+    at = {t: i for i, t in enumerate(times)}
+    end = max(0, len(times) - 2)
+    begin: dict[int, int] = {}
+    until: dict[int, int] = {}
+    for s in steps:
+        b = begin[s.index] = min(at[s.start_s], end)
+        until[s.index] = max(b, at[s.end_s] - 1)
+    return steps, begin, until, end
+
+
 def device_lifetimes(
     graph: Graph, dev: DevicePlan, sizer: DeviceSizer, rollout_tp_copy: bool
 ) -> list[Lifetime]:
     """Every tensor the device group holds over one step, as lifetimes."""
     trained = {op.inputs["weights"] for op in graph.ops.values() if op.kind == "optimizer_step"}
-    steps = sorted(dev.steps, key=lambda s: (s.start_s, s.index))
-    # Positions are the distinct instants at which any step starts or ends; a value read
-    # by step c is live over [producer start, c end), so records that share a position
-    # really coexist in time, across streams too.
-    times = sorted({t for s in steps for t in (s.start_s, s.end_s)})
-    at = {t: i for i, t in enumerate(times)}
-    end = max(0, len(times) - 2)
-    begin: dict[int, int] = {}  # step index -> its first position
-    until: dict[int, int] = {}  # step index -> its last position
-    for s in steps:
-        b = begin[s.index] = min(at[s.start_s], end)
-        until[s.index] = max(b, at[s.end_s] - 1)
+    steps, begin, until, end = positions(dev)
 
     syncs = [s for s in steps if s.kind == "weight_sync"]
     made: dict[str, list[Step]] = {}  # value -> the steps that write it, in start order
@@ -214,41 +222,8 @@ class _Handover:
     def _ordered_before(self, step: Step) -> dict[int, int]:
         """stream -> the latest step of that stream that `step` is ordered after."""
         if self._before is None:
-            self._before = _ordered_before(self._dev, self._pos)
+            self._before = ordered_before(self._dev, self._pos)
         return self._before.get(step.index, {})
-
-
-def _ordered_before(dev: DevicePlan, pos: dict[int, int]) -> dict[int, dict[int, int]]:
-    """For each step: per stream, the latest step it follows (itself on its own stream),
-    through stream order and the events it waits on."""
-    by_index = {s.index: s for s in dev.steps}
-    signaller = {s.signals: s.index for s in dev.steps if s.signals is not None}
-    preds: dict[int, list[int]] = {i: [] for i in by_index}
-    for st in dev.streams:
-        for a, b in zip(st.steps, st.steps[1:], strict=False):
-            preds[b].append(a)
-    for s in dev.steps:
-        preds[s.index] += [signaller[e] for e in s.waits if e in signaller]
-    out: dict[int, dict[int, int]] = {}
-    pending = {i: len(p) for i, p in preds.items()}
-    succs: dict[int, list[int]] = {i: [] for i in by_index}
-    for i, p in preds.items():
-        for j in p:
-            succs[j].append(i)
-    ready = [i for i, n in pending.items() if n == 0]
-    while ready:
-        i = ready.pop()
-        mine = {by_index[i].stream: i}
-        for j in preds[i]:
-            for stream, k in out[j].items():
-                if stream not in mine or pos[k] > pos[mine[stream]]:
-                    mine[stream] = k
-        out[i] = mine
-        for j in succs[i]:
-            pending[j] -= 1
-            if not pending[j]:
-                ready.append(j)
-    return out
 
 
 _PHASES = {p.value: p for p in Phase}
