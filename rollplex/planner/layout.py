@@ -80,9 +80,27 @@ class OpTimer:
         if op.kind in ("decode", "optimizer_step", "weight_sync") or self.micro_tokens <= 0:
             return 1
         tokens = cost.flops / max(1.0, self._flops_per_token(ctx))
+        if op.kind == "logprob_response":
+            # A micro-batch is counted in tokens of sequence, context included, as the
+            # unsplit forward counts it: each response attends to (in a packed forward,
+            # carries) its prefix, and its logit rows are as many as the unsplit forward's.
+            # Counting only the new tokens would put 3-4x the rows of logits in each.
+            ins = self.graph.inputs_of(op)
+            rows = ctx.per_rank(ins["responses"].shape[0])
+            tokens = rows * (ins["kv"].shape[3] + self.workload.response_length.mean)
+        count = max(1, math.ceil(tokens / self.micro_tokens))
         if op.kind == "backward":
-            tokens /= 3  # backward is about twice the forward, plus a recompute
-        return max(1, math.ceil(tokens / self.micro_tokens))
+            # About twice the forward plus a recompute; and never coarser than the forwards
+            # whose activations it reads.
+            count = max(1, math.ceil(tokens / 3 / self.micro_tokens))
+            for port, v in op.inputs.items():
+                fwd = self.graph.producer(v) if port.startswith("saved") else None
+                if fwd is not None and fwd.kind in LOGPROB_KINDS:
+                    fctx = self.context(fwd)
+                    count = max(
+                        count, self._micro_batches(fwd, fctx, op_cost(self.graph, fwd, fctx))
+                    )
+        return count
 
     def _time(self, op: Op, ctx: CostContext, cost: Cost) -> Timing:
         hw, cm = self.hardware, self.cost_model

@@ -172,6 +172,13 @@ def packed_order(
     return out, packed
 
 
+def packed_notes(packed: dict[str, Op]) -> list[str]:
+    return [
+        f"{resp.phase}: {name} + {resp.name} as one packed forward (one weight gather)"
+        for name, resp in packed.items()
+    ]
+
+
 def serial_timings(timer: CachedTimer, order: list[Op], packed: dict[str, Op]) -> dict[str, Timing]:
     """Solo timing of each op placed in `order`: packed pairs share one gather."""
     out: dict[str, Timing] = {}

@@ -19,6 +19,7 @@ from rollplex.planner.plan import Plan
 from rollplex.planner.schedules.common import (
     PlanningContext,
     ordered,
+    packed_notes,
     packed_order,
     serial_timings,
 )
@@ -114,6 +115,7 @@ def _plan_pools(ctx: PlanningContext, r: int, t: int, tp: int) -> Plan:
             after=pb.steps_of("rollout.handover"),
             scratch_bytes=t_op.scratch_bytes,
         )
+    pb.plan.notes += packed_notes(packed)
     return pb.plan
 
 

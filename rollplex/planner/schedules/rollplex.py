@@ -40,6 +40,7 @@ from rollplex.planner.schedules.common import (
     CachedTimer,
     PlanningContext,
     ordered,
+    packed_notes,
     packed_order,
     serial_timings,
 )
@@ -194,6 +195,7 @@ def _build(
             pb.add(dev, 0, op, t.seconds, t.rate_class, scratch_bytes=t.scratch_bytes)
             continue
         _place_decode(ctx, pb, dev, timer, decode, dec_stream, side, overlapped, choice)
+    pb.plan.notes += packed_notes(packed)
     return pb.plan
 
 

@@ -15,6 +15,7 @@ from rollplex.planner.schedules.common import (
     PlanningContext,
     colocated,
     ordered,
+    packed_notes,
     packed_order,
     serial_timings,
 )
@@ -29,4 +30,5 @@ def plan_serial(ctx: PlanningContext, label: str = "serial") -> Plan:
     for op in order:
         t = timings.get(op.name) or timer(op)
         pb.add(dev, 0, op, t.seconds, t.rate_class, scratch_bytes=t.scratch_bytes)
+    pb.plan.notes += packed_notes(packed)
     return pb.plan
