@@ -37,9 +37,7 @@ from rollplex.specs import (
 
 GIB = 1 << 30
 BASELINES = {"verl": ("serial", False), "serial_dedup": ("serial", True)}
-SCALES = [("qwen2_5_vl_32b", g) for g in (32, 64, 128, 256, 1024, 4096)] + [
-    ("qwen2_5_vl_72b", 64)
-]
+SCALES = [("qwen2_5_vl_32b", g) for g in (32, 64, 128, 256, 1024, 4096)] + [("qwen2_5_vl_72b", 64)]
 BUDGET_FRACTIONS = (0.6, 0.8, 0.9, 0.97, 1.0, 1.03, 1.2)
 GRID_SCALES = {"h200x8": (8, 64), "h800x32": (32, 256, 1024)}
 
@@ -142,7 +140,9 @@ def budget_grid() -> tuple[list[str], int, int]:
                         budgets.append(29.5)
                     for hbm in sorted(set(budgets)):
                         hw = hardware(hw_name, gpus, hbm)
-                        runs = {k: plan(model, workload, hw, n, d) for k, (n, d) in BASELINES.items()}
+                        runs = {
+                            k: plan(model, workload, hw, n, d) for k, (n, d) in BASELINES.items()
+                        }
                         if all(r is None for r in runs.values()):
                             continue
                         rp = plan(model, workload, hw, "rollplex")
@@ -190,7 +190,8 @@ def memory_table() -> tuple[list[str], float]:
                     worst = max(worst, ratio)
                     cells.append(f"{ratio:.3f}")
                 if any(c != "-" for c in cells):
-                    lines.append(f"| {model} | {workload} | {hw_name} | " + " | ".join(cells) + " |")
+                    row = " | ".join(cells)
+                    lines.append(f"| {model} | {workload} | {hw_name} | {row} |")
     return lines, worst
 
 
@@ -205,7 +206,8 @@ def main() -> None:
         "Command, from the repository root:",
         "",
         "```",
-        "OMP_NUM_THREADS=1 python bench/planner_promises.py --out bench/results/planner_promises.md",
+        "OMP_NUM_THREADS=1 python bench/planner_promises.py "
+        "--out bench/results/planner_promises.md",
         "```",
         "",
         f"python {platform.python_version()}; predicted step times from the default cost and "
