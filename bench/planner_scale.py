@@ -44,7 +44,9 @@ def replicated(k: int) -> Graph:
     base, _ = run_passes(build_step(model, work, AlgoSpec()), DEDUP_PASSES)
     g = Graph()
     shared = {n for n, v in base.values.items() if v.external}
-    for n in shared:
+    for n in base.values:  # in the graph's order, not the set's (hash-seeded) one
+        if n not in shared:
+            continue
         v = base.values[n]
         g.add_value(Value(n, v.shape, v.dtype, v.kind, v.version, True))
 
