@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from weakref import WeakKeyDictionary
 
 from rollplex.graph.ir import Graph, Phase, Value, ValueKind
 from rollplex.ops.formulas import kv_fraction
@@ -52,6 +53,22 @@ class DeviceSizer:
     _micro: int = field(default=0, init=False, repr=False, compare=False)  # computed once
     # Sizes depend on a value's shape, dtype and kind only: the K copies of a step share them.
     _sizes: dict[tuple, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _bound: int = field(default=-1, init=False, repr=False, compare=False)
+
+    def size_bound(self) -> int:
+        """At least the summed size of every record `device_lifetimes` can emit for this
+        device, less step scratch: each value at its larger (unsplit) size, weights with two
+        rollout copies. A plan whose bound plus scratch fits the budget fits unshared."""
+        if self._bound < 0:
+            total = 0
+            for v, phase, count in _value_shapes(self.graph):
+                # its maker may run on another device: try both sizings
+                size = max(self.value_bytes(v, phase, True), self.value_bytes(v, None, True))
+                if v.kind is ValueKind.WEIGHTS:
+                    size += 2 * math.ceil(v.nbytes / max(1, self.dev.tp))
+                total += count * size
+            self._bound = total
+        return self._bound
 
     def micro_batches(self) -> int:
         if not self._micro:
@@ -89,6 +106,30 @@ class DeviceSizer:
     def _has_response_axis(self, v: Value) -> bool:
         r = self.workload.response_length.max
         return v.kind is ValueKind.ACTIVATION and len(v.shape) >= 2 and r in v.shape[1:3]
+
+
+_SHAPES: WeakKeyDictionary[Graph, tuple[dict, list[tuple[Value, Phase | None, int]]]] = (
+    WeakKeyDictionary()
+)
+
+
+def _value_shapes(graph: Graph) -> list[tuple[Value, Phase | None, int]]:
+    """(value, maker's phase, count): one value per (shape, dtype, kind, phase), since
+    sizes depend on nothing else and the K copies of a step share them. Kept while the
+    graph's producer index stands (a search sizes the same graph once per attempt)."""
+    made = graph.producers()
+    cached = _SHAPES.get(graph)
+    if cached is not None and cached[0] is made:
+        return cached[1]
+    groups: dict[tuple, list] = {}
+    for v in graph.values.values():
+        op = made.get(v.name)
+        phase = op.phase if op else None
+        entry = groups.setdefault((v.shape, v.dtype, v.kind, phase, v.nbytes), [v, phase, 0])
+        entry[2] += 1
+    out = [(v, phase, n) for v, phase, n in groups.values()]
+    _SHAPES[graph] = (made, out)
+    return out
 
 
 def positions(dev: DevicePlan) -> tuple[list[Step], dict[int, int], dict[int, int], int]:

@@ -90,6 +90,9 @@ def settled_time(plan: Plan, mem: Memory, interference=None) -> tuple[float, boo
     so no offsets need assigning. Otherwise the plan is settled."""
     replay(plan, interference)
     for dev in plan.devices:
+        bound = mem.sizers[dev.name].size_bound() + sum(s.scratch_bytes for s in dev.steps)
+        if bound <= mem.budget_bytes:
+            continue  # no lifetimes needed: even the sum of everything fits
         if sum(lf.record.size for lf in _lifetimes(plan, dev, mem)) > mem.budget_bytes:
             settle_memory(plan, mem, interference)
             return plan.step_time_s, plan.fits_budget

@@ -75,6 +75,7 @@ class CachedTimer:
     _cache: dict[tuple[str, int], Timing] = field(default_factory=dict)
     _by_key: dict[tuple, Timing] = field(default_factory=dict)
     _packed: dict[tuple[str, str], tuple[Timing, Timing]] = field(default_factory=dict)
+    _packed_by_key: dict[tuple, tuple[Timing, Timing]] = field(default_factory=dict)
 
     def __call__(self, op: Op, chunks: int = 1) -> Timing:
         timing = self._cache.get((op.name, chunks))
@@ -90,7 +91,12 @@ class CachedTimer:
         key = (prefix.name, response.name)
         pair = self._packed.get(key)
         if pair is None:
-            pair = self._packed[key] = self.inner.packed(prefix, response)
+            g = self.inner.graph
+            shape = (cost_key(g, prefix), cost_key(g, response))
+            pair = self._packed_by_key.get(shape)
+            if pair is None:
+                pair = self._packed_by_key[shape] = self.inner.packed(prefix, response)
+            self._packed[key] = pair
         return pair
 
     @property
@@ -102,10 +108,12 @@ class CachedTimer:
         return self.inner.train
 
 
-def colocated(ctx: PlanningContext, schedule: str) -> tuple[PlanBuilder, DevicePlan, CachedTimer]:
+def colocated(
+    ctx: PlanningContext, schedule: str, timer: CachedTimer | None = None
+) -> tuple[PlanBuilder, DevicePlan, CachedTimer]:
     """One device group holding every role; streams: compute (0), copy (1)."""
     n = ctx.hardware.num_gpus
-    timer = ctx.timer(n, n)
+    timer = timer or ctx.timer(n, n)
     pb = PlanBuilder(schedule, ctx.graph, ctx.graph_hash)
     dev = pb.device("colocated", list(range(n)), tp=timer.rollout.tp, dp=timer.rollout.dp)
     pb.stream(dev, "compute")

@@ -71,7 +71,7 @@ def plan_rollplex(ctx: PlanningContext, evaluate: Callable[[Plan], float] | None
     best_time = score(base)
     best, chosen, notes = base, {}, []
     if decode is None:
-        best = plan_serial(ctx, label="rollplex")
+        best = plan_serial(ctx, "rollplex", timer, order)
         best.notes.append("no decode op: nothing to overlap, serial placement")
         return best
     before = {op.name for op in order[: order.index(decode)]}
@@ -120,7 +120,7 @@ def plan_rollplex(ctx: PlanningContext, evaluate: Callable[[Plan], float] | None
     if not forced:
         # The serial+dedup plan is a candidate too: when overlap gains nothing (or its
         # decode stream and arena cost more memory than it saves time), it is the plan.
-        serial = plan_serial(ctx, label="rollplex")
+        serial = plan_serial(ctx, "rollplex", timer, order)
         serial_time = score(serial)
         if serial_time <= best_time:
             notes.append(

@@ -10,8 +10,10 @@ window, and serial moves nothing.
 
 from __future__ import annotations
 
+from rollplex.graph.ir import Op
 from rollplex.planner.plan import Plan
 from rollplex.planner.schedules.common import (
+    CachedTimer,
     PlanningContext,
     colocated,
     ordered,
@@ -21,11 +23,16 @@ from rollplex.planner.schedules.common import (
 )
 
 
-def plan_serial(ctx: PlanningContext, label: str = "serial") -> Plan:
+def plan_serial(
+    ctx: PlanningContext,
+    label: str = "serial",
+    timer: CachedTimer | None = None,
+    order: list[Op] | None = None,
+) -> Plan:
     """`label` names the schedule in the plan (rollplex returns this plan when overlap
-    gains nothing)."""
-    pb, dev, timer = colocated(ctx, label)
-    order, packed = packed_order(ctx, ordered(ctx, timer))
+    gains nothing, and passes the timer and priority order it already has)."""
+    pb, dev, timer = colocated(ctx, label, timer)
+    order, packed = packed_order(ctx, order if order is not None else ordered(ctx, timer))
     timings = serial_timings(timer, order, packed)
     for op in order:
         t = timings.get(op.name) or timer(op)
