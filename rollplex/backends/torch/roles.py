@@ -28,7 +28,6 @@ from rollplex.backends.base import (
     WeightsSource,
     version_name,
 )
-from rollplex.backends.torch.batch import PromptBatch
 from rollplex.backends.torch.decode import DecodeSession as TorchDecodeSession
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs, response_mask
 from rollplex.backends.torch.model import load_model
@@ -41,6 +40,7 @@ from rollplex.backends.torch.values import (
     SavedActivations,
     TokenLogprobs,
 )
+from rollplex.data.prompts import PromptBatch
 from rollplex.specs import ModelSpec
 
 
@@ -82,9 +82,12 @@ def capture_saved() -> Iterator[SavedActivations]:
 
 
 def features_of(model: Model, pixels: Pixels) -> Features:
+    """Merged features of every prompt's visuals in one tower call; images and video
+    frames alike (a grid with t > 1 is a video)."""
     merge = model.config.vision_config.spatial_merge_size**2
     values = encode(model, pixels.values, pixels.grid)
-    return Features(values, [int(n) // merge for n in pixels.grid.prod(-1).tolist()])
+    per_visual = (pixels.grid.prod(-1) // merge).split(pixels.counts)
+    return Features(values, [int(n.sum()) for n in per_visual])
 
 
 def masked_logprobs(values: torch.Tensor, responses: Responses) -> TokenLogprobs:
@@ -177,8 +180,10 @@ class TorchRollout(RolloutRole):
 
 
 class TorchReference(ReferenceScorer):
-    def __init__(self, model: Model) -> None:
-        self.model = model
+    """Scores with a frozen model; logprobs at the rollout's `temperature` (see logprob.py)."""
+
+    def __init__(self, model: Model, temperature: float = 1.0) -> None:
+        self.model, self.temperature = model, temperature
 
     def vision_encode(self, pixels: Pixels) -> Features:
         with torch.no_grad():
@@ -194,12 +199,19 @@ class TorchReference(ReferenceScorer):
     ) -> TokenLogprobs:
         with torch.no_grad():
             state = expand_prefix(prefix, group_size)
-            lp = response_logprobs(self.model, state, responses.tokens, responses.lengths)
+            lp = response_logprobs(
+                self.model, state, responses.tokens, responses.lengths, self.temperature
+            )
         return masked_logprobs(lp, responses)
 
     def logprob(self, features: Features, text: PromptBatch, responses: Responses) -> TokenLogprobs:
         with torch.no_grad():
             lp = features_full_logprobs(
-                self.model, text, features.values, responses.tokens, responses.lengths
+                self.model,
+                text,
+                features.values,
+                responses.tokens,
+                responses.lengths,
+                self.temperature,
             )
         return masked_logprobs(lp, responses)
