@@ -24,12 +24,12 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from planner_scale import replicated  # noqa: E402
+from planner_scale import replicated
 
-from rollplex.planner.api import plan_step  # noqa: E402
-from rollplex.planner.plan import Plan  # noqa: E402
-from rollplex.planner.residency import PlanOverBudget  # noqa: E402
-from rollplex.specs import (  # noqa: E402
+from rollplex.planner.api import plan_step
+from rollplex.planner.plan import Plan
+from rollplex.planner.residency import PlanOverBudget
+from rollplex.specs import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,
     WORKLOAD_PRESETS,
@@ -101,9 +101,7 @@ def plan_of(cfg) -> str:
             )
         else:
             sched = ScheduleSpec(name=name, dedup=dedup, overlap=overlap)
-            r = plan_step(
-                MODEL_PRESETS[model], WORKLOAD_PRESETS[workload], AlgoSpec(), hw, sched
-            )
+            r = plan_step(MODEL_PRESETS[model], WORKLOAD_PRESETS[workload], AlgoSpec(), hw, sched)
     except PlanOverBudget as err:
         return "over budget: " + str(err)
     return hashlib.sha256(canonical(r.plan).encode()).hexdigest()
