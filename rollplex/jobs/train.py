@@ -203,6 +203,15 @@ class _Scalars(Callback):
         write_scalars(self.writer, values, step=result.rl_step + 1)
 
 
+def _cuda_peak(device: str) -> int | None:
+    """What the CUDA caching allocator held at most (None on CPU)."""
+    import torch
+
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.max_memory_allocated(torch.device(device)))
+
+
 def _eval_summary(evals: list[tuple[int, Any]]) -> dict[str, Any]:
     if not evals:
         return {}
@@ -280,6 +289,8 @@ def _summary(spec: RunSpec, plan, rows, start, ckpt, ckpt_root, last_ckpt, recen
         "overlap": spec.schedule.overlap,
         "median_step_time_s": statistics.median(r["step_time_s"] for r in rows) if rows else None,
         "plan_peak_bytes": plan.peak_bytes_per_gpu,
+        "plan_step_time_s": plan.step_time_s,
+        "cuda_max_memory_allocated": _cuda_peak(spec.train.device),
         "measured_peak_resident_bytes": measured_peak,
         "decisions": plan.notes,
     }
