@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from rollplex.data.prompts import PromptBatch
 from rollplex.data.render import PromptRenderer
 from rollplex.data.sample import Sample
-from rollplex.data.sources import PromptSource
+from rollplex.data import PromptSource
 from rollplex.specs import ModelSpec, WorkloadSpec
 
 

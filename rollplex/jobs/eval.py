@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 
 def run_eval(spec: RunSpec, out: Path) -> dict[str, Any]:
-    from rollplex.data.sources import build_source
+    from rollplex.data import build_source
     from rollplex.jobs.prepare import model_folder, renderer_for
 
     e = spec.eval

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from rollplex.data.render import PromptRenderer
 from rollplex.data.rewards import REWARDS
-from rollplex.data.sources import PromptSource
+from rollplex.data import PromptSource
 
 
 @dataclass(slots=True, frozen=True)
