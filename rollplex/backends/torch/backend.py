@@ -178,7 +178,7 @@ class TorchBackend(Backend):
         """One response per prompt from the rollout's current weights, outside any plan
         (evaluation): greedy by default. Returns the decode's `Generation`."""
         batch = batch.to(self.device)
-        features = self.rollout.vision_encode(Pixels(batch.pixel_values, batch.image_grid_thw))
+        features = self.rollout.vision_encode(Pixels.of(batch))
         prefix = self.rollout.prefix_prefill(features, text_only(batch))
         st = self.config.model.special_tokens
         sampling = Sampling(max_new_tokens, temperature, 1.0, st.eos_token_id, st.pad_token_id)
