@@ -11,10 +11,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rollplex.data import PromptSource
 from rollplex.data.prompts import PromptBatch
 from rollplex.data.render import PromptRenderer
 from rollplex.data.sample import Sample
-from rollplex.data import PromptSource
 from rollplex.specs import ModelSpec, WorkloadSpec
 
 

@@ -32,7 +32,7 @@ def run_eval(spec: RunSpec, out: Path) -> dict[str, Any]:
 
     torch.manual_seed(spec.seed)
     backend = TorchBackend(
-        TorchConfig(folder.spec, spec.algo, spec.seed, e.max_new_tokens, device=e.device, folder=folder)
+        TorchConfig(folder.spec, spec.algo, spec.seed, e.max_new_tokens, device=e.device)
     )
     res = evaluate(backend, source, renderer, e.prompts, e.max_new_tokens)
     print(

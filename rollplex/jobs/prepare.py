@@ -12,9 +12,9 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollplex.data import PromptSource, build_source
 from rollplex.data.render import PromptRenderer
 from rollplex.data.rewards import Reward, build_reward
-from rollplex.data import PromptSource, build_source
 from rollplex.data.steps import MeasuredShape, StepData, measure_shape, measured_workload
 from rollplex.models import ModelFolder, ensure_demo_folder, open_model_folder
 from rollplex.runtime.scoring import ResponseScorer

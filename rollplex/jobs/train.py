@@ -114,7 +114,6 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
         spec.seed,
         t.max_new_tokens,
         device=t.device,
-        folder=prepared.folder,
         scorer=prepared.scorer,
     )
     backend = backend_class(t.backend)(config)

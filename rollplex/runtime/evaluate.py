@@ -10,9 +10,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from rollplex.data import PromptSource
 from rollplex.data.render import PromptRenderer
 from rollplex.data.rewards import REWARDS
-from rollplex.data import PromptSource
 
 
 @dataclass(slots=True, frozen=True)

@@ -40,14 +40,11 @@ class ResponseScorer:
         group_size: int,
     ) -> Scored:
         if len(tokens) != len(samples) * group_size:
-            raise ValueError(
-                f"{len(tokens)} responses for {len(samples)} prompts x G={group_size}"
-            )
+            raise ValueError(f"{len(tokens)} responses for {len(samples)} prompts x G={group_size}")
         texts = self.decode(tokens, lengths)
         per_row = [samples[i // group_size] for i in range(len(texts))]
         result = self.reward(texts, per_row)
         metrics = {
-            f"reward/{name}": statistics.fmean(values)
-            for name, values in result.components.items()
+            f"reward/{name}": statistics.fmean(values) for name, values in result.components.items()
         }
         return Scored(list(result.total), metrics, texts)

@@ -32,7 +32,7 @@ from rollplex.backends.base import (
 )
 from rollplex.backends.torch.critic import TorchCritic, build_critic_model
 from rollplex.backends.torch.loss import ADVANTAGES, group_advantages
-from rollplex.backends.torch.model import build_model
+from rollplex.backends.torch.model import model_for
 from rollplex.backends.torch.roles import (
     TorchReference,
     TorchRollout,
@@ -66,9 +66,6 @@ class TorchConfig:
     max_new_tokens: int
     reward: str = "first_token"  # token-id rewards of the built-in task (task.py)
     device: str = "cpu"
-    # A Hub-format folder (rollplex.models.ModelFolder): policy and reference load its
-    # weights. None: random weights from `model` and `seed` (unit tests).
-    folder: Any = None
     # Scores decoded responses against their samples (rollplex.runtime.scoring); None:
     # the built-in task's token-id `reward`.
     scorer: Any = None
@@ -126,9 +123,9 @@ class TorchBackend(Backend):
         self._critic_ops: frozenset[str] = frozenset()
 
     def _load(self, config: TorchConfig) -> torch.nn.Module:
-        if config.folder is None:
-            return build_model(config.model, seed=config.seed).to(self.device)
-        return config.folder.load_model(self.device)
+        """The folder's weights when the spec names one (`model.path`), else random ones
+        from the seed (unit tests)."""
+        return model_for(config.model, config.seed, self.device)
 
     # -- binding ------------------------------------------------------------------------
     def bind(self, graph: Graph) -> None:
