@@ -12,7 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
-JOBS = ("graph", "plan", "train")
+JOBS = ("graph", "plan", "train", "weights")
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger("rollplex")
 
@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> None:
             f"usage: rollplex {{{','.join(JOBS)}}} [hydra overrides]\n"
             "  e.g. rollplex graph model=qwen2_5_vl_7b algo=grpo workload.group_size=8\n"
             "       rollplex plan -m schedule=serial,disaggregated,rollplex\n"
-            "       rollplex train model=tiny workload=tiny hardware=cpu"
+            "       rollplex train model=tiny workload=tiny hardware=cpu\n"
+            "       rollplex weights model=qwen2_5_vl_32b weights.train_fsdp=8 weights.rollout_tp=4"
         )
         sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
     job, overrides = argv[0], argv[1:]

@@ -13,6 +13,7 @@ from rollplex.specs.hardware import HardwareSpec
 from rollplex.specs.model import ModelSpec
 from rollplex.specs.reward import RewardSpec
 from rollplex.specs.schedule import ScheduleSpec
+from rollplex.specs.weights import WeightsSpec
 from rollplex.specs.workload import WorkloadSpec
 
 
@@ -74,7 +75,7 @@ class TrainSpec(Spec):
 
 
 class RunSpec(Spec):
-    job: Literal["graph", "plan", "train"] = Field(..., description="What to run.")
+    job: Literal["graph", "plan", "train", "weights"] = Field(..., description="What to run.")
     seed: int = Field(0, description="Seed of everything random.")
     model: ModelSpec = Field(..., description="The model (conf/model).")
     algo: AlgoSpec = Field(..., description="The algorithm (conf/algo).")
@@ -91,3 +92,7 @@ class RunSpec(Spec):
         default_factory=RewardSpec, description="Reward components (conf/reward)."
     )
     train: TrainSpec = Field(default_factory=TrainSpec, description="The train job.")
+    weights: WeightsSpec = Field(
+        default_factory=WeightsSpec,
+        description="The weights job: training and rollout placements (rollplex.weights).",
+    )
