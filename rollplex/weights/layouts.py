@@ -109,6 +109,8 @@ def describe(train: TrainPlacement, rollout: RolloutPlacement) -> str:
 
 
 def _even(n: int, k: int, what: str, where: str) -> int:
+    """n / k, or a LayoutError saying who cannot split what (`where` names the tensor,
+    the layouts and the split)."""
     if n % k:
         raise LayoutError(f"{where}: {k} does not divide {n} {what}")
     return n // k
@@ -151,10 +153,10 @@ def train_blocks(
     r0, r1, c0, c1 = 0, rows, 0, width  # the TP-local region of it
     if train.tp > 1 and param.tower == "llm":
         if param.train_split in (Split.COLUMN, Split.VOCAB):
-            n = _even(rows, train.tp, "rows", f"{where} (training TP Shard(0))")
+            n = _even(rows, train.tp, "rows", f"{where}: training TP Shard(0)")
             r0, r1 = j * n, (j + 1) * n
         elif param.train_split is Split.ROW:
-            n = _even(width, train.tp, "cols", f"{where} (training TP Shard(1))")
+            n = _even(width, train.tp, "cols", f"{where}: training TP Shard(1)")
             c0, c1 = j * n, (j + 1) * n
     n = r1 - r0
     chunk = -(-n // train.fsdp)  # FSDP2: torch.chunk sizes, trailing ranks short or empty
@@ -178,13 +180,13 @@ def rollout_blocks(tensor: RolloutTensor, rank: int, tp: int, where: str) -> tup
         blocks = [Block(p.param, p.start, p.start + p.rows, 0, w) for p in tensor.parts]
     elif tensor.split is Split.ROW:
         (part,) = tensor.parts
-        n = _even(w, tp, "input cols", f"{where} (row-parallel)")
+        n = _even(w, tp, "input cols", f"{where}: row-parallel rollout TP")
         blocks = [Block(part.param, 0, part.rows, rank * n, (rank + 1) * n)]
     elif tensor.split is Split.VOCAB:
         (part,) = tensor.parts
         vocab = part.rows
         padded = -(-vocab // VOCAB_PAD) * VOCAB_PAD
-        n = _even(padded, tp, f"padded vocab rows (vocab {vocab})", f"{where} (vocab-parallel)")
+        n = _even(padded, tp, f"padded vocab rows (vocab {vocab})", f"{where}: rollout TP")
         a, b = rank * n, (rank + 1) * n
         blocks = [Block(part.param, min(a, vocab), min(b, vocab), 0, w)]
         blocks.append(Block(None, max(a, vocab), max(b, vocab), 0, w))
@@ -193,16 +195,13 @@ def rollout_blocks(tensor: RolloutTensor, rank: int, tp: int, where: str) -> tup
         for p in tensor.parts:
             per_unit = p.rows // p.units
             if tp > p.units and p.replicable:
-                _even(
-                    tp,
-                    p.units,
-                    f"ranks over {p.units} {p.what}",
-                    f"{where} (replicated {p.what} need TP to be a multiple of them)",
-                )
+                _even(tp, p.units, f"rollout TP ranks ({p.what} of {p.param} are "
+                      "replicated only when the ranks are a multiple of them)",
+                      f"{where}: {p.units} {p.what}")  # fmt: skip
                 u0 = rank // (tp // p.units)
                 u1 = u0 + 1
             else:
-                n = _even(p.units, tp, p.what, f"{where} (column-parallel {p.param})")
+                n = _even(p.units, tp, f"{p.what} of {p.param}", f"{where}: rollout TP")
                 u0, u1 = rank * n, (rank + 1) * n
             blocks.append(Block(p.param, p.start + u0 * per_unit, p.start + u1 * per_unit, 0, w))
     return normalize(blocks)

@@ -10,6 +10,7 @@ the classes.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -125,19 +126,29 @@ class WeightSharing:
             t.name: t for t in rollout_tensors(spec, rollout.vision_tp)
         }
         self.tensor_of = {p: t.name for t in self.tensors.values() for p in t.params}
+        for heads, proj in ((spec.num_heads, "q_proj"), (spec.num_kv_heads, "k_proj")):
+            if heads % train.tp:  # torchtitan's TP gives each rank whole heads
+                name = f"model.language_model.layers.0.self_attn.{proj}.weight"
+                raise LayoutError(f"{self.where(name)}: training TP {train.tp} does not divide "
+                                  f"its {heads} heads")  # fmt: skip
         self._ranks = rollout.rank_of()
         self._train: dict[tuple[str, int], tuple[tuple[Block, ...], int]] = {}
         self._groups: dict[str, tuple[str, int]] = {}  # class -> (representative, count)
         for t in self.tensors.values():
             rep, n = self._groups.get(t.group, (t.name, 0))
             self._groups[t.group] = (rep, n + 1)
+        self._param_groups: dict[str, tuple[str, int]] = {}
+        for name in self.params:
+            key = re.sub(r"\.(layers|blocks)\.\d+\.", ".", name)
+            rep, n = self._param_groups.get(key, (name, 0))
+            self._param_groups[key] = (rep, n + 1)
 
     @property
     def world(self) -> int:
         return self.train.world
 
     def where(self, name: str) -> str:
-        return f"{name} [{self.layouts}]"
+        return f"{name} [{self.layouts}]"  # how LayoutErrors name the tensor and layouts
 
     # -- the two layouts -------------------------------------------------------------
     def train_shard(self, param: str, gpu: int) -> tuple[tuple[Block, ...], int]:
@@ -222,9 +233,9 @@ class WeightSharing:
     def train_bytes(self, gpu: int) -> int:
         """Local training storage in the rollout dtype, FSDP padding included."""
         total = 0
-        for p in self.params:
+        for p, n in self._param_groups.values():  # layers of a class have equal shapes
             blocks, pad = self.train_shard(p, gpu)
-            total += algebra.numel(blocks) + pad
+            total += (algebra.numel(blocks) + pad) * n
         return total * self.itemsize
 
     def param_bytes(self) -> int:
