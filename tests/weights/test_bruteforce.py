@@ -33,7 +33,7 @@ CONFIGS = [  # (train_fsdp, train_tp, rollout_tp, rank_map, storage)
     (1, 2, 1, "auto", "aliasing"),
     (2, 2, 2, "auto", "aliasing"),
     (2, 2, 4, "aligned", "aliasing"),
-    (1, 4, 2, "auto", "aliasing"),
+    (4, 2, 2, "auto", "aliasing"),
 ]
 
 
