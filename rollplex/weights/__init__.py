@@ -45,7 +45,9 @@ column block of a row-parallel weight is never contiguous in a wider rollout col
 Public API: `build_sharing(model_spec, weights_spec) -> WeightSharing`; then
 `WeightSharing.share(tensor, gpu) -> Share`, `.runs(tensor, gpu) -> [ByteRun]`,
 `.train_shard(param, gpu)`, `.rollout_shard(tensor, gpu)`, `.tensors`, `.params`;
-`report.tally(sharing) -> SharingReport` for the totals.
+`rebuild.shard_homes(sharing, gpu)` (where the trainer allocates each local shard) and
+`rebuild.rebuild_plan(sharing, tensor, gpu) -> [Copy]` (what weight_sync copies, from
+which GPU); `report.tally(sharing) -> SharingReport` for the totals.
 """
 
 from rollplex.weights.build import aligned_ranks, build_sharing, vision_fits_tp
@@ -56,6 +58,7 @@ from rollplex.weights.layouts import (
     TrainPlacement,
 )
 from rollplex.weights.params import Param, RolloutTensor, Split, param_table, rollout_tensors
+from rollplex.weights.rebuild import Copy, Home, rebuild_plan, shard_homes
 from rollplex.weights.report import SharingReport, Tally, tally
 from rollplex.weights.sharing import (
     ByteRun,
@@ -70,6 +73,8 @@ from rollplex.weights.sharing import (
 __all__ = [
     "Block",
     "ByteRun",
+    "Copy",
+    "Home",
     "Kind",
     "LayoutError",
     "Param",
@@ -86,7 +91,9 @@ __all__ = [
     "build_sharing",
     "contiguous_ranks",
     "param_table",
+    "rebuild_plan",
     "rollout_tensors",
+    "shard_homes",
     "strided_ranks",
     "tally",
     "vision_fits_tp",

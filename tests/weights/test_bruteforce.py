@@ -16,6 +16,7 @@ import torch
 from rollplex.specs.weights import WeightsSpec
 from rollplex.weights import Kind, WeightSharing, build_sharing
 from rollplex.weights.layouts import storage_order
+from rollplex.weights.rebuild import rebuild_plan, shard_homes
 from tests.weights.conftest import small_spec
 
 CONFIGS = [  # (train_fsdp, train_tp, rollout_tp, rank_map, storage)
@@ -208,3 +209,39 @@ def test_dtype_cast_shares_nothing(small) -> None:
     shares = [s.share(n, 0) for n in s.tensors]
     assert all(sh.kind is Kind.INCOMPATIBLE and sh.shared_bytes == 0 for sh in shares)
     assert all(sh.local_bytes == sh.nbytes - sh.pad_bytes for sh in shares)  # cast locally
+
+
+@pytest.mark.parametrize("config", CONFIGS[::2], ids=lambda c: "d{}t{}r{}-{}-{}".format(*c))
+def test_rebuild_plan_fills_exactly_the_bytes_not_shared(config) -> None:
+    d, t, r, rank_map, storage_kind = config
+    ws = WeightsSpec(
+        train_fsdp=d, train_tp=t, rollout_tp=r, rank_map=rank_map, storage=storage_kind
+    )
+    s = build_sharing(small_spec(), ws)
+    full = full_params(s)
+    locals_ = [
+        {n: v.reshape(-1) for n, v in train_local(s, full, g).items()} for g in range(s.world)
+    ]
+    item = s.itemsize
+    for g in range(s.world):
+        homes = shard_homes(s, g)
+        _, rank = s.rollout.rank_of()[g]
+        for name in s.tensors:
+            sh = s.share(name, g)
+            xf = vllm_tensor(s, name, full, rank).reshape(-1)
+            got = torch.full_like(xf, -1.0)
+            for pl in sh.placements:  # in place, by the trainer's allocation
+                assert homes[pl.param].inside and homes[pl.param].tensor == name
+                off = pl.offset // item
+                got[off : off + pl.nbytes // item] = locals_[g][pl.param]
+            if sh.kind in (Kind.IDENTICAL, Kind.VIEW) and sh.host:
+                assert homes[sh.host].hosts
+                got = xf.clone()
+            plan = rebuild_plan(s, name, g)
+            assert sum(c.nbytes for c in plan) == sh.rebuild_bytes - sh.pad_bytes
+            assert sum(c.nbytes for c in plan if c.gpu != g) == sh.remote_bytes
+            for c in plan:
+                d0, s0, n = c.dst // item, c.src // item, c.nbytes // item
+                assert (got[d0 : d0 + n] == -1).all(), f"{name}: copied twice"
+                got[d0 : d0 + n] = locals_[c.gpu][c.param][s0 : s0 + n]
+            assert torch.equal(got, xf), name
