@@ -8,14 +8,14 @@ TP innermost as torchtitan builds its ["dp_shard", "tp"] mesh):
 - FSDP2 then shards the TP-local tensor over the dp ranks like `fully_shard` does: dim 0
   in chunks of ceil(n / d) rows (`torch.chunk` semantics: the last ranks may hold fewer
   rows, or none; FSDP2 pads their storage with zeros to the full chunk for the
-  all-gather). With `fsdp_dim1_for_row_parallel`, a 2-D weight that the rollout splits by
-  columns is sharded `Shard(1)` instead (`fully_shard(..., shard_placement_fn=...)`,
-  which needs dim 1 divisible by d and no training TP), so its local shard is the
-  rollout's column block.
-- Storage order: a parameter's rows may be stored permuted by blocks (`order`). The
-  transformers-fused vision qkv [q; k; v] is stored [q_0; k_0; v_0; q_1; ...] by rollout
-  rank when `interleave_fused_qkv`, so FSDP's chunk boundaries fall on rollout-rank
-  boundaries. The trainer then un-permutes the output features after its all-gather.
+  all-gather). tests/weights checks this against real `fully_shard`.
+- Storage order (`aliasing_storage`, for parameters training TP does not split): the
+  parameter is stored as a stack of its blocks (`storage_order`) and FSDP2 shards that
+  stack by rows. A row-parallel weight is stored as its t_r rollout column blocks stacked,
+  so every FSDP chunk is a row range of one rollout rank's block (when d_t = t_r this is
+  exactly FSDP2's `Shard(1)` via `shard_placement_fn`); transformers' fused vision qkv
+  [q; k; v] is stored [q_0; k_0; v_0; q_1; ...] by rollout rank. The trainer undoes the
+  permutation after its all-gather (a view for Shard(1); a reshape+transpose otherwise).
 
 Rollout (vLLM TP of degree t on each replica; see params.py for the fused tensors):
 column parts give rank r heads [r u/t, (r+1) u/t) of their u units (KV heads: unit
