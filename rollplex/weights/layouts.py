@@ -15,7 +15,7 @@ TP innermost as torchtitan builds its ["dp_shard", "tp"] mesh):
   so every FSDP chunk is a row range of one rollout rank's block (when d_t = t_r this is
   exactly FSDP2's `Shard(1)` via `shard_placement_fn`); transformers' fused vision qkv
   [q; k; v] is stored [q_0; k_0; v_0; q_1; ...] by rollout rank. The trainer undoes the
-  permutation after its all-gather (a view for Shard(1); a reshape+transpose otherwise).
+  permutation after its all-gather (FSDP2 itself for Shard(1); else a reshape + transpose).
 
 Rollout (vLLM TP of degree t on each replica; see params.py for the fused tensors):
 column parts give rank r heads [r u/t, (r+1) u/t) of their u units (KV heads: unit
