@@ -66,14 +66,19 @@ class StepConfig:
     algo: AlgoSpec
     seed: int
     max_new_tokens: int
-    reward: str = "first_token"  # "first_token" | "answer_eos" (backends/torch/task.py)
+    reward: str = "first_token"  # token-id rewards of the built-in task (task.py)
     device: str = "cpu"
+    # Scores decoded responses against their samples (rollplex.runtime.scoring); None:
+    # the built-in task's token-id `reward`.
+    scorer: Any = None
 
 
 @dataclass(slots=True)
 class StepInputs:
-    """One RL step's prompts: a collated batch (pixels included), the answer token ids, and
-    the raw media (images / frames) an engine rollout reads instead of pixel patches."""
+    """One RL step's prompts of the built-in task: a collated batch (pixels included), the
+    answer token ids, and the raw media (images) an engine rollout reads instead of pixel
+    patches. Real data comes as `rollplex.data.steps.StepInputs` (batch + samples, whose
+    images and frames are the media)."""
 
     batch: PromptBatch
     answers: torch.Tensor  # [B] long
@@ -243,7 +248,10 @@ class RoleDispatch(Backend):
         session.advance(None if chunk.last else share)
         if not chunk.last:
             return {}
-        responses, logprobs = carry.pop("session").result()
+        session = carry.pop("session")
+        responses, logprobs = session.result()
+        if op.kind == "generate":
+            self._check_engine_prompts(op, session, x["text"], op.attrs["group_size"])
         self.metrics["response_length"] = responses.lengths.float().mean()
         if logprobs is not None and not self.rollout.capabilities.scaled_logprobs:
             logprobs = None  # not of the distribution the trainer scores: not old logprobs
@@ -252,13 +260,29 @@ class RoleDispatch(Backend):
     def _engine_prompts(self, op: Op, x: dict[str, Any]) -> Any:
         """`generate`: the engine takes the prompts' raw media and token ids and runs vision
         and prefill itself (cached across the G samples and across steps)."""
-        media = self._inputs.media if self.rollout.capabilities.fused_prefix else x["pixels"]
+        media = x["pixels"]
+        if self.rollout.capabilities.fused_prefix:
+            media = getattr(self._inputs, "media", None) or getattr(self._inputs, "samples", None)
         if media is None:
             raise BackendError(
                 f"'{op.name}': {type(self.rollout).__name__} reads the prompts' raw images, "
                 "but the step inputs carry no media (StepInputs.media)"
             )
         return self.rollout.prefix_prefill(self.rollout.vision_encode(media), x["text"])
+
+    def _check_engine_prompts(self, op: Op, session: Any, text: Any, group: int) -> None:
+        """The engine expands each image itself, with its folder's processor: its prompts
+        must be as long as the ones the trainer scores, or the samples answer other prompts."""
+        seen = getattr(session, "prompt_lengths", None)
+        if seen is None or not hasattr(text, "lengths"):
+            return
+        ours = text.lengths.repeat_interleave(group).tolist()
+        if list(seen) != ours:
+            raise BackendError(
+                f"'{op.name}': the engine's prompts have {list(seen)} tokens, the trainer's "
+                f"{ours}: its image processor resizes differently from the prompt renderer "
+                "(max_pixels); render prompts with the model folder's processor settings"
+            )
 
     def _weight_sync(self, op: Op, x: dict[str, Any]) -> dict[str, Any]:
         """The trainer's weights into the rollout: an alias for a colocated torch rollout,
@@ -305,11 +329,49 @@ class RoleDispatch(Backend):
             return {"logprobs": out[0]}
         return {"logprobs": out}
 
-    def _reward(self, responses: Any, answers: torch.Tensor, group_size: int) -> torch.Tensor:
+    def _reward(self, responses: Any, answers: Any, group_size: int) -> torch.Tensor:
+        if self.config.scorer is not None:  # `answers` are the samples
+            scored = self.config.scorer(
+                responses.tokens.tolist(), responses.lengths.tolist(), answers, group_size
+            )
+            self.metrics.update({k: torch.tensor(v) for k, v in scored.metrics.items()})
+            out = torch.tensor(scored.rewards, dtype=torch.float32, device=responses.tokens.device)
+            self.metrics["reward"] = out.mean()
+            return out
         eos = self.sampling.eos_id
         out = task_reward(self.config.reward, responses, answers, group_size, eos)
         self.metrics["reward"] = out.mean()
         return out
+
+    @torch.no_grad()
+    def generate(
+        self,
+        batch: PromptBatch,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        samples: Any = None,
+    ):
+        """One response per prompt from the rollout's current weights, outside any plan
+        (evaluation): greedy by default. An engine rollout reads `samples`' raw media."""
+        st = self.config.model.special_tokens
+        sampling = Sampling(max_new_tokens, temperature, 1.0, st.eos_token_id, st.pad_token_id)
+        if self.rollout.capabilities.fused_prefix:
+            if samples is None:
+                raise BackendError(
+                    f"{type(self.rollout).__name__} generates from raw media: pass samples="
+                )
+            media = self.rollout.vision_encode(samples)
+            prefix = self.rollout.prefix_prefill(media, batch)
+            generator = 0
+        else:
+            batch = batch.to(self.device)
+            features = self.rollout.vision_encode(self.roles.externals.pixels(batch))
+            prefix = self.rollout.prefix_prefill(features, batch.text_only())
+            generator = None
+        session = self.rollout.start_decode(prefix, 1, sampling, generator)
+        session.advance(None)
+        responses, _ = session.result()
+        return responses
 
     # -- memory -------------------------------------------------------------------------
     def move(self, value: Any, to_host: bool) -> Any:

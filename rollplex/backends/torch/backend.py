@@ -17,7 +17,7 @@ import torch
 
 from rollplex.backends.base import BackendError
 from rollplex.backends.torch.critic import TorchCritic, build_critic_model
-from rollplex.backends.torch.model import build_model
+from rollplex.backends.torch.model import model_for
 from rollplex.backends.torch.roles import (
     TorchReference,
     TorchRollout,
@@ -34,12 +34,14 @@ if TYPE_CHECKING:
 
 
 def build_trainer(config: StepConfig) -> TorchTrainer:
-    policy = build_model(config.model, seed=config.seed).to(config.device)
+    """The policy from the folder `model.path` names, else random weights from the seed."""
+    policy = model_for(config.model, config.seed, torch.device(config.device))
     return TorchTrainer(policy, config.model, config.algo)
 
 
 def build_reference(config: StepConfig, trainer: TorchTrainer) -> TorchReference:
-    ref = build_model(config.model, seed=config.seed).to(config.device).requires_grad_(False)
+    ref = model_for(config.model, config.seed, torch.device(config.device))
+    ref.requires_grad_(False)
     if not config.model.trainable_vision:  # one frozen tower for all (see roles.py)
         ref.model.visual = trainer.model.model.visual
     return TorchReference(ref, config.algo.temperature)
@@ -95,13 +97,18 @@ class TorchExternals:
             out[v.name] = what
         return out
 
+    @staticmethod
+    def pixels(batch: Any) -> Pixels:
+        return Pixels.of(batch)
+
     def supply(self, names: dict[str, str], inputs: Any, dispatch: Any) -> dict[str, Any]:
         batch = inputs.batch  # host data: the executor loads it when the plan allocates it
         wanted = set(names.values())
         source: dict[str, Any] = {
             "pixels": Pixels.of(batch) if "pixels" in wanted else None,
             "text": text_only(batch),
-            "answers": inputs.answers,
+            # the samples (answers as text) when a scorer grades text, else answer ids
+            "answers": inputs.samples if dispatch.config.scorer else inputs.answers,
             "policy": self.trainer.handle(),
             "vision": WeightsHandle(
                 "vision", self.trainer.model, vision_params(self.trainer.model), 0, self._frozen

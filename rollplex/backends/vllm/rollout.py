@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -92,7 +93,10 @@ class VllmRollout(RolloutRole):
         return self._version
 
     # -- prefix: bookkeeping only (the engine encodes and prefills inside decode) -----------
-    def vision_encode(self, pixels: Media) -> Media:
+    def vision_encode(self, pixels: Media | Sequence[Any]) -> Media:
+        """The prompts' raw media: a `Media`, or data samples (their images and frames)."""
+        if isinstance(pixels, Sequence) and all(hasattr(x, "images") for x in pixels):
+            pixels = Media.of(pixels)
         if not isinstance(pixels, Media):
             raise BackendError(
                 f"the vLLM rollout takes the prompts' images and frames (Media), not "
