@@ -125,3 +125,27 @@ def test_engine_bounds_kv_and_declares_capabilities(engine, caplog):
     assert len([r for r in caplog.records if "cannot sleep" in r.message]) == 1
     with pytest.raises(ValueError, match="sleep level 3"):
         engine.sleep(3)
+
+
+def test_vllm_logprobs_are_raw_not_temperature_scaled(engine, folder):
+    """Why the vLLM role declares `scaled_logprobs=False` and the runtime does not take its
+    logprobs as old logprobs: sampled at T=2 they equal the torch scorer's log softmax of
+    the raw logits (T=1), not of logits / T, which is what the trainer scores."""
+    from rollplex.backends.torch.roles import TorchReference
+
+    batch, media = image_prompts(2)
+    st = SPEC.special_tokens
+    hot = Sampling(6, 2.0, 1.0, st.eos_token_id, st.pad_token_id)
+    responses, lp = engine.generate(media, batch, G, hot, 3)
+    model = torch_rollout(folder).model
+
+    def scored(t: float):
+        ref = TorchReference(model, temperature=t)
+        prefix = ref.logprob_prefix(ref.vision_encode(Pixels.of(batch)), text_only(batch))
+        return ref.logprob_response(prefix, responses, G).values
+
+    raw, scaled = scored(1.0), scored(2.0)
+    mask = lp.mask
+    torch.testing.assert_close(lp.values[mask], raw[mask], atol=1e-4, rtol=0)
+    assert (lp.values[mask] - scaled[mask]).abs().max() > 1e-2
+    assert not engine.capabilities.scaled_logprobs
