@@ -59,6 +59,14 @@ class RoleEntry:
         self.check()
         return getattr(importlib.import_module(self.module), self.cls)
 
+    def capabilities(self):
+        """The role class's declared capabilities, for planning: imports the role's module
+        (torch, transformers) but not its engine, so a plan for a vLLM rollout can be made
+        where vLLM is not installed."""
+        if self.module is None:
+            raise BackendUnavailable(f"backend.{self.role}={self.name}: {self.why_missing}")
+        return getattr(importlib.import_module(self.module), self.cls).capabilities
+
     def builder_fn(self):
         self.check()
         return getattr(importlib.import_module(self.module), self.builder)

@@ -74,11 +74,18 @@ def _baselines(spec: RunSpec) -> dict[str, PlanResult | None]:
                 sched,
                 cost_model=cost_model_for(spec),
                 enforce_budget=False,
+                rollout=rollout_capabilities(spec.backend),
             )
         except ValueError as err:
             log.warning("baseline %s could not be planned: %s", key, err)
             out[key] = None
     return out
+
+
+def rollout_capabilities(backend):
+    from rollplex.runtime.compose import rollout_capabilities as caps
+
+    return caps(backend)
 
 
 def _ratio(base: PlanResult | None, t: float) -> float | None:
@@ -93,6 +100,7 @@ def run_plan(spec: RunSpec, out: Path) -> dict[str, Any]:
         spec.hardware,
         spec.schedule,
         cost_model=cost_model_for(spec),
+        rollout=rollout_capabilities(spec.backend),  # plan only what the rollout can do
     )
     plan, report = result.plan, result.report
     base = _baselines(spec)

@@ -28,8 +28,9 @@ def check_roles(spec: BackendSpec) -> None:
 
 
 def rollout_capabilities(spec: BackendSpec) -> RoleCapabilities:
-    """What the chosen rollout can do, for the planner (no engine is started)."""
-    return role_entry("rollout", spec.rollout).role_class().capabilities
+    """What the chosen rollout can do, for the planner (no engine is started, and vLLM
+    need not be installed)."""
+    return role_entry("rollout", spec.rollout).capabilities()
 
 
 def compose(
