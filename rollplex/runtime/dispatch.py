@@ -44,7 +44,7 @@ from rollplex.backends.base import (
 )
 from rollplex.data.prompts import PromptBatch
 from rollplex.graph.ir import Graph, Op, Phase, version_model
-from rollplex.runtime.role_free import RoleFreeOps, task_reward
+from rollplex.runtime.role_free import RoleFreeOps, rewards
 from rollplex.specs import AlgoSpec, ModelSpec
 
 log = logging.getLogger(__name__)
@@ -330,18 +330,7 @@ class RoleDispatch(Backend):
         return {"logprobs": out}
 
     def _reward(self, responses: Any, answers: Any, group_size: int) -> torch.Tensor:
-        if self.config.scorer is not None:  # `answers` are the samples
-            scored = self.config.scorer(
-                responses.tokens.tolist(), responses.lengths.tolist(), answers, group_size
-            )
-            self.metrics.update({k: torch.tensor(v) for k, v in scored.metrics.items()})
-            out = torch.tensor(scored.rewards, dtype=torch.float32, device=responses.tokens.device)
-            self.metrics["reward"] = out.mean()
-            return out
-        eos = self.sampling.eos_id
-        out = task_reward(self.config.reward, responses, answers, group_size, eos)
-        self.metrics["reward"] = out.mean()
-        return out
+        return rewards(self, responses, answers, group_size)  # tests may patch this hook
 
     @torch.no_grad()
     def generate(

@@ -71,3 +71,20 @@ def task_reward(kind: str, responses: Any, answers: torch.Tensor, group_size: in
     else:
         r = [reward(t, a, eos) for t, a in zip(rows, per_sample, strict=True)]
     return torch.tensor(r, dtype=torch.float32, device=responses.tokens.device)
+
+
+def rewards(d: RoleDispatch, responses: Any, answers: Any, group_size: int) -> torch.Tensor:
+    """Each response's reward, recorded in the step's metrics: the configured scorer's
+    (decoded text against the samples, which `answers` then are), else the built-in task's
+    token-id reward."""
+    device = responses.tokens.device
+    if d.config.scorer is not None:
+        scored = d.config.scorer(
+            responses.tokens.tolist(), responses.lengths.tolist(), answers, group_size
+        )
+        d.metrics.update({k: torch.tensor(v) for k, v in scored.metrics.items()})
+        out = torch.tensor(scored.rewards, dtype=torch.float32, device=device)
+    else:
+        out = task_reward(d.config.reward, responses, answers, group_size, d.sampling.eos_id)
+    d.metrics["reward"] = out.mean()
+    return out
