@@ -130,3 +130,20 @@ def test_calibration_rescales_plan_and_baselines_alike(tmp_path: Path) -> None:
     assert b["speedup_vs_serial_dedup"] >= 1.0
     missing = rollplex(tmp_path / "c", "plan", "calibration=nope.json")
     assert missing.returncode == 2 and "nope.json" in missing.stderr
+
+
+def test_planning_imports_no_torch(tmp_path: Path) -> None:
+    """`rollplex plan` and `graph` stay free of torch (2-4 s of start-up they do not need)."""
+    code = (
+        "import sys\n"
+        "from rollplex.cli import main\n"
+        "main(['graph', 'model=qwen2_5_vl_3b'])\n"
+        "main(['plan', 'model=qwen2_5_vl_3b', 'hardware=h200'])\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "[]"
+    assert (run_dir(tmp_path, "plan") / "tb").is_dir()
