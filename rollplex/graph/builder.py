@@ -22,7 +22,7 @@ from typing import Any
 
 from rollplex.graph.invariants import lint
 from rollplex.graph.ir import Graph, Op, Phase, Value, ValueKind, version_model
-from rollplex.ops.registry import get_kind
+from rollplex.graph.schema import get_kind
 from rollplex.specs import ModelSpec, WorkloadSpec
 
 K = ValueKind

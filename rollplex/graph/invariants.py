@@ -15,7 +15,7 @@ from __future__ import annotations
 import networkx as nx
 
 from rollplex.graph.ir import Graph, GraphError, Op, Phase, Value, version_model
-from rollplex.ops.registry import OpKind, Port, get_kind
+from rollplex.graph.schema import OpKind, Port, get_kind
 
 
 def lint(graph: Graph) -> Graph:

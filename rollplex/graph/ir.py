@@ -220,12 +220,6 @@ class Graph:
         ]
         return Graph(values, [o.clone() for o in ops])
 
-    def lint(self) -> Graph:
-        """Check every invariant (see `rollplex.graph.invariants`); raise GraphError."""
-        from rollplex.graph.invariants import lint
-
-        return lint(self)
-
     def __iter__(self) -> Iterator[Op]:
         return iter(self.ops.values())
 

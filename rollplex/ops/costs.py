@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from rollplex.graph.ir import Graph, Op, Value
+from rollplex.graph.schema import get_kind
 from rollplex.ops import formulas as F
 from rollplex.ops.formulas import Cost
 from rollplex.specs import ModelSpec, WorkloadSpec
@@ -72,8 +73,6 @@ def _ports(graph: Graph, op: Op) -> tuple:
 def prefix_flops(graph: Graph, op: Op, ctx: CostContext) -> float:
     """FLOPs of response-independent work in `op`: prefix ops whole, and the part of a
     backward that differentiates prefix forwards (vision and logprob_prefix)."""
-    from rollplex.ops.registry import get_kind
-
     if get_kind(op.kind).prefix:
         return op_cost(graph, op, ctx).flops
     if op.kind == "backward":

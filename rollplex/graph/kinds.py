@@ -1,10 +1,10 @@
-"""The built-in op kinds of an RL step. Costs live in `rollplex.ops.costs`."""
+"""The built-in op kinds of an RL step (schema only; costs live in `rollplex.ops.costs`)."""
 
 from __future__ import annotations
 
 from rollplex.graph.ir import Op
 from rollplex.graph.ir import ValueKind as K
-from rollplex.ops.registry import FLOAT, INT, OpKind, port, register
+from rollplex.graph.schema import FLOAT, INT, OpKind, port, register
 
 _DATA = (K.HOST_DATA, K.ACTIVATION)
 _ROWS3 = ("B", None, None)
