@@ -15,7 +15,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from rollplex.planner.api import PlanResult, plan_step
+from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.planner.cost_model import CostModel
 from rollplex.planner.plan import Plan
 from rollplex.specs.run import RunSpec

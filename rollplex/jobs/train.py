@@ -85,8 +85,8 @@ def _train(spec: RunSpec, out: Path, ckpt) -> dict[str, Any]:
     from rollplex.backends import backend_class
     from rollplex.backends.torch.backend import TorchConfig
     from rollplex.backends.torch.data import TaskData
+    from rollplex.jobs.pipeline import plan_step
     from rollplex.jobs.plan import plan_to_dict
-    from rollplex.planner.api import plan_step
     from rollplex.runtime import Executor, Progress
     from rollplex.runtime.checkpoint import restore, save_checkpoint
     from rollplex.trace import open_writer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollplex.planner.api import plan_step
+from rollplex.jobs.pipeline import plan_step
 from rollplex.planner.residency import GIB, PlanOverBudget
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
 

@@ -11,7 +11,8 @@ import networkx as nx
 import pytest
 
 from rollplex.graph.ir import Graph, Op
-from rollplex.planner.api import PlanResult, _sizers, plan_step
+from rollplex.jobs.pipeline import PlanResult, plan_step
+from rollplex.planner.api import _sizers
 from rollplex.planner.cost_model import CostModel
 from rollplex.planner.interference import InterferenceModel
 from rollplex.planner.order import PHASE_RANK, priority_order

@@ -7,11 +7,14 @@ deduplicated graph it is the strong baseline that isolates what overlap itself b
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rollplex.planner.plan import Plan
 from rollplex.planner.schedules.common import PlanningContext, colocated, ordered
 
 
-def plan_serial(ctx: PlanningContext) -> Plan:
+def plan_serial(ctx: PlanningContext, evaluate: Callable[[Plan], float] | None = None) -> Plan:
+    """One candidate, so `evaluate` (the registry's common signature) is not needed."""
     pb, dev, timer = colocated(ctx, "serial")
     for op in ordered(ctx, timer):
         t = timer(op)
