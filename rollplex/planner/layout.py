@@ -82,6 +82,22 @@ class OpTimer:
         return max(1, math.ceil(tokens / self.micro_tokens))
 
     def _time(self, op: Op, ctx: CostContext, cost: Cost) -> Timing:
+        t = self._solo_time(op, ctx, cost)
+        if op.phase is Phase.ROLLOUT or ctx.tp == 1 or cost.weight_bytes <= 0:
+            return t
+        # Training TP: two all-reduces of the hidden state per layer in each forward, the
+        # same again in the backward and once more in its recompute. They sit on the
+        # critical path (the next layer needs their result), so nothing hides them.
+        tokens = cost.flops / max(1.0, self._flops_per_token(ctx))
+        passes = 1
+        if op.kind == "backward":
+            tokens /= 3  # flops of backward + recompute: about 3 forwards
+            passes = 2 if ctx.checkpointing else 1  # the backward's own, the recompute's
+        comm = passes * F.tp_allreduce_bytes(self.model, tokens, ctx.tp)
+        s = self.cost_model.transfer_s(comm, self.hardware.nvlink_gbps)
+        return replace(t, seconds=t.seconds + s, comm_s=t.comm_s + s)
+
+    def _solo_time(self, op: Op, ctx: CostContext, cost: Cost) -> Timing:
         hw, cm = self.hardware, self.cost_model
         if op.kind == "decode":
             steps = decode_steps(self.graph, op, ctx)
