@@ -18,6 +18,7 @@ from typing import Any
 from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.planner.cost_model import CostModel
 from rollplex.planner.plan import Plan
+from rollplex.specs.calibration import load_calibration
 from rollplex.specs.run import RunSpec
 from rollplex.trace import (
     markdown_table,
@@ -50,10 +51,8 @@ def cost_model_for(spec: RunSpec) -> CostModel:
     cm = CostModel(spec.hardware)
     if spec.calibration is None:
         return cm
-    path = Path(spec.calibration)
-    if not path.is_file():
-        raise FileNotFoundError(f"calibration: no file at '{path}'")
-    return cm.calibrated(path)
+    load_calibration(spec.calibration)  # validated first: one line naming file and field
+    return cm.calibrated(spec.calibration)
 
 
 def _baselines(spec: RunSpec) -> dict[str, PlanResult | None]:

@@ -147,3 +147,31 @@ def test_planning_imports_no_torch(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().splitlines()[-1] == "[]"
     assert (run_dir(tmp_path, "plan") / "tb").is_dir()
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ("[1, 2]", "top level: Input should be"),
+        ('{"format": "rollplex-calibration/1", "device": "x", "entries": "abc"}', "entries:"),
+        ("{not json", "not valid JSON"),
+        (
+            '{"format": "rollplex-calibration/1", "device": "x", "entries": '
+            '[{"kind": "decode", "predicted_s": 0.01, "measured_s": 1e-9}]}',
+            "entries[0].measured_s: Input should be greater than or equal to 0.000001",
+        ),
+        (
+            '{"format": "rollplex-calibration/1", "device": "x", "entries": '
+            '[{"kind": "decode", "predicted_s": "fast", "measured_s": 0.1}]}',
+            "entries[0].predicted_s",
+        ),
+    ],
+)
+def test_bad_calibration_file_is_one_line(tmp_path: Path, content: str, words: str) -> None:
+    cal = tmp_path / "cal.json"
+    cal.write_text(content)
+    p = rollplex(tmp_path / "run", "plan", "model=qwen2_5_vl_3b", f"calibration={cal}")
+    assert p.returncode == 2
+    assert "Traceback" not in p.stderr
+    (line,) = p.stderr.strip().splitlines()
+    assert f"calibration file '{cal}'" in line and words in line, line
