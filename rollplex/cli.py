@@ -34,10 +34,33 @@ def main(argv: list[str] | None = None) -> None:
     # `train` defaults to a tiny CPU run (conf/train.yaml); the planning jobs to 7B on H200s.
     config = "train" if job == "train" else "config"
     hydra.main(config_path=CONF_DIR, config_name=config, version_base="1.3")(_run)()
+    from rollplex.jobs.sweep import FAILED_RUNS
+
+    if FAILED_RUNS:  # a sweep went on past them; say so in the exit code
+        print(f"rollplex: {len(FAILED_RUNS)} run(s) of the sweep failed", file=sys.stderr)
+        sys.exit(1)
 
 
 def _run(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    out = Path(hc.runtime.output_dir)
+    message = _run_checked(cfg, out)
+    if message is None:
+        return
+    if hc.mode == RunMode.MULTIRUN:  # one bad run must not end the sweep
+        from rollplex.jobs.sweep import record_failure
+
+        record_failure(out, cfg, message)
+        print(f"rollplex: run '{out.name}' failed: {message}", file=sys.stderr)
+        return
+    _fail(message)
+
+
+def _run_checked(cfg, out: Path) -> str | None:
+    """Validate and run the job; the one-line reason it could not, or None."""
     from omegaconf import OmegaConf
     from pydantic import ValidationError
 
@@ -48,14 +71,14 @@ def _run(cfg) -> None:
         raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
         spec = RunSpec.model_validate(raw)
     except ValidationError as err:
-        _fail(_explain(err))
+        return _explain(err)
     except Exception as err:  # missing values, bad interpolations
-        _fail(f"invalid config: {err}")
-    out = Path(HydraConfig.get().runtime.output_dir)
+        return f"invalid config: {err}"
     try:
         run_job(spec, out)
     except (ValueError, FileNotFoundError) as err:  # bad input found before GPU work
-        _fail(str(err))
+        return str(err)
+    return None
 
 
 def _explain(err) -> str:

@@ -175,3 +175,27 @@ def test_bad_calibration_file_is_one_line(tmp_path: Path, content: str, words: s
     assert "Traceback" not in p.stderr
     (line,) = p.stderr.strip().splitlines()
     assert f"calibration file '{cal}'" in line and words in line, line
+
+
+def test_a_failing_run_does_not_end_the_sweep(tmp_path: Path) -> None:
+    # Disaggregated needs two GPUs: on one H200 that run fails, the other two plan.
+    p = rollplex(
+        tmp_path,
+        "plan",
+        "-m",
+        "schedule=serial,disaggregated,rollplex",
+        "hardware=h200",
+        "model=qwen2_5_vl_3b",
+        "workload.prompts_per_step=8",
+    )
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "1 run(s) of the sweep failed" in p.stderr
+    (sweep,) = (tmp_path / "multirun" / "plan").iterdir()
+    rows = {r["schedule"]: r for r in csv.DictReader((sweep / "comparison.csv").open())}
+    assert sorted(rows) == ["disaggregated", "rollplex", "serial"]
+    assert rows["disaggregated"]["status"] == "failed"
+    assert "GPU" in rows["disaggregated"]["error"]
+    assert rows["serial"]["status"] == rows["rollplex"]["status"] == "ok"
+    assert float(rows["rollplex"]["step_time_s"]) > 0
+    table = (sweep / "comparison.md").read_text()
+    assert "failed" in table and rows["disaggregated"]["error"][:30] in table
