@@ -199,3 +199,26 @@ def test_a_failing_run_does_not_end_the_sweep(tmp_path: Path) -> None:
     assert float(rows["rollplex"]["step_time_s"]) > 0
     table = (sweep / "comparison.md").read_text()
     assert "failed" in table and rows["disaggregated"]["error"][:30] in table
+
+
+def test_summary_names_the_overridden_hardware_and_one_naive_colocation(tmp_path: Path) -> None:
+    from rollplex.jobs.pipeline import plan_step
+    from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec
+    from rollplex.specs.schedule import ScheduleSpec
+
+    p = rollplex(tmp_path, "plan", "model=qwen2_5_vl_3b", "hardware=h200x8", "hardware.num_gpus=16")
+    assert p.returncode == 0, p.stderr
+    s = json.loads((run_dir(tmp_path, "plan") / "summary.json").read_text())
+    assert s["hardware"] == "h200x8 (num_gpus=16)" and s["gpus"] == 16
+    # One meaning: verl's serial step under the naive strategy (every tensor, whole step).
+    hw = HARDWARE_PRESETS["h200x8"].model_copy(update={"num_gpus": 16})
+    naive = plan_step(
+        MODEL_PRESETS["qwen2_5_vl_3b"],
+        WORKLOAD_PRESETS["video"],
+        AlgoSpec(),
+        hw,
+        ScheduleSpec(name="serial", dedup=False, memory_strategy="naive"),
+        enforce_budget=False,
+    )
+    assert s["naive_colocation_bytes"] == naive.plan.peak_bytes_per_gpu
+    assert s["naive_colocation_bytes"] > s["peak_bytes_per_gpu"]
