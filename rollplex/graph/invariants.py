@@ -12,8 +12,6 @@ Each failure raises `GraphError` naming the op or value at fault.
 
 from __future__ import annotations
 
-import networkx as nx
-
 from rollplex.graph.ir import Graph, GraphError, Op, Phase, Value, ValueKind, version_model
 from rollplex.graph.lineage import lineage
 from rollplex.graph.schema import OpKind, Port, get_kind
@@ -104,12 +102,9 @@ def _check_port(where: str, what: str, schema: Port, value: Value, sym: dict[str
 
 
 def _check_acyclic(graph: Graph) -> None:
-    try:
-        cycle = nx.find_cycle(graph.nx)
-    except nx.NetworkXNoCycle:
-        return
-    names = " -> ".join([e[0] for e in cycle] + [cycle[-1][1]])
-    raise GraphError(f"op '{cycle[0][0]}'", f"is on a cycle: {names}")
+    cycle = graph.find_cycle()
+    if cycle is not None:
+        raise GraphError(f"op '{cycle[0]}'", f"is on a cycle: {' -> '.join(cycle)}")
 
 
 def _check_on_policy(graph: Graph) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from rollplex.graph.invariants import lint
@@ -121,3 +123,17 @@ def test_missing_required_input(grpo_tiny: Graph) -> None:
     del g.ops["rollout.decode"].inputs["weights"]
     with pytest.raises(GraphError, match="required input 'weights'"):
         lint(g)
+
+
+def test_find_cycle_names_exactly_the_ops_on_it(grpo_tiny: Graph) -> None:
+    g = grpo_tiny.copy()
+    assert g.find_cycle() is None
+    g.ops["rollout.prefix_prefill"].inputs["features"] = "train.vision_encode.features"
+    g.ops["train.vision_encode"].inputs["pixels"] = "rollout.advantage.advantages"
+    g.invalidate()
+    cycle = g.find_cycle()
+    assert cycle[0] == cycle[-1] and len(set(cycle)) == len(cycle) - 1
+    made = g.producers()
+    for a, b in itertools.pairwise(cycle):  # every hop is a real edge
+        assert any(made.get(v) is g.ops[a] for v in g.ops[b].inputs.values()), (a, b)
+    assert {"rollout.prefix_prefill", "train.vision_encode"} <= set(cycle)
