@@ -12,16 +12,13 @@ the sum of that plan's slots (bench/paper_setting.py's "naive" column means the 
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.planner.cost_model import CostModel
-from rollplex.planner.plan import Plan
+from rollplex.planner.plan import Plan, dump_plan
 from rollplex.specs.calibration import load_calibration
 from rollplex.specs.run import RunSpec
 from rollplex.trace import (
@@ -36,19 +33,6 @@ from rollplex.trace.from_plan import plan_timeline
 
 log = logging.getLogger(__name__)
 GIB = 1 << 30
-
-
-def plan_to_dict(plan: Plan) -> dict[str, Any]:
-    def conv(x: Any) -> Any:
-        if isinstance(x, Enum):
-            return x.value
-        if isinstance(x, dict):
-            return {str(k): conv(v) for k, v in x.items()}
-        if isinstance(x, list | tuple):
-            return [conv(v) for v in x]
-        return x
-
-    return conv(dataclasses.asdict(plan))
 
 
 def cost_model_for(spec: RunSpec) -> CostModel:
@@ -106,7 +90,7 @@ def run_plan(spec: RunSpec, out: Path) -> dict[str, Any]:
     )
     plan, report = result.plan, result.report
     base = _baselines(spec)
-    (out / "plan.json").write_text(json.dumps(plan_to_dict(plan), indent=1))
+    (out / "plan.json").write_text(dump_plan(plan))
     dev = max(plan.devices, key=lambda d: d.peak_bytes)
     summary: dict[str, Any] = {
         "schedule": spec.schedule.name,

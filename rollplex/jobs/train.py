@@ -16,7 +16,6 @@ of another model, ends the run with a message naming the file and field.
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import os
 import statistics
@@ -86,7 +85,7 @@ def _train(spec: RunSpec, out: Path, ckpt) -> dict[str, Any]:
     from rollplex.backends.torch.backend import TorchConfig
     from rollplex.backends.torch.data import TaskData
     from rollplex.jobs.pipeline import plan_step
-    from rollplex.jobs.plan import plan_to_dict
+    from rollplex.planner.plan import dump_plan
     from rollplex.runtime import Executor, Progress
     from rollplex.runtime.checkpoint import restore, save_checkpoint
     from rollplex.trace import open_writer
@@ -94,7 +93,7 @@ def _train(spec: RunSpec, out: Path, ckpt) -> dict[str, Any]:
     t = spec.train
     result = plan_step(spec.model, spec.workload, spec.algo, spec.hardware, spec.schedule)
     plan, graph = result.plan, result.graph
-    (out / "plan.json").write_text(json.dumps(plan_to_dict(plan), indent=1))
+    (out / "plan.json").write_text(dump_plan(plan))
     log.info(
         "plan '%s' (dedup=%s, overlap=%s): %d steps on %d streams; %s",
         plan.schedule,

@@ -12,9 +12,12 @@ alloc/free/offload/onload actions, with predicted times.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from pydantic import TypeAdapter
 
 
 class CoRun(StrEnum):
@@ -165,3 +168,18 @@ class Plan:
     @property
     def fits_budget(self) -> bool:
         return all(d.peak_bytes <= d.budget_bytes for d in self.devices)
+
+
+@functools.cache
+def _adapter() -> TypeAdapter[Plan]:
+    return TypeAdapter(Plan)
+
+
+def dump_plan(plan: Plan, indent: int | None = 1) -> str:
+    """The plan as JSON (`plan.json`); `load_plan` gives back an equal Plan."""
+    return _adapter().dump_json(plan, indent=indent).decode()
+
+
+def load_plan(text: str | bytes) -> Plan:
+    """A Plan from `dump_plan`'s JSON, validated field by field (types, enums)."""
+    return _adapter().validate_json(text)

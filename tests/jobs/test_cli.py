@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from rollplex.planner.plan import load_plan
+
 
 def rollplex(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -87,6 +89,8 @@ def test_plan_job_writes_its_run_folder(tmp_path: Path) -> None:
         assert key in s
     assert s["speedup_vs_serial_dedup"] >= 1.0 and s["fits_budget"]
     plan = json.loads((out / "plan.json").read_text())
+    loaded = load_plan((out / "plan.json").read_text())
+    assert loaded.schedule == "rollplex" and loaded.step_time_s > 0
     assert plan["schedule"] == "rollplex" and plan["devices"][0]["steps"]
     assert list((out / "tb").glob("gpu0.*.pt.trace.json"))
     assert "speedup vs serial" in (out / "plan.md").read_text()
