@@ -89,7 +89,10 @@ class StepBuilder:
         dt = self.model.dtype
         return Prompts(
             pixels=self._external(
-                "prompts.pixels", (n, self.patches, self.model.vision.patch_dim), dt, K.HOST_DATA
+                "prompts.pixels",
+                (n, *self.workload.grid(self.model.vision), self.model.vision.patch_dim),
+                dt,
+                K.HOST_DATA,
             ),
             text=self._external(
                 "prompts.text", (n, self.workload.text_tokens), "int64", K.HOST_DATA

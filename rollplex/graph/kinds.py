@@ -38,7 +38,12 @@ register(
     OpKind(
         "vision_encode",
         "ViT over the patches of each row, then the 2x2 merger.",
-        inputs={"pixels": port(*_DATA, dtype=FLOAT, dims=_ROWS3), "weights": port(K.WEIGHTS)},
+        # pixels: (rows, t, h, w, patch_dim), the processor's grid of patches per prompt;
+        # attention runs within each temporal patch, so the cost needs the layout.
+        inputs={
+            "pixels": port(*_DATA, dtype=FLOAT, dims=("B", None, None, None, None)),
+            "weights": port(K.WEIGHTS),
+        },
         outputs={"features": port(K.ACTIVATION, dtype=FLOAT, dims=_ROWS3)},
         prefix=True,
     )

@@ -100,10 +100,21 @@ def _response_tokens(ctx: CostContext) -> int:
     return max(1, round(ctx.workload.response_length.mean))
 
 
+def _grid(pixels: Value) -> dict:
+    """The vision formulas' layout arguments from a (rows, t, h, w, patch_dim) pixels value."""
+    _, t, h, w, _ = pixels.shape
+    return {"temporal_patches": t, "grid_hw": (h, w)}
+
+
+def _patches(pixels: Value) -> int:
+    _, t, h, w, _ = pixels.shape
+    return t * h * w
+
+
 def _vision(g: Graph, op: Op, ctx: CostContext) -> Cost:
-    ins = g.inputs_of(op)
-    px = ins["pixels"]
-    return F.vision_encode(ctx.model, ctx.per_rank(px.shape[0]), px.shape[1], ctx.tp)
+    px = g.values[op.inputs["pixels"]]
+    rows = ctx.per_rank(px.shape[0])
+    return F.vision_encode(ctx.model, rows, _patches(px), ctx.tp, **_grid(px))
 
 
 def _prefill(g: Graph, op: Op, ctx: CostContext) -> Cost:
@@ -220,10 +231,11 @@ def _backward(g: Graph, op: Op, ctx: CostContext, prefix_only: bool = False) -> 
             total += F.vision_backward(
                 ctx.model,
                 ctx.per_rank(px.shape[0]),
-                px.shape[1],
+                _patches(px),
                 ctx.tp,
                 checkpointing=ctx.checkpointing,
                 shards=ctx.shards,
+                **_grid(px),
             )
     return total
 
