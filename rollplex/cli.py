@@ -13,7 +13,18 @@ import sys
 from pathlib import Path
 
 JOBS = ("graph", "plan", "train")
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+def _conf_dir() -> str:
+    """The Hydra configs: rollplex/conf in an installed wheel (setup.py copies it there),
+    else the source checkout's top-level conf/ (the one source of truth)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "conf", here.parent / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return str(candidate)
+    raise SystemExit(f"rollplex: no configs found in {here / 'conf'} or {here.parent / 'conf'}")
+
+
 log = logging.getLogger("rollplex")
 
 
@@ -33,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.argv = [f"rollplex-{job}", *overrides, f"job={job}"]
     # `train` defaults to a tiny CPU run (conf/train.yaml); the planning jobs to 7B on H200s.
     config = "train" if job == "train" else "config"
-    hydra.main(config_path=CONF_DIR, config_name=config, version_base="1.3")(_run)()
+    hydra.main(config_path=_conf_dir(), config_name=config, version_base="1.3")(_run)()
     from rollplex.jobs.sweep import FAILED_RUNS
 
     if FAILED_RUNS:  # a sweep went on past them; say so in the exit code
