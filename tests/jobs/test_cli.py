@@ -226,3 +226,10 @@ def test_summary_names_the_overridden_hardware_and_one_naive_colocation(tmp_path
     )
     assert s["naive_colocation_bytes"] == naive.plan.peak_bytes_per_gpu
     assert s["naive_colocation_bytes"] > s["peak_bytes_per_gpu"]
+
+
+def test_bad_train_tp_is_one_line(tmp_path: Path) -> None:
+    p = rollplex(tmp_path, "plan", "hardware=h200x8", "schedule.parallel.train_tp=16")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    (line,) = p.stderr.strip().splitlines()
+    assert "schedule.parallel.train_tp=16" in line and "8 GPUs" in line, line
