@@ -8,8 +8,10 @@ from pydantic import Field
 
 from rollplex.specs.algo import AlgoSpec
 from rollplex.specs.base import Spec
+from rollplex.specs.data import DataSpec
 from rollplex.specs.hardware import HardwareSpec
 from rollplex.specs.model import ModelSpec
+from rollplex.specs.reward import RewardSpec
 from rollplex.specs.schedule import ScheduleSpec
 from rollplex.specs.workload import WorkloadSpec
 
@@ -83,5 +85,9 @@ class RunSpec(Spec):
         None,
         description="Measured op times (rollplex-calibration/1 JSON, e.g. "
         "bench/results/calibration_h200_qwen2_5_vl_7b.json) that rescale the cost model.",
+    )
+    data: DataSpec = Field(default_factory=DataSpec, description="Prompts (conf/data).")
+    reward: RewardSpec = Field(
+        default_factory=RewardSpec, description="Reward components (conf/reward)."
     )
     train: TrainSpec = Field(default_factory=TrainSpec, description="The train job.")

@@ -25,7 +25,7 @@ def setup():
     model = build_model(MODEL, seed=0)
     batch = TaskData(MODEL, WORKLOAD, seed=0).step(0).batch
     with torch.no_grad():
-        feats = features_of(model, Pixels(batch.pixel_values, batch.image_grid_thw))
+        feats = features_of(model, Pixels.of(batch))
         state = expand_prefix(prefix_forward(model, text_only(batch), feats.values, False), 4)
     return model, batch, feats, state
 

@@ -4,7 +4,7 @@ Qwen2.5-VL, plus a tiny tokenizer, processor and synthetic visual task for CPU t
 Modules (imported on demand, so importing this package does not import transformers):
 - model:     build_model / save_model / load_model / set_trainable
 - tokenizer: build_tokenizer / build_image_processor / encode_prompt
-- batch:     PromptInputs, PromptBatch, collate_prompts
+- (prompt records PromptInputs, PromptBatch, collate_prompts live in rollplex.data.prompts)
 - task:      VisualTask (seeded coloured-shapes questions) and reward
 - engine:    the per-op functions (vision_encode, prefix_forward, expand_prefix, decode,
              response_logprobs, full_logprobs, grpo_loss, group_advantages)

@@ -30,7 +30,6 @@ from rollplex.backends.base import (
     OpResult,
     Sampling,
 )
-from rollplex.backends.torch.batch import PromptBatch
 from rollplex.backends.torch.loss import ADVANTAGES
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.roles import (
@@ -51,6 +50,7 @@ from rollplex.backends.torch.rows import (
 from rollplex.backends.torch.task import first_token_reward, reward
 from rollplex.backends.torch.trainer import TorchTrainer
 from rollplex.backends.torch.values import OptimizerHandle, Pixels, VersionCounter, WeightsHandle
+from rollplex.data.prompts import PromptBatch
 from rollplex.graph.ir import Graph, Op, Phase, ValueKind, version_model
 from rollplex.specs import AlgoSpec, ModelSpec
 
@@ -151,7 +151,7 @@ class TorchBackend(Backend):
         )
         batch = inputs.batch  # host data: the executor loads it when the plan allocates it
         source = {
-            "pixels": Pixels(batch.pixel_values, batch.image_grid_thw),
+            "pixels": Pixels.of(batch),
             "text": text_only(batch),
             "answers": inputs.answers,
             "policy": self.trainer.handle(),

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 import torch
 
 from rollplex.backends.torch.backend import StepInputs
-from rollplex.backends.torch.batch import collate_prompts
 from rollplex.backends.torch.task import KINDS, VisualTask
 from rollplex.backends.torch.tokenizer import (
     build_image_processor,
@@ -20,6 +19,7 @@ from rollplex.backends.torch.tokenizer import (
     encode_prompt,
     token_id,
 )
+from rollplex.data.prompts import collate_prompts
 from rollplex.specs import ModelSpec, WorkloadSpec
 
 

@@ -2,7 +2,7 @@
 
 One GRPO step over B prompts and G samples each, with the prefix computed once per prompt:
 
-    feats = vision_encode(model, batch.pixel_values, batch.image_grid_thw)
+    feats = vision_encode(model, *batch.visual_rows()[:2])   # images and videos, row order
     state = expand_prefix(prefix_forward(model, batch, feats, grad=False), G)
     tokens, old_logp, lengths = decode(model, state, R, temperature, top_p, gen, eos_id)
     with torch.no_grad():                       # reference model, same prefix trick
@@ -18,7 +18,6 @@ baseline and the yardstick.
 
 from __future__ import annotations
 
-from rollplex.backends.torch.batch import PromptBatch, PromptInputs, collate_prompts
 from rollplex.backends.torch.decode import decode, sample_next
 from rollplex.backends.torch.logprob import (
     full_logits,
@@ -29,6 +28,7 @@ from rollplex.backends.torch.logprob import (
 )
 from rollplex.backends.torch.loss import group_advantages, grpo_loss
 from rollplex.backends.torch.prefix import PrefixState, expand_prefix, prefix_forward, vision_encode
+from rollplex.data.prompts import PromptBatch, PromptInputs, collate_prompts
 
 __all__ = [
     "PrefixState",

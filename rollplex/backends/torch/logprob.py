@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 
-from rollplex.backends.torch.batch import PromptBatch
 from rollplex.backends.torch.prefix import (
     Model,
     PrefixState,
@@ -24,7 +23,10 @@ from rollplex.backends.torch.prefix import (
     fork_cache,
     lm_hidden,
     response_positions,
+    rope_index,
+    scatter_visual,
 )
+from rollplex.data.prompts import PromptBatch
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -96,17 +98,16 @@ def full_logits(
         raise ValueError(f"{n} responses for {batch.size} prompts x G={group_size}")
     pad_id = model.config.text_config.pad_token_id or 0
     ids, types, mask, plen = _full_sequences(batch, responses, lengths, group_size, pad_id)
-    # verl recomputes the image for every sample: repeat each prompt's patches G times.
-    chunks = batch.pixel_values.split(batch.patches_per_prompt())
-    pixels = torch.cat([c for c in chunks for _ in range(group_size)])
-    grid = batch.image_grid_thw.repeat_interleave(group_size, dim=0)
-    positions, _ = model.model.get_rope_index(
-        ids, mm_token_type_ids=types, image_grid_thw=grid, attention_mask=mask
-    )
+    # verl recomputes the visuals for every sample: repeat each prompt's pixels G times.
+    rep = batch.repeat(group_size)
+    positions = rope_index(model, rep, ids, types, mask)
     hidden = model.model(
         input_ids=ids,
-        pixel_values=pixels,
-        image_grid_thw=grid,
+        pixel_values=rep.pixel_values if rep.image_grid_thw.numel() else None,
+        image_grid_thw=rep.image_grid_thw,
+        pixel_values_videos=rep.pixel_values_videos if rep.video_grid_thw.numel() else None,
+        video_grid_thw=rep.video_grid_thw,
+        second_per_grid_ts=rep.second_per_grid_ts,
         mm_token_type_ids=types,
         attention_mask=mask,
         position_ids=positions,
@@ -140,19 +141,15 @@ def features_full_logprobs(
     lengths: torch.Tensor,
 ) -> torch.Tensor:
     """Logprobs [N, R] from one forward over [prefix_i, response_i] per row, with the image
-    tokens of row i taking `features` (rows in order); `batch` has one row per response."""
+    and video tokens of row i taking `features` (rows in order); `batch` has one row per
+    response."""
     n, width = responses.shape
     if n != batch.size:
         raise ValueError(f"{n} responses for {batch.size} prefix rows")
     pad_id = model.config.text_config.pad_token_id or 0
     ids, types, mask, plen = _full_sequences(batch, responses, lengths, 1, pad_id)
-    embeds = embed_tokens(model, ids)
-    # Image positions by type, not by id: a sampled response may contain the image token.
-    image_mask = (types == 1).unsqueeze(-1)
-    embeds = embeds.masked_scatter(image_mask, features.to(embeds.dtype))
-    positions, _ = model.model.get_rope_index(
-        ids, mm_token_type_ids=types, image_grid_thw=batch.image_grid_thw, attention_mask=mask
-    )
+    embeds = scatter_visual(embed_tokens(model, ids), types, features)
+    positions = rope_index(model, batch, ids, types, mask)
     hidden = lm_hidden(model, embeds, positions, mask, None)
     idx = (plen.to(ids.device) - 1)[:, None] + torch.arange(width, device=ids.device)
     idx = idx.clamp(max=ids.shape[1] - 1)

@@ -5,9 +5,10 @@ it, so it runs once per prompt and its KV cache is shared:
 
     vision_encode -> prefix_forward -> expand_prefix(G) -> decode / response_logprobs
 
-Layout: prompts are right-padded (see batch.py). Each row's M-RoPE positions come from
-`get_rope_index` over its valid tokens; the first response token sits at position
-`next_positions[row]` on all three axes (= prefix length + rope delta), the next one at +1,
+Layout: prompts are right-padded (see rollplex/data/prompts.py). Each row's M-RoPE
+positions come from `get_rope_index` over its valid tokens, image and video grids alike;
+the first response token sits at position `next_positions[row]` on all three axes (the
+position get_rope_index gives a text token right after the prompt), the next one at +1,
 and so on. Positions are always passed explicitly: transformers keeps `rope_deltas` as
 state on the module, and with explicit positions that state is never read.
 """
@@ -22,7 +23,7 @@ import torch
 from transformers import DynamicCache, Qwen2_5_VLForConditionalGeneration
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLTextModel
 
-from rollplex.backends.torch.batch import PromptBatch
+from rollplex.data.prompts import PromptBatch
 
 Model = Qwen2_5_VLForConditionalGeneration
 
@@ -95,11 +96,67 @@ def cache_kv(kv: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def vision_encode(model: Model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-    """Merged visual features [sum tokens, H], images in order: the vision tower plus the
-    2x2 merger, exactly the call `get_image_features` makes. Autograd follows the caller's
+    """Merged visual features [sum tokens, H], visuals in order (images, and videos: grids
+    with t > 1): the vision tower plus the 2x2 merger, exactly the call
+    `get_image_features` / `get_video_features` make. Autograd follows the caller's
     grad mode (and the tower's requires_grad flags)."""
     visual = model.model.visual
+    if grid_thw.shape[0] == 0:  # text-only prompts (a row chunk may hold only those)
+        return pixel_values.new_zeros((0, model.config.vision_config.out_hidden_size))
     return visual(pixel_values.type(visual.dtype), grid_thw=grid_thw).pooler_output
+
+
+def rope_index(
+    model: Model,
+    batch: PromptBatch,
+    input_ids: torch.Tensor,
+    mm_token_type_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+) -> torch.Tensor:
+    """M-RoPE positions [3, N, T] from the model's own `get_rope_index`, with the image
+    and video grids of `batch` (whose rows the N sequences extend, in order)."""
+    positions, _ = model.model.get_rope_index(
+        input_ids,
+        mm_token_type_ids=mm_token_type_ids,
+        image_grid_thw=batch.image_grid_thw,
+        video_grid_thw=batch.video_grid_thw,
+        second_per_grid_ts=batch.second_per_grid_ts,
+        attention_mask=attention_mask,
+    )
+    return positions
+
+
+def prefix_positions(model: Model, batch: PromptBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions [3, B, P] of the prompts, position [B] of the token after each).
+
+    The next position is read off `get_rope_index` over each prompt plus one text token,
+    so a response continues exactly as in one forward over prompt + response. The
+    `rope_deltas` it returns (max position + 1 - length) agree with that for images but
+    not for a video whose temporal positions outrun its height and width: transformers 5
+    puts the text after a video at start + max(h, w) / merge. (vLLM 0.32 and Qwen's own
+    code put it at the video's max position + 1, so for such videos their positions differ
+    from transformers' ones.)"""
+    b, p = batch.input_ids.shape
+    rows = torch.arange(b, device=batch.input_ids.device)
+    ids = torch.nn.functional.pad(batch.input_ids, (0, 1), value=0)
+    types = torch.nn.functional.pad(batch.mm_token_type_ids, (0, 1), value=0)
+    mask = torch.nn.functional.pad(batch.attention_mask, (0, 1), value=0)
+    ids[rows, batch.lengths] = 0
+    types[rows, batch.lengths] = 0
+    mask[rows, batch.lengths] = 1
+    positions = rope_index(model, batch, ids, types, mask)
+    following = positions[0, rows, batch.lengths].clone()
+    positions[:, rows, batch.lengths] = 0  # a pad again: as get_rope_index leaves pads
+    return positions[:, :, :p], following
+
+
+def scatter_visual(embeds: torch.Tensor, types: torch.Tensor, features: torch.Tensor):
+    """Put visual features (row by row, in token order) at the image and video tokens.
+    Positions come from the token types, not ids: a response may sample a pad id."""
+    mask = (types != 0).unsqueeze(-1)
+    if int(mask.sum()) != features.shape[0]:
+        raise ValueError(f"{int(mask.sum())} visual tokens but {features.shape[0]} features")
+    return embeds.masked_scatter(mask, features.to(embeds.dtype))
 
 
 def prefix_forward(
@@ -107,6 +164,7 @@ def prefix_forward(
 ) -> PrefixState:
     """One forward over each prompt's prefix, keeping its KV cache.
 
+    `vision_features` are each prompt's visuals (its images, or its video), row by row.
     With `grad=True` the graph is kept, even inside a caller's no_grad: a loss on the
     responses backpropagates through the cache and `last_logits` into the LLM, and through
     `vision_features` into the merger and the tower when those were computed with grad.
@@ -114,30 +172,20 @@ def prefix_forward(
     the LM head later on more rows at once."""
     with torch.enable_grad() if grad else torch.no_grad():
         embeds = embed_tokens(model, batch.input_ids)
-        image_mask = (batch.input_ids == model.config.image_token_id).unsqueeze(-1)
-        if int(image_mask.sum()) != vision_features.shape[0]:
-            raise ValueError(
-                f"{int(image_mask.sum())} image tokens but {vision_features.shape[0]} features"
-            )
-        embeds = embeds.masked_scatter(image_mask, vision_features.to(embeds.dtype))
-        positions, deltas = model.model.get_rope_index(
-            batch.input_ids,
-            mm_token_type_ids=batch.mm_token_type_ids,
-            image_grid_thw=batch.image_grid_thw,
-            attention_mask=batch.attention_mask,
-        )
+        embeds = scatter_visual(embeds, batch.mm_token_type_ids, vision_features)
+        positions, following = prefix_positions(model, batch)
         kv = new_cache(model)
         hidden = lm_hidden(model, embeds, positions, batch.attention_mask, kv)
         rows = torch.arange(batch.size, device=hidden.device)
         last_hidden = hidden[rows, batch.lengths - 1]
         last_logits = model.lm_head(last_hidden) if head else None
-    deltas = deltas.view(-1).to(batch.lengths.device)
+    following = following.to(batch.lengths.device)
     return PrefixState(
         cache=kv,
         last_logits=last_logits,
         attention_mask=batch.attention_mask,
-        next_positions=batch.lengths + deltas,
-        rope_deltas=deltas,
+        next_positions=following,
+        rope_deltas=following - batch.lengths,
         lengths=batch.lengths,
         last_hidden=None if head else last_hidden,
     )

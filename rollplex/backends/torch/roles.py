@@ -28,7 +28,6 @@ from rollplex.backends.base import (
     WeightsSource,
     version_name,
 )
-from rollplex.backends.torch.batch import PromptBatch
 from rollplex.backends.torch.decode import DecodeSession as TorchDecodeSession
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs, response_mask
 from rollplex.backends.torch.model import load_model
@@ -41,6 +40,7 @@ from rollplex.backends.torch.values import (
     SavedActivations,
     TokenLogprobs,
 )
+from rollplex.data.prompts import PromptBatch
 from rollplex.specs import ModelSpec
 
 
@@ -82,9 +82,12 @@ def capture_saved() -> Iterator[SavedActivations]:
 
 
 def features_of(model: Model, pixels: Pixels) -> Features:
+    """Merged features of every prompt's visuals in one tower call; images and video
+    frames alike (a grid with t > 1 is a video)."""
     merge = model.config.vision_config.spatial_merge_size**2
     values = encode(model, pixels.values, pixels.grid)
-    return Features(values, [int(n) // merge for n in pixels.grid.prod(-1).tolist()])
+    per_visual = (pixels.grid.prod(-1) // merge).split(pixels.counts)
+    return Features(values, [int(n.sum()) for n in per_visual])
 
 
 def masked_logprobs(values: torch.Tensor, responses: Responses) -> TokenLogprobs:

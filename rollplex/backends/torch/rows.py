@@ -2,22 +2,22 @@
 
 A plan cuts prefix ops into chunks of prompt rows (`row_ranges`); each chunk runs on the
 rows it selects, and the last merges all chunks' outputs back in row order. Prompt text is
-a PromptBatch whose `pixel_values` are empty (the pixels travel as their own value).
+a PromptBatch whose pixels are empty (the pixels travel as their own value).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields, replace
+from dataclasses import fields
 from typing import Any
 
 import torch
 from torch import nn
 
 from rollplex.backends.base import BackendError
-from rollplex.backends.torch.batch import PromptBatch
 from rollplex.backends.torch.prefix import PrefixState, cache_kv, fork_cache
 from rollplex.backends.torch.values import Features, Pixels, SavedActivations
+from rollplex.data.prompts import PromptBatch
 
 
 def row_ranges(rows: int, chunks: int) -> list[tuple[int, int]]:
@@ -31,26 +31,17 @@ def _rep(t: torch.Tensor, g: int) -> torch.Tensor:
     return t.repeat_interleave(g, dim=0)
 
 
-# Prompt text is a PromptBatch whose pixel_values are empty: the pixels travel separately.
+# Prompt text is a PromptBatch whose pixels are empty: the pixels travel separately.
 def text_rows(batch: PromptBatch, lo: int, hi: int) -> PromptBatch:
-    return PromptBatch(
-        **{f.name: _rows_of(f.name, getattr(batch, f.name), lo, hi) for f in fields(batch)}
-    )
-
-
-def _rows_of(name: str, t: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-    return t if name == "pixel_values" else t[lo:hi]
+    return batch.select(lo, hi)
 
 
 def text_repeat(batch: PromptBatch, g: int) -> PromptBatch:
-    def rep(name: str, t: torch.Tensor) -> torch.Tensor:
-        return t if name == "pixel_values" else _rep(t, g)
-
-    return PromptBatch(**{f.name: rep(f.name, getattr(batch, f.name)) for f in fields(batch)})
+    return batch.repeat(g)
 
 
 def text_only(batch: PromptBatch) -> PromptBatch:
-    return replace(batch, pixel_values=batch.pixel_values[:0])
+    return batch.text_only()
 
 
 def merge_prefix(parts: Sequence[PrefixState], head: nn.Module | None = None) -> PrefixState:
@@ -129,7 +120,9 @@ def move_value(value: Any, device: torch.device) -> Any:
     if hasattr(value, "move_to"):
         return value.move_to(device)
     if isinstance(value, Pixels):
-        return Pixels(move_value(value.values, device), move_value(value.grid, device))
+        return Pixels(
+            move_value(value.values, device), move_value(value.grid, device), list(value.counts)
+        )
     if isinstance(value, Features):
         return Features(move_value(value.values, device), list(value.tokens))
     if isinstance(value, PromptBatch):

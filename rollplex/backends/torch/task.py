@@ -1,17 +1,4 @@
-"""A synthetic, verifiable visual task: coloured shapes on a grey background.
-
-Each sample is a pure function of (seed, index), so any worker can regenerate it.
-
-Image: `image_size` pixels square, split into a 3x3 grid of cells (at 84 px a cell is 28 px,
-one merged visual token for patch 14 / merge 2). One to four cells hold one shape each, a
-square or a disc, all in one colour. Shapes stay `MARGIN` pixels inside their cell, so two
-shapes never touch: counting connected components gives the count back, and counting
-pixels of each palette colour gives the colour back (PIL draws without anti-aliasing).
-
-Questions and answers (each answer is one word, so one token of the task tokenizer):
-- count:  "how many shapes are in the image ?"  -> one | two | three | four
-- colour: "what colour are the shapes ?"        -> red | green | blue | yellow
-The two questions have different lengths, which gives batches real padding.
+"""Token-level rewards of the tiny synthetic task; the generator lives in rollplex.data.shapes.
 
 Reward rule (`reward`): 1.0 iff the response is exactly [answer, eos] — the answer token
 first, eos second. A wrong word, extra tokens, a missing eos or a truncated response all
@@ -26,95 +13,44 @@ so GRPO groups almost never see a success to learn from; the first token alone h
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
-from PIL import Image, ImageDraw
 
-BACKGROUND: tuple[int, int, int] = (128, 128, 128)
-PALETTE: dict[str, tuple[int, int, int]] = {
-    "red": (220, 40, 40),
-    "green": (40, 180, 60),
-    "blue": (40, 80, 220),
-    "yellow": (230, 210, 40),
-}
-COUNT_WORDS: tuple[str, ...] = ("one", "two", "three", "four")
-QUESTIONS: dict[str, str] = {
-    "count": "how many shapes are in the image ?",
-    "colour": "what colour are the shapes ?",
-}
-KINDS: tuple[str, ...] = tuple(QUESTIONS)
-ANSWER_WORDS: tuple[str, ...] = COUNT_WORDS + tuple(PALETTE)
-# Every word the task can emit; the tokenizer builds its vocabulary from these.
-VOCAB_WORDS: tuple[str, ...] = tuple(
-    dict.fromkeys([*(w for q in QUESTIONS.values() for w in q.split()), *ANSWER_WORDS])
+from rollplex.data.shapes import (  # re-exported: the backend's tokenizer and tests use them
+    ANSWER_WORDS,
+    BACKGROUND,
+    COUNT_WORDS,
+    GRID,
+    KINDS,
+    MARGIN,
+    PALETTE,
+    QUESTIONS,
+    SHAPES,
+    VOCAB_WORDS,
+    Shape,
+    TaskSample,
+    VisualTask,
 )
-GRID = 3
-MARGIN = 3
-SHAPES: tuple[str, ...] = ("square", "disc")
 
-
-@dataclass(slots=True, frozen=True)
-class Shape:
-    kind: str  # "square" | "disc"
-    box: tuple[int, int, int, int]  # x0, y0, x1, y1 inclusive
-
-
-@dataclass(slots=True, frozen=True)
-class TaskSample:
-    image: Image.Image
-    question: str
-    answer: str  # one word of ANSWER_WORDS
-    kind: str  # "count" | "colour"
-    count: int
-    colour: str
-    shapes: tuple[Shape, ...]
-
-
-class VisualTask:
-    """Coloured-shape questions, generated on the fly from a seed."""
-
-    def __init__(
-        self, seed: int, image_size: int = 84, kinds: Sequence[str] = KINDS, max_count: int = 4
-    ) -> None:
-        cell = image_size // GRID
-        if cell - 2 * MARGIN < 4:
-            raise ValueError(f"image_size {image_size} too small for a {GRID}x{GRID} grid")
-        if unknown := set(kinds) - set(KINDS):
-            raise ValueError(f"unknown question kinds {sorted(unknown)}; known: {KINDS}")
-        if not 1 <= max_count <= len(COUNT_WORDS):
-            raise ValueError(f"max_count must lie in [1, {len(COUNT_WORDS)}]")
-        self.seed, self.image_size, self.max_count = seed, image_size, max_count
-        self.kinds = tuple(kinds)
-
-    def sample(self, index: int) -> TaskSample:
-        # A string seed is hashed with sha512: stable across processes and PYTHONHASHSEED.
-        rng = random.Random(f"rollplex-visual-task:{self.seed}:{index}")
-        count = rng.randint(1, self.max_count)
-        colour = rng.choice(tuple(PALETTE))
-        kind = rng.choice(self.kinds)
-        cell = self.image_size // GRID
-        image = Image.new("RGB", (self.image_size, self.image_size), BACKGROUND)
-        draw = ImageDraw.Draw(image)
-        shapes = []
-        for c in sorted(rng.sample(range(GRID * GRID), count)):
-            size = rng.randint(max(4, cell // 3), cell - 2 * MARGIN)
-            x0 = (c % GRID) * cell + rng.randint(MARGIN, cell - MARGIN - size)
-            y0 = (c // GRID) * cell + rng.randint(MARGIN, cell - MARGIN - size)
-            shape = Shape(rng.choice(SHAPES), (x0, y0, x0 + size - 1, y0 + size - 1))
-            fill = PALETTE[colour]
-            if shape.kind == "square":
-                draw.rectangle(shape.box, fill=fill)
-            else:
-                draw.ellipse(shape.box, fill=fill)
-            shapes.append(shape)
-        answer = COUNT_WORDS[count - 1] if kind == "count" else colour
-        return TaskSample(image, QUESTIONS[kind], answer, kind, count, colour, tuple(shapes))
-
-    def samples(self, start: int, n: int) -> list[TaskSample]:
-        return [self.sample(i) for i in range(start, start + n)]
+__all__ = [
+    "ANSWER_WORDS",
+    "BACKGROUND",
+    "COUNT_WORDS",
+    "GRID",
+    "KINDS",
+    "MARGIN",
+    "PALETTE",
+    "QUESTIONS",
+    "REWARDS",
+    "SHAPES",
+    "VOCAB_WORDS",
+    "Shape",
+    "TaskSample",
+    "VisualTask",
+    "first_token_reward",
+    "reward",
+]
 
 
 def reward(response_ids: Sequence[int] | torch.Tensor, answer_id: int, eos_id: int) -> float:

@@ -18,8 +18,8 @@ from tokenizers import AddedToken, Tokenizer, normalizers, pre_tokenizers
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast, Qwen2VLImageProcessorPil
 
-from rollplex.backends.torch.batch import PromptInputs
 from rollplex.backends.torch.task import VOCAB_WORDS
+from rollplex.data.prompts import PromptInputs
 from rollplex.specs.model import ModelSpec
 
 # SpecialTokens field -> token text (Qwen2.5-VL's names). Where two fields share an id

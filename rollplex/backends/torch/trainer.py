@@ -9,7 +9,6 @@ from typing import Any
 import torch
 
 from rollplex.backends.base import BackendError, LiveWeights, Trainer
-from rollplex.backends.torch.batch import PromptBatch
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs
 from rollplex.backends.torch.loss import grpo_loss
 from rollplex.backends.torch.model import load_model, save_model
@@ -32,6 +31,7 @@ from rollplex.backends.torch.values import (
     VersionCounter,
     WeightsHandle,
 )
+from rollplex.data.prompts import PromptBatch
 from rollplex.specs import AlgoSpec, ModelSpec
 
 

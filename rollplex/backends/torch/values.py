@@ -16,34 +16,52 @@ import torch
 from torch import nn
 
 from rollplex.backends.base import BackendError, version_name
+from rollplex.data.prompts import PromptBatch
 
 
 @dataclass(slots=True)
 class Pixels:
+    """Each prompt's visuals (its images, or its video) as one vision-tower input."""
+
     values: torch.Tensor  # [sum patches, D], prompts in order
-    grid: torch.Tensor  # [B, 3] (t, h, w) in patches
+    grid: torch.Tensor  # [visuals, 3] (t, h, w) in patches, prompts in order
+    counts: list[int]  # visuals per prompt
+
+    @staticmethod
+    def of(batch: PromptBatch) -> Pixels:
+        return Pixels(*batch.visual_rows())
 
     @property
     def rows(self) -> int:
-        return int(self.grid.shape[0])
+        return len(self.counts)
+
+    def _grids(self) -> list[torch.Tensor]:
+        return list(self.grid.split(self.counts))
 
     def _spans(self) -> list[int]:
-        return self.grid.prod(-1).tolist()
+        return [int(g.prod(-1).sum()) for g in self._grids()]
 
     def select(self, lo: int, hi: int) -> Pixels:
-        spans = self._spans()
+        spans, visuals = self._spans(), self.counts
         a, b = sum(spans[:lo]), sum(spans[:hi])
-        return Pixels(self.values[a:b], self.grid[lo:hi])
+        va, vb = sum(visuals[:lo]), sum(visuals[:hi])
+        return Pixels(self.values[a:b], self.grid[va:vb], visuals[lo:hi])
 
     def repeat(self, g: int) -> Pixels:
-        parts = self.values.split(self._spans())
+        parts, grids = self.values.split(self._spans()), self._grids()
         return Pixels(
-            torch.cat([p for p in parts for _ in range(g)]), self.grid.repeat_interleave(g, dim=0)
+            torch.cat([p for p in parts for _ in range(g)]),
+            torch.cat([x for x in grids for _ in range(g)]),
+            [c for c in self.counts for _ in range(g)],
         )
 
     @staticmethod
     def merge(parts: Sequence[Pixels]) -> Pixels:
-        return Pixels(torch.cat([p.values for p in parts]), torch.cat([p.grid for p in parts]))
+        return Pixels(
+            torch.cat([p.values for p in parts]),
+            torch.cat([p.grid for p in parts]),
+            [c for p in parts for c in p.counts],
+        )
 
 
 @dataclass(slots=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollplex.backends.torch.batch import PromptBatch, collate_prompts
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.task import QUESTIONS, VisualTask
 from rollplex.backends.torch.tokenizer import build_image_processor, build_tokenizer, encode_prompt
+from rollplex.data.prompts import PromptBatch, collate_prompts
 from rollplex.specs.model import MODEL_PRESETS, ModelSpec
 
 torch.set_num_threads(1)

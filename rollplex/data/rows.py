@@ -1,0 +1,149 @@
+"""Row sources: a `datasets.Dataset` of EasyR1/verl-style rows as a PromptSource.
+
+A row has a question (`prompt_key`, with "<image>"/"<video>" placeholders or none), an
+answer (`answer_key`), and optionally images (`image_key`) and one video (`video_key`).
+Everything checkable without decoding is checked when the source is built (columns,
+answers, placeholder counts, that image and frame files exist), so a bad row stops the
+run before any model loads; pixels are decoded when a batch asks for the row.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from rollplex.data.media import as_list, check_image, check_video, load_image, load_video
+from rollplex.data.order import IndexedSource
+from rollplex.data.sample import DataError, Sample
+from rollplex.specs.data import DataSpec
+
+IMAGE, VIDEO = "<image>", "<video>"
+
+
+class RowSource(IndexedSource):
+    def __init__(
+        self,
+        name: str,
+        split: str,
+        seed: int,
+        dataset: Any,  # datasets.Dataset
+        *,
+        spec: DataSpec,
+        label: str,  # how errors name the data: a file path, or "easy-vqa train"
+        base: Path,  # relative image/frame paths start here
+        frames: int,
+        max_rows: int | None,
+    ) -> None:
+        self.label, self.base, self.frames, self.spec = label, base, frames, spec
+        columns = set(dataset.column_names)
+        for field, key in (("prompt_key", spec.prompt_key), ("answer_key", spec.answer_key)):
+            if key not in columns:
+                raise DataError(
+                    f"{label}: no column '{key}' (data.{field}); columns: {sorted(columns)}"
+                )
+        self.image_key = spec.image_key if spec.image_key in columns else None
+        self.video_key = spec.video_key if spec.video_key in columns else None
+        if max_rows is not None and max_rows < len(dataset):
+            dataset = dataset.select(range(max_rows))
+        self.dataset = dataset
+        super().__init__(name, split, seed, len(dataset))
+        self._check_rows()
+
+    def _where(self, i: int, key: str) -> str:
+        return f"{self.label} row {i} field '{key}'"
+
+    def _check_rows(self) -> None:
+        keys = [self.spec.prompt_key, self.spec.answer_key, self.image_key, self.video_key]
+        cols = self.dataset.select_columns([k for k in keys if k])
+        checked: set[str] = set()  # datasets repeat images across questions (easy-vqa: ~10x)
+        for start in range(0, len(cols), 1024):
+            chunk = cols[start : start + 1024]
+            for j in range(len(chunk[self.spec.prompt_key])):
+                self._check_row(start + j, {k: chunk[k][j] for k in chunk}, checked)
+
+    def _check_row(self, i: int, row: dict[str, Any], checked: set[str]) -> None:
+        pk, ak = self.spec.prompt_key, self.spec.answer_key
+        if not isinstance(row[pk], str):
+            raise DataError(f"{self._where(i, pk)}: expected text, got {row[pk]!r:.80}")
+        if row[ak] is None or (isinstance(row[ak], str) and not row[ak].strip()):
+            raise DataError(f"{self._where(i, ak)}: the answer is missing")
+        images = as_list(row[self.image_key]) if self.image_key else []
+        for item in images:
+            if isinstance(item, str) and item in checked:
+                continue
+            check_image(item, self.base, self._where(i, self.image_key))
+            if isinstance(item, str):
+                checked.add(item)
+        n_ph = row[pk].count(IMAGE)
+        if n_ph and n_ph != len(images):
+            raise DataError(
+                f"{self._where(i, pk)}: {n_ph} {IMAGE} placeholder(s) but {len(images)} "
+                f"image(s) in '{self.image_key or self.spec.image_key}'"
+            )
+        video = row[self.video_key] if self.video_key else None
+        if video is not None and as_list(video):
+            check_video(video, self.base, self._where(i, self.video_key))
+        elif VIDEO in row[pk]:
+            raise DataError(f"{self._where(i, pk)}: {VIDEO} placeholder but the row has no video")
+        if row[pk].count(VIDEO) > 1:
+            raise DataError(f"{self._where(i, pk)}: one {VIDEO} placeholder at most")
+
+    def row(self, index: int) -> Sample:
+        row = self.dataset[index]
+        images = ()
+        if self.image_key:
+            where = self._where(index, self.image_key)
+            images = tuple(load_image(v, self.base, where) for v in as_list(row[self.image_key]))
+        video = None
+        if self.video_key and as_list(row[self.video_key]):
+            where = self._where(index, self.video_key)
+            video = load_video(row[self.video_key], self.base, self.frames, where)
+        answer = row[self.spec.answer_key]
+        answer = answer if isinstance(answer, str) else json.dumps(answer)
+        return Sample(self.uid(index), row[self.spec.prompt_key], answer, images, video)
+
+
+def load_file(path: str, fmt: str) -> Any:
+    """A jsonl or parquet file as a datasets.Dataset; unreadable -> DataError naming it."""
+    file = Path(path)
+    if not file.is_file():
+        raise DataError(f"data file {file} does not exist")
+    import datasets  # imported late: it takes seconds
+
+    datasets.disable_progress_bars()
+    builder = "json" if fmt == "jsonl" else "parquet"
+    quiet = logging.getLogger("datasets")  # it logs the error we raise, as a second line
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        return datasets.load_dataset(builder, data_files=str(file), split="train")
+    except Exception as err:
+        bad = _bad_json_line(file) if fmt == "jsonl" else None
+        raise DataError(f"{file}: cannot read as {fmt}{bad or ''}: {_first_line(err)}") from None
+    finally:
+        quiet.setLevel(level)
+
+
+def _bad_json_line(file: Path) -> str | None:
+    """Where a jsonl file stops being JSON, for the error message."""
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        return " (not UTF-8 text)"
+    for n, line in enumerate(lines, 1):
+        try:
+            if line.strip():
+                json.loads(line)
+        except json.JSONDecodeError as err:
+            return f" (line {n}: {err.msg})"
+    return None
+
+
+def _first_line(err: BaseException) -> str:
+    """The root cause's first line: datasets wraps parser errors in a generic one."""
+    while err.__cause__ is not None or err.__context__ is not None:
+        err = err.__cause__ or err.__context__
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0][:300]

@@ -1,0 +1,38 @@
+"""What every prompt source yields: `Sample`, the `PromptSource` protocol, `DataError`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from PIL import Image
+
+
+class DataError(ValueError):
+    """Bad input data; the message names the file, row and field (the CLI exits with 2)."""
+
+
+@dataclass(slots=True, frozen=True)
+class Sample:
+    uid: str  # stable: "<source>:<split>:<row index>"
+    problem: str  # may hold "<image>"/"<video>" placeholders, or none
+    answer: str  # ground truth text
+    images: tuple[Image.Image, ...] = ()  # RGB
+    video: tuple[Image.Image, ...] | None = None  # RGB frames, sampled to the frame count
+
+
+@runtime_checkable
+class PromptSource(Protocol):
+    name: str
+    split: str
+
+    def __len__(self) -> int: ...
+
+    def batch(self, step: int, n: int) -> list[Sample]:
+        """Rows [step*n, (step+1)*n) of an endless stream of epochs, each epoch a permutation
+        seeded by (seed, epoch): a pure function of (seed, step, n), so resumes repeat it."""
+        ...
+
+    def epoch(self, step: int, n: int) -> int:
+        """The epoch that step's first row belongs to."""
+        ...
