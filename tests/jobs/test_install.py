@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -29,10 +30,17 @@ def run(*args: str | Path, cwd: Path | None = None) -> str:
 
 
 def test_wheel_installs_and_plans_from_an_empty_folder(tmp_path: Path) -> None:
+    # Build from a copy: setuptools keeps build/ beside the sources, and a stale build/lib
+    # in the checkout could ship files that no longer exist (or litter the worktree).
+    src = tmp_path / "src"
+    for name in ("rollplex", "conf"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
+        shutil.copy(ROOT / name, src / name)
     dist = tmp_path / "dist"
     py = sys.executable
     run(py, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-        "-q", "-w", dist, ROOT)  # fmt: skip
+        "-q", "-w", dist, src)  # fmt: skip
     (wheel,) = dist.glob("rollplex-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     shipped = {n.removeprefix("rollplex/") for n in names if n.startswith("rollplex/conf/")}
