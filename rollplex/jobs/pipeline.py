@@ -31,7 +31,7 @@ from rollplex.planner.plan import Plan
 from rollplex.planner.residency import PlanOverBudget
 from rollplex.planner.simulate import SimReport, report
 from rollplex.specs import AlgoSpec, HardwareSpec, ModelSpec, ScheduleSpec, WorkloadSpec
-from rollplex.specs.schedule import check_parallel
+from rollplex.specs.schedule import check_parallel, check_tp
 
 
 @dataclass(slots=True)
@@ -65,7 +65,7 @@ def rollout_tp_options(model: ModelSpec, hardware: HardwareSpec) -> list[int]:
 
 def _tp_ok(model: ModelSpec, hardware: HardwareSpec, tp: int) -> bool:
     try:
-        check_parallel(ScheduleSpec(parallel={"rollout_tp": tp}), model, hardware)
+        check_tp("rollout_tp", tp, model, hardware)
     except ValueError:
         return False
     return True
