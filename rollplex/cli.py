@@ -58,10 +58,17 @@ def _run(cfg) -> None:
 
     hc = HydraConfig.get()
     out = Path(hc.runtime.output_dir)
-    message = _run_checked(cfg, out)
+    multirun = hc.mode == RunMode.MULTIRUN
+    try:
+        message = _run_checked(cfg, out)
+    except Exception as err:
+        if not multirun:
+            raise  # a bug: its traceback is the report
+        log.exception("run '%s' crashed", out.name)  # the traceback, in the run's log
+        message = f"{type(err).__name__}: {err}"
     if message is None:
         return
-    if hc.mode == RunMode.MULTIRUN:  # one bad run must not end the sweep
+    if multirun:  # one bad run must not end the sweep
         from rollplex.jobs.sweep import record_failure
 
         record_failure(out, cfg, message)
