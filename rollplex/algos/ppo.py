@@ -30,10 +30,20 @@ def build_ppo(model: ModelSpec, workload: WorkloadSpec, algo: AlgoSpec) -> Graph
         old_values = b.per_sample_logprob(
             prompts, responses, critic, g, head="value", name="reference.critic"
         )["logprobs"]
-        advantages, returns = b.gae(rewards, old_values, algo.gamma, algo.gae_lambda)
         ref_logprobs = None
         if ref is not None:
             ref_logprobs = b.per_sample_logprob(prompts, responses, ref, g)["logprobs"]
+        kl_in_reward = algo.kl_in_reward and ref_logprobs is not None
+        if kl_in_reward:  # reward_t -= kl_coef * (old_t - ref_t) before GAE
+            advantages, returns = b.gae(
+                rewards,
+                old_values,
+                algo.gamma,
+                algo.gae_lambda,
+                kl=(old_logprobs, ref_logprobs, algo.kl_coef),
+            )
+        else:
+            advantages, returns = b.gae(rewards, old_values, algo.gamma, algo.gae_lambda)
 
     with b.phase(Phase.TRAIN):
         actor = b.per_sample_logprob(prompts, responses, policy, g, train=True)
@@ -41,16 +51,18 @@ def build_ppo(model: ModelSpec, workload: WorkloadSpec, algo: AlgoSpec) -> Graph
             actor["logprobs"],
             old_logprobs,
             advantages,
-            ref_logprobs,
+            None if kl_in_reward else ref_logprobs,
             clip_eps=algo.clip_eps,
-            kl_coef=algo.kl_coef,
+            kl_coef=0.0 if kl_in_reward else algo.kl_coef,
         )
         policy_grads = b.backward(loss, policy, [actor["saved"]])
 
         values = b.per_sample_logprob(
             prompts, responses, critic, g, train=True, head="value", name="train.critic"
         )
-        critic_loss = b.value_loss(values["logprobs"], returns, old_values)
+        critic_loss = b.value_loss(
+            values["logprobs"], returns, old_values, clip_eps=algo.value_clip
+        )
         critic_grads = b.backward(critic_loss, critic, [values["saved"]], "train.critic_backward")
 
     with b.phase(Phase.UPDATE):

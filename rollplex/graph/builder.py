@@ -281,18 +281,31 @@ class StepBuilder:
         )["advantages"]
 
     def gae(
-        self, rewards: str, values: str, gamma: float, lam: float, name: str | None = None
+        self,
+        rewards: str,
+        values: str,
+        gamma: float,
+        lam: float,
+        name: str | None = None,
+        kl: tuple[str, str, float] | None = None,
     ) -> tuple[str, str]:
-        """Per-token GAE advantages and the critic's targets (returns = advantages + values)."""
+        """Per-token GAE advantages and the critic's targets (returns = advantages + values).
+        `kl=(old_logprobs, ref_logprobs, coef)` puts a KL penalty in the token rewards."""
         out = ((self.rows(rewards), self.max_response), "float32", K.ACTIVATION)
+        ins = {"rewards": rewards, "values": values}
+        attrs = {}
+        if kl is not None:
+            ins |= {"old_logprobs": kl[0], "ref_logprobs": kl[1]}
+            attrs["kl_coef"] = kl[2]
         outs = self.op(
             "advantage",
-            {"rewards": rewards, "values": values},
+            ins,
             {"advantages": out, "returns": out},
             name,
             estimator="gae",
             gamma=gamma,
             lam=lam,
+            **attrs,
         )
         return outs["advantages"], outs["returns"]
 

@@ -158,6 +158,9 @@ register(
         inputs={
             "rewards": port(K.ACTIVATION, dtype=FLOAT, dims=("S",)),
             "values": port(K.ACTIVATION, dtype=FLOAT, dims=("S", None), optional=True),
+            # GAE with a KL penalty in the reward (verl's use_kl_in_reward).
+            "old_logprobs": port(K.ACTIVATION, dtype=FLOAT, dims=("S", None), optional=True),
+            "ref_logprobs": port(K.ACTIVATION, dtype=FLOAT, dims=("S", None), optional=True),
         },
         outputs={
             "advantages": port(K.ACTIVATION, dtype=FLOAT, dims=("S",)),

@@ -47,9 +47,10 @@ def check_spec(spec: RunSpec) -> None:
     from rollplex.backends import backend_class
 
     backend_class(t.backend)  # BackendUnavailable (a ValueError) says why not
-    if spec.algo.name == "ppo":
+    if spec.algo.name == "ppo" and t.resume:
         raise ValueError(
-            "train runs GRPO and RLOO (algo='ppo'): the torch backend has no critic ops yet"
+            "train.resume with algo=ppo: checkpoints hold the policy, not the critic, so a "
+            "resumed PPO run would restart its critic; run PPO without resuming"
         )
     if t.max_new_tokens > w.response_length.max:
         raise ValueError(

@@ -30,7 +30,8 @@ from rollplex.backends.base import (
     OpResult,
     Sampling,
 )
-from rollplex.backends.torch.loss import ADVANTAGES
+from rollplex.backends.torch.critic import TorchCritic, build_critic_model
+from rollplex.backends.torch.loss import ADVANTAGES, group_advantages
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.roles import (
     TorchReference,
@@ -84,7 +85,10 @@ def decode_seed(seed: int, step: int) -> int:
 
 class TorchBackend(Backend):
     name: ClassVar[str] = "torch"
-    own_kinds: ClassVar[frozenset[str]] = frozenset({"expand_group", "reward", "advantage"})
+    # value_loss: the critic (critic.py) is not one of the three roles; it runs here.
+    own_kinds: ClassVar[frozenset[str]] = frozenset(
+        {"expand_group", "reward", "advantage", "value_loss"}
+    )
     lifecycle: ClassVar[dict[str, Lifecycle]] = {
         "rollout": Lifecycle.RESIDENT,  # aliases the trainer's parameters: nothing to free
         "reference": Lifecycle.RESIDENT,
@@ -100,7 +104,7 @@ class TorchBackend(Backend):
         if not spec.trainable_vision:  # one frozen tower for all (see roles.py)
             ref.model.visual = policy.model.visual
         self.trainer = TorchTrainer(policy, spec, config.algo)
-        self.reference = TorchReference(ref)
+        self.reference = TorchReference(ref, config.algo.temperature)
         self.rollout = TorchRollout(spec, self.device)
         self.rollout.load_weights(self.trainer.live_weights())
         self._frozen = VersionCounter(0)
@@ -112,6 +116,8 @@ class TorchBackend(Backend):
         self._externals: dict[str, str] = {}
         self._generator: torch.Generator | None = None
         self._metrics: dict[str, torch.Tensor] = {}
+        self.critic: TorchCritic | None = None  # built by bind() for a graph with a critic
+        self._critic_ops: frozenset[str] = frozenset()
 
     # -- binding ------------------------------------------------------------------------
     def bind(self, graph: Graph) -> None:
@@ -121,17 +127,20 @@ class TorchBackend(Backend):
             for op in graph
             if op.kind == "optimizer_step"
         }
-        if trained - {"policy"}:
-            raise BackendError(f"torch backend trains 'policy' only, graph trains {trained}")
+        if trained - {"policy", "critic"}:
+            raise BackendError(
+                f"torch backend trains 'policy' and a 'critic', graph trains {trained}"
+            )
+        self._bind_critic(graph)
         for v in graph.values.values():
             if not v.external:
                 continue
             if v.kind is ValueKind.WEIGHTS:
                 what = version_model(v.version)
-                if what not in ("policy", "ref", "vision"):
+                if what not in ("policy", "ref", "vision", "critic"):
                     raise BackendError(f"external weights '{v.name}' of unknown model {what!r}")
             elif v.kind is ValueKind.OPTIMIZER_STATE:
-                what = "adam"
+                what = "critic_adam" if version_model(v.version) == "critic" else "adam"
             else:
                 ports = {
                     p for op in graph.consumers(v.name) for p, x in op.inputs.items() if x == v.name
@@ -143,6 +152,20 @@ class TorchBackend(Backend):
                         "torch backend supplies pixels, text and answers"
                     )
             self._externals[v.name] = what
+
+    def _bind_critic(self, graph: Graph) -> None:
+        """PPO: the ops that read the critic's weights run on a critic of its own, a copy
+        of the policy as it is at bind time (see critic.py)."""
+        self._critic_ops = frozenset(
+            op.name
+            for op in graph
+            if "weights" in op.inputs
+            and version_model(graph.values[op.inputs["weights"]].version) == "critic"
+        )
+        if self._critic_ops and self.critic is None:
+            c = self.config
+            model = build_critic_model(self.trainer.model, c.model, c.seed)
+            self.critic = TorchCritic(model, c.model, c.algo)
 
     def begin_step(self, step: int, inputs: StepInputs) -> dict[str, Any]:
         self._metrics = {}
@@ -159,6 +182,9 @@ class TorchBackend(Backend):
             "vision": self._frozen_handle("vision", self.trainer.model, vision_params),
             "adam": OptimizerHandle(self.trainer.optimizer),
         }
+        if self.critic is not None:
+            source["critic"] = self.critic.handle()
+            source["critic_adam"] = OptimizerHandle(self.critic.optimizer)
         return {name: source[what] for name, what in self._externals.items()}
 
     def _ref_params(self, model) -> tuple[torch.nn.Parameter, ...]:
@@ -193,6 +219,8 @@ class TorchBackend(Backend):
         return OpResult(self._other(op, inputs), reads)
 
     def _role(self, op: Op):
+        if op.name in self._critic_ops:
+            return self.critic.role(train=op.phase is Phase.TRAIN)
         return {
             Phase.ROLLOUT: self.rollout,
             Phase.REFERENCE: self.reference,
@@ -252,11 +280,40 @@ class TorchBackend(Backend):
             return {"y": repeat_rows(x["x"], a["group_size"])}
         if k == "reward":
             return {"rewards": self._reward(x["responses"], x["answers"], a["group_size"])}
+        if (k == "value_loss" or a.get("estimator") == "gae") and self.critic is None:
+            _fail(op, "needs a critic: no op of this graph reads critic weights")
+        if k == "advantage" and a.get("estimator") == "gae":
+            kl = None
+            if "ref_logprobs" in x:
+                kl = (x["old_logprobs"], x["ref_logprobs"], a["kl_coef"])
+            adv, returns = self.critic.advantages(
+                x["rewards"], x["values"], a["gamma"], a["lam"], kl
+            )
+            return {"advantages": adv, "returns": returns}
+        if k == "value_loss":
+            loss = self.critic.loss(
+                x["values"], x["returns"], x.get("old_values"), a.get("clip_eps", 0.5)
+            )
+            self._metrics.update(loss.metrics)
+            return {"loss": loss}
+        if k == "backward" and op.name in self._critic_ops:
+            return {"grads": self.critic.backward(x["loss"])}
+        if k == "optimizer_step" and op.name in self._critic_ops:
+            self.critic.optimizer_step(x["grads"])
+            return {"weights": self.critic.handle(), "state": x["state"]}
         if k == "advantage":
             estimator = ADVANTAGES.get(a.get("estimator", "grpo"))
             if estimator is None:
                 _fail(op, f"estimator {a['estimator']!r}: only {sorted(ADVANTAGES)} run here")
-            return {"advantages": estimator(x["rewards"], a["group_size"])}
+            if estimator is group_advantages:
+                adv = estimator(
+                    x["rewards"],
+                    a["group_size"],
+                    norm_by_std=self.config.algo.norm_adv_by_std_in_grpo,
+                )
+            else:
+                adv = estimator(x["rewards"], a["group_size"])
+            return {"advantages": adv}
         if k == "policy_loss":
             loss = self.trainer.loss(
                 x["logprobs"], x["old_logprobs"], x["advantages"], x.get("ref_logprobs"), **a

@@ -5,9 +5,10 @@ logits; each next one from a one-token forward over the growing cache. A row tha
 `eos_id` is done: it keeps riding along (fed `pad_id`, masked out) until all rows are done
 or `max_new_tokens` is reached, so the batch stays rectangular.
 
-The returned logprobs are the policy's own, log softmax of the raw logits. Temperature and
-top-p only shape which token is drawn, so these equal `response_logprobs` of the same tokens
-and can serve as the old-policy logprobs of GRPO's ratio.
+The returned logprobs are of the temperature-scaled distribution the token was drawn from
+(log softmax(logits / T), before top-p, as verl and TRL score them), so they equal
+`response_logprobs(..., temperature=T)` of the same tokens and serve as the old-policy
+logprobs of the ratio.
 
 `DecodeSession` is the resumable form: `advance(k)` runs k decode steps and stops, keeping
 the cache, the last logits and the generator, so a plan can split decode into segments
@@ -113,7 +114,9 @@ class DecodeSession:
         t, live = self.t, ~self._done
         nxt = sample_next(self.logits, self.temperature, self.top_p, self.generator)
         self.tokens[:, t] = torch.where(live, nxt, self.pad_id)
-        self.logprobs[:, t] = torch.where(live, token_logprobs(self.logits, nxt), 0.0)
+        self.logprobs[:, t] = torch.where(
+            live, token_logprobs(self.logits, nxt, self.temperature), 0.0
+        )
         self.lengths += live.long()
         self._done = self._done | (live & (nxt == self.eos_id))
         self.t = t + 1

@@ -29,9 +29,16 @@ from rollplex.backends.torch.prefix import (
 from rollplex.data.prompts import PromptBatch
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[token] in fp32, without materialising the full log-softmax."""
+def token_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """log softmax(logits / temperature)[token] in fp32, without materialising the full
+    log-softmax: the distribution the rollout sampled from, so rollout, reference and
+    trainer logprobs agree and the ratio is 1 on-policy (verl and TRL divide by T too).
+    Temperature 0 (greedy) scores the raw logits."""
     logits = logits.float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
     return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
 
 
@@ -40,18 +47,20 @@ def response_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
     return torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
 
 
-def response_logprobs(
+def response_head_outputs(
     model: Model, state: PrefixState, responses: torch.Tensor, lengths: torch.Tensor
-) -> torch.Tensor:
-    """Logprobs [N, R] of right-padded `responses` [N, R] given the prefix in `state`
-    (one row per response, i.e. after expand_prefix); 0 past each row's length."""
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`model.lm_head` at the positions that predict the response tokens: [N, out] for
+    token 0 (the prefix's last output), then [N, R-1, out] from the response's own hidden
+    states (token j is fed to predict j+1, so the last token is never fed), None when R=1.
+    Two parts, not one tensor: concatenating [N, R, vocab] logits would copy them. With the
+    LM head these are logits; on a critic (lm_head is its value head) they are values."""
     n, width = responses.shape
     if n != state.rows:
         raise ValueError(f"{n} responses for {state.rows} prefix rows (expand_prefix first?)")
-    valid = response_mask(lengths, width)
-    parts = [token_logprobs(state.last_logits, responses[:, 0]).unsqueeze(1)]
+    rest = None
     if width > 1:
-        # Token j is fed to predict token j+1, so the last token is never fed.
+        valid = response_mask(lengths, width)
         mask = torch.cat([state.attention_mask, valid[:, :-1].to(state.attention_mask.dtype)], 1)
         hidden = lm_hidden(
             model,
@@ -60,8 +69,25 @@ def response_logprobs(
             mask,
             fork_cache(cache_kv(state.cache)),
         )
-        parts.append(token_logprobs(model.lm_head(hidden), responses[:, 1:]))
+        rest = model.lm_head(hidden)
+    return state.last_logits, rest
+
+
+def response_logprobs(
+    model: Model,
+    state: PrefixState,
+    responses: torch.Tensor,
+    lengths: torch.Tensor,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Logprobs [N, R] of right-padded `responses` [N, R] given the prefix in `state`
+    (one row per response, i.e. after expand_prefix); 0 past each row's length."""
+    first, rest = response_head_outputs(model, state, responses, lengths)
+    parts = [token_logprobs(first, responses[:, 0], temperature).unsqueeze(1)]
+    if rest is not None:
+        parts.append(token_logprobs(rest, responses[:, 1:], temperature))
     out = torch.cat(parts, 1)
+    valid = response_mask(lengths, responses.shape[1])
     return torch.where(valid, out, torch.zeros_like(out))
 
 
@@ -126,23 +152,24 @@ def full_logprobs(
     responses: torch.Tensor,
     lengths: torch.Tensor,
     group_size: int,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
     """Logprobs [N, R] of the responses with no prefix reuse; 0 past each row's length."""
     logits = full_logits(model, batch, responses, lengths, group_size)
-    out = token_logprobs(logits, responses)
+    out = token_logprobs(logits, responses, temperature)
     return torch.where(response_mask(lengths, responses.shape[1]), out, torch.zeros_like(out))
 
 
-def features_full_logprobs(
+def features_full_head_outputs(
     model: Model,
     batch: PromptBatch,
     features: torch.Tensor,
     responses: torch.Tensor,
     lengths: torch.Tensor,
 ) -> torch.Tensor:
-    """Logprobs [N, R] from one forward over [prefix_i, response_i] per row, with the image
-    and video tokens of row i taking `features` (rows in order); `batch` has one row per
-    response."""
+    """`model.lm_head` outputs [N, R, out] that predict each response token, from one
+    forward over [prefix_i, response_i] per row, with the image and video tokens of row i
+    taking `features` (rows in order); `batch` has one row per response."""
     n, width = responses.shape
     if n != batch.size:
         raise ValueError(f"{n} responses for {batch.size} prefix rows")
@@ -154,5 +181,18 @@ def features_full_logprobs(
     idx = (plen.to(ids.device) - 1)[:, None] + torch.arange(width, device=ids.device)
     idx = idx.clamp(max=ids.shape[1] - 1)
     picked = hidden.gather(1, idx.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-    out = token_logprobs(model.lm_head(picked), responses)
-    return torch.where(response_mask(lengths, width), out, torch.zeros_like(out))
+    return model.lm_head(picked)
+
+
+def features_full_logprobs(
+    model: Model,
+    batch: PromptBatch,
+    features: torch.Tensor,
+    responses: torch.Tensor,
+    lengths: torch.Tensor,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Logprobs [N, R] of `features_full_head_outputs`' logits; 0 past each row's length."""
+    logits = features_full_head_outputs(model, batch, features, responses, lengths)
+    out = token_logprobs(logits, responses, temperature)
+    return torch.where(response_mask(lengths, responses.shape[1]), out, torch.zeros_like(out))

@@ -1,13 +1,24 @@
-"""Advantages (GRPO group-normalised, RLOO leave-one-out) and the clipped policy loss
-with a k3 KL penalty."""
+"""Advantages (GRPO group-normalised, RLOO leave-one-out, PPO's GAE), the clipped policy
+loss with a k3 KL penalty, and the critic's clipped value loss.
+
+The formulas are verl's `core_algos` (vanilla policy loss, low_var_kl, agg_loss,
+compute_gae_advantage_return, compute_value_loss); tests/backends/torch/test_loss.py
+re-derives each of them on fixed tensors. Padding may hold anything (-inf included):
+every reduction selects valid tokens with `where`, since inf * 0 is NaN.
+"""
 
 from __future__ import annotations
 
 import torch
 
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
-def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
-    """(r - mean) / (std + eps) within each group of `group_size` consecutive rewards [N].
+
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, eps: float = 1e-6, norm_by_std: bool = True
+) -> torch.Tensor:
+    """(r - mean) / (std + eps) within each group of `group_size` consecutive rewards [N];
+    `norm_by_std=False` keeps only the centring (Dr. GRPO).
 
     std is the unbiased one, as in verl's GRPO; a group of one has no baseline to compare
     against, so it gets advantage 0."""
@@ -15,7 +26,7 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) 
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
     r = rewards.float().view(-1, group_size)
     centred = r - r.mean(dim=1, keepdim=True)
-    if group_size == 1:
+    if group_size == 1 or not norm_by_std:  # a group of one centres to 0
         return centred.view(-1)
     return (centred / (r.std(dim=1, keepdim=True) + eps)).view(-1)
 
@@ -34,7 +45,87 @@ def leave_one_out_advantages(rewards: torch.Tensor, group_size: int) -> torch.Te
 ADVANTAGES = {"grpo": group_advantages, "rloo": leave_one_out_advantages}
 
 
-def grpo_loss(
+def token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[N, R]: each sequence's reward on its last valid token, 0 elsewhere (verl's reward
+    managers place the score at valid_response_length - 1)."""
+    valid = mask.bool()
+    last = (valid.long().cumsum(1) == valid.sum(1, keepdim=True)) & valid
+    return torch.where(last, rewards.float()[:, None], 0.0)
+
+
+def kl_penalized_rewards(
+    rewards: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    coef: float,
+) -> torch.Tensor:
+    """Token rewards [N, R] minus coef * (old - ref) on valid tokens: verl's
+    apply_kl_penalty with its default k1 estimator (use_kl_in_reward)."""
+    kl = torch.where(mask.bool(), old_logprobs.detach() - ref_logprobs.detach(), 0.0)
+    return rewards - coef * kl
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(x - mean) / sqrt(var + 1e-8) over the valid entries, unbiased var (verl's)."""
+    valid = mask.bool()
+    n = valid.sum()
+    if n < 2:
+        raise ValueError(f"whitening needs >= 2 valid tokens, got {int(n)}")
+    mean = torch.where(valid, x, 0.0).sum() / n
+    var = torch.where(valid, (x - mean) ** 2, 0.0).sum() / (n - 1)
+    return (x - mean) * torch.rsqrt(var + 1e-8)
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over token rewards [N, R] and old values [N, R]: (whitened advantages, returns).
+
+    Past a sequence's end the bootstrap value is 0 and padding carries nothing back (the
+    recursion skips masked steps, as verl does). returns = raw advantages + values, the
+    critic's regression target."""
+    valid = mask.bool()
+    values = torch.where(valid, values.float(), 0.0)
+    rewards = torch.where(valid, rewards.float(), 0.0)
+    nxt = torch.zeros_like(values[:, 0])
+    run = torch.zeros_like(values[:, 0])
+    out = torch.zeros_like(values)
+    for t in reversed(range(values.shape[1])):
+        delta = rewards[:, t] + gamma * nxt - values[:, t]
+        step = delta + gamma * lam * run
+        nxt = torch.where(valid[:, t], values[:, t], nxt)
+        run = torch.where(valid[:, t], step, run)
+        out[:, t] = run
+    returns = out + values
+    return masked_whiten(out, valid), returns
+
+
+def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """verl's agg_loss: one number from per-token losses [N, R]. Sequences with no valid
+    token are left out of the seq-mean modes."""
+    valid = mask.bool()
+    x = torch.where(valid, loss, torch.zeros_like(loss))
+    if mode == "token-mean":
+        return x.sum() / valid.sum().clamp(min=1)
+    if mode not in AGG_MODES:
+        raise ValueError(f"loss_agg_mode {mode!r}: expected one of {AGG_MODES}")
+    tokens = valid.sum(-1)
+    per_seq = x.sum(-1)
+    if mode == "seq-mean-token-mean":
+        per_seq = per_seq / (tokens + 1e-8)
+    has = tokens > 0
+    return torch.where(has, per_seq, 0.0).sum() / has.sum().clamp(min=1)
+
+
+def k3_kl(logprobs: torch.Tensor, ref: torch.Tensor, log_clamp: float, kl_clamp: float):
+    """Schulman's k3 = e^d - d - 1 with d = ref - logp clamped to +-log_clamp, the result
+    clamped to +-kl_clamp (verl's low_var_kl): one outlier token gives at most kl_clamp."""
+    d = (ref - logprobs).clamp(-log_clamp, log_clamp)
+    return (torch.exp(d) - d - 1.0).clamp(-kl_clamp, kl_clamp)
+
+
+def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor,
@@ -42,35 +133,81 @@ def grpo_loss(
     mask: torch.Tensor,
     clip_eps: float,
     kl_coef: float,
+    *,
+    clip_ratio_c: float = 3.0,
+    loss_agg_mode: str = "token-mean",
+    log_ratio_clamp: float = 20.0,
+    kl_clamp: float = 10.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Token-mean GRPO loss over all valid tokens of the batch (whole groups).
+    """Dual-clip PPO loss aggregated by `loss_agg_mode`, plus kl_coef * k3 KL.
 
-    Per token: max(-A r, -A clip(r, 1-eps, 1+eps)) + kl_coef * k3, where r = exp(logp - old)
-    and k3 = exp(ref - logp) - (ref - logp) - 1 (Schulman's unbiased, non-negative KL
-    estimator). `advantages` is [N] (one per sequence) or [N, R]. The metrics are detached
-    0-dim tensors, so logging them costs no device sync until someone reads them."""
+    Per token, with r = exp(clamp(logp - old, +-log_ratio_clamp)):
+        clipped = max(-A r, -A clip(r, 1-eps, 1+eps)),
+        loss = min(clipped, -A clip_ratio_c) where A < 0, else clipped.
+    `advantages` is [N] (one per sequence) or [N, R]. `clip_frac` counts tokens where the
+    clip binds (the clipped term is the larger), `clip_frac_lower` those where the dual
+    clip does. Metrics are detached 0-dim tensors: no device sync until someone reads them."""
+    if clip_ratio_c <= 1:
+        raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
     valid = mask.bool()
     adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
-    ratio = torch.exp(logprobs - old_logprobs)
-    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
-    pg = torch.maximum(-adv * ratio, -adv * clipped)
-    log_ref_ratio = ref_logprobs - logprobs
-    kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1.0
-    tokens = valid.sum().clamp(min=1).to(logprobs.dtype)
-
-    def mean(x: torch.Tensor) -> torch.Tensor:
-        # where, not multiply: padding may hold anything, and inf * 0 is NaN.
-        return torch.where(valid, x, torch.zeros_like(x)).sum() / tokens
-
-    pg_loss, kl_mean = mean(pg), mean(kl)
-    loss = pg_loss + kl_coef * kl_mean
+    log_ratio = (logprobs - old_logprobs).clamp(-log_ratio_clamp, log_ratio_clamp)
+    ratio = torch.exp(log_ratio)
+    pg1 = -adv * ratio
+    pg2 = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
+    clipped = torch.maximum(pg1, pg2)
+    pg3 = -adv * clip_ratio_c
+    pg = torch.where(adv < 0, torch.minimum(clipped, pg3), clipped)
+    kl = k3_kl(logprobs, ref_logprobs, log_ratio_clamp, kl_clamp)
+    pg_loss = aggregate(pg, valid, loss_agg_mode)
+    kl_loss = aggregate(kl, valid, loss_agg_mode)
+    loss = pg_loss + kl_coef * kl_loss
     with torch.no_grad():
+        tokens = valid.sum().clamp(min=1).to(torch.float32)
+
+        def mean(x: torch.Tensor) -> torch.Tensor:
+            return torch.where(valid, x, torch.zeros_like(x)).sum() / tokens
+
         metrics = {
             "loss": loss.detach(),
             "pg_loss": pg_loss.detach(),
-            "kl": kl_mean.detach(),
-            "clip_frac": mean((ratio != clipped).to(ratio.dtype)),
+            "kl": kl_loss.detach(),
+            "clip_frac": mean((pg2 > pg1).float()),
+            "clip_frac_lower": mean(((clipped > pg3) & (adv < 0)).float()),
+            "ppo_kl": mean(-log_ratio),
             "ratio_mean": mean(ratio),
-            "tokens": tokens.detach(),
+            "tokens": tokens,
+        }
+    return loss, metrics
+
+
+grpo_loss = policy_loss  # the name the GRPO engine and older tests use
+
+
+def value_loss(
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    old_values: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """verl's compute_value_loss: 0.5 * agg(max((v - R)^2, (clip(v, old +- clip) - R)^2))."""
+    valid = mask.bool()
+    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    l1 = (values - returns) ** 2
+    l2 = (clipped - returns) ** 2
+    loss = 0.5 * aggregate(torch.maximum(l1, l2), valid, loss_agg_mode)
+    with torch.no_grad():
+        tokens = valid.sum().clamp(min=1).to(torch.float32)
+
+        def mean(x: torch.Tensor) -> torch.Tensor:
+            return torch.where(valid, x, torch.zeros_like(x)).sum() / tokens
+
+        metrics = {
+            "vf_loss": loss.detach(),
+            "vf_clip_frac": mean((l2 > l1).float()),
+            "values_mean": mean(values.detach()),
+            "returns_mean": mean(returns),
         }
     return loss, metrics

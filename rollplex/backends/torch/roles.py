@@ -180,8 +180,10 @@ class TorchRollout(RolloutRole):
 
 
 class TorchReference(ReferenceScorer):
-    def __init__(self, model: Model) -> None:
-        self.model = model
+    """Scores with a frozen model; logprobs at the rollout's `temperature` (see logprob.py)."""
+
+    def __init__(self, model: Model, temperature: float = 1.0) -> None:
+        self.model, self.temperature = model, temperature
 
     def vision_encode(self, pixels: Pixels) -> Features:
         with torch.no_grad():
@@ -197,12 +199,19 @@ class TorchReference(ReferenceScorer):
     ) -> TokenLogprobs:
         with torch.no_grad():
             state = expand_prefix(prefix, group_size)
-            lp = response_logprobs(self.model, state, responses.tokens, responses.lengths)
+            lp = response_logprobs(
+                self.model, state, responses.tokens, responses.lengths, self.temperature
+            )
         return masked_logprobs(lp, responses)
 
     def logprob(self, features: Features, text: PromptBatch, responses: Responses) -> TokenLogprobs:
         with torch.no_grad():
             lp = features_full_logprobs(
-                self.model, text, features.values, responses.tokens, responses.lengths
+                self.model,
+                text,
+                features.values,
+                responses.tokens,
+                responses.lengths,
+                self.temperature,
             )
         return masked_logprobs(lp, responses)

@@ -1,4 +1,5 @@
-"""The trainer role: logprobs with grad, the GRPO loss, backward and AdamW in place."""
+"""The trainer role: logprobs with grad (at the rollout temperature), the policy loss with
+AlgoSpec's settings, backward and AdamW in place."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from rollplex.backends.base import BackendError, LiveWeights, Trainer
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs
-from rollplex.backends.torch.loss import grpo_loss
+from rollplex.backends.torch.loss import policy_loss
 from rollplex.backends.torch.model import load_model, save_model
 from rollplex.backends.torch.prefix import Model, PrefixState, expand_prefix, prefix_forward
 from rollplex.backends.torch.roles import (
@@ -75,7 +76,9 @@ class TorchTrainer(Trainer):
     ) -> tuple[TokenLogprobs, SavedActivations]:
         with torch.enable_grad(), capture_saved() as saved:
             state = expand_prefix(prefix, group_size)
-            lp = response_logprobs(self.model, state, responses.tokens, responses.lengths)
+            lp = response_logprobs(
+                self.model, state, responses.tokens, responses.lengths, self.algo.temperature
+            )
         return masked_logprobs(lp, responses), saved
 
     def logprob(
@@ -83,7 +86,12 @@ class TorchTrainer(Trainer):
     ) -> tuple[TokenLogprobs, SavedActivations]:
         with torch.enable_grad(), capture_saved() as saved:
             lp = features_full_logprobs(
-                self.model, text, features.values, responses.tokens, responses.lengths
+                self.model,
+                text,
+                features.values,
+                responses.tokens,
+                responses.lengths,
+                self.algo.temperature,
             )
         return masked_logprobs(lp, responses), saved
 
@@ -97,9 +105,12 @@ class TorchTrainer(Trainer):
         kl_coef: float = 0.0,
         **_: Any,
     ) -> Loss:
+        """The op's attrs give clip_eps and kl_coef (the graph's); the other settings are
+        AlgoSpec's (see specs/algo.py)."""
+        a = self.algo
         ref_values = ref.values if ref is not None else logprobs.values.detach()
         with torch.enable_grad():
-            value, metrics = grpo_loss(
+            value, metrics = policy_loss(
                 logprobs.values,
                 old.values,
                 ref_values,
@@ -107,6 +118,10 @@ class TorchTrainer(Trainer):
                 logprobs.mask,
                 clip_eps,
                 kl_coef if ref is not None else 0.0,
+                clip_ratio_c=a.clip_ratio_c,
+                loss_agg_mode=a.loss_agg_mode,
+                log_ratio_clamp=a.log_ratio_clamp,
+                kl_clamp=a.kl_clamp,
             )
         return Loss(value, metrics)
 

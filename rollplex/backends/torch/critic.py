@@ -1,0 +1,203 @@
+"""PPO's critic on transformers modules: a Qwen2.5-VL language model of its own with a
+linear value head, trained by its own AdamW; GAE over the rollout's rewards.
+
+The critic is a copy of the policy (so a `model.path` folder initialises both) whose
+`lm_head` is replaced by `Linear(hidden, 1)`. Everything the policy's logprob path does then
+works unchanged for values: the prefix forward (`head` = value of the last prefix token,
+which scores response token 0), prefix sharing across the G samples, row chunks merged
+with the head, and the response forward on the shared cache. Value j is read where
+logprob j is, at the position that predicts response token j, as verl's critic does
+(`values = logits[:, -R - 1 : -1]`). With a frozen vision tower the critic reads the
+policy's tower, like the reference does (see roles.py).
+
+Roles: the graph runs the critic's forward twice, once without grad in the reference phase
+(old values for GAE and the value clip) and once with grad in the training phase;
+`CriticRole` is that forward in each mode, with the call shapes of the reference scorer
+and of the trainer respectively.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from rollplex.backends.base import BackendError
+from rollplex.backends.torch.logprob import features_full_head_outputs, response_head_outputs
+from rollplex.backends.torch.loss import gae, kl_penalized_rewards, token_rewards, value_loss
+from rollplex.backends.torch.prefix import Model, PrefixState, expand_prefix, prefix_forward
+from rollplex.backends.torch.roles import (
+    capture_saved,
+    features_of,
+    freeze_for_graph,
+    masked_logprobs,
+    weights_params,
+)
+from rollplex.backends.torch.values import (
+    Features,
+    GradsHandle,
+    Loss,
+    Pixels,
+    Responses,
+    SavedActivations,
+    TokenLogprobs,
+    VersionCounter,
+    WeightsHandle,
+)
+from rollplex.data.prompts import PromptBatch
+from rollplex.specs import AlgoSpec, ModelSpec
+
+
+def build_critic_model(policy: Model, spec: ModelSpec, seed: int) -> Model:
+    """A copy of `policy` with a value head: Linear(hidden, 1), weight ~ N(0, 0.02^2) drawn
+    from `seed`, bias 0 (a fresh head, as a token-classification model gets)."""
+    critic = copy.deepcopy(policy)
+    if not spec.trainable_vision:
+        critic.model.visual = policy.model.visual  # one frozen tower for all
+    ref = policy.lm_head.weight
+    head = nn.Linear(ref.shape[1], 1, bias=True)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(head.weight.shape, generator=gen) * 0.02)
+        head.bias.zero_()
+    critic.lm_head = head.to(device=ref.device, dtype=ref.dtype)
+    return critic
+
+
+def _values(first: torch.Tensor, rest: torch.Tensor | None) -> torch.Tensor:
+    parts = [first.float()] + ([rest.squeeze(-1).float()] if rest is not None else [])
+    return torch.cat(parts, 1)
+
+
+def _masked(values: torch.Tensor, responses: Responses) -> TokenLogprobs:
+    """Values [S, R] with 0 past each response's end (TokenLogprobs holds any per-token
+    quantity with its mask)."""
+    out = masked_logprobs(values, responses)
+    out.values = torch.where(out.mask, out.values, 0.0)
+    return out
+
+
+class TorchCritic:
+    """The critic's model, optimizer and version; `role(train)` gives the forward."""
+
+    def __init__(self, model: Model, spec: ModelSpec, algo: AlgoSpec, version: int = 0) -> None:
+        self.model, self.spec, self.algo = model, spec, algo
+        freeze_for_graph(model, spec)
+        self.params = tuple(p for p in model.parameters() if p.requires_grad)
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=algo.critic_lr,
+            betas=tuple(algo.adam_betas),
+            weight_decay=algo.weight_decay,
+        )
+        self.counter = VersionCounter(version)
+        self.scorer, self.trainer = CriticRole(self, train=False), CriticRole(self, train=True)
+
+    def role(self, train: bool) -> CriticRole:
+        return self.trainer if train else self.scorer
+
+    def handle(self) -> WeightsHandle:
+        params = weights_params(self.model, self.spec)
+        return WeightsHandle("critic", self.model, params, self.counter.n, self.counter)
+
+    def advantages(
+        self,
+        rewards: torch.Tensor,
+        old_values: TokenLogprobs,
+        gamma: float,
+        lam: float,
+        kl: tuple[TokenLogprobs, TokenLogprobs, float] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """GAE with the sequence reward on each response's last valid token: (whitened
+        advantages [S, R], returns [S, R]). `kl=(old, ref, coef)` first subtracts
+        coef * (old - ref) from every token's reward (verl's apply_kl_penalty, 'kl')."""
+        scores = token_rewards(rewards, old_values.mask)
+        if kl is not None:
+            scores = kl_penalized_rewards(
+                scores, kl[0].values, kl[1].values, old_values.mask, kl[2]
+            )
+        return gae(scores, old_values.values.detach(), old_values.mask, gamma, lam)
+
+    def loss(
+        self, values: TokenLogprobs, returns: torch.Tensor, old: TokenLogprobs | None, clip: float
+    ) -> Loss:
+        """verl's clipped value loss; without old values the clip has nothing to centre on,
+        so it is the plain 0.5 (v - R)^2."""
+        old_values = old.values.detach() if old is not None else values.values.detach()
+        with torch.enable_grad():
+            value, metrics = value_loss(
+                values.values,
+                returns,
+                old_values,
+                values.mask,
+                clip if old is not None else float("inf"),
+                self.algo.loss_agg_mode,
+            )
+        return Loss(value, metrics)
+
+    def backward(self, loss: Loss) -> GradsHandle:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.value.backward()
+        return GradsHandle(self.params)
+
+    def optimizer_step(self, grads: GradsHandle) -> int:
+        if grads.params is not self.params:
+            raise BackendError("the critic's optimizer_step got gradients of other parameters")
+        torch.nn.utils.clip_grad_norm_(self.params, self.algo.max_grad_norm)
+        self.optimizer.step()
+        self.counter.n += 1
+        return self.counter.n
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.counter.n,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.counter.n = int(state["version"])
+
+
+class CriticRole:
+    """The critic's forward in one mode: `train=False` returns values like the reference
+    returns logprobs, `train=True` also returns what autograd saved, like the trainer."""
+
+    def __init__(self, critic: TorchCritic, train: bool) -> None:
+        self.critic, self.train = critic, train
+
+    @property
+    def model(self) -> Model:
+        return self.critic.model
+
+    def _out(self, value: Any, saved: SavedActivations) -> Any:
+        return (value, saved) if self.train else value
+
+    def vision_encode(self, pixels: Pixels) -> Features:
+        with torch.set_grad_enabled(self.train and self.critic.spec.trainable_vision):
+            return features_of(self.model, pixels)
+
+    def logprob_prefix(self, features: Features, text: PromptBatch, head: bool = True):
+        with capture_saved() as saved:
+            state = prefix_forward(self.model, text, features.values, grad=self.train, head=head)
+        return self._out(state, saved)
+
+    def logprob_response(self, prefix: PrefixState, responses: Responses, group_size: int):
+        with torch.set_grad_enabled(self.train), capture_saved() as saved:
+            state = expand_prefix(prefix, group_size)
+            out = response_head_outputs(self.model, state, responses.tokens, responses.lengths)
+            values = _masked(_values(*out), responses)
+        return self._out(values, saved)
+
+    def logprob(self, features: Features, text: PromptBatch, responses: Responses):
+        with torch.set_grad_enabled(self.train), capture_saved() as saved:
+            out = features_full_head_outputs(
+                self.model, text, features.values, responses.tokens, responses.lengths
+            )
+            values = _masked(out.squeeze(-1).float(), responses)
+        return self._out(values, saved)
