@@ -4,8 +4,12 @@ A checkpoint is a folder `step-NNNNNN` under the run's `checkpoints/`:
 
     trainer_state.json   format, step, seed, weights version, the model spec, sha256 of
                          every other file
-    model/               config.json + model.safetensors (a model folder: Hub tensor
-                         names, loadable by transformers, vLLM or a RolloutRole)
+    model/               a Hub-format model folder, the same kind `model.path` takes:
+                         `save_pretrained`'s config.json, generation_config.json and
+                         safetensors (sharded with model.safetensors.index.json when
+                         large), plus the tokenizer/processor/chat-template files of the
+                         run's source folder. transformers' `from_pretrained`, vLLM,
+                         `open_model_folder` and `rollplex eval` load it as is.
     optimizer.pt         the optimizer's state_dict
     rng.pt               torch (CPU and CUDA) and Python RNG states
 
@@ -34,9 +38,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollplex.backends.base import Trainer
+from rollplex.models.files import CONFIG_FILE, INDEX_FILE, WEIGHTS_FILE
+from rollplex.models.io import copy_assets
 from rollplex.specs import ModelSpec
 
-FORMAT = "rollplex-checkpoint/1"
+FORMAT = "rollplex-checkpoint/2"  # /2: model/ is a full Hub folder (save_pretrained)
 STATE_FILE = "trainer_state.json"
 MODEL_DIR = "model"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -98,8 +104,18 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(root: Path, step: int, trainer: Trainer, model: ModelSpec, seed: int) -> Path:
-    """Write checkpoint `root/step-NNNNNN` atomically; returns its folder."""
+def save_checkpoint(
+    root: Path,
+    step: int,
+    trainer: Trainer,
+    model: ModelSpec,
+    seed: int,
+    assets_from: str | Path | None = None,
+) -> Path:
+    """Write checkpoint `root/step-NNNNNN` atomically; returns its folder.
+
+    The tokenizer/processor files come from `assets_from`, default the run's model folder
+    (`model.path`); files the trainer's `save_weights` already wrote are kept."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
@@ -107,6 +123,9 @@ def save_checkpoint(root: Path, step: int, trainer: Trainer, model: ModelSpec, s
     try:
         tmp.mkdir()
         trainer.save_weights(tmp / MODEL_DIR)
+        source = assets_from if assets_from is not None else model.path
+        if source is not None:
+            copy_assets(Path(source), tmp / MODEL_DIR)
         state = trainer.state_dict()
         torch.save(state["optimizer"], tmp / OPTIMIZER_FILE)
         torch.save(rng_state(), tmp / RNG_FILE)
@@ -189,14 +208,11 @@ def read_checkpoint(path: str | Path, model: ModelSpec, seed: int) -> Checkpoint
             f"{seed} (the reference model is built from it); pass seed="
             f"{state.seed}"
         )
-    for rel in (
-        f"{MODEL_DIR}/config.json",
-        f"{MODEL_DIR}/model.safetensors",
-        OPTIMIZER_FILE,
-        RNG_FILE,
-    ):
+    for rel in (f"{MODEL_DIR}/{CONFIG_FILE}", OPTIMIZER_FILE, RNG_FILE):
         if rel not in state.files:
             raise CheckpointError(f"{state_path}: 'files' lacks {rel!r}")
+    if not {f"{MODEL_DIR}/{WEIGHTS_FILE}", f"{MODEL_DIR}/{INDEX_FILE}"} & set(state.files):
+        raise CheckpointError(f"{state_path}: 'files' lacks {MODEL_DIR}/{WEIGHTS_FILE!r}")
     for rel, digest in state.files.items():
         p = folder / rel
         if not p.is_file():
@@ -218,7 +234,7 @@ def _check_model(where: Path, saved: dict[str, Any], model: ModelSpec) -> None:
     diffs = [
         f"model.{k}: checkpoint has {saved.get(k)!r}, this run has {ours.get(k)!r}"
         for k in sorted(set(saved) | set(ours))
-        if k != "name" and saved.get(k) != ours.get(k)
+        if k not in ("name", "path") and saved.get(k) != ours.get(k)
     ]
     if diffs:
         raise CheckpointError(

@@ -87,6 +87,11 @@ class ModelSpec(Spec):
     """A Qwen2.5-VL model: the LLM decoder plus its vision tower."""
 
     name: str = Field(..., description="Preset name, e.g. qwen2_5_vl_7b.")
+    path: str | None = Field(
+        None,
+        description="A Hub-format model folder (config.json, safetensors, tokenizer, "
+        "processor) to load; None builds random weights from these shapes.",
+    )
     hidden_size: int = Field(..., ge=1, description="LLM hidden width.")
     num_layers: int = Field(..., ge=1, description="LLM decoder layers.")
     num_heads: int = Field(..., ge=1, description="LLM query heads.")
@@ -201,11 +206,100 @@ class ModelSpec(Spec):
             vision_end_token_id=st.vision_end_token_id,
         )
 
+    def arch_diff(self, other: ModelSpec) -> dict[str, tuple[Any, Any]]:
+        """Fields that differ between two specs' architectures (dotted names, e.g.
+        'vision.depth' -> (ours, theirs)); the name, path, dtype and training choices are
+        not architecture and are skipped."""
+        a, b = _flat(self.model_dump(mode="json")), _flat(other.model_dump(mode="json"))
+        return {
+            k: (a.get(k), b.get(k))
+            for k in sorted(set(a) | set(b))
+            if k.split(".")[0] not in _NOT_ARCH and a.get(k) != b.get(k)
+        }
+
+    @classmethod
+    def from_hf_config(
+        cls, config: Any, name: str, path: str | None = None, **overrides: Any
+    ) -> ModelSpec:
+        """The spec of a transformers `Qwen2_5_VLConfig` (or its dict, as in config.json).
+        `overrides` set the fields a config does not hold (trainable_vision) or replace
+        read ones (dtype). Raises ValueError (pydantic's) when the numbers are inconsistent."""
+        from transformers import Qwen2_5_VLConfig
+
+        if isinstance(config, dict):
+            config = Qwen2_5_VLConfig.from_dict(config)
+        text, vision = config.text_config, config.vision_config
+        rope = dict(getattr(text, "rope_parameters", None) or {})
+
+        def first(x: Any) -> Any:  # eos may be a list in Hub configs
+            return x[0] if isinstance(x, list | tuple) else x
+
+        bos = first(getattr(text, "bos_token_id", None))
+        tokens = {
+            "image_token_id": config.image_token_id,
+            "video_token_id": config.video_token_id,
+            "vision_start_token_id": config.vision_start_token_id,
+            "vision_end_token_id": config.vision_end_token_id,
+            "eos_token_id": first(getattr(text, "eos_token_id", None)),
+            "bos_token_id": bos,
+            # Qwen's pad is <|endoftext|>, the bos id; Hub configs often leave it out.
+            "pad_token_id": first(getattr(text, "pad_token_id", None)),
+        }
+        if tokens["pad_token_id"] is None:
+            tokens["pad_token_id"] = bos
+        dtype = getattr(config, "dtype", None) or getattr(text, "dtype", None)
+        dtype = str(dtype).removeprefix("torch.") if dtype is not None else "bfloat16"
+        fields: dict[str, Any] = dict(
+            name=name,
+            path=path,
+            hidden_size=text.hidden_size,
+            num_layers=text.num_hidden_layers,
+            num_heads=text.num_attention_heads,
+            num_kv_heads=text.num_key_value_heads,
+            intermediate_size=text.intermediate_size,
+            vocab_size=text.vocab_size,
+            tie_word_embeddings=bool(config.tie_word_embeddings),
+            rope_theta=rope.get("rope_theta", getattr(text, "rope_theta", 1_000_000.0)),
+            mrope_section=tuple(rope.get("mrope_section") or (16, 24, 24)),
+            max_position_embeddings=text.max_position_embeddings,
+            rms_norm_eps=text.rms_norm_eps,
+            dtype=dtype if dtype in ("bfloat16", "float16", "float32") else "bfloat16",
+            vision=VisionSpec(
+                depth=vision.depth,
+                hidden_size=vision.hidden_size,
+                num_heads=vision.num_heads,
+                intermediate_size=vision.intermediate_size,
+                out_hidden_size=vision.out_hidden_size,
+                patch_size=vision.patch_size,
+                temporal_patch_size=vision.temporal_patch_size,
+                spatial_merge_size=vision.spatial_merge_size,
+                window_size=vision.window_size,
+                fullatt_block_indexes=tuple(vision.fullatt_block_indexes),
+                in_channels=vision.in_channels,
+            ),
+            special_tokens=SpecialTokens(**{k: v for k, v in tokens.items() if v is not None}),
+        )
+        return cls(**(fields | overrides))
+
     def to_hf_config(self) -> Any:
         """The transformers `Qwen2_5_VLConfig` with these shapes (imports transformers lazily)."""
         from transformers import Qwen2_5_VLConfig
 
         return Qwen2_5_VLConfig(**self.hf_kwargs())
+
+
+# Fields that say how a model is used, not what it is (skipped by ModelSpec.arch_diff).
+_NOT_ARCH = frozenset({"name", "path", "dtype", "trainable_vision"})
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def _qwen(

@@ -112,3 +112,43 @@ def test_another_model_or_seed_is_refused(saved):
         read_checkpoint(folder, other, seed=0)
     with pytest.raises(CheckpointError, match=r"'seed' is 0 but this run has seed=5"):
         read_checkpoint(folder, MODEL, seed=5)
+
+
+def test_checkpoint_model_is_a_hub_folder_transformers_loads(tmp_path):
+    """A run from a user's folder: the checkpoint's model/ carries save_pretrained's files
+    and the source folder's tokenizer/processor, and from_pretrained reads equal tensors."""
+    from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+
+    from rollplex.backends.torch.model import model_for
+    from rollplex.models import open_model_folder
+    from tests.models.conftest import write_hub
+
+    hub = write_hub(tmp_path / "user-model")
+    spec = open_model_folder(hub.folder).spec  # path set: the run loads this folder
+    trainer = TorchTrainer(model_for(spec, seed=0), spec, ALGO)
+    loss = sum(p.float().pow(2).sum() for p in trainer.params)
+    loss.backward()
+    trainer.optimizer_step(GradsHandle(trainer.params))
+    folder = save_checkpoint(tmp_path / "checkpoints", 1, trainer, spec, seed=0)
+
+    model_dir = folder / "model"
+    assert (model_dir / "config.json").is_file()
+    for name in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "preprocessor_config.json",
+    ):
+        assert (model_dir / name).read_bytes() == (hub.folder / name).read_bytes(), name
+    hf = Qwen2_5_VLForConditionalGeneration.from_pretrained(model_dir)
+    theirs, ours = hf.state_dict(), trainer.model.state_dict()
+    assert theirs.keys() == ours.keys()
+    assert all(torch.equal(theirs[k], ours[k]) for k in ours)
+    assert not torch.equal(ours["lm_head.weight"], hub.model.state_dict()["lm_head.weight"])
+    text = "what colour is the shape ?"
+    assert AutoTokenizer.from_pretrained(model_dir)(text) == hub.tokenizer(text)
+    assert open_model_folder(folder).spec.arch_diff(spec) == {}  # a checkpoint opens as a folder
+
+    fresh = TorchTrainer(model_for(spec, seed=0), spec, ALGO)
+    restore(fresh, read_checkpoint(folder, spec.model_copy(update={"path": "/elsewhere"}), 0))
+    assert all(torch.equal(p, q) for p, q in zip(trainer.params, fresh.params, strict=True))

@@ -126,3 +126,22 @@ def encode_prompt(
         image_grid_thw=grid,
         mm_token_type_ids=(ids == pad).to(torch.int32),
     )
+
+
+def tokenizer_for(spec: ModelSpec):
+    """The tokenizer a run uses: the folder's (AutoTokenizer) when `spec.path` names one,
+    else the word-level tokenizer built above for tiny presets."""
+    if spec.path is not None:
+        from rollplex.models import open_model_folder
+
+        return open_model_folder(spec.path, spec).tokenizer()
+    return build_tokenizer(spec)
+
+
+def image_processor_for(spec: ModelSpec, max_pixels: int = 112 * 112):
+    """The image processor a run uses: the folder's when `spec.path` names one."""
+    if spec.path is not None:
+        from rollplex.models import open_model_folder
+
+        return open_model_folder(spec.path, spec).image_processor()
+    return build_image_processor(spec, max_pixels)
