@@ -106,9 +106,7 @@ def main() -> None:
     role = torch_rollout(folder)
 
     def torch_run() -> None:
-        prefix = role.prefix_prefill(
-            role.vision_encode(Pixels.of(batch)), text_only(batch)
-        )
+        prefix = role.prefix_prefill(role.vision_encode(Pixels.of(batch)), text_only(batch))
         session = role.start_decode(prefix, G, sampling, torch.Generator().manual_seed(0))
         session.advance()
         assert int(session.result()[0].lengths.sum()) == tokens
