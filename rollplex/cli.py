@@ -12,7 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
-JOBS = ("graph", "plan", "train", "eval")
+JOBS = ("graph", "plan", "train", "eval", "weights")
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger("rollplex")
 
@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> None:
             "  e.g. rollplex graph model=qwen2_5_vl_7b algo=grpo workload.group_size=8\n"
             "       rollplex plan -m schedule=serial,disaggregated,rollplex\n"
             "       rollplex train model=tiny workload=tiny hardware=cpu\n"
-            "       rollplex eval model.path=outputs/train/<run>/checkpoints/step-000200"
+            "       rollplex eval model.path=outputs/train/<run>/checkpoints/step-000200\n"
+            "       rollplex weights model=qwen2_5_vl_32b weights.train_fsdp=8 weights.rollout_tp=4"
         )
         sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
     job, overrides = argv[0], argv[1:]

@@ -13,6 +13,7 @@ from rollplex.specs.hardware import HardwareSpec
 from rollplex.specs.model import ModelSpec
 from rollplex.specs.reward import RewardSpec
 from rollplex.specs.schedule import ScheduleSpec
+from rollplex.specs.weights import WeightsSpec
 from rollplex.specs.workload import WorkloadSpec
 
 
@@ -80,7 +81,9 @@ class EvalSpec(Spec):
 
 
 class RunSpec(Spec):
-    job: Literal["graph", "plan", "train", "eval"] = Field(..., description="What to run.")
+    job: Literal["graph", "plan", "train", "eval", "weights"] = Field(
+        ..., description="What to run."
+    )
     seed: int = Field(0, description="Seed of everything random.")
     model: ModelSpec = Field(..., description="The model (conf/model).")
     algo: AlgoSpec = Field(..., description="The algorithm (conf/algo).")
@@ -98,3 +101,7 @@ class RunSpec(Spec):
     )
     train: TrainSpec = Field(default_factory=TrainSpec, description="The train job.")
     eval: EvalSpec = Field(default_factory=EvalSpec, description="The eval job.")
+    weights: WeightsSpec = Field(
+        default_factory=WeightsSpec,
+        description="The weights job: training and rollout placements (rollplex.weights).",
+    )
