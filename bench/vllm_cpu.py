@@ -41,14 +41,18 @@ Reading:
   preparation, sampler) dominates, so the plain torch loop is faster here. This says nothing
   about a GPU, where the same engine runs 3B/7B decode at 23-65% of the HBM roofline
   (FACTS.md) and the torch path through Python runs at 2-3%.
-- Asking for logprobs costs extra per token (Python objects per token); on-policy GRPO does
-  not ask (`VllmSpec.return_logprobs=False`).
+- Logprobs cost 1.00-1.19x here over three runs of this script (noise on a shared 2-core
+  machine at 32 rows); FACTS.md measured 2x on one H200 at batch 256. On-policy GRPO does
+  not ask for them (`VllmSpec.return_logprobs=False`).
 
 Open:
-- Video prompts run (frames + metadata, one collapsed placeholder expanded by vLLM to the
-  grid's tokens), but parity with transformers for video is not established: on the tiny
-  model the greedy first token agreed and its logprob did not (-1.02 vs -1.72 for 4 frames
-  at fps 2). Images match within 1e-4 (tests/backends/vllm/test_parity.py).
+- Video: frames + metadata go in, one collapsed placeholder that vLLM expands to the grid's
+  tokens (the same count as rollplex.data.render). With one temporal patch (2 frames) vLLM
+  and the torch rollout agree exactly (tokens and logprobs); with 2+ temporal patches they
+  do not (4 identical frames: first-token logprob -1.87 vs -1.44; changing the metadata fps
+  moves vLLM's value, none of 0.5-8 matches). So the M-RoPE temporal positions of vLLM 0.32
+  and transformers 5.19 disagree; unresolved, kept as a strict xfail in
+  tests/backends/vllm/test_parity.py. Images match within 1e-4.
 - GPU: the decode tokens/s and roofline share at batch 8-256, sleep memory and the
   `rollplex train backend.rollout=vllm` run on one H200 were not run in this branch.
 """
@@ -103,9 +107,7 @@ def main() -> None:
     role = torch_rollout(folder)
 
     def torch_run() -> None:
-        prefix = role.prefix_prefill(
-            role.vision_encode(Pixels.of(batch)), text_only(batch)
-        )
+        prefix = role.prefix_prefill(role.vision_encode(Pixels.of(batch)), text_only(batch))
         session = role.start_decode(prefix, G, sampling, torch.Generator().manual_seed(0))
         session.advance()
         assert int(session.result()[0].lengths.sum()) == tokens

@@ -24,7 +24,6 @@ of another model, ends the run with a message naming the file and field.
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import os
 import statistics
@@ -97,8 +96,8 @@ def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
 
 
 def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
-    from rollplex.jobs.plan import plan_to_dict
-    from rollplex.planner.api import plan_step
+    from rollplex.jobs.pipeline import plan_step
+    from rollplex.planner.plan import dump_plan
     from rollplex.runtime import Executor, Progress
     from rollplex.runtime.checkpoint import restore, save_checkpoint
     from rollplex.runtime.compose import compose, rollout_capabilities
@@ -110,7 +109,7 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     caps = rollout_capabilities(spec.backend)  # the planner plans only what it can do
     result = plan_step(model, workload, spec.algo, spec.hardware, spec.schedule, rollout=caps)
     plan, graph = result.plan, result.graph
-    (out / "plan.json").write_text(json.dumps(plan_to_dict(plan), indent=1))
+    (out / "plan.json").write_text(dump_plan(plan))
     log.info(
         "plan '%s' (dedup=%s, overlap=%s): %d steps on %d streams; %s",
         plan.schedule,

@@ -8,7 +8,7 @@ from rollplex.algos import build_step
 from rollplex.backends.capabilities import RoleCapabilities
 from rollplex.backends.torch.roles import TorchRollout
 from rollplex.graph.ir import Phase
-from rollplex.planner.api import plan_step
+from rollplex.jobs.pipeline import plan_step
 from rollplex.planner.capabilities import apply_rollout_capabilities
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
 

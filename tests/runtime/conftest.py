@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rollplex.backends.torch.data import TaskData
-from rollplex.planner.api import PlanResult, plan_step
+from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.runtime import Callback, Executor, StepResult
 from rollplex.runtime.compose import compose
 from rollplex.runtime.dispatch import RoleDispatch, StepConfig

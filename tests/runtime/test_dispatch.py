@@ -13,7 +13,7 @@ from rollplex.backends.capabilities import RoleCapabilities
 from rollplex.backends.torch.data import TaskData
 from rollplex.backends.torch.roles import TorchRollout
 from rollplex.graph.ir import Op, Phase
-from rollplex.planner.api import plan_step
+from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
 from rollplex.runtime.dispatch import StepConfig

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rollplex.backends.torch.data import TaskData
-from rollplex.planner.api import plan_step
+from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
 from rollplex.runtime.dispatch import RoleDispatch, StepConfig

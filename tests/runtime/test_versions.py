@@ -10,7 +10,7 @@ import pytest
 from rollplex.backends.base import BackendError
 from rollplex.backends.torch.data import TaskData
 from rollplex.graph.ir import Op, Phase, Value, ValueKind
-from rollplex.planner.api import plan_step
+from rollplex.jobs.pipeline import plan_step
 from rollplex.planner.plan import Step
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose

@@ -23,7 +23,7 @@ import torch
 from safetensors import safe_open
 
 from rollplex.backends.base import BackendError, CheckpointWeights, LiveWeights, WeightsSource
-from rollplex.models.files import to_hub_name as _to_hub_name
+from rollplex.models.files import to_hub_name
 
 NamedTensors = Iterator[tuple[str, torch.Tensor]]
 
@@ -33,7 +33,7 @@ def _module_tensors(module: torch.nn.Module) -> NamedTensors:
     for name, t in module.state_dict().items():
         if tied and name == "lm_head.weight":
             continue  # vLLM ties it itself, as a checkpoint leaves it out
-        yield _to_hub_name(name), t.detach()
+        yield to_hub_name(name), t.detach()
 
 
 def live_tensors(params: Any) -> NamedTensors:
@@ -43,7 +43,7 @@ def live_tensors(params: Any) -> NamedTensors:
     if isinstance(module, torch.nn.Module):
         return _module_tensors(module)
     if isinstance(module, Mapping):
-        return ((_to_hub_name(k), v.detach()) for k, v in module.items())
+        return ((to_hub_name(k), v.detach()) for k, v in module.items())
     raise BackendError(
         f"LiveWeights.params is {type(params).__name__}: expected an nn.Module, a handle "
         "with .module, or a mapping of tensor names to tensors"

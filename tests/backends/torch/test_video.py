@@ -204,7 +204,7 @@ def test_greedy_decode_matches_transformers(model, renderer, spec, kind):
 def test_grpo_steps_train_on_video_alike_under_every_schedule(spec, renderer):
     """Two GRPO steps on video prompts through plans and the executor: serial (verl-style
     recompute) and rollplex (shared prefix, overlap) end with the same parameters."""
-    from rollplex.planner.api import plan_step
+    from rollplex.jobs.pipeline import plan_step
     from rollplex.runtime import Executor
     from rollplex.runtime.compose import compose
     from rollplex.runtime.dispatch import StepConfig, StepInputs

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rollplex.backends.torch.data import TaskData
-from rollplex.planner.api import plan_step
+from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose, rollout_capabilities
 from rollplex.runtime.dispatch import StepConfig
