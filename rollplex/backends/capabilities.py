@@ -1,5 +1,10 @@
 """What a role can do, declared on its class so the planner plans only that.
 
+The built roles' declarations live here, beside the dataclass, so the planner (and
+`rollplex plan`, which stays free of torch) can read them without importing a role's
+module; each role class points at its constant, and a test keeps the registry and the
+classes in step.
+
 A vLLM rollout, for example, decodes in segments (engine steps) but cannot export its
 prefix KV to another role, nor host rows of another phase inside its decode steps: the
 planner must not place a piggyback there, and its prefix caching stands in for a separate
@@ -28,3 +33,24 @@ class RoleCapabilities:
     # trainer scores (backends/torch/logprob.py token_logprobs); otherwise the runtime does
     # not use them as old logprobs (runtime/dispatch.py)
     scaled_logprobs: bool = False
+
+
+# -- what the built roles declare ------------------------------------------------------------
+TORCH_ROLLOUT = RoleCapabilities(
+    segmented_decode=True,
+    prefix_kv_export=True,  # its PrefixState is a plain value other ops can read
+    piggyback_rows=True,  # same-weights prefix rows can run between its decode steps
+    in_place_weight_load=True,  # LiveWeights: an alias, nothing copied
+    scaled_logprobs=True,  # decode.py scores the sampled token under logits / T
+)
+TORCH_SCORER = RoleCapabilities(prefix_kv_export=True)  # torch reference and trainer
+VLLM_ROLLOUT = RoleCapabilities(
+    segmented_decode=True,
+    prefix_kv_export=False,
+    piggyback_rows=False,
+    sleep_levels=(1, 2),  # on GPU; no-ops on CPU
+    in_place_weight_load=True,
+    weights_sources=("live", "checkpoint"),
+    fused_prefix=True,
+    scaled_logprobs=False,  # logprobs_mode=raw_logprobs: before temperature (engine.py)
+)

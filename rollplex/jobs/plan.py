@@ -70,9 +70,10 @@ def _baselines(spec: RunSpec) -> dict[str, PlanResult | None]:
 
 
 def rollout_capabilities(backend):
-    from rollplex.runtime.compose import rollout_capabilities as caps
+    """What the chosen rollout declares (the registry's copy: no torch, no engine)."""
+    from rollplex.backends import role_entry
 
-    return caps(backend)
+    return role_entry("rollout", backend.rollout).capabilities()
 
 
 def naive_colocation_bytes(verl_serial: PlanResult | None) -> int | None:

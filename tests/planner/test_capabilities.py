@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rollplex.algos import build_step
-from rollplex.backends.capabilities import RoleCapabilities
+from rollplex.backends.capabilities import VLLM_ROLLOUT
 from rollplex.backends.torch.roles import TorchRollout
 from rollplex.graph.ir import Phase
 from rollplex.jobs.pipeline import plan_step
@@ -14,13 +14,7 @@ from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, Al
 
 MODEL, WORKLOAD = MODEL_PRESETS["tiny"], WORKLOAD_PRESETS["tiny"]
 CPU, H200 = HARDWARE_PRESETS["cpu"], HARDWARE_PRESETS["h200"]
-# what the vLLM rollout declares (backends/vllm/rollout.py), without importing vLLM
-ENGINE = RoleCapabilities(
-    segmented_decode=True,
-    sleep_levels=(1, 2),
-    in_place_weight_load=True,
-    fused_prefix=True,
-)
+ENGINE = VLLM_ROLLOUT  # what the vLLM rollout declares (no vLLM import needed)
 TORCH = TorchRollout.capabilities
 
 

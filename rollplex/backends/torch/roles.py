@@ -28,7 +28,7 @@ from rollplex.backends.base import (
     WeightsSource,
     version_name,
 )
-from rollplex.backends.capabilities import RoleCapabilities
+from rollplex.backends.capabilities import TORCH_ROLLOUT, TORCH_SCORER, RoleCapabilities
 from rollplex.backends.torch.decode import DecodeSession as TorchDecodeSession
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs, response_mask
 from rollplex.backends.torch.model import load_model
@@ -125,13 +125,7 @@ class TorchRollout(RolloutRole):
     """Rolls out with whatever weights it was last given: the trainer's module itself
     (colocated alias: no copy, and every in-place update shows at once) or a model folder."""
 
-    capabilities: ClassVar[RoleCapabilities] = RoleCapabilities(
-        segmented_decode=True,
-        prefix_kv_export=True,  # its PrefixState is a plain value other ops can read
-        piggyback_rows=True,  # same-weights prefix rows can run between its decode steps
-        in_place_weight_load=True,  # LiveWeights: an alias, nothing copied
-        scaled_logprobs=True,  # decode.py scores the sampled token under logits / T
-    )
+    capabilities: ClassVar[RoleCapabilities] = TORCH_ROLLOUT
 
     def __init__(self, spec: ModelSpec, device: torch.device) -> None:
         self.spec, self.device = spec, device
@@ -192,7 +186,7 @@ class TorchRollout(RolloutRole):
 class TorchReference(ReferenceScorer):
     """Scores with a frozen model; logprobs at the rollout's `temperature` (see logprob.py)."""
 
-    capabilities: ClassVar[RoleCapabilities] = RoleCapabilities(prefix_kv_export=True)
+    capabilities: ClassVar[RoleCapabilities] = TORCH_SCORER
 
     def __init__(self, model: Model, temperature: float = 1.0) -> None:
         self.model, self.temperature = model, temperature

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import torch
 
 from rollplex.backends.base import BackendError, LiveWeights, Trainer
-from rollplex.backends.capabilities import RoleCapabilities
+from rollplex.backends.capabilities import TORCH_SCORER, RoleCapabilities
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs
 from rollplex.backends.torch.loss import policy_loss
 from rollplex.backends.torch.model import load_model, save_model
@@ -41,7 +41,7 @@ from rollplex.specs import AlgoSpec, ModelSpec
 class TorchTrainer(Trainer):
     """AdamW on the graph's trained parameters, clipped to `algo.max_grad_norm`."""
 
-    capabilities: ClassVar[RoleCapabilities] = RoleCapabilities(prefix_kv_export=True)
+    capabilities: ClassVar[RoleCapabilities] = TORCH_SCORER
 
     def __init__(self, model: Model, spec: ModelSpec, algo: AlgoSpec, version: int = 0) -> None:
         self.model, self.spec, self.algo = model, spec, algo

@@ -28,7 +28,7 @@ from rollplex.backends.base import (
     WeightsSource,
     version_name,
 )
-from rollplex.backends.capabilities import RoleCapabilities
+from rollplex.backends.capabilities import VLLM_ROLLOUT, RoleCapabilities
 from rollplex.backends.vllm.decode import VllmDecode, step_seed
 from rollplex.backends.vllm.engine import on_cpu, require_vllm, start_engine
 from rollplex.backends.vllm.folder import check_model_folder, placeholder_ids
@@ -40,15 +40,7 @@ log = logging.getLogger(__name__)
 
 
 class VllmRollout(RolloutRole):
-    capabilities: ClassVar[RoleCapabilities] = RoleCapabilities(
-        segmented_decode=True,
-        prefix_kv_export=False,
-        piggyback_rows=False,
-        sleep_levels=(1, 2),  # on GPU; no-ops on CPU
-        in_place_weight_load=True,
-        weights_sources=("live", "checkpoint"),
-        fused_prefix=True,
-    )
+    capabilities: ClassVar[RoleCapabilities] = VLLM_ROLLOUT
 
     def __init__(
         self,
