@@ -78,24 +78,34 @@ def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
     if t.threads:
         torch.set_num_threads(t.threads)
     # Validate the checkpoint before building anything: a bad one costs nothing.
-    ckpt = read_checkpoint(t.resume, spec.model, spec.seed) if t.resume else None
+    if t.resume and t.backend == "fsdp":
+        from rollplex.runtime.dcp_checkpoint import read_dcp_checkpoint
+
+        ckpt = read_dcp_checkpoint(t.resume, spec.model, spec.seed)
+    else:
+        ckpt = read_checkpoint(t.resume, spec.model, spec.seed) if t.resume else None
     return _train(spec, out, ckpt)
 
 
 def _train(spec: RunSpec, out: Path, ckpt) -> dict[str, Any]:
-    from rollplex.backends import backend_class
-    from rollplex.backends.torch.backend import TorchConfig
     from rollplex.backends.torch.data import TaskData
     from rollplex.jobs.plan import plan_to_dict
     from rollplex.planner.api import plan_step
     from rollplex.runtime import Executor, Progress
-    from rollplex.runtime.checkpoint import restore, save_checkpoint
     from rollplex.trace import open_writer
 
     t = spec.train
     result = plan_step(spec.model, spec.workload, spec.algo, spec.hardware, spec.schedule)
     plan, graph = result.plan, result.graph
-    (out / "plan.json").write_text(json.dumps(plan_to_dict(plan), indent=1))
+    backend = _backend(spec)
+    main = getattr(backend, "rank", 0) == 0  # only rank 0 writes the run folder
+    if backend.name == "fsdp":
+        from rollplex.runtime.distributed import from_rank0, setup_rank_logging
+
+        out = Path(from_rank0(str(out)))  # one run folder for all ranks
+        setup_rank_logging(out, backend.dist)
+    if main:
+        (out / "plan.json").write_text(json.dumps(plan_to_dict(plan), indent=1))
     log.info(
         "plan '%s' (dedup=%s, overlap=%s): %d steps on %d streams; %s",
         plan.schedule,
@@ -105,12 +115,9 @@ def _train(spec: RunSpec, out: Path, ckpt) -> dict[str, Any]:
         sum(len(d.streams) for d in plan.devices),
         "; ".join(plan.notes) or "no overlap",
     )
-    backend = backend_class(t.backend)(
-        TorchConfig(spec.model, spec.algo, spec.seed, t.max_new_tokens, t.reward, t.device)
-    )
     start = 0
     if ckpt is not None:
-        restore(backend.trainer, ckpt)
+        _restore(backend, ckpt)
         backend.rollout.load_weights(backend.trainer.live_weights())
         start = ckpt.state.step
         log.info("resumed from %s at step %d", ckpt.folder, start)
@@ -118,9 +125,10 @@ def _train(spec: RunSpec, out: Path, ckpt) -> dict[str, Any]:
             log.info("the checkpoint already reaches train.steps=%d: nothing to run", t.steps)
     data = TaskData(spec.model, spec.workload, spec.seed, kinds=t.questions)
     tb = out / "tb"
-    writer = open_writer(tb)
-    progress = Progress(t.steps, initial=start, disable=not t.progress)
-    executor = Executor(plan, graph, backend, [progress, _Scalars(writer)], device=t.device)
+    writer = open_writer(tb) if main else None
+    progress = Progress(t.steps, initial=start, disable=not (t.progress and main))
+    callbacks = [progress, _Scalars(writer)] if main else [progress]
+    executor = Executor(plan, graph, backend, callbacks, device=backend.device)
     recent: deque = deque(maxlen=t.trace_steps)
     rows: list[dict[str, Any]] = []
     ckpt_root, last_ckpt = out / "checkpoints", None
@@ -130,12 +138,12 @@ def _train(spec: RunSpec, out: Path, ckpt) -> dict[str, Any]:
             recent.append(res)
             rows.append(_row(res))
             if (k + 1) % t.checkpoint_every == 0 or k + 1 == t.steps:
-                last_ckpt = save_checkpoint(
-                    ckpt_root, k + 1, backend.trainer, spec.model, spec.seed
-                )
+                last_ckpt = _save(backend, ckpt_root, k + 1, spec)
                 log.info("checkpoint %s (reward %.3f)", last_ckpt, res.metrics.get("reward", 0))
     finally:
         progress.close()
+    if not main:
+        return _summary(spec, plan, rows, start, ckpt, ckpt_root, last_ckpt, recent)
     _write_csv(out / "metrics.csv", rows)
     if recent:
         _export(out, tb, writer, spec, plan, graph, list(recent))
@@ -148,6 +156,42 @@ def _train(spec: RunSpec, out: Path, ckpt) -> dict[str, Any]:
             f"run folder {out} (tensorboard --logdir {out})"
         )
     return summary
+
+
+def _backend(spec: RunSpec):
+    """The configured backend; 'fsdp' joins torchrun's process group (or a one-process
+    one) and logs each rank to its own file under the run folder."""
+    from rollplex.backends import backend_class
+    from rollplex.backends.torch.backend import TorchConfig
+
+    t = spec.train
+    args = (spec.model, spec.algo, spec.seed, t.max_new_tokens, t.reward, t.device)
+    if t.backend != "fsdp":
+        return backend_class(t.backend)(TorchConfig(*args))
+    from rollplex.backends.fsdp.backend import FsdpConfig
+
+    return backend_class(t.backend)(FsdpConfig(*args, fsdp=t.fsdp))
+
+
+def _restore(backend, ckpt) -> None:
+    if backend.name == "fsdp":
+        from rollplex.runtime.dcp_checkpoint import restore_dcp
+
+        restore_dcp(backend.trainer, ckpt)
+    else:
+        from rollplex.runtime.checkpoint import restore
+
+        restore(backend.trainer, ckpt)
+
+
+def _save(backend, root: Path, step: int, spec: RunSpec) -> Path:
+    if backend.name == "fsdp":
+        from rollplex.runtime.dcp_checkpoint import save_dcp_checkpoint
+
+        return save_dcp_checkpoint(root, step, backend.trainer, spec.model, spec.seed)
+    from rollplex.runtime.checkpoint import save_checkpoint
+
+    return save_checkpoint(root, step, backend.trainer, spec.model, spec.seed)
 
 
 class _Scalars(Callback):
