@@ -108,9 +108,9 @@ def setup_rank_logging(out: Path, info: DistInfo) -> None:
     )
     root = logging.getLogger()
     root.addHandler(handler)
-    if not info.is_main:  # keep the console to rank 0
+    if not info.is_main:  # the console and Hydra's job log stay rank 0's
         for h in list(root.handlers):
-            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+            if h is not handler:
                 root.removeHandler(h)
     root.setLevel(min(root.level or logging.INFO, logging.INFO))
 
