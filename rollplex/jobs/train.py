@@ -48,6 +48,10 @@ def check_spec(spec: RunSpec) -> None:
     from rollplex.backends import backend_class
 
     backend_class(t.backend)  # BackendUnavailable (a ValueError) says why not
+    if t.backend == "fsdp":
+        from rollplex.backends.fsdp.checks import check_fsdp_spec
+
+        check_fsdp_spec(spec)
     if spec.algo.name == "ppo" and t.resume:
         raise ValueError(
             "train.resume with algo=ppo: checkpoints hold the policy, not the critic, so a "
