@@ -12,7 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
-JOBS = ("graph", "plan", "train")
+JOBS = ("graph", "plan", "train", "eval", "weights")
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger("rollplex")
 
@@ -24,7 +24,9 @@ def main(argv: list[str] | None = None) -> None:
             f"usage: rollplex {{{','.join(JOBS)}}} [hydra overrides]\n"
             "  e.g. rollplex graph model=qwen2_5_vl_7b algo=grpo workload.group_size=8\n"
             "       rollplex plan -m schedule=serial,disaggregated,rollplex\n"
-            "       rollplex train model=tiny workload=tiny hardware=cpu"
+            "       rollplex train model=tiny workload=tiny hardware=cpu\n"
+            "       rollplex eval model.path=outputs/train/<run>/checkpoints/step-000200\n"
+            "       rollplex weights model=qwen2_5_vl_32b weights.train_fsdp=8 weights.rollout_tp=4"
         )
         sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
     job, overrides = argv[0], argv[1:]
@@ -32,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
 
     sys.argv = [f"rollplex-{job}", *overrides, f"job={job}"]
     # `train` defaults to a tiny CPU run (conf/train.yaml); the planning jobs to 7B on H200s.
-    config = "train" if job == "train" else "config"
+    config = "train" if job in ("train", "eval") else "config"
     hydra.main(config_path=CONF_DIR, config_name=config, version_base="1.3")(_run)()
 
 

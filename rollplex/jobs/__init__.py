@@ -19,6 +19,10 @@ def run_job(spec: RunSpec, out: Path) -> dict[str, Any]:
         from rollplex.jobs.graph import run_graph as run
     elif spec.job == "plan":
         from rollplex.jobs.plan import run_plan as run
+    elif spec.job == "eval":
+        from rollplex.jobs.eval import run_eval as run
+    elif spec.job == "weights":
+        from rollplex.jobs.weights import run_weights as run
     else:
         from rollplex.jobs.train import run_train as run
     summary = run(spec, out)

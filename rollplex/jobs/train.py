@@ -1,8 +1,11 @@
-"""`rollplex train`: GRPO on the synthetic visual task, every step run through one plan.
+"""`rollplex train`: GRPO/RLOO/PPO on a model folder and a dataset, every step run
+through one plan.
 
-The plan is made once with `plan_step` for the configured schedule and applied by the
-executor at every step; serial and rollplex plans train the very same parameters. The run
-folder gets:
+Before any model loads, `prepare` opens the model folder, the data and the reward and
+measures the prompts' visual and text lengths; the plan is made once from that measured
+workload and applied by the executor at every step, so serial and rollplex plans train the
+very same parameters. Every `train.eval_every` steps (and before the first and after the
+last) greedy accuracy on the held-out split is logged. The run folder gets:
 - `tb/`: TensorBoard scalars (reward, KL, loss, step time, resident bytes) and the planned
   and measured timelines side by side (workers `planned0` and `measured0`, the last
   `train.trace_steps` steps), with the planned-vs-measured table as text;
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rollplex.runtime.callbacks import Callback
+from rollplex.runtime.evaluate import evaluate
 from rollplex.specs.run import RunSpec
 from rollplex.trace import write_scalars
 
@@ -37,6 +41,7 @@ CSV_FIELDS = (
     "pg_loss",
     "clip_frac",
     "response_length",
+    "eval_accuracy",
     "step_time_s",
     "peak_resident_bytes",
 )
@@ -62,16 +67,14 @@ def check_spec(spec: RunSpec) -> None:
             f"train.max_new_tokens={t.max_new_tokens} exceeds workload."
             f"response_length.max={w.response_length.max}, which sizes the plan"
         )
-    if spec.model.vocab_size > 512:
-        raise ValueError(
-            f"train builds a word-level tokenizer of at most 512 ids; model "
-            f"'{spec.model.name}' has vocab {spec.model.vocab_size}"
-        )
 
 
 def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
     check_spec(spec)
     t = spec.train
+    from rollplex.jobs.prepare import prepare  # validates folder, data and reward first
+
+    prepared = prepare(spec, eval_split=t.eval_every > 0)
     import torch
 
     from rollplex.runtime.checkpoint import read_checkpoint
@@ -85,23 +88,23 @@ def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
     if t.resume and t.backend == "fsdp":
         from rollplex.runtime.dcp_checkpoint import read_dcp_checkpoint
 
-        ckpt = read_dcp_checkpoint(t.resume, spec.model, spec.seed)
+        ckpt = read_dcp_checkpoint(t.resume, prepared.model, spec.seed)
     else:
-        ckpt = read_checkpoint(t.resume, spec.model, spec.seed) if t.resume else None
-    return _train(spec, out, ckpt)
+        ckpt = read_checkpoint(t.resume, prepared.model, spec.seed) if t.resume else None
+    return _train(spec, prepared, out, ckpt)
 
 
-def _train(spec: RunSpec, out: Path, ckpt) -> dict[str, Any]:
-    from rollplex.backends.torch.data import TaskData
+def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     from rollplex.jobs.plan import plan_to_dict
     from rollplex.planner.api import plan_step
     from rollplex.runtime import Executor, Progress
     from rollplex.trace import open_writer
 
     t = spec.train
-    result = plan_step(spec.model, spec.workload, spec.algo, spec.hardware, spec.schedule)
+    model, workload = prepared.model, prepared.workload
+    result = plan_step(model, workload, spec.algo, spec.hardware, spec.schedule)
     plan, graph = result.plan, result.graph
-    backend = _backend(spec)
+    backend = _backend(spec, prepared)
     main = getattr(backend, "rank", 0) == 0  # only rank 0 writes the run folder
     if backend.name == "fsdp":
         from rollplex.runtime.distributed import from_rank0, setup_rank_logging
@@ -127,7 +130,7 @@ def _train(spec: RunSpec, out: Path, ckpt) -> dict[str, Any]:
         log.info("resumed from %s at step %d", ckpt.folder, start)
         if start >= t.steps:
             log.info("the checkpoint already reaches train.steps=%d: nothing to run", t.steps)
-    data = TaskData(spec.model, spec.workload, spec.seed, kinds=t.questions)
+    data = prepared.train
     tb = out / "tb"
     writer = open_writer(tb) if main else None
     progress = Progress(t.steps, initial=start, disable=not (t.progress and main))
@@ -136,13 +139,39 @@ def _train(spec: RunSpec, out: Path, ckpt) -> dict[str, Any]:
     recent: deque = deque(maxlen=t.trace_steps)
     rows: list[dict[str, Any]] = []
     ckpt_root, last_ckpt = out / "checkpoints", None
+    evals: list[tuple[int, Any]] = []
+
+    def held_out(step: int) -> float | None:
+        # The rollout is a full local model on every rank: rank 0 evaluates alone.
+        if t.eval_every <= 0 or prepared.eval_source is None or not main:
+            return None
+        res = evaluate(
+            backend, prepared.eval_source, prepared.renderer, t.eval_prompts, t.max_new_tokens
+        )
+        evals.append((step, res))
+        write_scalars(writer, {"eval/accuracy": res.accuracy}, step=step)
+        log.info(
+            "step %d: held-out accuracy %.3f on %d prompts (always '%s': %.3f)",
+            step,
+            res.accuracy,
+            res.prompts,
+            res.majority_answer,
+            res.majority_accuracy,
+        )
+        return res.accuracy
+
+    if start < t.steps:
+        held_out(start)
     try:
         for k in range(start, t.steps):
             res = executor.run_step(k, data.step(k))
             recent.append(res)
-            rows.append(_row(res))
+            row = _row(res)
+            if t.eval_every > 0 and ((k + 1) % t.eval_every == 0 or k + 1 == t.steps):
+                row["eval_accuracy"] = held_out(k + 1)
+            rows.append(row)
             if (k + 1) % t.checkpoint_every == 0 or k + 1 == t.steps:
-                last_ckpt = _save(backend, ckpt_root, k + 1, spec)
+                last_ckpt = _save(backend, ckpt_root, k + 1, model, spec.seed)
                 log.info("checkpoint %s (reward %.3f)", last_ckpt, res.metrics.get("reward", 0))
     finally:
         progress.close()
@@ -153,28 +182,41 @@ def _train(spec: RunSpec, out: Path, ckpt) -> dict[str, Any]:
         _export(out, tb, writer, spec, plan, graph, list(recent))
     writer.close()
     summary = _summary(spec, plan, rows, start, ckpt, ckpt_root, last_ckpt, recent)
+    summary.update(_eval_summary(evals))
+    summary["workload_measured"] = {
+        "visual_tokens": prepared.shape.visual_tokens,
+        "text_tokens": prepared.shape.text_tokens,
+        "frames": prepared.shape.frames,
+    }
     if summary["first_mean_reward"] is not None:
-        print(
+        line = (
             f"mean reward {summary['first_mean_reward']:.3f} (first 10 steps) -> "
-            f"{summary['final_mean_reward']:.3f} (last {summary['final_mean_reward_over']}); "
-            f"run folder {out} (tensorboard --logdir {out})"
+            f"{summary['final_mean_reward']:.3f} (last {summary['final_mean_reward_over']})"
         )
+        if evals:
+            line += (
+                f"; held-out accuracy {summary['eval_accuracy_first']:.3f} -> "
+                f"{summary['eval_accuracy_last']:.3f} (always '{summary['majority_answer']}': "
+                f"{summary['majority_accuracy']:.3f})"
+            )
+        print(f"{line}; run folder {out} (tensorboard --logdir {out})")
     return summary
 
 
-def _backend(spec: RunSpec):
+def _backend(spec: RunSpec, prepared):
     """The configured backend; 'fsdp' joins torchrun's process group (or a one-process
     one) and logs each rank to its own file under the run folder."""
     from rollplex.backends import backend_class
     from rollplex.backends.torch.backend import TorchConfig
 
     t = spec.train
-    args = (spec.model, spec.algo, spec.seed, t.max_new_tokens, t.reward, t.device)
+    args = (prepared.model, spec.algo, spec.seed, t.max_new_tokens)
+    kw = {"device": t.device, "scorer": prepared.scorer}
     if t.backend != "fsdp":
-        return backend_class(t.backend)(TorchConfig(*args))
+        return backend_class(t.backend)(TorchConfig(*args, **kw))
     from rollplex.backends.fsdp.backend import FsdpConfig
 
-    return backend_class(t.backend)(FsdpConfig(*args, fsdp=t.fsdp))
+    return backend_class(t.backend)(FsdpConfig(*args, **kw, fsdp=t.fsdp))
 
 
 def _restore(backend, ckpt) -> None:
@@ -188,14 +230,14 @@ def _restore(backend, ckpt) -> None:
         restore(backend.trainer, ckpt)
 
 
-def _save(backend, root: Path, step: int, spec: RunSpec) -> Path:
+def _save(backend, root: Path, step: int, model, seed: int) -> Path:
     if backend.name == "fsdp":
         from rollplex.runtime.dcp_checkpoint import save_dcp_checkpoint
 
-        return save_dcp_checkpoint(root, step, backend.trainer, spec.model, spec.seed)
+        return save_dcp_checkpoint(root, step, backend.trainer, model, seed)
     from rollplex.runtime.checkpoint import save_checkpoint
 
-    return save_checkpoint(root, step, backend.trainer, spec.model, spec.seed)
+    return save_checkpoint(root, step, backend.trainer, model, seed)
 
 
 class _Scalars(Callback):
@@ -211,11 +253,35 @@ class _Scalars(Callback):
         write_scalars(self.writer, values, step=result.rl_step + 1)
 
 
+def _cuda_peak(device: str) -> int | None:
+    """What the CUDA caching allocator held at most (None on CPU)."""
+    import torch
+
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.max_memory_allocated(torch.device(device)))
+
+
+def _eval_summary(evals: list[tuple[int, Any]]) -> dict[str, Any]:
+    if not evals:
+        return {}
+    first, last = evals[0][1], evals[-1][1]
+    return {
+        "eval_accuracy_first": first.accuracy,
+        "eval_accuracy_last": last.accuracy,
+        "eval_prompts": last.prompts,
+        "majority_answer": last.majority_answer,
+        "majority_accuracy": last.majority_accuracy,
+        "eval_examples": [list(e) for e in last.examples],
+    }
+
+
 def _row(res) -> dict[str, Any]:
     m = res.metrics
     return {
         "step": res.rl_step + 1,
         **{k: m.get(k, "") for k in CSV_FIELDS[1:7]},
+        "eval_accuracy": "",
         "step_time_s": res.seconds,
         "peak_resident_bytes": max(res.peak_resident_bytes.values()),
     }
@@ -273,6 +339,8 @@ def _summary(spec: RunSpec, plan, rows, start, ckpt, ckpt_root, last_ckpt, recen
         "overlap": spec.schedule.overlap,
         "median_step_time_s": statistics.median(r["step_time_s"] for r in rows) if rows else None,
         "plan_peak_bytes": plan.peak_bytes_per_gpu,
+        "plan_step_time_s": plan.step_time_s,
+        "cuda_max_memory_allocated": _cuda_peak(spec.train.device),
         "measured_peak_resident_bytes": measured_peak,
         "decisions": plan.notes,
     }

@@ -14,8 +14,11 @@ from rollplex.graph.ir import Graph, Op, Phase
 from rollplex.ops import formulas as F
 from rollplex.ops.costs import CostContext, decode_steps, op_cost
 from rollplex.ops.formulas import Cost
+from rollplex.ops.formulas.llm import decoder_weight_bytes, lm_head_weight_bytes
 from rollplex.planner.cost_model import CostModel, Timing
 from rollplex.specs import HardwareSpec, ModelSpec, WorkloadSpec
+
+LOGPROB_KINDS = frozenset({"logprob", "logprob_prefix", "logprob_response"})
 
 
 @dataclass(slots=True, frozen=True)
@@ -77,9 +80,27 @@ class OpTimer:
         if op.kind in ("decode", "optimizer_step", "weight_sync") or self.micro_tokens <= 0:
             return 1
         tokens = cost.flops / max(1.0, self._flops_per_token(ctx))
+        if op.kind == "logprob_response":
+            # A micro-batch is counted in tokens of sequence, context included, as the
+            # unsplit forward counts it: each response attends to (in a packed forward,
+            # carries) its prefix, and its logit rows are as many as the unsplit forward's.
+            # Counting only the new tokens would put 3-4x the rows of logits in each.
+            ins = self.graph.inputs_of(op)
+            rows = ctx.per_rank(ins["responses"].shape[0])
+            tokens = rows * (ins["kv"].shape[3] + self.workload.response_length.mean)
+        count = max(1, math.ceil(tokens / self.micro_tokens))
         if op.kind == "backward":
-            tokens /= 3  # backward is about twice the forward, plus a recompute
-        return max(1, math.ceil(tokens / self.micro_tokens))
+            # About twice the forward plus a recompute; and never coarser than the forwards
+            # whose activations it reads.
+            count = max(1, math.ceil(tokens / 3 / self.micro_tokens))
+            for port, v in op.inputs.items():
+                fwd = self.graph.producer(v) if port.startswith("saved") else None
+                if fwd is not None and fwd.kind in LOGPROB_KINDS:
+                    fctx = self.context(fwd)
+                    count = max(
+                        count, self._micro_batches(fwd, fctx, op_cost(self.graph, fwd, fctx))
+                    )
+        return count
 
     def _time(self, op: Op, ctx: CostContext, cost: Cost) -> Timing:
         hw, cm = self.hardware, self.cost_model
@@ -99,20 +120,62 @@ class OpTimer:
             tokens = cost.flops / max(1.0, self._flops_per_token(ctx))
             comm = F.tp_allreduce_bytes(self.model, tokens, ctx.tp) if ctx.tp > 1 else 0.0
             return cm.time(op.kind, cost, comm_bytes=comm)
-        if cost.weight_bytes > 0 and op.kind not in ("optimizer_step",) and self.train.gpus > 1:
-            # FSDP: gather each layer's weights before use (reads 1/n locally, the rest
-            # over links); backward also reduce-scatters the gradients.
-            n = self.train.gpus
-            gather = cost.weight_bytes * (n - 1) / n
-            comm = gather * (1.5 if op.kind == "backward" else 1.0)
+        if self._fsdp(op, cost):
             return cm.time(
                 op.kind,
                 cost,
-                comm_bytes=comm,
+                comm_bytes=self._fsdp_comm_bytes(op, ctx, cost),
                 comm_gbps=self.train.link_gbps(hw),
                 overlap_comm=True,
             )
         return cm.time(op.kind, cost)
+
+    def _fsdp(self, op: Op, cost: Cost) -> bool:
+        return cost.weight_bytes > 0 and op.kind != "optimizer_step" and self.train.gpus > 1
+
+    def _fsdp_comm_bytes(self, op: Op, ctx: CostContext, cost: Cost) -> float:
+        """FSDP gathers each layer's weights before use (1/n is local, the rest crosses
+        links); backward also reduce-scatters the gradients. A backward through a split
+        forward (prefix and response parts) is one autograd pass over one set of layers: it
+        gathers and reduce-scatters once, not once per part."""
+        n = self.train.gpus
+        weights = cost.weight_bytes
+        if op.kind == "backward":
+            parts = self._llm_parts(op)
+            if parts > 1:
+                one = decoder_weight_bytes(self.model, ctx.tp) * (
+                    2 if ctx.checkpointing else 1
+                ) + lm_head_weight_bytes(self.model, ctx.tp)
+                weights -= (parts - 1) * one
+        return weights * (n - 1) / n * (1.5 if op.kind == "backward" else 1.0)
+
+    def _llm_parts(self, op: Op) -> int:
+        """Distinct LLM forwards whose kept activations a backward reads."""
+        g, seen = self.graph, set()
+        for port, v in op.inputs.items():
+            fwd = g.producer(v) if port.startswith("saved") else None
+            if fwd is not None and fwd.kind in LOGPROB_KINDS:
+                seen.add(fwd.name)
+        return len(seen)
+
+    def packed(self, prefix: Op, response: Op) -> tuple[Timing, Timing]:
+        """The prefix and response parts of one forward run back to back as one packed
+        forward (shared-prefix mask; or the gathered weights kept across both parts): one
+        FSDP gather for the pair. The prefix step carries the gather's exposed excess over
+        the pair's compute; the response step only its own compute."""
+        tp_, tr = self.time(prefix), self.time(response)
+        ctx = self.context(prefix)
+        cost = op_cost(self.graph, prefix, ctx)
+        if not self._fsdp(prefix, cost) or tp_.comm_s <= 0:
+            return tp_, tr
+        launch = self.cost_model.launch_s
+        body_p, body_r = max(tp_.compute_s, tp_.memory_s), max(tr.compute_s, tr.memory_s)
+        comm = max(tp_.comm_s, tr.comm_s)
+        exposed = max(0.0, comm - body_p - body_r)
+        return (
+            replace(tp_, seconds=body_p + exposed + launch, comm_s=comm),
+            replace(tr, seconds=body_r + launch, comm_s=0.0),
+        )
 
     def sync_time(self, op: Op, cross_pool: bool = False) -> Timing:
         """Rebuild the rollout's TP shard from the trainer: a gather inside the pool, or a

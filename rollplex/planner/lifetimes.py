@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from weakref import WeakKeyDictionary
 
 from rollplex.graph.ir import Graph, Phase, Value, ValueKind
 from rollplex.ops.formulas import kv_fraction
+from rollplex.planner.happens_before import ordered_before
 from rollplex.planner.memory.records import UsageRecord
 from rollplex.planner.plan import CoRun, DevicePlan, Step
 from rollplex.specs import ModelSpec, WorkloadSpec
 
 PERSISTENT = (ValueKind.WEIGHTS, ValueKind.OPTIMIZER_STATE)
+MAIN_LANE = 0  # every schedule's first stream: compute, where the step's own state lives
 
 
 @dataclass(slots=True)
@@ -50,6 +53,22 @@ class DeviceSizer:
     _micro: int = field(default=0, init=False, repr=False, compare=False)  # computed once
     # Sizes depend on a value's shape, dtype and kind only: the K copies of a step share them.
     _sizes: dict[tuple, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _bound: int = field(default=-1, init=False, repr=False, compare=False)
+
+    def size_bound(self) -> int:
+        """At least the summed size of every record `device_lifetimes` can emit for this
+        device, less step scratch: each value at its larger (unsplit) size, weights with two
+        rollout copies. A plan whose bound plus scratch fits the budget fits unshared."""
+        if self._bound < 0:
+            total = 0
+            for v, phase, count in _value_shapes(self.graph):
+                # its maker may run on another device: try both sizings
+                size = max(self.value_bytes(v, phase, True), self.value_bytes(v, None, True))
+                if v.kind is ValueKind.WEIGHTS:
+                    size += 2 * math.ceil(v.nbytes / max(1, self.dev.tp))
+                total += count * size
+            self._bound = total
+        return self._bound
 
     def micro_batches(self) -> int:
         if not self._micro:
@@ -89,23 +108,54 @@ class DeviceSizer:
         return v.kind is ValueKind.ACTIVATION and len(v.shape) >= 2 and r in v.shape[1:3]
 
 
+_SHAPES: WeakKeyDictionary[Graph, tuple[dict, list[tuple[Value, Phase | None, int]]]] = (
+    WeakKeyDictionary()
+)
+
+
+def _value_shapes(graph: Graph) -> list[tuple[Value, Phase | None, int]]:
+    """(value, maker's phase, count): one value per (shape, dtype, kind, phase), since
+    sizes depend on nothing else and the K copies of a step share them. Kept while the
+    graph's producer index stands (a search sizes the same graph once per attempt)."""
+    made = graph.producers()
+    cached = _SHAPES.get(graph)
+    if cached is not None and cached[0] is made:
+        return cached[1]
+    groups: dict[tuple, list] = {}
+    for v in graph.values.values():
+        op = made.get(v.name)
+        phase = op.phase if op else None
+        entry = groups.setdefault((v.shape, v.dtype, v.kind, phase, v.nbytes), [v, phase, 0])
+        entry[2] += 1
+    out = [(v, phase, n) for v, phase, n in groups.values()]
+    _SHAPES[graph] = (made, out)
+    return out
+
+
+def positions(dev: DevicePlan) -> tuple[list[Step], dict[int, int], dict[int, int], int]:
+    """(steps in start order, step index -> first position, -> last position, last position).
+
+    Positions are the distinct instants at which any step starts or ends; a value read by
+    step c is live over [producer start, c end), so records that share a position really
+    coexist in time, across streams too."""
+    steps = sorted(dev.steps, key=lambda s: (s.start_s, s.index))
+    times = sorted({t for s in steps for t in (s.start_s, s.end_s)})
+    at = {t: i for i, t in enumerate(times)}
+    end = max(0, len(times) - 2)
+    begin: dict[int, int] = {}
+    until: dict[int, int] = {}
+    for s in steps:
+        b = begin[s.index] = min(at[s.start_s], end)
+        until[s.index] = max(b, at[s.end_s] - 1)
+    return steps, begin, until, end
+
+
 def device_lifetimes(
     graph: Graph, dev: DevicePlan, sizer: DeviceSizer, rollout_tp_copy: bool
 ) -> list[Lifetime]:
     """Every tensor the device group holds over one step, as lifetimes."""
     trained = {op.inputs["weights"] for op in graph.ops.values() if op.kind == "optimizer_step"}
-    steps = sorted(dev.steps, key=lambda s: (s.start_s, s.index))
-    # Positions are the distinct instants at which any step starts or ends; a value read
-    # by step c is live over [producer start, c end), so records that share a position
-    # really coexist in time, across streams too.
-    times = sorted({t for s in steps for t in (s.start_s, s.end_s)})
-    at = {t: i for i, t in enumerate(times)}
-    end = max(0, len(times) - 2)
-    begin: dict[int, int] = {}  # step index -> its first position
-    until: dict[int, int] = {}  # step index -> its last position
-    for s in steps:
-        b = begin[s.index] = min(at[s.start_s], end)
-        until[s.index] = max(b, at[s.end_s] - 1)
+    steps, begin, until, end = positions(dev)
 
     syncs = [s for s in steps if s.kind == "weight_sync"]
     made: dict[str, list[Step]] = {}  # value -> the steps that write it, in start order
@@ -124,6 +174,7 @@ def device_lifetimes(
     out: list[Lifetime] = []
     no_steps: list[Step] = []
     any_corun = any(s.corun is not CoRun.NONE for s in steps)
+    handover = _Handover(dev, until) if len({s.stream for s in steps}) > 1 else None
     for name in dict.fromkeys([*made, *used]):
         v = graph.values[name]
         producers, consumers = made.get(name, no_steps), used.get(name, no_steps)
@@ -168,6 +219,8 @@ def device_lifetimes(
         overlapped = any_corun and any(s.corun is not CoRun.NONE for s in producers)
         size = sizer.value_bytes(v, phase, overlapped)
         lane = producers[0].stream if producers else 0
+        if handover is not None and producers and consumers:
+            lane, first = handover.lane(producers[0], consumers, lane, first)
         out.append(_life(name, _KINDS[v.kind], size, first, last, lane, first_step, last_step))
         if v.kind is ValueKind.WEIGHTS and rollout_tp_copy:
             out += _rollout_copy(
@@ -179,6 +232,39 @@ def device_lifetimes(
             name = f"{s.name}.scratch"
             out.append(_life(name, "scratch", s.scratch_bytes, begin[i], until[i], s.stream, s, s))
     return out
+
+
+class _Handover:
+    """Where a value made on a side stream and read only on the main one lives.
+
+    Arenas are per stream lane so that reusing bytes never needs an event the plan lacks.
+    A value that one stream hands to another (a prefix boundary made in the decode window
+    and read by the backward) would hold bytes in the side arena long after the window,
+    on top of that arena's own peak: the main arena's peak (the backward) and the side
+    one's add although the tensors are never live together. It lives in the main arena
+    instead (lane 0: where the long-lived state lives), reserved from the end
+    of the last reader-stream step that its maker is ordered after (stream order and
+    events): any bytes it reuses there were freed before it can be written."""
+
+    __slots__ = ("_before", "_dev", "_pos", "_until")
+
+    def __init__(self, dev: DevicePlan, until: dict[int, int]) -> None:
+        self._dev, self._until = dev, until
+        self._before: dict[int, dict[int, int]] | None = None
+        self._pos = {i: k for st in dev.streams for k, i in enumerate(st.steps)}
+
+    def lane(self, maker: Step, readers: list[Step], lane: int, first: int) -> tuple[int, int]:
+        target = readers[0].stream
+        if target != MAIN_LANE or target == lane or any(r.stream != target for r in readers):
+            return lane, first
+        last = self._ordered_before(maker).get(target)
+        return target, 0 if last is None else min(first, self._until[last] + 1)
+
+    def _ordered_before(self, step: Step) -> dict[int, int]:
+        """stream -> the latest step of that stream that `step` is ordered after."""
+        if self._before is None:
+            self._before = ordered_before(self._dev, self._pos)
+        return self._before.get(step.index, {})
 
 
 _PHASES = {p.value: p for p in Phase}

@@ -3,6 +3,8 @@ streams (or device groups). Same-stream order needs no event: a stream runs in o
 
 from __future__ import annotations
 
+from weakref import WeakKeyDictionary
+
 from rollplex.graph.ir import Graph, Op, ValueKind
 from rollplex.planner.plan import CoRun, DevicePlan, Event, Plan, Step, StreamPlan
 
@@ -45,41 +47,50 @@ class PlanBuilder:
     ) -> Step:
         """Append one step; it waits for every step of its inputs' producers, plus `after`.
         `previous_step`: it carries the previous step's result, so has no producer here."""
-        deps: list[Step] = []
-        made, steps_of = self.graph.producers(), self._steps_of
-        for v in op.inputs.values():
-            src = made.get(v)
-            if src is None or previous_step:
-                continue
-            if not steps_of.get(src.name):
-                raise RuntimeError(f"step for '{op.name}' issued before its producer '{src.name}'")
-            deps += steps_of[src.name]
-        deps += after or []
+        steps_of, where = self._steps_of, self._where
+        sources, version = _op_facts(self.graph, op)
+        here = (dev.name, stream)
+        waits: list[int] = []
+        deps: list[list[Step]] = []
+        if not previous_step:
+            for src in sources:
+                made = steps_of.get(src)
+                if not made:
+                    raise RuntimeError(f"step for '{op.name}' issued before its producer '{src}'")
+                deps.append(made)
+        if after:
+            deps.append(after)
+        for made in deps:  # an event only where a dependency crosses streams
+            for d in made:
+                if where[d.index] != here:
+                    ev = self._event(d)
+                    if ev not in waits:
+                        waits.append(ev)
+        index = len(where)
+        name = op_name or op.name
         step = Step(
-            index=len(self._where),
-            op=op_name or op.name,
-            kind=op.kind,
-            phase=str(op.phase),
-            stream=stream,
-            chunk=chunk,
-            chunks=chunks,
-            solo_s=solo_s,
+            index,
+            name,
+            op.kind,
+            str(op.phase),
+            stream,
+            chunk,
+            chunks,
+            solo_s,
+            waits=waits,
             rate_class=rate_class,
             corun=corun,
-            weights_version=_weights_version(self.graph, op),
+            weights_version=version,
             previous_step=previous_step,
             scratch_bytes=int(scratch_bytes),
         )
-        here = (dev.name, stream)
-        for d in deps:
-            if self._where[d.index] != here:
-                ev = self._event(d)
-                if ev not in step.waits:
-                    step.waits.append(ev)
         dev.steps.append(step)
-        dev.streams[stream].steps.append(step.index)
-        self._where[step.index] = here
-        self._steps_of.setdefault(step.op, []).append(step)
+        dev.streams[stream].steps.append(index)
+        where[index] = here
+        if name in steps_of:
+            steps_of[name].append(step)
+        else:
+            steps_of[name] = [step]
         return step
 
     def _event(self, step: Step) -> int:
@@ -90,6 +101,29 @@ class PlanBuilder:
             self._event_of[step.index] = ev.id
             step.signals = ev.id
         return self._event_of[step.index]
+
+
+# Per graph (while its producer index stands): op name -> (names of the ops making its
+# inputs, in port order, one entry per input; the weights version it reads). A plan
+# attempt adds every op once, and a search adds them once per attempt.
+_FACTS: WeakKeyDictionary[Graph, tuple[dict, dict[str, tuple[list[str], str | None]]]] = (
+    WeakKeyDictionary()
+)
+
+
+def _op_facts(graph: Graph, op: Op) -> tuple[list[str], str | None]:
+    made = graph.producers()
+    cached = _FACTS.get(graph)
+    if cached is None or cached[0] is not made:
+        cached = (made, {})
+        _FACTS[graph] = cached
+    facts = cached[1].get(op.name)
+    if facts is None or graph.ops.get(op.name) is not op:
+        sources = [src.name for v in op.inputs.values() if (src := made.get(v)) is not None]
+        facts = (sources, _weights_version(graph, op))
+        if graph.ops.get(op.name) is op:
+            cached[1][op.name] = facts
+    return facts
 
 
 def _weights_version(graph: Graph, op: Op) -> str | None:

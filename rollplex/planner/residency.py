@@ -14,11 +14,20 @@ says by how much it misses and what is resident at the peak.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rollplex.graph.ir import Graph
-from rollplex.planner.lifetimes import PERSISTENT, DeviceSizer, Lifetime, device_lifetimes
-from rollplex.planner.memory import assign
+from rollplex.planner.happens_before import side_windows
+from rollplex.planner.lifetimes import (
+    MAIN_LANE,
+    PERSISTENT,
+    DeviceSizer,
+    Lifetime,
+    device_lifetimes,
+    positions,
+)
+from rollplex.planner.memory import MemoryAssignment, assign
+from rollplex.planner.memory.nesting import assign_nested
 from rollplex.planner.memory.records import lower_bound
 from rollplex.planner.plan import (
     DevicePlan,
@@ -58,7 +67,7 @@ def settle_memory(plan: Plan, mem: Memory, interference=None) -> Plan:
         tried: set[str] = set()
         while True:
             lives = _lifetimes(plan, dev, mem)
-            result = assign([lf.record for lf in lives], mem.strategy)
+            result, lives = _assign(dev, lives, mem)
             if result.total_bytes <= mem.budget_bytes or not mem.allow_offload:
                 break
             victim = _pick_offload(dev, lives, tried)
@@ -81,10 +90,34 @@ def settled_time(plan: Plan, mem: Memory, interference=None) -> tuple[float, boo
     so no offsets need assigning. Otherwise the plan is settled."""
     replay(plan, interference)
     for dev in plan.devices:
+        bound = mem.sizers[dev.name].size_bound() + sum(s.scratch_bytes for s in dev.steps)
+        if bound <= mem.budget_bytes:
+            continue  # no lifetimes needed: even the sum of everything fits
         if sum(lf.record.size for lf in _lifetimes(plan, dev, mem)) > mem.budget_bytes:
             settle_memory(plan, mem, interference)
             return plan.step_time_s, plan.fits_budget
     return plan.step_time_s, True
+
+
+def _assign(
+    dev: DevicePlan, lives: list[Lifetime], mem: Memory
+) -> tuple[MemoryAssignment, list[Lifetime]]:
+    """Offsets for `lives`, side streams' arenas nested in the compute stream's over their
+    windows (`memory/nesting.py`); nested records move to the compute lane."""
+    records = [lf.record for lf in lives]
+    lanes = {r.lane for r in records} - {MAIN_LANE}
+    if not lanes:
+        return assign(records, mem.strategy), lives
+    _, begin, until, end = positions(dev)
+    windows = side_windows(dev, lanes, begin, until, end, MAIN_LANE)
+    result, lane_of = assign_nested(records, lambda rs: assign(rs, mem.strategy), windows)
+    moved = [
+        lf
+        if lf.record.lane == lane
+        else Lifetime(replace(lf.record, lane=lane), lf.value, lf.kind, lf.first_step, lf.last_step)
+        for lf, lane in zip(lives, lane_of, strict=True)
+    ]
+    return result, moved
 
 
 def check_budget(plan: Plan) -> None:

@@ -14,6 +14,7 @@ from rollplex.specs.hardware import HardwareSpec
 from rollplex.specs.model import ModelSpec
 from rollplex.specs.reward import RewardSpec
 from rollplex.specs.schedule import ScheduleSpec
+from rollplex.specs.weights import WeightsSpec
 from rollplex.specs.workload import WorkloadSpec
 
 
@@ -51,17 +52,14 @@ class TrainSpec(Spec):
     )
     device: str = Field("cpu", description="torch device: cpu or cuda.")
     deterministic: bool = Field(True, description="torch deterministic algorithms.")
-    reward: Literal["first_token", "answer_eos"] = Field(
-        "first_token",
-        description="first_token: 1 iff the first generated token is the answer (learnable "
-        "from random weights); answer_eos: 1 iff the response is exactly [answer, eos].",
+    eval_every: int = Field(
+        0,
+        ge=0,
+        description="Log greedy accuracy on the held-out split every N steps, before the "
+        "first and after the last (0: never).",
     )
-    questions: tuple[Literal["count", "colour"], ...] = Field(
-        ("count", "colour"),
-        min_length=1,
-        description="Question kinds of the visual task. ['colour'] alone is the small answer "
-        "set (4 words) on which a tiny model learns to read the image within a few hundred "
-        "steps; with both, it first learns each question's answer words (reward ~0.25).",
+    eval_prompts: int = Field(
+        64, ge=1, description="Held-out prompts scored per evaluation (the split's first)."
     )
     threads: int | None = Field(
         None,
@@ -78,8 +76,19 @@ class TrainSpec(Spec):
     progress: bool = Field(True, description="Show a tqdm progress bar.")
 
 
+class EvalSpec(Spec):
+    """The `eval` job: greedy accuracy of a model folder (a train checkpoint) on a split."""
+
+    split: Literal["train", "test"] = Field("test", description="Which split to score.")
+    prompts: int = Field(200, ge=1, description="Prompts scored (the split's first).")
+    max_new_tokens: int = Field(8, ge=1, description="Generation cap per answer.")
+    device: str = Field("cpu", description="torch device: cpu or cuda.")
+
+
 class RunSpec(Spec):
-    job: Literal["graph", "plan", "train"] = Field(..., description="What to run.")
+    job: Literal["graph", "plan", "train", "eval", "weights"] = Field(
+        ..., description="What to run."
+    )
     seed: int = Field(0, description="Seed of everything random.")
     model: ModelSpec = Field(..., description="The model (conf/model).")
     algo: AlgoSpec = Field(..., description="The algorithm (conf/algo).")
@@ -96,3 +105,8 @@ class RunSpec(Spec):
         default_factory=RewardSpec, description="Reward components (conf/reward)."
     )
     train: TrainSpec = Field(default_factory=TrainSpec, description="The train job.")
+    eval: EvalSpec = Field(default_factory=EvalSpec, description="The eval job.")
+    weights: WeightsSpec = Field(
+        default_factory=WeightsSpec,
+        description="The weights job: training and rollout placements (rollplex.weights).",
+    )

@@ -17,7 +17,7 @@ Step metrics are averaged over the ranks, so rank 0 logs the whole step's number
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 import torch
@@ -33,10 +33,11 @@ from rollplex.backends.base import (
 )
 from rollplex.backends.fsdp.shard import DTYPES, local
 from rollplex.backends.fsdp.trainer import FsdpTrainer
-from rollplex.backends.torch.backend import StepInputs, TorchBackend, TorchConfig
-from rollplex.backends.torch.model import build_model
+from rollplex.backends.torch.backend import TorchBackend, TorchConfig
+from rollplex.backends.torch.model import model_for
 from rollplex.backends.torch.roles import TorchReference, TorchRollout
 from rollplex.backends.torch.values import VersionCounter
+from rollplex.data.prompts import PromptBatch
 from rollplex.graph.ir import Graph, Op
 from rollplex.runtime.distributed import all_reduce_mean, init_distributed
 from rollplex.specs.fsdp import FsdpSpec
@@ -85,6 +86,15 @@ class GatheredRollout(TorchRollout):
         return self._version
 
 
+def _rows_of(inputs: Any, lo: int, hi: int) -> Any:
+    """Prompt rows [lo, hi) of a step's inputs (the batch, and its answers or samples)."""
+    cut = {}
+    for f in fields(inputs):
+        v = getattr(inputs, f.name)
+        cut[f.name] = v.select(lo, hi) if isinstance(v, PromptBatch) else v[lo:hi]
+    return replace(inputs, **cut)
+
+
 class FsdpBackend(TorchBackend):
     name: ClassVar[str] = "fsdp"
 
@@ -99,12 +109,13 @@ class FsdpBackend(TorchBackend):
         self.rank, self.world = self.dist.rank, self.dist.world
         self.mesh = init_device_mesh(self.device.type, (self.world,))
         spec, seed = config.model, config.seed
-        policy = build_model(spec, seed=seed).to(self.device)
+        # float32 masters (the folder's weights when model.path is set, else from the seed)
+        policy = model_for(spec, seed, self.device, torch.float32)
         self.trainer = FsdpTrainer(policy, spec, config.algo, self.mesh, config.fsdp, config.device)
         dtype = DTYPES[self.trainer.compute_dtype]
-        ref = build_model(spec, seed=seed, dtype=dtype).to(self.device).requires_grad_(False)
+        ref = model_for(spec, seed, self.device, dtype).requires_grad_(False)
         self.reference = TorchReference(ref, config.algo.temperature)
-        rollout_model = build_model(spec, seed=seed, dtype=dtype).to(self.device)
+        rollout_model = model_for(spec, seed, self.device, dtype)
         self.rollout = GatheredRollout(
             spec,
             self.device,
@@ -142,10 +153,9 @@ class FsdpBackend(TorchBackend):
         n = batch_size // self.world
         return self.rank * n, (self.rank + 1) * n
 
-    def begin_step(self, step: int, inputs: StepInputs) -> dict[str, Any]:
+    def begin_step(self, step: int, inputs: Any) -> dict[str, Any]:
         lo, hi = self.rows(inputs.batch.size)
-        mine = StepInputs(inputs.batch.select(lo, hi), inputs.answers[lo:hi])
-        out = super().begin_step(step, mine)
+        out = super().begin_step(step, _rows_of(inputs, lo, hi))
         g = self._group_size
         self._generator = [
             torch.Generator(self.device).manual_seed(sample_seed(self.config.seed, step, row))

@@ -176,6 +176,6 @@ class FsdpTrainer(TorchTrainer):
 def _unsharded_copy(spec: ModelSpec, sd: Mapping[str, torch.Tensor]) -> Model:
     from rollplex.backends.torch.model import build_model
 
-    model = build_model(spec, seed=0)
+    model = build_model(spec, seed=0)  # its random weights are all replaced just below
     model.load_state_dict(sd, strict=True)
     return model

@@ -32,7 +32,7 @@ from rollplex.backends.base import (
 )
 from rollplex.backends.torch.critic import TorchCritic, build_critic_model
 from rollplex.backends.torch.loss import ADVANTAGES, group_advantages
-from rollplex.backends.torch.model import build_model
+from rollplex.backends.torch.model import model_for
 from rollplex.backends.torch.roles import (
     TorchReference,
     TorchRollout,
@@ -64,8 +64,11 @@ class TorchConfig:
     algo: AlgoSpec
     seed: int
     max_new_tokens: int
-    reward: str = "first_token"  # "first_token" | "answer_eos" (backends/torch/task.py)
+    reward: str = "first_token"  # token-id rewards of the built-in task (task.py)
     device: str = "cpu"
+    # Scores decoded responses against their samples (rollplex.runtime.scoring); None:
+    # the built-in task's token-id `reward`.
+    scorer: Any = None
 
 
 @dataclass(slots=True)
@@ -99,8 +102,8 @@ class TorchBackend(Backend):
         self.config = config
         self.device = torch.device(config.device)
         spec = config.model
-        policy = build_model(spec, seed=config.seed).to(self.device)
-        ref = build_model(spec, seed=config.seed).to(self.device).requires_grad_(False)
+        policy, ref = (self._load(config) for _ in range(2))
+        ref.requires_grad_(False)
         if not spec.trainable_vision:  # one frozen tower for all (see roles.py)
             ref.model.visual = policy.model.visual
         self.trainer = TorchTrainer(policy, spec, config.algo)
@@ -118,6 +121,11 @@ class TorchBackend(Backend):
         self._metrics: dict[str, torch.Tensor] = {}
         self.critic: TorchCritic | None = None  # built by bind() for a graph with a critic
         self._critic_ops: frozenset[str] = frozenset()
+
+    def _load(self, config: TorchConfig) -> torch.nn.Module:
+        """The folder's weights when the spec names one (`model.path`), else random ones
+        from the seed (unit tests)."""
+        return model_for(config.model, config.seed, self.device)
 
     # -- binding ------------------------------------------------------------------------
     def bind(self, graph: Graph) -> None:
@@ -176,7 +184,8 @@ class TorchBackend(Backend):
         source = {
             "pixels": Pixels.of(batch),
             "text": text_only(batch),
-            "answers": inputs.answers,
+            # the samples (answers as text) when a scorer grades text, else answer ids
+            "answers": inputs.samples if self.config.scorer else inputs.answers,
             "policy": self.trainer.handle(),
             "ref": self._frozen_handle("ref", self.reference.model, self._ref_params),
             "vision": self._frozen_handle("vision", self.trainer.model, vision_params),
@@ -186,6 +195,20 @@ class TorchBackend(Backend):
             source["critic"] = self.critic.handle()
             source["critic_adam"] = OptimizerHandle(self.critic.optimizer)
         return {name: source[what] for name, what in self._externals.items()}
+
+    @torch.no_grad()
+    def generate(self, batch: PromptBatch, max_new_tokens: int, temperature: float = 0.0):
+        """One response per prompt from the rollout's current weights, outside any plan
+        (evaluation): greedy by default. Returns the decode's `Generation`."""
+        batch = batch.to(self.device)
+        features = self.rollout.vision_encode(Pixels.of(batch))
+        prefix = self.rollout.prefix_prefill(features, text_only(batch))
+        st = self.config.model.special_tokens
+        sampling = Sampling(max_new_tokens, temperature, 1.0, st.eos_token_id, st.pad_token_id)
+        session = self.rollout.start_decode(prefix, 1, sampling, None)
+        session.advance(None)
+        responses, _ = session.result()
+        return responses
 
     def _ref_params(self, model) -> tuple[torch.nn.Parameter, ...]:
         return weights_params(model, self.config.model)
@@ -340,7 +363,15 @@ class TorchBackend(Backend):
             )
         return {"logprobs": out}
 
-    def _reward(self, responses, answers: torch.Tensor, group_size: int) -> torch.Tensor:
+    def _reward(self, responses, answers: Any, group_size: int) -> torch.Tensor:
+        if self.config.scorer is not None:
+            scored = self.config.scorer(
+                responses.tokens.tolist(), responses.lengths.tolist(), answers, group_size
+            )
+            self._metrics.update({k: torch.tensor(v) for k, v in scored.metrics.items()})
+            out = torch.tensor(scored.rewards, dtype=torch.float32, device=responses.tokens.device)
+            self._metrics["reward"] = out.mean()
+            return out
         eos = self.sampling.eos_id
         per_sample = answers.repeat_interleave(group_size).tolist()
         rows = responses.tokens.tolist()

@@ -18,6 +18,7 @@ from rollplex.backends.base import BackendError
 from rollplex.backends.torch.prefix import PrefixState, cache_kv, fork_cache
 from rollplex.backends.torch.values import Features, Pixels, SavedActivations
 from rollplex.data.prompts import PromptBatch
+from rollplex.data.sample import Sample
 
 
 def row_ranges(rows: int, chunks: int) -> list[tuple[int, int]]:
@@ -137,6 +138,8 @@ def move_value(value: Any, device: torch.device) -> Any:
             *(move_value(getattr(value, n), device) for n in _PREFIX_FIELDS),
             group_size=value.group_size,
         )
+    if isinstance(value, tuple | list) and all(isinstance(x, Sample) for x in value):
+        return value  # answers as text: host data the reward reads where it is
     raise BackendError(f"cannot move a {type(value).__name__} between host and device")
 
 

@@ -9,9 +9,10 @@ that spot. Per round:
    span of those neighbours (two hops, so the records that boxed them in can move too). All
    other records stay where they are.
 3. Re-insert the hot set against everything else, in a fixed list of orders: largest first with
-   first fit, largest first with best fit, then seeded shuffles of the sizes (the seed is the
-   round number: deterministic and name-free). Keep the first arrangement whose highest end is
-   below the arena; if none is, stop: the arena cannot drop without moving records elsewhere.
+   first fit, largest first with best fit, longest-lived first, then seeded shuffles of the
+   sizes (the seed is the round number: deterministic and name-free). Keep the first
+   arrangement whose highest end is below the arena; if none is, stop: the arena cannot drop
+   without moving records elsewhere.
 Records only move to spots that conflict with nothing, so the result stays valid and the arena
 never grows.
 
@@ -78,7 +79,7 @@ def repair_peak(records: Sequence[UsageRecord], offsets: list[int], bound: int) 
         hot = lane.live(int(lane.first[near].min()), int(lane.last[near].max()))
         if len(hot) * _MIN_COST > budget:
             break  # not even one full re-insertion fits in the budget
-        for order, best_fit in _orders(hot, lane.size, round_no):
+        for order, best_fit in _orders(hot, lane, round_no):
             trial, budget = _recreate(lane, start, hot, order, best_fit, budget)
             if budget < 0:
                 break
@@ -114,11 +115,15 @@ def _recreate(
     return trial, budget
 
 
-def _orders(hot: np.ndarray, size: np.ndarray, round_no: int) -> Iterator[tuple[list[int], bool]]:
+def _orders(hot: np.ndarray, lane: _Lane, round_no: int) -> Iterator[tuple[list[int], bool]]:
     """(order, best fit?) pairs, built lazily: a round stops at the first one that works."""
+    size, first, last = lane.size, lane.first, lane.last
     rank = hot[np.lexsort((hot, -size[hot]))].tolist()  # largest first, ties by lane position
     yield rank, False
     yield rank, True
+    # Longest-lived first: state that spans the step goes to the bottom, and the big
+    # short-lived scratch of different phases stacks on it in the holes it leaves.
+    yield hot[np.lexsort((hot, -size[hot], first[hot] - last[hot]))].tolist(), False
     rng = random.Random(round_no)
     for k in range(_SHUFFLES):
         noise = {i: int(size[i]) * rng.lognormvariate(0.0, 0.5) for i in rank}

@@ -16,7 +16,13 @@ from collections.abc import Callable
 from rollplex.graph.ir import Phase
 from rollplex.planner.placement import PlanBuilder
 from rollplex.planner.plan import Plan
-from rollplex.planner.schedules.common import PlanningContext, ordered
+from rollplex.planner.schedules.common import (
+    PlanningContext,
+    ordered,
+    packed_notes,
+    packed_order,
+    serial_timings,
+)
 from rollplex.planner.simulate import replay
 
 
@@ -79,6 +85,8 @@ def _plan_pools(ctx: PlanningContext, r: int, t: int, tp: int) -> Plan:
         s = timer.inner.sync_time(op, cross_pool=True).seconds
         sync_steps.append(pb.add(roll, 1, op, s, "copy", previous_step=True))
     handed = False
+    order, packed = packed_order(ctx, order)
+    timings = serial_timings(timer, order, packed)
     for op in order:
         if op.kind == "weight_sync":
             continue
@@ -97,7 +105,7 @@ def _plan_pools(ctx: PlanningContext, r: int, t: int, tp: int) -> Plan:
         if not handed:  # rollout outputs cross the network to the trainers
             handed = True
             _hand_over(ctx, pb, roll, train, timer)
-        t_op = timer(op)
+        t_op = timings.get(op.name) or timer(op)
         pb.add(
             train,
             0,
@@ -107,6 +115,7 @@ def _plan_pools(ctx: PlanningContext, r: int, t: int, tp: int) -> Plan:
             after=pb.steps_of("rollout.handover"),
             scratch_bytes=t_op.scratch_bytes,
         )
+    pb.plan.notes += packed_notes(packed)
     return pb.plan
 
 

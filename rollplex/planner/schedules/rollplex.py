@@ -36,7 +36,15 @@ from rollplex.ops.registry import get_kind
 from rollplex.planner.layout import rows_chunks
 from rollplex.planner.placement import PlanBuilder
 from rollplex.planner.plan import CoRun, Plan
-from rollplex.planner.schedules.common import CachedTimer, PlanningContext, ordered
+from rollplex.planner.schedules.common import (
+    CachedTimer,
+    PlanningContext,
+    ordered,
+    packed_notes,
+    packed_order,
+    serial_timings,
+)
+from rollplex.planner.schedules.serial import plan_serial
 from rollplex.planner.simulate import replay
 
 MODES = {
@@ -63,6 +71,7 @@ def plan_rollplex(ctx: PlanningContext, evaluate: Callable[[Plan], float] | None
     best_time = score(base)
     best, chosen, notes = base, {}, []
     if decode is None:
+        best = plan_serial(ctx, "rollplex", timer, order)
         best.notes.append("no decode op: nothing to overlap, serial placement")
         return best
     before = {op.name for op in order[: order.index(decode)]}
@@ -108,6 +117,17 @@ def plan_rollplex(ctx: PlanningContext, evaluate: Callable[[Plan], float] | None
         notes.append(f"trial budget spent: {untried} placed untried, step {best_time * 1e3:.1f} ms")
     elif untried:
         notes.append(f"trial budget spent: {untried} more candidates stay serial untried")
+    if not forced:
+        # The serial+dedup plan is a candidate too: when overlap gains nothing (or its
+        # decode stream and arena cost more memory than it saves time), it is the plan.
+        serial = plan_serial(ctx, "rollplex", timer, order)
+        serial_time = score(serial)
+        if serial_time <= best_time:
+            notes.append(
+                f"serial+dedup placement kept: step {serial_time * 1e3:.1f} ms, "
+                f"best overlap {best_time * 1e3:.1f} ms"
+            )
+            best = serial
     best.notes.extend(notes)
     return best
 
@@ -165,14 +185,17 @@ def _build(
     dec_stream = pb.stream(dev, "decode", partition=f if partitioned else None)
     side = pb.stream(dev, "prefix", partition=(1 - f) if partitioned else None)
     overlapped = [op for op in order if op.name in choice]
+    order, packed = packed_order(ctx, order, apart=choice)
+    timings = serial_timings(timer, order, packed)
     for op in order:
         if op.name in choice:
             continue  # issued beside the decode
         if op is not decode:
-            t = timer(op)
+            t = timings.get(op.name) or timer(op)
             pb.add(dev, 0, op, t.seconds, t.rate_class, scratch_bytes=t.scratch_bytes)
             continue
         _place_decode(ctx, pb, dev, timer, decode, dec_stream, side, overlapped, choice)
+    pb.plan.notes += packed_notes(packed)
     return pb.plan
 
 

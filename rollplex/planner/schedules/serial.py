@@ -2,18 +2,40 @@
 
 One compute stream issues the ops in priority order; nothing overlaps. Run on the raw
 graph it recomputes vision and prefix per sample and per phase (verl); run on the
-deduplicated graph it is the strong baseline that isolates what overlap itself buys.
+deduplicated graph it is the strong baseline that isolates what overlap itself buys. There
+the prefix and response parts of one forward run back to back as one packed forward
+(`packed_order`): splitting a forward only pays when its prefix moves into the decode
+window, and serial moves nothing.
 """
 
 from __future__ import annotations
 
+from rollplex.graph.ir import Op
 from rollplex.planner.plan import Plan
-from rollplex.planner.schedules.common import PlanningContext, colocated, ordered
+from rollplex.planner.schedules.common import (
+    CachedTimer,
+    PlanningContext,
+    colocated,
+    ordered,
+    packed_notes,
+    packed_order,
+    serial_timings,
+)
 
 
-def plan_serial(ctx: PlanningContext) -> Plan:
-    pb, dev, timer = colocated(ctx, "serial")
-    for op in ordered(ctx, timer):
-        t = timer(op)
+def plan_serial(
+    ctx: PlanningContext,
+    label: str = "serial",
+    timer: CachedTimer | None = None,
+    order: list[Op] | None = None,
+) -> Plan:
+    """`label` names the schedule in the plan (rollplex returns this plan when overlap
+    gains nothing, and passes the timer and priority order it already has)."""
+    pb, dev, timer = colocated(ctx, label, timer)
+    order, packed = packed_order(ctx, order if order is not None else ordered(ctx, timer))
+    timings = serial_timings(timer, order, packed)
+    for op in order:
+        t = timings.get(op.name) or timer(op)
         pb.add(dev, 0, op, t.seconds, t.rate_class, scratch_bytes=t.scratch_bytes)
+    pb.plan.notes += packed_notes(packed)
     return pb.plan

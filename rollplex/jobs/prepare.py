@@ -1,0 +1,89 @@
+"""Everything a model-running job needs, checked before any model loads.
+
+`prepare(spec)` opens the model folder (the embedded demo folder when the preset names
+none), the data sources and the reward, and renders the first batches to measure the
+workload the planner sizes. Any bad input (a missing tokenizer file, a row without its
+image, an unknown reward) raises a ValueError naming it here, before weights are read.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from rollplex.data import PromptSource, build_source
+from rollplex.data.render import PromptRenderer
+from rollplex.data.rewards import Reward, build_reward
+from rollplex.data.steps import MeasuredShape, StepData, measure_shape, measured_workload
+from rollplex.models import ModelFolder, ensure_demo_folder, open_model_folder
+from rollplex.runtime.scoring import ResponseScorer
+from rollplex.specs import ModelSpec, WorkloadSpec
+from rollplex.specs.run import RunSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Prepared:
+    folder: ModelFolder
+    model: ModelSpec  # as config.json describes it
+    workload: WorkloadSpec  # visual and text lengths measured from the data
+    shape: MeasuredShape
+    renderer: PromptRenderer
+    train: StepData
+    eval_source: PromptSource | None
+    reward: Reward
+    scorer: ResponseScorer
+
+
+def model_folder(spec: RunSpec) -> ModelFolder:
+    """`model.path`, or the embedded demo folder for the tiny preset."""
+    path = spec.model.path
+    if path is None:
+        if spec.model.name != "tiny":
+            raise ValueError(
+                f"model.path: model '{spec.model.name}' runs from a Hub-format folder; give "
+                "model.path=<folder> (python -m rollplex.models.make_folder builds a "
+                "random-weight one at any preset's shape)"
+            )
+        path = ensure_demo_folder()
+        return open_model_folder(Path(path))
+    return open_model_folder(Path(path), preset=spec.model)
+
+
+def renderer_for(spec: RunSpec, folder: ModelFolder, workload: WorkloadSpec) -> PromptRenderer:
+    pixels = workload.height * workload.width
+    return PromptRenderer(
+        folder.tokenizer(),
+        folder.image_processor(),
+        folder.spec,
+        template=spec.data.template,
+        system_prompt=spec.data.system_prompt,
+        max_pixels=pixels,
+        video_max_pixels=pixels,
+    )
+
+
+def prepare(spec: RunSpec, eval_split: bool = True) -> Prepared:
+    folder = model_folder(spec)
+    frames = spec.workload.frames
+    train_source = build_source(spec.data, "train", spec.seed, frames=frames)
+    eval_source = build_source(spec.data, "test", spec.seed, frames=frames) if eval_split else None
+    reward = build_reward(spec.reward)
+    renderer = renderer_for(spec, folder, spec.workload)
+    data = StepData(train_source, renderer, spec.workload.prompts_per_step)
+    shape = measure_shape(data, folder.spec)
+    workload = measured_workload(spec.workload, shape)
+    log.info(
+        "data '%s': %d train rows; prompts carry up to %d visual + %d text tokens (%d frames)",
+        train_source.name,
+        len(train_source),
+        shape.visual_tokens,
+        shape.text_tokens,
+        shape.frames,
+    )
+    scorer = ResponseScorer(renderer.tokenizer, reward)
+    return Prepared(
+        folder, folder.spec, workload, shape, renderer, data, eval_source, reward, scorer
+    )
