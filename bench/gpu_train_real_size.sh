@@ -15,6 +15,7 @@ OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 mkdir -p /tmp/qtok && tar -C /tmp/qtok -xJf .gpu/qwen_tokenizer.tar.xz
 python3 -c "import torch, transformers, pyarrow; print('torch', torch.__version__, 'transformers', transformers.__version__, 'pyarrow', pyarrow.__version__, torch.cuda.get_device_name())"
 t0=$(date +%s)

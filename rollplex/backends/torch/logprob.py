@@ -14,6 +14,7 @@ old-policy) scorer, with grad they are the training forward.
 from __future__ import annotations
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from rollplex.backends.torch.prefix import (
     Model,
@@ -42,6 +43,38 @@ def token_logprobs(
     return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
 
 
+# fp32 logits one chunk of head_logprobs may hold: at a real vocab (152k) 1 GiB is ~1,700
+# tokens, where [64 x 256] responses would need 10 GiB at once (and again for backward).
+HEAD_CHUNK_BYTES = 1 << 30
+
+
+def head_logprobs(
+    head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """token_logprobs(head(hidden), tokens) for hidden [N, T, H], tokens [N, T], computed in
+    chunks of tokens whose logits are recomputed in backward instead of kept (the fused
+    linear + log-softmax of Liger/verl). Same values as the one-shot form up to the
+    matmul's rounding for a different row count; one chunk when the logits are small."""
+    n, t, h = hidden.shape
+    vocab = head.weight.shape[0] if hasattr(head, "weight") else h
+    chunk = max(1, HEAD_CHUNK_BYTES // (4 * vocab))
+    flat, ids = hidden.reshape(n * t, h), tokens.reshape(n * t)
+    if n * t <= chunk:
+        return token_logprobs(head(hidden), tokens, temperature)
+
+    def part(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return token_logprobs(head(x), y, temperature)
+
+    keep = torch.is_grad_enabled()
+    parts = [
+        checkpoint(part, flat[lo : lo + chunk], ids[lo : lo + chunk], use_reentrant=False)
+        if keep
+        else part(flat[lo : lo + chunk], ids[lo : lo + chunk])
+        for lo in range(0, n * t, chunk)
+    ]
+    return torch.cat(parts).view(n, t)
+
+
 def response_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
     """[N, width] bool: True on the first `lengths[row]` tokens."""
     return torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
@@ -55,6 +88,15 @@ def response_head_outputs(
     states (token j is fed to predict j+1, so the last token is never fed), None when R=1.
     Two parts, not one tensor: concatenating [N, R, vocab] logits would copy them. With the
     LM head these are logits; on a critic (lm_head is its value head) they are values."""
+    hidden = response_hidden(model, state, responses, lengths)
+    return state.last_logits, None if hidden is None else model.lm_head(hidden)
+
+
+def response_hidden(
+    model: Model, state: PrefixState, responses: torch.Tensor, lengths: torch.Tensor
+) -> torch.Tensor | None:
+    """Final hidden states [N, R-1, H] of response tokens 0..R-2 on top of the prefix
+    (they predict tokens 1..R-1); None when R=1."""
     n, width = responses.shape
     if n != state.rows:
         raise ValueError(f"{n} responses for {state.rows} prefix rows (expand_prefix first?)")
@@ -69,8 +111,8 @@ def response_head_outputs(
             mask,
             fork_cache(cache_kv(state.cache)),
         )
-        rest = model.lm_head(hidden)
-    return state.last_logits, rest
+        rest = hidden
+    return rest
 
 
 def response_logprobs(
@@ -82,10 +124,10 @@ def response_logprobs(
 ) -> torch.Tensor:
     """Logprobs [N, R] of right-padded `responses` [N, R] given the prefix in `state`
     (one row per response, i.e. after expand_prefix); 0 past each row's length."""
-    first, rest = response_head_outputs(model, state, responses, lengths)
-    parts = [token_logprobs(first, responses[:, 0], temperature).unsqueeze(1)]
+    rest = response_hidden(model, state, responses, lengths)
+    parts = [token_logprobs(state.last_logits, responses[:, 0], temperature).unsqueeze(1)]
     if rest is not None:
-        parts.append(token_logprobs(rest, responses[:, 1:], temperature))
+        parts.append(head_logprobs(model.lm_head, rest, responses[:, 1:], temperature))
     out = torch.cat(parts, 1)
     valid = response_mask(lengths, responses.shape[1])
     return torch.where(valid, out, torch.zeros_like(out))
@@ -119,6 +161,17 @@ def full_logits(
 ) -> torch.Tensor:
     """Logits [N, R, V] that score each response token, from one full forward per sample
     (N = batch.size * group_size; response i belongs to prompt i // group_size)."""
+    return model.lm_head(full_hidden(model, batch, responses, lengths, group_size))
+
+
+def full_hidden(
+    model: Model,
+    batch: PromptBatch,
+    responses: torch.Tensor,
+    lengths: torch.Tensor,
+    group_size: int,
+) -> torch.Tensor:
+    """Final hidden states [N, R, H] at the positions that predict each response token."""
     n, width = responses.shape
     if n != batch.size * group_size:
         raise ValueError(f"{n} responses for {batch.size} prompts x G={group_size}")
@@ -142,8 +195,7 @@ def full_logits(
     # Response token j of row i is predicted at index plen_i - 1 + j.
     idx = (plen.to(ids.device) - 1)[:, None] + torch.arange(width, device=ids.device)
     idx = idx.clamp(max=ids.shape[1] - 1)
-    picked = hidden.gather(1, idx.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-    return model.lm_head(picked)
+    return hidden.gather(1, idx.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
 
 
 def full_logprobs(
@@ -155,8 +207,8 @@ def full_logprobs(
     temperature: float = 1.0,
 ) -> torch.Tensor:
     """Logprobs [N, R] of the responses with no prefix reuse; 0 past each row's length."""
-    logits = full_logits(model, batch, responses, lengths, group_size)
-    out = token_logprobs(logits, responses, temperature)
+    hidden = full_hidden(model, batch, responses, lengths, group_size)
+    out = head_logprobs(model.lm_head, hidden, responses, temperature)
     return torch.where(response_mask(lengths, responses.shape[1]), out, torch.zeros_like(out))
 
 
@@ -170,6 +222,17 @@ def features_full_head_outputs(
     """`model.lm_head` outputs [N, R, out] that predict each response token, from one
     forward over [prefix_i, response_i] per row, with the image and video tokens of row i
     taking `features` (rows in order); `batch` has one row per response."""
+    return model.lm_head(features_full_hidden(model, batch, features, responses, lengths))
+
+
+def features_full_hidden(
+    model: Model,
+    batch: PromptBatch,
+    features: torch.Tensor,
+    responses: torch.Tensor,
+    lengths: torch.Tensor,
+) -> torch.Tensor:
+    """Final hidden states [N, R, H] that predict each response token (see above)."""
     n, width = responses.shape
     if n != batch.size:
         raise ValueError(f"{n} responses for {batch.size} prefix rows")
@@ -180,8 +243,7 @@ def features_full_head_outputs(
     hidden = lm_hidden(model, embeds, positions, mask, None)
     idx = (plen.to(ids.device) - 1)[:, None] + torch.arange(width, device=ids.device)
     idx = idx.clamp(max=ids.shape[1] - 1)
-    picked = hidden.gather(1, idx.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-    return model.lm_head(picked)
+    return hidden.gather(1, idx.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
 
 
 def features_full_logprobs(
@@ -193,6 +255,6 @@ def features_full_logprobs(
     temperature: float = 1.0,
 ) -> torch.Tensor:
     """Logprobs [N, R] of `features_full_head_outputs`' logits; 0 past each row's length."""
-    logits = features_full_head_outputs(model, batch, features, responses, lengths)
-    out = token_logprobs(logits, responses, temperature)
+    hidden = features_full_hidden(model, batch, features, responses, lengths)
+    out = head_logprobs(model.lm_head, hidden, responses, temperature)
     return torch.where(response_mask(lengths, responses.shape[1]), out, torch.zeros_like(out))
