@@ -19,34 +19,42 @@ import torch
 from rollplex.backends.torch.model import load_model
 from rollplex.runtime.checkpoint import CheckpointError
 from rollplex.runtime.dcp_checkpoint import read_dcp_checkpoint
-from rollplex.specs import MODEL_PRESETS
-from tests.distributed.conftest import ROOT, TRAIN, command, env, launch, train, weights
-
-MODEL = MODEL_PRESETS["tiny"]
+from tests.distributed.conftest import (
+    ROOT,
+    TRAIN,
+    ckpt_model,
+    command,
+    env,
+    launch,
+    train,
+    weights,
+)
 
 
 def test_two_rank_checkpoint_is_sharded_with_a_hub_export(runs):
     ckpt = runs.two / "checkpoints" / "step-000002"
+    spec = ckpt_model(ckpt)
     files = {p.name for p in (ckpt / "dcp").iterdir()}
     assert files == {".metadata", "__0_0.distcp", "__1_0.distcp"}
     state = json.loads((ckpt / "trainer_state.json").read_text())
     assert state["world"] == 2 and state["step"] == 2 and state["version"] == 2
-    read_dcp_checkpoint(ckpt, MODEL, seed=0)  # validates (checksums included)
+    read_dcp_checkpoint(ckpt, spec, seed=0)  # validates (checksums included)
     # transformers' from_pretrained reads the export; it holds the trained weights.
-    model = load_model(ckpt / "model", spec=MODEL)
+    model = load_model(ckpt / "model", spec=spec)
     export = dict(model.named_parameters())
     assert set(export) and all(p.dtype == torch.float32 for p in export.values())
 
 
 def test_corrupt_or_foreign_checkpoint_is_named(runs, tmp_path):
     ckpt = runs.two / "checkpoints" / "step-000002"
+    spec = ckpt_model(ckpt)
     with pytest.raises(CheckpointError, match="seed"):
-        read_dcp_checkpoint(ckpt, MODEL, seed=1)
+        read_dcp_checkpoint(ckpt, spec, seed=1)
     torch_ckpt = tmp_path / "torch"
     torch_ckpt.mkdir()
     (torch_ckpt / "trainer_state.json").write_text('{"format": "rollplex-checkpoint/2"}')
     with pytest.raises(CheckpointError, match="expected 'rollplex-checkpoint/dcp-1'"):
-        read_dcp_checkpoint(torch_ckpt, MODEL, seed=0)
+        read_dcp_checkpoint(torch_ckpt, spec, seed=0)
     bad = tmp_path / "bad"
     shutil.copytree(ckpt, bad)
     shard = bad / "dcp" / "__1_0.distcp"
@@ -54,18 +62,19 @@ def test_corrupt_or_foreign_checkpoint_is_named(runs, tmp_path):
     data[-1] ^= 1
     shard.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=r"__1_0\.distcp: sha256 differs"):
-        read_dcp_checkpoint(bad, MODEL, seed=0)
+        read_dcp_checkpoint(bad, spec, seed=0)
 
 
 @pytest.mark.parametrize("nproc", [1, pytest.param(4, marks=pytest.mark.slow)])
 def test_saved_on_two_ranks_loads_on_one_and_four(runs, tmp_path, nproc):
     """Parameters equal the Hub export bit for bit; AdamW's state equals its 1-rank load."""
     ckpt = runs.two / "checkpoints" / "step-000002"
+    spec = ckpt_model(ckpt)
     out = tmp_path / f"load{nproc}.pt"
     launch(nproc, "tests.distributed.worker", ["load", "--ckpt", str(ckpt), "--out", str(out)])
     got = torch.load(out)
     assert got["version"] == 2
-    export = dict(load_model(ckpt / "model", spec=MODEL).named_parameters())
+    export = dict(load_model(ckpt / "model", spec=spec).named_parameters())
     assert set(got["params"]) == set(export)
     assert all(torch.equal(got["params"][n], export[n]) for n in export)
     assert got["optim"] and all({"exp_avg", "exp_avg_sq"} <= set(s) for s in got["optim"].values())

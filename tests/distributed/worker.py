@@ -14,6 +14,7 @@ that fails raises, so the process group exits non-zero.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import torch
@@ -25,7 +26,13 @@ from rollplex.backends.torch.data import TaskData
 from rollplex.planner.api import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.dcp_checkpoint import read_dcp_checkpoint, restore_dcp
-from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec
+from rollplex.specs import (
+    HARDWARE_PRESETS,
+    MODEL_PRESETS,
+    WORKLOAD_PRESETS,
+    AlgoSpec,
+    ModelSpec,
+)
 from rollplex.specs.fsdp import FsdpSpec
 from rollplex.specs.schedule import ScheduleSpec
 
@@ -34,8 +41,8 @@ MODEL, WORKLOAD = MODEL_PRESETS["tiny"], WORKLOAD_PRESETS["tiny"]
 ALGO = AlgoSpec(lr=1e-3, weight_decay=0.1)
 
 
-def backend(sync: str = "gather", seed: int = 0) -> FsdpBackend:
-    cfg = FsdpConfig(MODEL, ALGO, seed, 4, fsdp=FsdpSpec(rollout_sync=sync))
+def backend(sync: str = "gather", seed: int = 0, model: ModelSpec = MODEL) -> FsdpBackend:
+    cfg = FsdpConfig(model, ALGO, seed, 4, fsdp=FsdpSpec(rollout_sync=sync))
     return FsdpBackend(cfg)
 
 
@@ -84,8 +91,10 @@ def views(args) -> None:
 
 
 def load(args) -> None:
-    b = backend()
-    ckpt = read_dcp_checkpoint(args.ckpt, MODEL, 0)
+    state = json.loads((args.ckpt / "trainer_state.json").read_text())
+    model = ModelSpec.model_validate(state["model"])  # the run's (its demo folder)
+    b = backend(model=model)
+    ckpt = read_dcp_checkpoint(args.ckpt, model, 0)
     restore_dcp(b.trainer, ckpt)
     params = {n: v.clone() for n, v in b.trainer.full_parameters()}
     optim = {}
