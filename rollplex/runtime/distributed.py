@@ -120,7 +120,9 @@ def all_reduce_mean(values: dict[str, float]) -> dict[str, float]:
     if not dist.is_initialized() or dist.get_world_size() == 1 or not values:
         return dict(values)
     keys = sorted(values)
-    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    # NCCL reduces device tensors only; gloo host tensors.
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
     dist.all_reduce(t)
     t /= dist.get_world_size()
     return dict(zip(keys, t.tolist(), strict=True))
