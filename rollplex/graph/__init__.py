@@ -1,29 +1,35 @@
-"""The step IR, its builder DSL, lint, serialization and passes.
+"""The step IR, its op schema, builder DSL, lint, serialization and passes.
 
-The IR is imported eagerly; the builder, lint and serialization lazily (PEP 562), because
-they depend on the op registry, which itself depends on the IR.
+Imports run one way: `ir` (values, ops, graph) <- `schema` (ports, op kinds, registry) <-
+`kinds` (the built-in kinds, registered here on import) <- `invariants`, `builder`,
+`serialize`. `rollplex.ops` (costs) imports this package, never the reverse.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from rollplex.graph import kinds as _builtin_kinds  # noqa: F401  (registers the built-ins)
+from rollplex.graph.builder import Prompts, StepBuilder
+from rollplex.graph.invariants import lint
 from rollplex.graph.ir import Graph, GraphError, Op, Phase, Value, ValueKind
+from rollplex.graph.schema import OpKind, Port, all_kinds, get_kind, register
+from rollplex.graph.serialize import from_json, stable_hash, to_json
 
-_LAZY = {
-    "Prompts": "rollplex.graph.builder",
-    "StepBuilder": "rollplex.graph.builder",
-    "lint": "rollplex.graph.invariants",
-    "from_json": "rollplex.graph.serialize",
-    "to_json": "rollplex.graph.serialize",
-    "stable_hash": "rollplex.graph.serialize",
-}
-
-__all__ = ["Graph", "GraphError", "Op", "Phase", "Value", "ValueKind", *_LAZY]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'rollplex.graph' has no attribute {name!r}")
+__all__ = [
+    "Graph",
+    "GraphError",
+    "Op",
+    "OpKind",
+    "Phase",
+    "Port",
+    "Prompts",
+    "StepBuilder",
+    "Value",
+    "ValueKind",
+    "all_kinds",
+    "from_json",
+    "get_kind",
+    "lint",
+    "register",
+    "stable_hash",
+    "to_json",
+]

@@ -9,8 +9,9 @@
     graph = b.build()          # linted
 
 Each helper adds one op, names its outputs `<op>.<port>`, derives their shapes from the
-specs, and stamps them with the weights version they were computed under (policy data
-dominates, so a stale rollout shows up in every value derived from it).
+specs, and stamps them with one weights version, a label for tables and traces. One stamp
+cannot say that a value mixes versions, so the on-policy lint reads lineage instead
+(`rollplex.graph.lineage`: every weights version applied on the way).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from rollplex.graph.invariants import lint
 from rollplex.graph.ir import Graph, Op, Phase, Value, ValueKind, version_model
-from rollplex.ops.registry import get_kind
+from rollplex.graph.schema import get_kind
 from rollplex.specs import ModelSpec, WorkloadSpec
 
 K = ValueKind
@@ -89,7 +90,10 @@ class StepBuilder:
         dt = self.model.dtype
         return Prompts(
             pixels=self._external(
-                "prompts.pixels", (n, self.patches, self.model.vision.patch_dim), dt, K.HOST_DATA
+                "prompts.pixels",
+                (n, *self.workload.grid(self.model.vision), self.model.vision.patch_dim),
+                dt,
+                K.HOST_DATA,
             ),
             text=self._external(
                 "prompts.text", (n, self.workload.text_tokens), "int64", K.HOST_DATA
@@ -387,7 +391,8 @@ class StepBuilder:
         return f"{base}_{i}"
 
     def _version_of(self, inputs: dict[str, str]) -> str | None:
-        """Policy data dominates; then any weights read; else the inputs' shared version."""
+        """The stamp: policy data first; then any weights read; else the inputs' version.
+        A label only (lint does not trust it; see the module docstring)."""
         vals = [self.graph.values[v] for v in inputs.values()]
         versions = [v.version for v in vals if v.version]
         for ver in versions:

@@ -12,19 +12,18 @@ Each failure raises `GraphError` naming the op or value at fault.
 
 from __future__ import annotations
 
-import networkx as nx
-
-from rollplex.graph.ir import Graph, GraphError, Op, Phase, Value, version_model
-from rollplex.ops.registry import OpKind, Port, get_kind
+from rollplex.graph.ir import Graph, GraphError, Op, Phase, Value, ValueKind, version_model
+from rollplex.graph.lineage import lineage
+from rollplex.graph.schema import OpKind, Port, get_kind
 
 
 def lint(graph: Graph) -> Graph:
     """Raise `GraphError` on the first broken invariant; return the graph unchanged."""
-    made = _check_producers(graph)
+    _check_producers(graph)
     _check_acyclic(graph)
     for op in graph.ops.values():
         _check_op(graph, op, get_kind(op.kind))
-    _check_on_policy(graph, made)
+    _check_on_policy(graph)
     return graph
 
 
@@ -103,32 +102,38 @@ def _check_port(where: str, what: str, schema: Port, value: Value, sym: dict[str
 
 
 def _check_acyclic(graph: Graph) -> None:
-    try:
-        cycle = nx.find_cycle(graph.nx)
-    except nx.NetworkXNoCycle:
-        return
-    names = " -> ".join([e[0] for e in cycle] + [cycle[-1][1]])
-    raise GraphError(f"op '{cycle[0][0]}'", f"is on a cycle: {names}")
+    cycle = graph.find_cycle()
+    if cycle is not None:
+        raise GraphError(f"op '{cycle[0]}'", f"is on a cycle: {' -> '.join(cycle)}")
 
 
-def _check_on_policy(graph: Graph, made: dict[str, Op]) -> None:
+def _check_on_policy(graph: Graph) -> None:
+    """Every policy version that reaches a train/update input is one the step updates.
+
+    Reads lineage (which weights versions were applied to which data on the way), not the
+    builder's one-stamp-per-value: stale data that passes through an op which also reads
+    fresh weights keeps its stale pair, so it cannot be relabelled as fresh."""
     updated = {
         graph.values[op.inputs["weights"]].version
         for op in graph.ops.values()
         if op.kind == "optimizer_step"
     }
+    models = {version_model(u) for u in updated}
+    if not updated:
+        return
+    tags = lineage(graph)
     for op in graph.ops.values():
         if op.phase not in (Phase.TRAIN, Phase.UPDATE) or op.kind == "weight_sync":
             continue
         for p, vname in op.inputs.items():
             v = graph.values[vname]
-            if v.version is None or version_model(v.version) not in {
-                version_model(u) for u in updated
-            }:
-                continue
-            if v.version not in updated:
+            versions = {w for w, _ in tags.get(vname, ()) if w is not None}
+            if v.kind is ValueKind.WEIGHTS and v.version is not None:
+                versions.add(v.version)
+            stale = sorted(w for w in versions if version_model(w) in models and w not in updated)
+            if stale:
                 raise GraphError(
                     f"op '{op.name}'",
-                    f"input '{p}' reads '{vname}' made under {v.version}, but the step updates "
-                    f"{sorted(u for u in updated if u)} (stale policy: not on-policy)",
+                    f"input '{p}' reads '{vname}', computed with {stale[0]}, but the step "
+                    f"updates {sorted(u for u in updated if u)} (stale policy: not on-policy)",
                 )

@@ -4,20 +4,22 @@ Writes into the run folder: plan.json, plan.md (readable summary), tb/ (the plan
 timeline and memory for TensorBoard, plus scalars and hparams) and summary.json. The
 speedups are ratios of predicted step times from the same graph, cost model and
 interference model: verl's serial step (no dedup), serial with dedup, and disaggregated.
+
+`naive_colocation_bytes` is verl's serial step (no dedup) with every tensor resident for
+the whole step, scratch included: the `naive` memory strategy's peak per GPU, which is
+the sum of that plan's slots (bench/paper_setting.py's "naive" column means the same).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from rollplex.planner.api import PlanResult, plan_step
+from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.planner.cost_model import CostModel
-from rollplex.planner.plan import Plan
+from rollplex.planner.plan import Plan, dump_plan
+from rollplex.specs.calibration import load_calibration
 from rollplex.specs.run import RunSpec
 from rollplex.trace import (
     markdown_table,
@@ -33,27 +35,12 @@ log = logging.getLogger(__name__)
 GIB = 1 << 30
 
 
-def plan_to_dict(plan: Plan) -> dict[str, Any]:
-    def conv(x: Any) -> Any:
-        if isinstance(x, Enum):
-            return x.value
-        if isinstance(x, dict):
-            return {str(k): conv(v) for k, v in x.items()}
-        if isinstance(x, list | tuple):
-            return [conv(v) for v in x]
-        return x
-
-    return conv(dataclasses.asdict(plan))
-
-
 def cost_model_for(spec: RunSpec) -> CostModel:
     cm = CostModel(spec.hardware)
     if spec.calibration is None:
         return cm
-    path = Path(spec.calibration)
-    if not path.is_file():
-        raise FileNotFoundError(f"calibration: no file at '{path}'")
-    return cm.calibrated(path)
+    load_calibration(spec.calibration)  # validated first: one line naming file and field
+    return cm.calibrated(spec.calibration)
 
 
 def _baselines(spec: RunSpec) -> dict[str, PlanResult | None]:
@@ -81,6 +68,13 @@ def _baselines(spec: RunSpec) -> dict[str, PlanResult | None]:
     return out
 
 
+def naive_colocation_bytes(verl_serial: PlanResult | None) -> int | None:
+    """Every slot of verl's serial step resident at once, on its fullest device."""
+    if verl_serial is None:
+        return None
+    return max(sum(s.size for s in d.slots) for d in verl_serial.plan.devices)
+
+
 def _ratio(base: PlanResult | None, t: float) -> float | None:
     return base.plan.step_time_s / t if base is not None and t > 0 else None
 
@@ -96,21 +90,21 @@ def run_plan(spec: RunSpec, out: Path) -> dict[str, Any]:
     )
     plan, report = result.plan, result.report
     base = _baselines(spec)
-    (out / "plan.json").write_text(json.dumps(plan_to_dict(plan), indent=1))
+    (out / "plan.json").write_text(dump_plan(plan))
     dev = max(plan.devices, key=lambda d: d.peak_bytes)
     summary: dict[str, Any] = {
         "schedule": spec.schedule.name,
         "dedup": spec.schedule.dedup,
         "model": spec.model.name,
         "workload": spec.workload.name,
-        "hardware": spec.hardware.name,
+        "hardware": spec.hardware.label,
         "gpus": spec.hardware.num_gpus,
         "step_time_s": plan.step_time_s,
         "peak_bytes_per_gpu": plan.peak_bytes_per_gpu,
         "peak_gib_per_gpu": plan.peak_bytes_per_gpu / GIB,
         "lower_bound_bytes": dev.lower_bound_bytes,
         "lower_bound_gib": dev.lower_bound_bytes / GIB,
-        "naive_colocation_bytes": sum(s.size for s in dev.slots if s.value_kind != "scratch"),
+        "naive_colocation_bytes": naive_colocation_bytes(base.get("serial")),
         "budget_bytes": dev.budget_bytes,
         "fits_budget": plan.fits_budget,
         "speedup_vs_serial": _ratio(base.get("serial"), plan.step_time_s),
@@ -134,6 +128,9 @@ def _summary_table(plan: Plan, s: dict[str, Any]) -> str:
     def x(v: float | None) -> str:
         return "n/a" if v is None else f"{v:.3f}x"
 
+    def gib(v: int | None) -> str:
+        return "n/a" if v is None else f"{v / GIB:.2f} GiB"
+
     rows = [
         ["step time", f"{s['step_time_s'] * 1e3:.1f} ms"],
         ["speedup vs serial (verl)", x(s["speedup_vs_serial"])],
@@ -141,6 +138,7 @@ def _summary_table(plan: Plan, s: dict[str, Any]) -> str:
         ["speedup vs disaggregated", x(s["speedup_vs_disaggregated"])],
         ["peak / GPU", f"{s['peak_gib_per_gpu']:.2f} GiB"],
         ["lower bound / GPU", f"{s['lower_bound_gib']:.2f} GiB"],
+        ["naive colocation / GPU (verl serial, nothing freed)", gib(s["naive_colocation_bytes"])],
         ["budget / GPU", f"{s['budget_bytes'] / GIB:.2f} GiB (fits: {s['fits_budget']})"],
         ["offloads", str(s["offloads"])],
     ]

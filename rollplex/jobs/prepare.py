@@ -44,8 +44,10 @@ def model_folder(spec: RunSpec) -> ModelFolder:
         if spec.model.name != "tiny":
             raise ValueError(
                 f"model.path: model '{spec.model.name}' runs from a Hub-format folder; give "
-                "model.path=<folder> (python -m rollplex.models.make_folder builds a "
-                "random-weight one at any preset's shape)"
+                "model.path=<folder> (the preset must match its config.json), or "
+                "model=hub model.path=<folder> to take the architecture from the folder "
+                "(python -m rollplex.models.make_folder builds a random-weight one at any "
+                "preset's shape)"
             )
         path = ensure_demo_folder()
         return open_model_folder(Path(path))

@@ -1,4 +1,8 @@
-"""A Hydra callback that turns a multirun into one comparison table (markdown + CSV)."""
+"""A Hydra callback that turns a multirun into one comparison table (markdown + CSV).
+
+A run that fails (bad input, a plan that cannot fit) does not end the sweep: it leaves a
+summary.json with `status: failed` and its reason, and the table shows that row.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,10 @@ from hydra.experimental.callback import Callback
 
 log = logging.getLogger(__name__)
 
+FAILED_RUNS: list[str] = []  # run folders that failed in this process's sweep
+
 PREFERRED = (
+    "status",
     "schedule",
     "model",
     "workload",
@@ -24,13 +31,34 @@ PREFERRED = (
     "peak_gib_per_gpu",
     "lower_bound_gib",
     "fits_budget",
+    "error",
 )
+
+
+def record_failure(out: Path, cfg: Any, message: str) -> None:
+    """A failed run's row: what it was asked (from the raw config) and why it failed."""
+    from omegaconf import OmegaConf
+
+    out.mkdir(parents=True, exist_ok=True)
+    row: dict[str, Any] = {"status": "failed", "error": message}
+    for key, path in (
+        ("schedule", "schedule.name"),
+        ("model", "model.name"),
+        ("workload", "workload.name"),
+        ("hardware", "hardware.name"),
+    ):
+        try:
+            row[key] = OmegaConf.select(cfg, path, default=None)
+        except Exception:  # an interpolation that cannot resolve: leave the cell empty
+            row[key] = None
+    (out / "summary.json").write_text(json.dumps(row, indent=1, sort_keys=True, default=str))
+    FAILED_RUNS.append(str(out))
 
 
 def comparison_rows(sweep_dir: Path) -> list[dict[str, Any]]:
     rows = []
     for summary in sorted(sweep_dir.glob("*/summary.json")):
-        row = {"run": summary.parent.name}
+        row = {"run": summary.parent.name, "status": "ok"}
         row.update(json.loads(summary.read_text()))
         rows.append(row)
     return rows

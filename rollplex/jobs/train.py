@@ -19,7 +19,6 @@ of another model, ends the run with a message naming the file and field.
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import os
 import statistics
@@ -95,8 +94,8 @@ def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
 
 
 def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
-    from rollplex.jobs.plan import plan_to_dict
-    from rollplex.planner.api import plan_step
+    from rollplex.jobs.pipeline import plan_step
+    from rollplex.planner.plan import dump_plan
     from rollplex.runtime import Executor, Progress
     from rollplex.trace import open_writer
 
@@ -112,7 +111,7 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
         out = Path(from_rank0(str(out)))  # one run folder for all ranks
         setup_rank_logging(out, backend.dist)
     if main:
-        (out / "plan.json").write_text(json.dumps(plan_to_dict(plan), indent=1))
+        (out / "plan.json").write_text(dump_plan(plan))
     log.info(
         "plan '%s' (dedup=%s, overlap=%s): %d steps on %d streams; %s",
         plan.schedule,

@@ -1,1 +1,1 @@
-"""Op kinds: schema, FLOP/byte/memory formulas and the registry."""
+"""Op costs: FLOP/byte/memory formulas (`formulas/`) bound to the graph's op kinds (`costs`)."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from rollplex.graph.ir import Graph, Op, Value
+from rollplex.graph.schema import get_kind
 from rollplex.ops import formulas as F
 from rollplex.ops.formulas import Cost
 from rollplex.specs import ModelSpec, WorkloadSpec
@@ -72,8 +73,6 @@ def _ports(graph: Graph, op: Op) -> tuple:
 def prefix_flops(graph: Graph, op: Op, ctx: CostContext) -> float:
     """FLOPs of response-independent work in `op`: prefix ops whole, and the part of a
     backward that differentiates prefix forwards (vision and logprob_prefix)."""
-    from rollplex.ops.registry import get_kind
-
     if get_kind(op.kind).prefix:
         return op_cost(graph, op, ctx).flops
     if op.kind == "backward":
@@ -101,10 +100,21 @@ def _response_tokens(ctx: CostContext) -> int:
     return max(1, round(ctx.workload.response_length.mean))
 
 
+def _grid(pixels: Value) -> dict:
+    """The vision formulas' layout arguments from a (rows, t, h, w, patch_dim) pixels value."""
+    _, t, h, w, _ = pixels.shape
+    return {"temporal_patches": t, "grid_hw": (h, w)}
+
+
+def _patches(pixels: Value) -> int:
+    _, t, h, w, _ = pixels.shape
+    return t * h * w
+
+
 def _vision(g: Graph, op: Op, ctx: CostContext) -> Cost:
-    ins = g.inputs_of(op)
-    px = ins["pixels"]
-    return F.vision_encode(ctx.model, ctx.per_rank(px.shape[0]), px.shape[1], ctx.tp)
+    px = g.values[op.inputs["pixels"]]
+    rows = ctx.per_rank(px.shape[0])
+    return F.vision_encode(ctx.model, rows, _patches(px), ctx.tp, **_grid(px))
 
 
 def _prefill(g: Graph, op: Op, ctx: CostContext) -> Cost:
@@ -221,10 +231,11 @@ def _backward(g: Graph, op: Op, ctx: CostContext, prefix_only: bool = False) -> 
             total += F.vision_backward(
                 ctx.model,
                 ctx.per_rank(px.shape[0]),
-                px.shape[1],
+                _patches(px),
                 ctx.tp,
                 checkpointing=ctx.checkpointing,
                 shards=ctx.shards,
+                **_grid(px),
             )
     return total
 

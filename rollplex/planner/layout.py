@@ -103,6 +103,30 @@ class OpTimer:
         return count
 
     def _time(self, op: Op, ctx: CostContext, cost: Cost) -> Timing:
+        t = self._solo_time(op, ctx, cost)
+        if (
+            op.phase is Phase.ROLLOUT
+            or ctx.tp == 1
+            or cost.weight_bytes <= 0
+            or op.kind in ("optimizer_step", "weight_sync")
+        ):
+            return t
+        # Training-layout TP (reference and train forwards, backward): two all-reduces of
+        # the hidden state per layer in each forward, the same again in the backward and
+        # once more in its recompute. They sit on the critical path (the next layer needs
+        # their result), so nothing hides them.
+        vision = op.kind == "vision_encode"
+        params = self.model.vision.param_count() if vision else self.model.llm_param_count()
+        tokens = cost.flops / max(1.0, 2 * params / ctx.tp)
+        passes = 1
+        if op.kind == "backward":
+            tokens /= 3  # flops of backward + recompute: about 3 forwards
+            passes = 2 if ctx.checkpointing else 1  # the backward's own, the recompute's
+        comm = passes * F.tp_allreduce_bytes(self.model, tokens, ctx.tp, vision=vision)
+        s = self.cost_model.transfer_s(comm, self.hardware.nvlink_gbps)
+        return replace(t, seconds=t.seconds + s, comm_s=t.comm_s + s)
+
+    def _solo_time(self, op: Op, ctx: CostContext, cost: Cost) -> Timing:
         hw, cm = self.hardware, self.cost_model
         if op.kind == "decode":
             steps = decode_steps(self.graph, op, ctx)

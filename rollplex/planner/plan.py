@@ -7,14 +7,17 @@ schedule has a rollout pool and a training pool.
 
 Every decision is explicit, vLLM-scheduler style: which op (or chunk of an op) runs on
 which stream, which events it waits for, which memory slot each tensor occupies, and the
-alloc/free/offload/onload/recompute actions, with predicted times.
+alloc/free/offload/onload actions, with predicted times.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from pydantic import TypeAdapter
 
 
 class CoRun(StrEnum):
@@ -77,7 +80,6 @@ class MemAction(StrEnum):
     FREE = "free"
     OFFLOAD = "offload"
     ONLOAD = "onload"
-    RECOMPUTE = "recompute"
 
 
 @dataclass(slots=True)
@@ -101,7 +103,6 @@ class Slot:
     last: int  # step index after which it is freed
     lane: int
     offset: int
-    residency: str = "hbm"  # hbm | host (offloaded between uses) | recompute
     value_kind: str = ""
 
 
@@ -122,6 +123,22 @@ class DevicePlan:
 
     def step_by_op(self, op: str) -> list[Step]:
         return [s for s in self.steps if s.op == op]
+
+    def live_at_peak(self) -> list[Slot]:
+        """The slots resident at the step where the most slot bytes are live, largest
+        first: what an over-budget plan would have to shed."""
+        delta: dict[int, int] = {}
+        for s in self.slots:
+            delta[s.first] = delta.get(s.first, 0) + s.size
+            delta[s.last + 1] = delta.get(s.last + 1, 0) - s.size
+        live, best, at = 0, -1, 0
+        for i in sorted(delta):
+            live += delta[i]
+            if live > best:
+                best, at = live, i
+        return sorted(
+            (s for s in self.slots if s.first <= at <= s.last), key=lambda s: (-s.size, s.first)
+        )
 
 
 @dataclass(slots=True)
@@ -151,3 +168,18 @@ class Plan:
     @property
     def fits_budget(self) -> bool:
         return all(d.peak_bytes <= d.budget_bytes for d in self.devices)
+
+
+@functools.cache
+def _adapter() -> TypeAdapter[Plan]:
+    return TypeAdapter(Plan)
+
+
+def dump_plan(plan: Plan, indent: int | None = 1) -> str:
+    """The plan as JSON (`plan.json`); `load_plan` gives back an equal Plan."""
+    return _adapter().dump_json(plan, indent=indent).decode()
+
+
+def load_plan(text: str | bytes) -> Plan:
+    """A Plan from `dump_plan`'s JSON, validated field by field (types, enums)."""
+    return _adapter().validate_json(text)

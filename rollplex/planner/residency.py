@@ -126,13 +126,13 @@ def check_budget(plan: Plan) -> None:
         if dev.peak_bytes <= dev.budget_bytes:
             continue
         miss = dev.peak_bytes - dev.budget_bytes
-        top = sorted(dev.slots, key=lambda s: -s.size)[:6]
+        top = dev.live_at_peak()[:6]
         resident = ", ".join(f"{s.value} {s.size / GIB:.1f} GiB" for s in top)
         raise PlanOverBudget(
             f"plan '{plan.schedule}' on '{dev.name}' needs {dev.peak_bytes / GIB:.1f} GiB per "
             f"GPU but the budget is {dev.budget_bytes / GIB:.1f} GiB: it misses by "
-            f"{miss / GIB:.1f} GiB after offloading what could move. Largest residents: "
-            f"{resident}. Use more GPUs, a larger rollout TP, fewer prompts per step or "
+            f"{miss / GIB:.1f} GiB after offloading what could move. Largest residents at "
+            f"the peak: {resident}. Use more GPUs, a larger rollout TP, fewer prompts per step or "
             f"smaller train_micro_tokens."
         )
 

@@ -34,6 +34,15 @@ class HardwareSpec(Spec):
         return self
 
     @property
+    def label(self) -> str:
+        """The preset's name, plus every field overridden from it: `h800x32 (num_gpus=1024)`."""
+        preset = HARDWARE_PRESETS.get(self.name)
+        if preset is None:
+            return self.name
+        changed = [f"{k}={v}" for k, v in self.model_dump().items() if getattr(preset, k) != v]
+        return f"{self.name} ({', '.join(changed)})" if changed else self.name
+
+    @property
     def hbm_bytes(self) -> int:
         return int(self.hbm_gib * GIB)
 

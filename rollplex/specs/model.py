@@ -83,6 +83,10 @@ class SpecialTokens(Spec):
     bos_token_id: int = Field(151643, ge=0, description="Beginning of text.")
 
 
+# `model=hub`: the architecture is read from `model.path`'s config.json (conf/model/hub.yaml).
+HUB = "hub"
+
+
 class ModelSpec(Spec):
     """A Qwen2.5-VL model: the LLM decoder plus its vision tower."""
 
@@ -111,6 +115,30 @@ class ModelSpec(Spec):
         False, description="Train the vision tower too. Frozen towers let phases share features."
     )
     special_tokens: SpecialTokens = Field(default_factory=SpecialTokens, description="Ids.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_folder(cls, data: Any) -> Any:
+        """`model=hub model.path=<folder>`: every architecture field from the folder's
+        config.json (a train checkpoint means its `model/`); `dtype` and
+        `trainable_vision` may still be set beside it."""
+        if not isinstance(data, dict) or data.get("name") != HUB:
+            return data
+        import json
+        from pathlib import Path
+
+        if not data.get("path"):
+            raise ValueError("model=hub needs model.path=<a Hub-format model folder>")
+        folder = Path(data["path"]).expanduser()
+        if (folder / "trainer_state.json").is_file() and (folder / "model").is_dir():
+            folder = folder / "model"
+        config = folder / "config.json"
+        try:
+            raw = json.loads(config.read_text())
+        except (OSError, ValueError) as err:
+            raise ValueError(f"model.path: cannot read {config}: {err}") from err
+        keep = {k: data[k] for k in ("dtype", "trainable_vision") if k in data}
+        return cls.from_hf_config(raw, name=folder.name, path=str(folder), **keep).model_dump()
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:

@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import Field
 
 from rollplex.specs.base import Spec
+from rollplex.specs.hardware import HardwareSpec
+from rollplex.specs.model import ModelSpec
 
 
 class ParallelSpec(Spec):
@@ -59,3 +61,33 @@ class ScheduleSpec(Spec):
         None, ge=1, description="Disaggregated only: GPUs in the rollout pool (None: best split)."
     )
     parallel: ParallelSpec = Field(default_factory=ParallelSpec, description="Parallel degrees.")
+
+
+def check_parallel(schedule: ScheduleSpec, model: ModelSpec, hardware: HardwareSpec) -> None:
+    """Both TP degrees of `schedule.parallel` (see `check_tp`)."""
+    p = schedule.parallel
+    check_tp("train_tp", p.train_tp, model, hardware)
+    if p.rollout_tp is not None:
+        check_tp("rollout_tp", p.rollout_tp, model, hardware)
+
+
+def check_tp(field: str, tp: int, model: ModelSpec, hardware: HardwareSpec) -> None:
+    """A TP degree against the cluster and the model: it divides the GPUs, stays inside one
+    NVLink node, and splits the attention heads evenly (KV heads may be replicated when TP
+    exceeds them, as vLLM and Megatron do). Raises ValueError naming
+    `schedule.parallel.<field>`."""
+    where = f"schedule.parallel.{field}={tp}"
+    limit = min(hardware.num_gpus, hardware.gpus_per_node)
+    if tp > limit:
+        raise ValueError(
+            f"{where} exceeds the {limit} GPUs of one node of hardware '{hardware.name}' "
+            f"({hardware.num_gpus} GPUs, {hardware.gpus_per_node} per node)"
+        )
+    if hardware.num_gpus % tp:
+        raise ValueError(f"{where} does not divide hardware.num_gpus={hardware.num_gpus}")
+    for name, n in (("num_heads", model.num_heads), ("vision.num_heads", model.vision.num_heads)):
+        if n % tp:
+            raise ValueError(f"{where} does not divide model.{name}={n}")
+    kv = model.num_kv_heads
+    if kv % tp and tp % kv:
+        raise ValueError(f"{where} neither divides nor is a multiple of model.num_kv_heads={kv}")

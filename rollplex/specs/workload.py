@@ -103,6 +103,21 @@ class WorkloadSpec(Spec):
         grid_hw = (self.height // vision.patch_size) * (self.width // vision.patch_size)
         return grid_t * grid_hw // vision.merge_factor
 
+    def grid(self, vision: VisionSpec) -> tuple[int, int, int]:
+        """(t, h, w) in ViT patches of one prompt's visual input, as the processor lays it
+        out: t temporal patches of h x w. With `visual_tokens_per_frame` each frame is its
+        own temporal patch, square when its patch count is a square, else a strip m wide
+        (m: the merge size) — the window layout is then approximate."""
+        m = vision.spatial_merge_size
+        if self.visual_tokens_per_frame is None:
+            grid_t = math.ceil(self.frames / vision.temporal_patch_size)
+            return grid_t, self.height // vision.patch_size, self.width // vision.patch_size
+        per_frame = self.visual_tokens_per_frame * m * m
+        side = math.isqrt(per_frame)
+        if side * side == per_frame:
+            return self.frames, side, side
+        return self.frames, m, per_frame // m
+
     def patches(self, vision: VisionSpec) -> int:
         """ViT patches of one prompt (before the merger)."""
         return self.visual_tokens(vision) * vision.merge_factor

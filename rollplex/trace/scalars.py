@@ -1,31 +1,74 @@
-"""Scalars, text tables and hparams next to the traces, through torch's SummaryWriter.
+"""Scalars, text tables and hparams next to the traces, through tensorboard's own writer.
 
 Everything goes into the run folder that holds the `*.pt.trace.json` files, so TensorBoard
 shows one run with its timeline (PyTorch Profiler tab), numbers (Scalars), tables (Text)
-and knobs (HParams). torch is imported on first use: the planner and simulator import
-`rollplex.trace` on machines where only the timeline model is needed.
+and knobs (HParams). The event file is written with `tensorboard.summary.writer`'s
+EventFileWriter, not torch's SummaryWriter: importing torch costs 2-4 s, and planning jobs
+need none of it. Tags and plugin payloads match what SummaryWriter writes.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Self
 
-if TYPE_CHECKING:
-    from torch.utils.tensorboard import SummaryWriter
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.plugins.hparams import summary_v2 as hp
+from tensorboard.plugins.text.summary_v2 import text_pb
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 Scalar = int | float | str | bool
 
 
-def open_writer(run_dir: str | os.PathLike) -> SummaryWriter:
-    """A SummaryWriter on `run_dir`; use it as a context manager so it is flushed and closed."""
-    from torch.utils.tensorboard import SummaryWriter
+class EventWriter:
+    """The subset of SummaryWriter that rollplex uses: scalars, text, hparams."""
 
-    return SummaryWriter(log_dir=os.fspath(run_dir))
+    def __init__(self, log_dir: str | os.PathLike) -> None:
+        self.log_dir = os.fspath(log_dir)
+        self._file = EventFileWriter(self.log_dir)
+
+    def _write(self, summary: Summary, step: int = 0) -> None:
+        self._file.add_event(Event(summary=summary, wall_time=time.time(), step=step))
+
+    def add_scalar(self, tag: str, value: float, global_step: int = 0) -> None:
+        self._write(Summary(value=[Summary.Value(tag=tag, simple_value=value)]), global_step)
+
+    def add_text(self, tag: str, text: str, global_step: int = 0) -> None:
+        self._write(text_pb(f"{tag}/text_summary", text), global_step)
+
+    def add_hparams(self, hparams: Mapping[str, Scalar], metrics: Mapping[str, float]) -> None:
+        """The HParams tab's experiment and session records, and each metric as a scalar."""
+        config = hp.hparams_config_pb(
+            hparams=[hp.HParam(k) for k in hparams],
+            metrics=[hp.Metric(k) for k in metrics],
+        )
+        self._write(config)
+        self._write(hp.hparams_pb(dict(hparams)))
+        for tag, value in metrics.items():
+            self.add_scalar(tag, value)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-def write_scalars(writer: SummaryWriter, values: Mapping[str, float], step: int = 0) -> None:
+def open_writer(run_dir: str | os.PathLike) -> EventWriter:
+    """An event writer on `run_dir`; use it as a context manager so it is flushed and closed."""
+    return EventWriter(run_dir)
+
+
+def write_scalars(writer: EventWriter, values: Mapping[str, float], step: int = 0) -> None:
     """One scalar per tag, e.g. {"step_time_s": 1.9, "speedup_vs_serial": 1.07}."""
     for tag, value in values.items():
         writer.add_scalar(tag, float(value), global_step=step)
@@ -44,13 +87,13 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
     return "\n".join(lines)
 
 
-def write_text(writer: SummaryWriter, tag: str, markdown: str, step: int = 0) -> None:
+def write_text(writer: EventWriter, tag: str, markdown: str, step: int = 0) -> None:
     """Markdown text, e.g. `TimelineDiff.markdown()`."""
     writer.add_text(tag, markdown, global_step=step)
 
 
 def write_table(
-    writer: SummaryWriter,
+    writer: EventWriter,
     tag: str,
     headers: Sequence[str],
     rows: Sequence[Sequence[object]],
@@ -63,14 +106,9 @@ def write_table(
 
 
 def write_hparams(
-    writer: SummaryWriter, hparams: Mapping[str, Scalar], metrics: Mapping[str, float]
+    writer: EventWriter, hparams: Mapping[str, Scalar], metrics: Mapping[str, float]
 ) -> None:
-    """Schedule knobs and their outcome for the HParams tab, in this run's own folder.
-
-    SummaryWriter.add_hparams writes into a new timestamped sub-run unless given a run
-    name; "." keeps it in the run folder beside the traces and scalars. It opens a second
-    event file there, so call this last: a live TensorBoard stops reading the first file
-    once a newer one exists.
-    """
+    """Schedule knobs and their outcome for the HParams tab, in this run's own folder (no
+    timestamped sub-run, unlike SummaryWriter.add_hparams without a run name)."""
     clean = {k: v if isinstance(v, Scalar) else str(v) for k, v in hparams.items()}
-    writer.add_hparams(clean, {k: float(v) for k, v in metrics.items()}, run_name=".")
+    writer.add_hparams(clean, {k: float(v) for k, v in metrics.items()})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from rollplex.graph.invariants import lint
@@ -77,6 +79,36 @@ def test_stale_policy_version(grpo_tiny: Graph) -> None:
     assert err.value.where.startswith("op 'train.")
 
 
+def test_stale_rollout_cannot_be_relabelled_fresh() -> None:
+    """Prefill with fresh weights, decode with last step's: the builder stamps the decode's
+    outputs with its first policy input (the fresh kv), but lineage still sees policy@-1."""
+    from rollplex.graph.builder import StepBuilder
+    from rollplex.specs import MODEL_PRESETS, WORKLOAD_PRESETS
+
+    b = StepBuilder(MODEL_PRESETS["tiny"], WORKLOAD_PRESETS["tiny"])
+    policy = b.weights("policy")
+    w = b.graph.values[policy]
+    b.graph.add_value(Value("policy.old", w.shape, w.dtype, ValueKind.WEIGHTS, "policy@-1", True))
+    adam = b.optimizer_state(policy)
+    prompts = b.prompts()
+    g = 2
+    with b.phase(Phase.ROLLOUT):
+        feats = b.vision_encode(prompts.pixels, b.vision_weights(policy))
+        kv = b.prefix_prefill(feats, prompts.text, policy)
+        responses, old = b.decode(kv, "policy.old", group_size=g)
+        advantages = b.advantage(b.reward(responses, prompts.answers, group_size=g), "grpo", g)
+    assert b.graph.values[old].version == "policy@0"  # the stamp alone would let it through
+    with b.phase(Phase.TRAIN):
+        actor = b.per_sample_logprob(prompts, responses, policy, g, train=True)
+        loss = b.policy_loss(actor["logprobs"], old, advantages, None, clip_eps=0.2, kl_coef=0)
+        grads = b.backward(loss, policy, [actor["saved"]])
+    with b.phase(Phase.UPDATE):
+        b.optimizer_step(policy, grads, adam)
+    with pytest.raises(GraphError, match=r"policy@-1.*stale policy") as err:
+        b.build()
+    assert err.value.where.startswith("op 'train.")
+
+
 def test_unknown_port_and_kind() -> None:
     g = Graph(
         [Value("x", (2, 3, 4), "float32", ValueKind.HOST_DATA, external=True)],
@@ -91,3 +123,17 @@ def test_missing_required_input(grpo_tiny: Graph) -> None:
     del g.ops["rollout.decode"].inputs["weights"]
     with pytest.raises(GraphError, match="required input 'weights'"):
         lint(g)
+
+
+def test_find_cycle_names_exactly_the_ops_on_it(grpo_tiny: Graph) -> None:
+    g = grpo_tiny.copy()
+    assert g.find_cycle() is None
+    g.ops["rollout.prefix_prefill"].inputs["features"] = "train.vision_encode.features"
+    g.ops["train.vision_encode"].inputs["pixels"] = "rollout.advantage.advantages"
+    g.invalidate()
+    cycle = g.find_cycle()
+    assert cycle[0] == cycle[-1] and len(set(cycle)) == len(cycle) - 1
+    made = g.producers()
+    for a, b in itertools.pairwise(cycle):  # every hop is a real edge
+        assert any(made.get(v) is g.ops[a] for v in g.ops[b].inputs.values()), (a, b)
+    assert {"rollout.prefix_prefill", "train.vision_encode"} <= set(cycle)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from rollplex.planner.plan import load_plan
+
 
 def rollplex(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -87,6 +89,8 @@ def test_plan_job_writes_its_run_folder(tmp_path: Path) -> None:
         assert key in s
     assert s["speedup_vs_serial_dedup"] >= 1.0 and s["fits_budget"]
     plan = json.loads((out / "plan.json").read_text())
+    loaded = load_plan((out / "plan.json").read_text())
+    assert loaded.schedule == "rollplex" and loaded.step_time_s > 0
     assert plan["schedule"] == "rollplex" and plan["devices"][0]["steps"]
     assert list((out / "tb").glob("gpu0.*.pt.trace.json"))
     assert "speedup vs serial" in (out / "plan.md").read_text()
@@ -130,3 +134,102 @@ def test_calibration_rescales_plan_and_baselines_alike(tmp_path: Path) -> None:
     assert b["speedup_vs_serial_dedup"] >= 1.0
     missing = rollplex(tmp_path / "c", "plan", "calibration=nope.json")
     assert missing.returncode == 2 and "nope.json" in missing.stderr
+
+
+def test_planning_imports_no_torch(tmp_path: Path) -> None:
+    """`rollplex plan` and `graph` stay free of torch (2-4 s of start-up they do not need)."""
+    code = (
+        "import sys\n"
+        "from rollplex.cli import main\n"
+        "main(['graph', 'model=qwen2_5_vl_3b'])\n"
+        "main(['plan', 'model=qwen2_5_vl_3b', 'hardware=h200'])\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "[]"
+    assert (run_dir(tmp_path, "plan") / "tb").is_dir()
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ("[1, 2]", "top level: Input should be"),
+        ('{"format": "rollplex-calibration/1", "device": "x", "entries": "abc"}', "entries:"),
+        ("{not json", "not valid JSON"),
+        (
+            '{"format": "rollplex-calibration/1", "device": "x", "entries": '
+            '[{"kind": "decode", "predicted_s": 0.01, "measured_s": 1e-9}]}',
+            "entries[0].measured_s: Input should be greater than or equal to 0.000001",
+        ),
+        (
+            '{"format": "rollplex-calibration/1", "device": "x", "entries": '
+            '[{"kind": "decode", "predicted_s": "fast", "measured_s": 0.1}]}',
+            "entries[0].predicted_s",
+        ),
+    ],
+)
+def test_bad_calibration_file_is_one_line(tmp_path: Path, content: str, words: str) -> None:
+    cal = tmp_path / "cal.json"
+    cal.write_text(content)
+    p = rollplex(tmp_path / "run", "plan", "model=qwen2_5_vl_3b", f"calibration={cal}")
+    assert p.returncode == 2
+    assert "Traceback" not in p.stderr
+    (line,) = p.stderr.strip().splitlines()
+    assert f"calibration file '{cal}'" in line and words in line, line
+
+
+def test_a_failing_run_does_not_end_the_sweep(tmp_path: Path) -> None:
+    # Disaggregated needs two GPUs: on one H200 that run fails, the other two plan.
+    p = rollplex(
+        tmp_path,
+        "plan",
+        "-m",
+        "schedule=serial,disaggregated,rollplex",
+        "hardware=h200",
+        "model=qwen2_5_vl_3b",
+        "workload.prompts_per_step=8",
+    )
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "1 run(s) of the sweep failed" in p.stderr
+    (sweep,) = (tmp_path / "multirun" / "plan").iterdir()
+    rows = {r["schedule"]: r for r in csv.DictReader((sweep / "comparison.csv").open())}
+    assert sorted(rows) == ["disaggregated", "rollplex", "serial"]
+    assert rows["disaggregated"]["status"] == "failed"
+    assert "GPU" in rows["disaggregated"]["error"]
+    assert rows["serial"]["status"] == rows["rollplex"]["status"] == "ok"
+    assert float(rows["rollplex"]["step_time_s"]) > 0
+    table = (sweep / "comparison.md").read_text()
+    assert "failed" in table and rows["disaggregated"]["error"][:30] in table
+
+
+def test_summary_names_the_overridden_hardware_and_one_naive_colocation(tmp_path: Path) -> None:
+    from rollplex.jobs.pipeline import plan_step
+    from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec
+    from rollplex.specs.schedule import ScheduleSpec
+
+    p = rollplex(tmp_path, "plan", "model=qwen2_5_vl_3b", "hardware=h200x8", "hardware.num_gpus=16")
+    assert p.returncode == 0, p.stderr
+    s = json.loads((run_dir(tmp_path, "plan") / "summary.json").read_text())
+    assert s["hardware"] == "h200x8 (num_gpus=16)" and s["gpus"] == 16
+    # One meaning: verl's serial step under the naive strategy (every tensor, whole step).
+    hw = HARDWARE_PRESETS["h200x8"].model_copy(update={"num_gpus": 16})
+    naive = plan_step(
+        MODEL_PRESETS["qwen2_5_vl_3b"],
+        WORKLOAD_PRESETS["video"],
+        AlgoSpec(),
+        hw,
+        ScheduleSpec(name="serial", dedup=False, memory_strategy="naive"),
+        enforce_budget=False,
+    )
+    assert s["naive_colocation_bytes"] == naive.plan.peak_bytes_per_gpu
+    assert s["naive_colocation_bytes"] > s["peak_bytes_per_gpu"]
+
+
+def test_bad_train_tp_is_one_line(tmp_path: Path) -> None:
+    p = rollplex(tmp_path, "plan", "hardware=h200x8", "schedule.parallel.train_tp=16")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    (line,) = p.stderr.strip().splitlines()
+    assert "schedule.parallel.train_tp=16" in line and "8 GPUs" in line, line

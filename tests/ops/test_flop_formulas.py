@@ -283,3 +283,26 @@ def test_decode_rollout_equals_its_counted_steps(kit, tiny_spec, tiny_model):
     rollout = F.decode_rollout(tiny_spec, workload, prompts=1)
     assert rollout.steps == steps == 3
     assert_matches("decode_rollout (fixed 4 tokens)", rollout.cost.flops, measured)
+
+
+@pytest.mark.parametrize("frames", [2, 8, 16, 32])
+def test_video_vision_flops_of_the_graph_within_1pct(kit, tiny_spec, tiny_model, frames: int):
+    """The vision_encode op of a built step, priced from its pixels value's (t, h, w), against
+    the counter on the same video: attention runs within each frame, not over all frames."""
+    from rollplex.algos import build_step
+    from rollplex.ops.costs import CostContext, op_cost
+    from rollplex.specs import AlgoSpec, WorkloadSpec
+
+    work = WorkloadSpec(
+        prompts_per_step=1, group_size=2, frames=frames, height=224, width=224, text_tokens=8
+    )
+    graph = build_step(tiny_spec, work, AlgoSpec())
+    op = graph.ops["rollout.vision_encode"]
+    t, h, w = graph.values[op.inputs["pixels"]].shape[1:4]
+    assert (t, h, w) == (frames // 2, 16, 16)
+    formula = op_cost(graph, op, CostContext(tiny_spec, work)).flops
+    pixels = torch.randn(t * h * w, tiny_spec.vision.patch_dim)
+    grid = torch.tensor([[t, h, w]])
+    measured, _ = kit.count_flops(lambda: tiny_model.model.visual(pixels, grid_thw=grid))
+    print(f"{frames} frames: formula/counter = {formula / measured:.5f}")
+    assert formula / measured == pytest.approx(1.0, abs=0.01)

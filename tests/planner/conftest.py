@@ -5,7 +5,7 @@ import pytest
 from rollplex.algos import build_step
 from rollplex.graph.ir import Graph, Op, Value
 from rollplex.graph.passes import DEDUP_PASSES, run_passes
-from rollplex.planner.api import PlanResult, plan_step
+from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.specs import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollplex.planner.api import PlanResult, plan_step
+from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.planner.plan import CoRun
 from rollplex.planner.residency import PlanOverBudget
 from rollplex.specs import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollplex.planner.api import plan_step
+from rollplex.jobs.pipeline import plan_step
 from rollplex.planner.residency import GIB, PlanOverBudget
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
 
@@ -84,3 +84,21 @@ def test_overlap_that_cannot_fit_is_declined() -> None:
     assert tight.plan.fits_budget
     assert all(s.corun.value == "none" for s in tight.plan.all_steps())
     assert tight.plan.step_time_s <= serial.plan.step_time_s * (1 + 1e-9)
+
+
+def test_over_budget_names_the_residents_at_the_peak_not_the_largest_overall() -> None:
+    from rollplex.planner.plan import DevicePlan, Plan, Slot
+    from rollplex.planner.residency import check_budget
+
+    slots = [
+        Slot("early.huge", 10 * GIB, 0, 1, 0, 0),  # the largest, but gone before the peak
+        Slot("peak.a", 6 * GIB, 2, 5, 0, 0),
+        Slot("peak.b", 5 * GIB, 3, 4, 0, 6 * GIB),
+        Slot("late.small", 1 * GIB, 5, 6, 0, 0),
+    ]
+    dev = DevicePlan("colocated", [0], slots=slots, budget_bytes=8 * GIB, peak_bytes=11 * GIB)
+    assert [s.value for s in dev.live_at_peak()] == ["peak.a", "peak.b"]
+    with pytest.raises(PlanOverBudget) as err:
+        check_budget(Plan("serial", "h", [dev]))
+    msg = str(err.value)
+    assert "peak.a 6.0 GiB, peak.b 5.0 GiB" in msg and "early.huge" not in msg

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rollplex.algos import build_step
-from rollplex.planner.api import PlanResult, plan_step
+from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.planner.plan import CoRun
 from rollplex.planner.validate import validate_plan
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, AlgoSpec, ScheduleSpec

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rollplex.graph.ir import Graph, Op, Phase
-from rollplex.planner.api import plan_step
+from rollplex.jobs.pipeline import plan_step
 from rollplex.planner.interference import InterferenceModel
 from rollplex.planner.placement import PlanBuilder
 from rollplex.planner.plan import CoRun, Plan

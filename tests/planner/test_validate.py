@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from rollplex.planner.api import PlanResult
+from rollplex.jobs.pipeline import PlanResult
 from rollplex.planner.validate import PlanError, validate_plan
 
 

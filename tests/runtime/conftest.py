@@ -9,7 +9,7 @@ import torch
 
 from rollplex.backends.torch.backend import TorchBackend, TorchConfig
 from rollplex.backends.torch.data import TaskData
-from rollplex.planner.api import PlanResult, plan_step
+from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.runtime import Callback, Executor, StepResult
 from rollplex.specs import (
     HARDWARE_PRESETS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollplex.planner.api import plan_step
+from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Callback
 from rollplex.specs import ScheduleSpec
 from tests.runtime.conftest import ALGO, CPU, MODEL, WORKLOAD, cached_run, run_schedule

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from rollplex.planner.api import plan_step
+from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import OrderError, issue_order
 from rollplex.specs import ScheduleSpec
 from tests.runtime.conftest import ALGO, CPU, MODEL, WORKLOAD

@@ -10,7 +10,7 @@ import torch
 
 from rollplex.backends.torch.backend import TorchBackend, TorchConfig
 from rollplex.backends.torch.data import TaskData
-from rollplex.planner.api import plan_step
+from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.specs import AlgoSpec, ScheduleSpec
 from tests.runtime.conftest import CPU, MODEL, WORKLOAD

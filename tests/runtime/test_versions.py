@@ -11,7 +11,7 @@ from rollplex.backends.base import BackendError
 from rollplex.backends.torch.backend import TorchBackend, TorchConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.graph.ir import Op, Phase, Value, ValueKind
-from rollplex.planner.api import plan_step
+from rollplex.jobs.pipeline import plan_step
 from rollplex.planner.plan import Step
 from rollplex.runtime import Executor
 from rollplex.specs import ScheduleSpec

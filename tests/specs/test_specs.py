@@ -30,7 +30,8 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
     ],
 )
 def test_conf_files_equal_the_presets(group: str, presets: dict, cls: type) -> None:
-    files = {p.stem: p for p in (CONF / group).glob("*.yaml")}
+    # model/hub.yaml is not a preset: it reads the architecture from a folder
+    files = {p.stem: p for p in (CONF / group).glob("*.yaml") if p.stem != "hub"}
     assert set(files) == set(presets)
     for name, path in files.items():
         assert cls.model_validate(yaml.safe_load(path.read_text())) == presets[name], name

@@ -14,7 +14,7 @@ G samples add up in the shared prefix exactly as they would over G identical cop
 from __future__ import annotations
 
 from rollplex.graph.ir import Graph, Op, Value
-from rollplex.ops.registry import get_kind
+from rollplex.graph.schema import get_kind
 
 
 def share_group_prefix(graph: Graph) -> tuple[Graph, bool]:

@@ -31,8 +31,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rollplex.graph.ir import Op, Phase
+from rollplex.graph.schema import get_kind
 from rollplex.ops.costs import cost_key
-from rollplex.ops.registry import get_kind
 from rollplex.planner.layout import rows_chunks
 from rollplex.planner.placement import PlanBuilder
 from rollplex.planner.plan import CoRun, Plan

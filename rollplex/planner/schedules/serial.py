@@ -10,6 +10,8 @@ window, and serial moves nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rollplex.graph.ir import Op
 from rollplex.planner.plan import Plan
 from rollplex.planner.schedules.common import (
@@ -28,9 +30,11 @@ def plan_serial(
     label: str = "serial",
     timer: CachedTimer | None = None,
     order: list[Op] | None = None,
+    evaluate: Callable[[Plan], float] | None = None,
 ) -> Plan:
     """`label` names the schedule in the plan (rollplex returns this plan when overlap
-    gains nothing, and passes the timer and priority order it already has)."""
+    gains nothing, and passes the timer and priority order it already has). `evaluate`,
+    the registry's common argument, is unused: serial has one candidate."""
     pb, dev, timer = colocated(ctx, label, timer)
     order, packed = packed_order(ctx, order if order is not None else ordered(ctx, timer))
     timings = serial_timings(timer, order, packed)

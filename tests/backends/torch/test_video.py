@@ -205,7 +205,7 @@ def test_grpo_steps_train_on_video_alike_under_every_schedule(spec, renderer):
     """Two GRPO steps on video prompts through plans and the executor: serial (verl-style
     recompute) and rollplex (shared prefix, overlap) end with the same parameters."""
     from rollplex.backends.torch.backend import StepInputs, TorchBackend, TorchConfig
-    from rollplex.planner.api import plan_step
+    from rollplex.jobs.pipeline import plan_step
     from rollplex.runtime import Executor
     from rollplex.specs import HARDWARE_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
 

@@ -1,4 +1,7 @@
-"""The one op registry: each kind's port schema and shape rule (costs: `ops.costs`).
+"""The op schema beside the IR: each kind's ports and shape rule, and the one registry.
+
+The built-in kinds register in `rollplex.graph.kinds`, imported with the package; costs
+live in `rollplex.ops.costs`, which depends on this module and never the other way.
 
 A port declares which value kinds and dtypes it accepts and names its dimensions with
 symbols (`"S"`: samples, `"B"`: prefix rows ...). Lint binds the symbols across all ports
@@ -76,7 +79,6 @@ def register(kind: OpKind) -> OpKind:
 
 
 def get_kind(name: str) -> OpKind:
-    _ensure_builtin()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -86,10 +88,4 @@ def get_kind(name: str) -> OpKind:
 
 
 def all_kinds() -> dict[str, OpKind]:
-    _ensure_builtin()
     return dict(_REGISTRY)
-
-
-def _ensure_builtin() -> None:
-    if not _REGISTRY:
-        import rollplex.ops.kinds  # noqa: F401  (registers the built-in kinds)

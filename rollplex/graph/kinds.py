@@ -1,10 +1,10 @@
-"""The built-in op kinds of an RL step. Costs live in `rollplex.ops.costs`."""
+"""The built-in op kinds of an RL step (schema only; costs live in `rollplex.ops.costs`)."""
 
 from __future__ import annotations
 
 from rollplex.graph.ir import Op
 from rollplex.graph.ir import ValueKind as K
-from rollplex.ops.registry import FLOAT, INT, OpKind, port, register
+from rollplex.graph.schema import FLOAT, INT, OpKind, port, register
 
 _DATA = (K.HOST_DATA, K.ACTIVATION)
 _ROWS3 = ("B", None, None)
@@ -38,7 +38,12 @@ register(
     OpKind(
         "vision_encode",
         "ViT over the patches of each row, then the 2x2 merger.",
-        inputs={"pixels": port(*_DATA, dtype=FLOAT, dims=_ROWS3), "weights": port(K.WEIGHTS)},
+        # pixels: (rows, t, h, w, patch_dim), the processor's grid of patches per prompt;
+        # attention runs within each temporal patch, so the cost needs the layout.
+        inputs={
+            "pixels": port(*_DATA, dtype=FLOAT, dims=("B", None, None, None, None)),
+            "weights": port(K.WEIGHTS),
+        },
         outputs={"features": port(K.ACTIVATION, dtype=FLOAT, dims=_ROWS3)},
         prefix=True,
     )

@@ -1,0 +1,111 @@
+"""What the vLLM rollout takes: token ids plus the raw media, as `vllm.TokensPrompt` dicts.
+
+vLLM runs the vision tower and the prompt prefill itself, inside its engine steps, and
+caches both (encoder cache, prefix cache); so the role's `vision_encode` and
+`prefix_prefill` only assemble requests.
+
+Our prompts hold expanded placeholders (vision_start, N x image_pad, vision_end), as the
+prompt renderer writes them for the torch roles. vLLM 0.32 does not recognise a token-id
+prompt as already expanded: it expands the first pad of each run to N again and leaves the
+other N-1 as text tokens (measured: 4 pads became 7, and the logits moved). So each run of
+pads is collapsed to one here, and vLLM's own processor (the folder's, the same one the
+renderer used) expands it back to the same N.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from rollplex.backends.base import BackendError
+
+
+@dataclass(slots=True, frozen=True)
+class Media:
+    """Per prompt: its images (RGB) and its video frames (RGB, or None). Frames are already
+    sampled (the data layer picks them), at `fps` frames per second of video: M-RoPE's
+    temporal positions follow it, so it must be the rate the prompt renderer used."""
+
+    images: tuple[tuple[Image.Image, ...], ...]
+    videos: tuple[tuple[Image.Image, ...] | None, ...] = ()
+    fps: float = 2.0
+
+    @staticmethod
+    def of(samples: Sequence[Any], fps: float = 2.0) -> Media:
+        """The media of data samples (`rollplex.data.Sample`: `.images`, `.video`)."""
+        return Media(
+            tuple(tuple(s.images) for s in samples),
+            tuple(tuple(s.video) if s.video else None for s in samples),
+            fps,
+        )
+
+    @property
+    def rows(self) -> int:
+        return len(self.images)
+
+    def data(self, row: int) -> dict[str, Any]:
+        """`multi_modal_data` of one prompt."""
+        out: dict[str, Any] = {}
+        if self.images[row]:
+            out["image"] = list(self.images[row])
+        video = self.videos[row] if self.videos else None
+        if video:
+            frames = np.stack([np.asarray(f.convert("RGB")) for f in video])
+            n = len(video)
+            # vLLM wants metadata with raw frames; these are all the frames, none to sample
+            meta = {
+                "total_num_frames": n,
+                "fps": self.fps,
+                "duration": n / self.fps,
+                "video_backend": "rollplex",
+                "frames_indices": list(range(n)),
+                "do_sample_frames": False,
+            }
+            out["video"] = (frames, meta)
+        return out
+
+
+@dataclass(slots=True, frozen=True)
+class VllmPrompts:
+    """One request body per prompt; G samples of each are added at decode."""
+
+    prompts: tuple[dict[str, Any], ...]
+
+    @property
+    def rows(self) -> int:
+        return len(self.prompts)
+
+
+def token_rows(text: Any) -> list[list[int]]:
+    """Each prompt's valid token ids: from a right-padded batch (`input_ids` + `lengths`,
+    like the torch backend's PromptBatch) or a sequence of id lists / 1-D tensors."""
+    if hasattr(text, "input_ids") and hasattr(text, "lengths"):
+        ids, lengths = text.input_ids, text.lengths.tolist()
+        return [ids[i, :n].tolist() for i, n in enumerate(lengths)]
+    if isinstance(text, Sequence):
+        return [t.tolist() if isinstance(t, torch.Tensor) else [int(x) for x in t] for t in text]
+    raise BackendError(f"prompt text is {type(text).__name__}: expected a batch or id lists")
+
+
+def collapse_runs(ids: list[int], pads: frozenset[int]) -> list[int]:
+    """`ids` with each run of one placeholder id (image or video pad) cut to one token."""
+    return [t for i, t in enumerate(ids) if t not in pads or i == 0 or ids[i - 1] != t]
+
+
+def build_prompts(media: Media, text: Any, pads: frozenset[int] = frozenset()) -> VllmPrompts:
+    """Requests for prompts `text` with `media`; `pads`: the placeholder ids to collapse."""
+    rows = [collapse_runs(ids, pads) for ids in token_rows(text)]
+    if len(rows) != media.rows:
+        raise BackendError(f"{len(rows)} prompts but media for {media.rows}")
+    out = []
+    for i, ids in enumerate(rows):
+        prompt: dict[str, Any] = {"prompt_token_ids": ids}
+        if data := media.data(i):
+            prompt["multi_modal_data"] = data
+        out.append(prompt)
+    return VllmPrompts(tuple(out))

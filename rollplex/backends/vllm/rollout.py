@@ -1,0 +1,181 @@
+"""VllmRollout: the rollout role on an in-process vLLM engine.
+
+    rollout = VllmRollout(folder, VllmSpec(dtype="float32"), kv_cache_bytes=plan_budget)
+    rollout.load_weights(trainer.live_weights())          # in place, caches reset
+    prompts = rollout.prefix_prefill(rollout.vision_encode(media), batch)
+    session = rollout.start_decode(prompts, G, sampling, generator)
+    while not session.advance(segment): ...               # other streams work in between
+    responses, logprobs = session.result()                # logprobs None unless asked for
+
+vLLM runs the vision tower and the prefill inside its engine steps and caches both (prefix
+caching shares each prompt's KV among its G samples and across steps), so `vision_encode`
+and `prefix_prefill` only assemble requests: the capabilities say so (`fused_prefix`), and
+the planner gives the rollout no separate prefix work and no piggybacked rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+from rollplex.backends.base import (
+    BackendError,
+    RolloutRole,
+    Sampling,
+    WeightsSource,
+    version_name,
+)
+from rollplex.backends.capabilities import RoleCapabilities
+from rollplex.backends.vllm.decode import VllmDecode, step_seed
+from rollplex.backends.vllm.engine import on_cpu, require_vllm, start_engine
+from rollplex.backends.vllm.folder import check_model_folder, placeholder_ids
+from rollplex.backends.vllm.prompts import Media, VllmPrompts, build_prompts
+from rollplex.backends.vllm.weights import reload_in_place, reset_caches, tensors_of
+from rollplex.specs.vllm import VllmSpec
+
+log = logging.getLogger(__name__)
+
+
+class VllmRollout(RolloutRole):
+    capabilities: ClassVar[RoleCapabilities] = RoleCapabilities(
+        segmented_decode=True,
+        prefix_kv_export=False,
+        piggyback_rows=False,
+        sleep_levels=(1, 2),  # on GPU; no-ops on CPU
+        in_place_weight_load=True,
+        weights_sources=("live", "checkpoint"),
+        fused_prefix=True,
+    )
+
+    def __init__(
+        self,
+        folder: str | Path,
+        spec: VllmSpec | None = None,
+        kv_cache_bytes: int | None = None,
+        model: str = "policy",
+        version: int = 0,
+    ) -> None:
+        """Start the engine on `folder` (its weights become `<model>@<version>`).
+        `kv_cache_bytes` is the plan's KV budget for the rollout; it overrides the spec's.
+        Raises ModelFolderError on an incomplete folder, then BackendUnavailable without
+        vLLM, both before any engine starts."""
+        self.spec = spec or VllmSpec()
+        self.folder = check_model_folder(folder)
+        self._pads = placeholder_ids(self.folder)
+        require_vllm()
+        self.llm = start_engine(self.folder, self.spec, kv_cache_bytes)
+        self.cpu = on_cpu()
+        self._version = version_name(model, version)
+        self._asleep: int | None = None
+        self._session: VllmDecode | None = None
+        self._cpu_sleep_logged = False
+        self.last_update_seconds = 0.0
+
+    # -- weights ----------------------------------------------------------------------------
+    def load_weights(self, source: WeightsSource, *, reset: bool = True) -> str:
+        """Load `source` into the running engine in place (no disk round trip for live
+        weights), then reset the prefix, multimodal and encoder caches. `reset=False` only
+        serves the test that shows why the resets are needed."""
+        if self._asleep is not None:
+            raise BackendError(f"the vLLM engine sleeps (level {self._asleep}): wake it first")
+        self._check_idle("load weights")
+        t0 = time.perf_counter()
+        reload_in_place(self.llm, tensors_of(source), reset=reset)
+        self.last_update_seconds = time.perf_counter() - t0
+        self._version = version_name(source.model, source.version)
+        return self._version
+
+    @property
+    def weights_version(self) -> str:
+        return self._version
+
+    # -- prefix: bookkeeping only (the engine encodes and prefills inside decode) -----------
+    def vision_encode(self, pixels: Media) -> Media:
+        if not isinstance(pixels, Media):
+            raise BackendError(
+                f"the vLLM rollout takes the prompts' images and frames (Media), not "
+                f"{type(pixels).__name__}: vLLM runs the vision tower itself"
+            )
+        return pixels
+
+    def prefix_prefill(self, features: Media, text: Any) -> VllmPrompts:
+        return build_prompts(features, text, self._pads)
+
+    # -- decode -----------------------------------------------------------------------------
+    def start_decode(
+        self, prefix: VllmPrompts, group_size: int, sampling: Sampling, generator: Any
+    ) -> VllmDecode:
+        """`generator`: the step's decode generator (or an int seed); each row's seed is
+        drawn from it, so tokens are a function of (seed, step, row)."""
+        if self._asleep is not None:
+            raise BackendError(f"the vLLM engine sleeps (level {self._asleep}): wake it first")
+        self._check_idle("start a decode")
+        self._session = VllmDecode(
+            self.llm,
+            prefix,
+            group_size,
+            sampling,
+            step_seed(generator),
+            self.spec.return_logprobs,
+            self.spec.seed,
+        )
+        return self._session
+
+    def generate(
+        self, media: Media, text: Any, group_size: int, sampling: Sampling, generator: Any
+    ) -> tuple[Any, Any]:
+        """The whole rollout in one call: (Responses, TokenLogprobs or None)."""
+        session = self.start_decode(
+            self.prefix_prefill(self.vision_encode(media), text), group_size, sampling, generator
+        )
+        session.advance()
+        return session.result()
+
+    def _check_idle(self, what: str) -> None:
+        if self._session is not None and not self._session.finished:
+            raise BackendError(f"cannot {what} while a decode session is unfinished")
+
+    def shutdown(self) -> None:
+        """Stop the engine and free what it holds; another engine can start in this process."""
+        if self.llm is None:
+            return
+        from vllm.distributed.parallel_state import (
+            destroy_distributed_environment,
+            destroy_model_parallel,
+        )
+
+        self.llm.llm_engine.engine_core.shutdown()
+        self.llm = None
+        destroy_model_parallel()
+        destroy_distributed_environment()
+
+    # -- residency --------------------------------------------------------------------------
+    def sleep(self, level: int = 1) -> None:
+        """Free the engine's memory between rollouts: level 1 moves the weights to host and
+        drops the KV cache; level 2 drops both (load_weights must follow the wake-up).
+        On CPU vLLM cannot sleep: a no-op, logged once."""
+        if level not in self.capabilities.sleep_levels:
+            raise ValueError(f"sleep level {level}: vLLM has {self.capabilities.sleep_levels}")
+        self._check_idle("sleep")
+        if self.cpu:
+            self._log_cpu_sleep()
+            return
+        if self._asleep is None:
+            self.llm.sleep(level=level)
+            self._asleep = level
+
+    def wake_up(self) -> None:
+        if self.cpu:
+            self._log_cpu_sleep()
+            return
+        if self._asleep is not None:
+            self.llm.wake_up()
+            self._asleep = None
+            reset_caches(self.llm)  # the KV it held was dropped
+
+    def _log_cpu_sleep(self) -> None:
+        if not self._cpu_sleep_logged:
+            log.info("vLLM on CPU cannot sleep: sleep/wake_up are no-ops (memory stays held)")
+            self._cpu_sleep_logged = True

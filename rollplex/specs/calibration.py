@@ -1,0 +1,83 @@
+"""The calibration file (`rollplex-calibration/1`): measured op times that rescale the
+cost model. Validated here, before the cost model reads it, so a bad file ends the run
+with one line naming the file and the field."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from rollplex.specs.base import Spec
+
+FORMAT = "rollplex-calibration/1"
+# One op on one GPU: a microsecond is below any kernel launch, a day is a typo.
+MIN_S, MAX_S = 1e-6, 86_400.0
+# predicted/measured per kind: outside this the file describes another machine or a bug.
+MAX_SCALE = 1e4
+
+
+class CalibrationError(ValueError):
+    """A calibration file that cannot be used; the message names the file and the field."""
+
+
+class CalibrationEntry(Spec):
+    """One measured op step that ran alone."""
+
+    kind: str = Field(..., min_length=1, description="Op kind whose efficiency it rescales.")
+    op: str = Field("", description="The op or step measured (for people).")
+    predicted_s: float = Field(
+        ..., ge=0, le=MAX_S, description="The cost model's solo time (0: entry ignored)."
+    )
+    measured_s: float = Field(..., ge=MIN_S, le=MAX_S, description="Measured solo time.")
+    flops: float = Field(0.0, ge=0, description="FLOPs the cost model assigns the op.")
+    bytes: float = Field(0.0, ge=0, description="HBM bytes the cost model assigns the op.")
+
+
+class CalibrationFile(Spec):
+    format: Literal["rollplex-calibration/1"] = Field(..., description="File format tag.")
+    device: str = Field(..., description="Device the times were measured on.")
+    entries: tuple[CalibrationEntry, ...] = Field(..., description="Measured op steps.")
+
+    @model_validator(mode="after")
+    def _scales_are_sane(self) -> CalibrationFile:
+        for kind, k in self.scales().items():
+            if not 1 / MAX_SCALE <= k <= MAX_SCALE:
+                raise ValueError(
+                    f"kind '{kind}': predicted/measured is {k:.3g}, outside "
+                    f"[{1 / MAX_SCALE:g}, {MAX_SCALE:g}]"
+                )
+        return self
+
+    def scales(self) -> dict[str, float]:
+        """kind -> median predicted/measured over its entries (<1: slower than predicted)."""
+        ratios: dict[str, list[float]] = {}
+        for e in self.entries:
+            if e.predicted_s > 0:
+                ratios.setdefault(e.kind, []).append(e.predicted_s / e.measured_s)
+        return {kind: statistics.median(rs) for kind, rs in ratios.items()}
+
+
+def load_calibration(path: str | Path) -> CalibrationFile:
+    """Read and validate; raise CalibrationError (a ValueError) naming file and field."""
+    path = Path(path)
+    where = f"calibration file '{path}'"
+    if not path.is_file():
+        raise CalibrationError(f"{where}: no such file")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CalibrationError(f"{where}: not valid JSON ({err})") from None
+    try:
+        return CalibrationFile.model_validate(data)
+    except ValidationError as err:
+        e = err.errors()[0]
+        field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"])
+        field = field.lstrip(".") or "top level"
+        more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+        raise CalibrationError(
+            f"{where}: {field}: {e['msg']} (got {e.get('input')!r}){more}"
+        ) from None
