@@ -47,7 +47,15 @@ def test_world_size_from_torchrun(monkeypatch):
 
 def test_cli_refuses_ppo_in_one_line():
     p = subprocess.run(
-        [sys.executable, "-m", "rollplex.cli", "train", "train.backend=fsdp", "algo=ppo"],
+        [
+            sys.executable,
+            "-m",
+            "rollplex.cli",
+            "train",
+            "train.backend=fsdp",
+            "algo=ppo",
+            "algo.kl_coef=0",
+        ],
         cwd=ROOT,
         env=env(),
         capture_output=True,

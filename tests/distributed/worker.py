@@ -23,7 +23,7 @@ import torch.distributed as dist
 from rollplex.backends.fsdp.backend import FsdpBackend, FsdpConfig
 from rollplex.backends.fsdp.shard import full, local
 from rollplex.backends.torch.data import TaskData
-from rollplex.planner.api import plan_step
+from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.dcp_checkpoint import read_dcp_checkpoint, restore_dcp
 from rollplex.specs import (
