@@ -32,7 +32,7 @@ from rollplex.backends.base import (
     version_name,
 )
 from rollplex.backends.fsdp.shard import DTYPES, local
-from rollplex.backends.fsdp.trainer import FsdpTrainer
+from rollplex.backends.fsdp.trainer import FsdpTrainer, ShardedWeightsHandle
 from rollplex.backends.torch.backend import TorchBackend, TorchConfig
 from rollplex.backends.torch.model import model_for
 from rollplex.backends.torch.roles import TorchReference, TorchRollout
@@ -181,9 +181,20 @@ class FsdpBackend(TorchBackend):
         return {"weights": x["weights"]}
 
     def move(self, value: Any, to_host: bool) -> Any:
-        if torch.device(self.device).type == "cpu":
+        """Activations and prompts move as on the torch backend. The trainer's shards,
+        AdamW state and gradients are DTensors: on CPU host and device are one memory, so
+        they stay; on GPU their offload is not applied yet and is refused by name."""
+        t = self.trainer
+        sharded = (
+            isinstance(value, ShardedWeightsHandle)
+            or getattr(value, "optimizer", None) is t.optimizer
+            or getattr(value, "params", None) is t.params
+        )
+        if not sharded:
+            return super().move(value, to_host)
+        if self.device.type == "cpu":
             return value
         raise BackendError(
-            "the fsdp backend does not apply offloads yet: plan with "
-            "offloading off for backend.trainer=fsdp"
+            f"the plan offloads the FSDP2 trainer's {type(value).__name__}: moving sharded "
+            "state between host and device is not implemented for backend fsdp yet"
         )
