@@ -72,7 +72,7 @@ def test_three_steps_from_a_hub_folder_save_a_folder_transformers_loads(hub_fold
                 name.replace("visual.", "model.visual.", 1),
             )
             if k in state
-        )  # noqa: E501
+        )
         assert torch.equal(state[key], tensor), name
         moved += not torch.equal(tensor, initial[name])
     assert moved > 0, "three optimizer steps changed no tensor"
@@ -172,7 +172,7 @@ def test_bad_input_exits_2_naming_it_before_any_model_loads(hub_folder, tmp_path
         rows = [json.loads(line) for line in data.read_text().splitlines()]
         data.write_text(
             "".join(json.dumps({k: v for k, v in r.items() if k != "answer"}) + "\n" for r in rows)
-        )  # noqa: E501
+        )
     elif case == "unknown_reward":
         extra = ("reward.components=[{name: nope, weight: 1.0}]",)
     before = {p: p.read_bytes() for p in (tmp_path / "data").rglob("*") if p.is_file()}
