@@ -45,6 +45,7 @@ from rollplex.planner.schedules.common import (
     serial_timings,
 )
 from rollplex.planner.schedules.serial import plan_serial
+from rollplex.planner.schedules.trials import Piece
 from rollplex.planner.simulate import replay
 
 MODES = {
@@ -56,6 +57,7 @@ MODES = {
 }
 
 
+DECODE, SIDE = 2, 3  # the decode and side streams' ids (after compute and copy)
 TRIAL_OPS = 250_000  # op placements auto may spend on trials (each trial builds every op)
 
 
@@ -182,9 +184,9 @@ def _build(
     f = ctx.schedule.decode_sm_fraction
     pb.stream(dev, "compute")
     pb.stream(dev, "copy")
-    dec_stream = pb.stream(dev, "decode", partition=f if partitioned else None)
-    side = pb.stream(dev, "prefix", partition=(1 - f) if partitioned else None)
-    overlapped = [op for op in order if op.name in choice]
+    pb.stream(dev, "decode", partition=f if partitioned else None)  # DECODE
+    pb.stream(dev, "prefix", partition=(1 - f) if partitioned else None)  # SIDE
+    window = _window(ctx, timer, order, decode, choice) if decode is not None else []
     order, packed = packed_order(ctx, order, apart=choice)
     timings = serial_timings(timer, order, packed)
     for op in order:
@@ -194,7 +196,22 @@ def _build(
             t = timings.get(op.name) or timer(op)
             pb.add(dev, 0, op, t.seconds, t.rate_class, scratch_bytes=t.scratch_bytes)
             continue
-        _place_decode(ctx, pb, dev, timer, decode, dec_stream, side, overlapped, choice)
+        first = None
+        for o, stream, solo, rate, chunk, chunks, corun, scratch, after in window:
+            step = pb.add(
+                dev,
+                stream,
+                o,
+                solo,
+                rate,
+                chunk=chunk,
+                chunks=chunks,
+                after=[first] if after and first else None,
+                corun=corun,
+                scratch_bytes=scratch,
+            )
+            if o is decode:
+                first = first or step
     pb.plan.notes += packed_notes(packed)
     return pb.plan
 
@@ -208,17 +225,17 @@ def _chunks(ctx: PlanningContext, timer: CachedTimer, op: Op) -> int:
     return rows_chunks(rows, tokens, ctx.schedule.chunk_tokens)
 
 
-def _place_decode(
-    ctx,
-    pb: PlanBuilder,
-    dev,
+def _window(
+    ctx: PlanningContext,
     timer: CachedTimer,
+    order: list[Op],
     decode: Op,
-    dec_stream: int,
-    side: int,
-    overlapped: list[Op],
     choice: dict[str, CoRun],
-) -> None:
+) -> list[Piece]:
+    """The decode window's steps, in issue order: decode cut into segments with the
+    piggybacked chunks riding them (decode stream), the other overlapped ops' chunks on
+    the side stream, issued once decode has begun so they never delay the prefill."""
+    overlapped = [op for op in order if op.name in choice]
     t_dec = timer(decode)
     riders = [op for op in overlapped if choice[op.name] is CoRun.PIGGYBACK]
     pieces = [
@@ -226,50 +243,34 @@ def _place_decode(
     ]
     segments = len(pieces) + 1
     seg_s = t_dec.seconds / segments
-    first = None
+    out: list[Piece] = []
     for k in range(segments):
-        step = pb.add(
-            dev,
-            dec_stream,
-            decode,
-            seg_s,
-            "bandwidth",
-            chunk=k,
-            chunks=segments,
-            scratch_bytes=t_dec.scratch_bytes,
+        out.append(
+            (
+                decode,
+                DECODE,
+                seg_s,
+                "bandwidth",
+                k,
+                segments,
+                CoRun.NONE,
+                t_dec.scratch_bytes,
+                False,
+            )
         )
-        first = first or step
         if k < len(pieces):
             op, i, c = pieces[k]
             compute = timer(op, c).compute_s
             extra = ctx.interference.piggyback_extra(compute / seg_s) * compute
-            pb.add(
-                dev,
-                dec_stream,
-                op,
-                extra,
-                "bandwidth",
-                chunk=i,
-                chunks=c,
-                corun=CoRun.PIGGYBACK,
-                scratch_bytes=timer(op, c).scratch_bytes,
-            )
+            scratch = timer(op, c).scratch_bytes
+            out.append((op, DECODE, extra, "bandwidth", i, c, CoRun.PIGGYBACK, scratch, False))
     for op in overlapped:
         if choice[op.name] is CoRun.PIGGYBACK:
             continue
         c = _chunks(ctx, timer, op)
         t = timer(op, c)
         for i in range(c):
-            # Issued once decode has begun, so the side work never delays the prefill.
-            pb.add(
-                dev,
-                side,
-                op,
-                t.seconds,
-                "compute",
-                chunk=i,
-                chunks=c,
-                after=[first] if first else None,
-                corun=choice[op.name],
-                scratch_bytes=t.scratch_bytes,
+            out.append(
+                (op, SIDE, t.seconds, "compute", i, c, choice[op.name], t.scratch_bytes, True)
             )
+    return out
