@@ -45,7 +45,7 @@ from rollplex.planner.schedules.common import (
     serial_timings,
 )
 from rollplex.planner.schedules.serial import plan_serial
-from rollplex.planner.schedules.trials import Piece
+from rollplex.planner.schedules.trials import Piece, TrialPlans
 from rollplex.planner.simulate import replay
 
 MODES = {
@@ -69,13 +69,29 @@ def plan_rollplex(ctx: PlanningContext, evaluate: Callable[[Plan], float] | None
     order = ordered(ctx, timer)
     decode = next((op for op in order if op.kind == "decode"), None)
     score = evaluate or (lambda p: replay(p, ctx.interference))
-    base = _build(ctx, timer, order, decode, {})
-    best_time = score(base)
-    best, chosen, notes = base, {}, []
     if decode is None:
+        score(_build(ctx, timer, order, decode, {}))
         best = plan_serial(ctx, "rollplex", timer, order)
         best.notes.append("no decode op: nothing to overlap, serial placement")
         return best
+    # Trials are scored on plans built from shared steps where the score needs no
+    # lifetimes (trials.py); the plan that wins is built in full at the end.
+    quick = getattr(evaluate, "unshared", None) if evaluate else score
+    lean = TrialPlans(ctx, timer, order, decode, lambda c: _window(ctx, timer, order, decode, c))
+
+    def attempt(choice: dict[str, CoRun]) -> tuple[float, Plan | None]:
+        """The choice's score, and its plan where it had to be built in full."""
+        trial = lean.plan(choice) if quick is not None else None
+        t = quick(trial) if trial is not None else None
+        if t is not None:
+            return t, None
+        full = _build(ctx, timer, order, decode, choice)
+        return score(full), full
+
+    best_time, best = attempt({})
+    best_choice: dict[str, CoRun] = {}
+    chosen: dict[str, CoRun] = {}
+    notes: list[str] = []
     before = {op.name for op in order[: order.index(decode)]}
     forced = ctx.schedule.overlap != "auto"
     trials = max(1, TRIAL_OPS // max(1, len(ctx.graph)))
@@ -101,10 +117,9 @@ def plan_rollplex(ctx: PlanningContext, evaluate: Callable[[Plan], float] | None
                 break
             trials -= 1
             trial_choice = {**chosen, op.name: mode}
-            trial = _build(ctx, timer, order, decode, trial_choice)
-            t = score(trial)
+            t, trial = attempt(trial_choice)
             if forced or t < best_time * (1 - 1e-6):
-                best_time, best, pick = t, trial, mode
+                best_time, best, best_choice, pick = t, trial, trial_choice, mode
                 if forced:
                     break
         twins[twin] = pick
@@ -114,8 +129,8 @@ def plan_rollplex(ctx: PlanningContext, evaluate: Callable[[Plan], float] | None
             f"{op.name}: {pick.value if pick else 'serial'} (step {best_time * 1e3:.1f} ms)"
         )
     if untried and forced:
-        best = _build(ctx, timer, order, decode, chosen)
-        best_time = score(best)
+        best_time, best = attempt(chosen)
+        best_choice = chosen
         notes.append(f"trial budget spent: {untried} placed untried, step {best_time * 1e3:.1f} ms")
     elif untried:
         notes.append(f"trial budget spent: {untried} more candidates stay serial untried")
@@ -130,6 +145,9 @@ def plan_rollplex(ctx: PlanningContext, evaluate: Callable[[Plan], float] | None
                 f"best overlap {best_time * 1e3:.1f} ms"
             )
             best = serial
+    if best is None:  # scored on a trial plan: build it
+        best = _build(ctx, timer, order, decode, best_choice)
+        score(best)
     best.notes.extend(notes)
     return best
 
