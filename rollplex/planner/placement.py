@@ -97,14 +97,14 @@ class PlanBuilder:
         return step
 
     def _facts(self, op: Op) -> tuple[list[str], str | None]:
-        """`_op_facts`, through this builder's handle on the per-graph cache (a weak-key
+        """`op_facts`, through this builder's handle on the per-graph cache (a weak-key
         lookup per add cost a fifth of a plan attempt)."""
         made = self.graph.producers()
         if made is not self._made:
             self._made, self._fact_of = made, _facts_of(self.graph)
         facts = self._fact_of.get(op.name)
         if facts is None or self.graph.ops.get(op.name) is not op:
-            return _op_facts(self.graph, op)
+            return op_facts(self.graph, op)
         return facts
 
     def _event(self, step: Step) -> int:
@@ -134,7 +134,7 @@ def _facts_of(graph: Graph) -> dict[str, tuple[list[str], str | None]]:
     return cached[1]
 
 
-def _op_facts(graph: Graph, op: Op) -> tuple[list[str], str | None]:
+def op_facts(graph: Graph, op: Op) -> tuple[list[str], str | None]:
     made, cache = graph.producers(), _facts_of(graph)
     facts = cache.get(op.name)
     if facts is None or graph.ops.get(op.name) is not op:

@@ -158,11 +158,12 @@ def _run_alone(
     Returns the time and the last step, advanced but not retired (the caller retires it
     as a general round would). Bit for bit the times of the general loop."""
     ((i, rem),) = remaining.items()
-    q = where[i]
+    q = where.pop(i)
     queue, g = queues[q], group[q]
-    s, r = queue[0], rates[i]
-    remaining.clear()  # set again on return
+    s, r = queue[0], rates.pop(i)
+    remaining.clear()  # the three are set again on return
     solo_rate: dict[str, float] = {}
+    popleft = queue.popleft
     while True:
         dt = rem / max(r, _EPS)
         t += dt
@@ -175,8 +176,7 @@ def _run_alone(
         ):
             break
         s.end_s = t
-        queue.popleft()
-        del rates[i], where[i]
+        popleft()
         s = queue[0]
         i = s.index
         s.start_s = t
@@ -184,8 +184,8 @@ def _run_alone(
         r = solo_rate.get(s.rate_class)
         if r is None:
             r = solo_rate[s.rate_class] = _rates([s], partitions[g], model)[i]
-        rates[i], where[i] = r, q
-        running[g][0] = s
+    running[g][0] = s
+    rates[i], where[i] = r, q
     remaining[i] = rem
     return t, i
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from rollplex.graph.ir import Op
 from rollplex.planner.cost_model import Timing
-from rollplex.planner.placement import PlanBuilder
+from rollplex.planner.placement import op_facts
 from rollplex.planner.plan import CoRun, DevicePlan, Event, Plan, Step, StreamPlan
 from rollplex.planner.schedules.common import CachedTimer, PlanningContext, packed_order
 
@@ -47,9 +47,10 @@ class TrialPlans:
         self.window = window  # the decode window's steps, in issue order, for a choice
         self._order0, self._packed0 = packed_order(ctx, order)
         self._index = {op.name: i for i, op in enumerate(order)}
-        self._shared: dict[tuple[str, bool], Step] = {}
-        pb = PlanBuilder("rollplex", ctx.graph, ctx.graph_hash)
-        self._sources = {op.name: pb._facts(op) for op in order}
+        # compute steps that wait on nothing, one per op as packed / as placed alone
+        self._shared_packed: dict[str, Step] = {}
+        self._shared_solo: dict[str, Step] = {}
+        self._sources = {op.name: op_facts(ctx.graph, op) for op in order}
 
     def plan(self, choice: dict[str, CoRun]) -> Plan | None:
         """A plan that replays like `_build(choice)`'s, or None where only the full
@@ -97,20 +98,25 @@ class TrialPlans:
         timings: dict[str, Timing] = {}
         for name, resp in packed.items():
             timings[name], timings[resp.name] = timer.packed(ctx.graph.ops[name], resp)
-        off = set(choice)
+        off = set(choice)  # ops placed off the compute stream
         off.add(decode.name)
-        placed: dict[str, list[Step]] = {}  # every op placed so far -> its steps
+        comp: dict[str, Step] = {}  # compute-stream op -> its one step
+        placed: dict[str, list[Step]] = {}  # window op -> its steps
         event_of: dict[int, int] = {}  # step index -> event id
         compute, steps = dev.streams[0].steps, dev.steps
         fresh = len(self.order)  # indices past every shared step's
-        shared, sources, index = self._shared, self._sources, self._index
+        sources, index = self._sources, self._index
+        shared_packed, shared_solo = self._shared_packed, self._shared_solo
 
         def waits_on(srcs: list[str], stream: int, after: list[Step]) -> list[int]:
             waits: list[int] = []
             for src in srcs:
                 made = placed.get(src)
-                if not made:
-                    raise _MissingProducer(src)
+                if made is None:
+                    one = comp.get(src)
+                    if one is None:
+                        raise _MissingProducer(src)
+                    made = [one]
                 for d in made:
                     if d.stream != stream:
                         waits.append(event(d))
@@ -158,20 +164,19 @@ class TrialPlans:
                         first = [s]
                 continue
             srcs, version = sources[name]
-            key = (name, name in timings)
-            if any(src in off for src in srcs):
+            if not off.isdisjoint(srcs):
                 s = self._step(op, index[name], timings, version)
                 s.waits = waits_on(srcs, 0, [])
             else:
-                for src in srcs:
-                    if src not in placed:
-                        raise _MissingProducer(src)
-                s = shared.get(key)
+                # its producers are compute steps placed before it: `order` is
+                # topological, and whatever it reads from the window is in `off`
+                cache = shared_packed if name in timings else shared_solo
+                s = cache.get(name)
                 if s is None:
-                    s = shared[key] = self._step(op, index[name], timings, version)
+                    s = cache[name] = self._step(op, index[name], timings, version)
             steps.append(s)
             compute.append(s.index)
-            placed[name] = [s]
+            comp[name] = s
         return plan
 
     def _step(self, op: Op, index: int, timings: dict[str, Timing], version: str | None) -> Step:
