@@ -3,11 +3,15 @@
 A rollplex trial moves a few prefix ops into the decode window; every other op keeps its
 place on the compute stream. Building each trial with `PlanBuilder` made ~10,000 fresh
 steps per trial (most of the search's time at 10k ops). A trial plan here is only
-replayed and scored, never returned, so:
+replayed and scored, never returned, so it is patched from the plan without overlap:
 - a compute-stream step that waits on nothing off its stream is the same object in every
   trial (one per op and packing), with an index of its own that no trial reuses;
-- steps that wait across streams, and the decode window's steps, are made per trial;
-- events are listed on the plan only (the shared steps' `signals` stay unset).
+- the compute stream is the base sequence (ops keyed by position, a packed response just
+  after its prefix) less the chosen ops, with the pairs a choice breaks unpacked (each
+  part placed alone, the response back at its own position), and the readers of the
+  decode and of the chosen ops given steps of their own that wait across streams;
+- the decode window's steps are made per trial; events are listed on the plan only (the
+  shared steps' `signals` stay unset).
 The replay of such a plan gives bit for bit the step time of `_build`'s plan: the same
 streams, the same steps in the same order with the same solo times and rate classes, and
 each step waiting on the same set of steps (event ids and step indices do not enter the
@@ -17,6 +21,7 @@ plan that wins is built again with `PlanBuilder`.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 
 from rollplex.graph.ir import Op
@@ -45,40 +50,62 @@ class TrialPlans:
     ) -> None:
         self.ctx, self.timer, self.order, self.decode = ctx, timer, order, decode
         self.window = window  # the decode window's steps, in issue order, for a choice
-        self._order0, self._packed0 = packed_order(ctx, order)
-        self._index = {op.name: i for i, op in enumerate(order)}
-        # compute steps that wait on nothing, one per op as packed / as placed alone
-        self._shared_packed: dict[str, Step] = {}
-        self._shared_solo: dict[str, Step] = {}
+        self._ops = {op.name: op for op in order}
+        self._pos = {op.name: float(i) for i, op in enumerate(order)}
         self._sources = {op.name: op_facts(ctx.graph, op) for op in order}
+        self._readers: dict[str, list[str]] = {}
+        for op in order:
+            for src in set(self._sources[op.name][0]):
+                self._readers.setdefault(src, []).append(op.name)
+        order0, self._packed0 = packed_order(ctx, order)
+        # the base compute sequence: ops keyed by position, a packed response at its
+        # prefix's position + 0.5 (right after it), every step its shared variant
+        self._key0 = dict(self._pos)
+        for name, resp in self._packed0.items():
+            self._key0[resp.name] = self._pos[name] + 0.5
+        self._partner = {n: r.name for n, r in self._packed0.items()}
+        self._partner.update({r.name: n for n, r in self._packed0.items()})
+        self._shared: dict[tuple[str, bool], Step] = {}  # (op, packed) -> its step
+        base = [op.name for op in order0 if op is not decode]
+        self._keys0 = [self._key0[n] for n in base]
+        self._steps0 = [self._shared_step(n, n in self._partner) for n in base]
 
     def plan(self, choice: dict[str, CoRun]) -> Plan | None:
         """A plan that replays like `_build(choice)`'s, or None where only the full
-        build can say what happens (it raises)."""
+        build can say what happens (it raises: a step issued before its producer)."""
         try:
             return self._plan(choice)
         except _MissingProducer:
             return None
 
-    def _packed(self, choice: dict[str, CoRun]) -> tuple[list[Op], dict[str, Op]]:
-        # packed_order with `apart=choice` drops exactly the pairs that touch the choice
-        # (positions come from `order`, which trials share)
-        packed = {
-            n: r for n, r in self._packed0.items() if n not in choice and r.name not in choice
-        }
-        if len(packed) == len(self._packed0):
-            return self._order0, packed
+    def _timing(self, name: str, packed: bool) -> Timing:
+        op = self._ops[name]
         if not packed:
-            return self.order, packed
-        moved = {r.name for r in packed.values()}
-        out: list[Op] = []
-        for op in self.order:
-            if op.name in moved:
-                continue
-            out.append(op)
-            if op.name in packed:
-                out.append(packed[op.name])
-        return out, packed
+            return self.timer(op)
+        partner = self._ops[self._partner[name]]
+        if name in self._packed0:
+            return self.timer.packed(op, partner)[0]
+        return self.timer.packed(partner, op)[1]
+
+    def _shared_step(self, name: str, packed: bool) -> Step:
+        step = self._shared.get((name, packed))
+        if step is None:
+            step = self._shared[(name, packed)] = self._step(name, packed)
+        return step
+
+    def _step(self, name: str, packed: bool) -> Step:
+        op, t = self._ops[name], self._timing(name, packed)
+        return Step(
+            int(self._pos[name]),
+            name,
+            op.kind,
+            str(op.phase),
+            0,
+            solo_s=t.seconds,
+            rate_class=t.rate_class,
+            weights_version=self._sources[name][1],
+            scratch_bytes=int(t.scratch_bytes),
+        )
 
     def _plan(self, choice: dict[str, CoRun]) -> Plan:
         ctx, timer, decode = self.ctx, self.timer, self.decode
@@ -94,36 +121,39 @@ class TrialPlans:
             StreamPlan(2, "decode", partition=f if partitioned else None),
             StreamPlan(3, "prefix", partition=(1 - f) if partitioned else None),
         ]
-        order, packed = self._packed(choice)
-        timings: dict[str, Timing] = {}
-        for name, resp in packed.items():
-            timings[name], timings[resp.name] = timer.packed(ctx.graph.ops[name], resp)
+        pos, key0, partner = self._pos, self._key0, self._partner
+        keys, steps = self._keys0[:], self._steps0[:]
+
+        def at(key: float) -> int:
+            i = bisect_left(keys, key)
+            if i == len(keys) or keys[i] != key:
+                raise RuntimeError(f"trial plan lost track of the op at position {key}")
+            return i
+
+        # the pairs the choice breaks: each part alone, the response back at its position
+        broken = {m for c in choice if c in partner for m in (c, partner[c])}
+        key = dict.fromkeys(broken)
+        for name in sorted(choice.keys() | broken, key=key0.__getitem__):
+            i = at(key0[name])
+            del keys[i], steps[i]
+        for name in broken - choice.keys():
+            key[name] = pos[name]
+            i = bisect_left(keys, pos[name])
+            keys.insert(i, pos[name])
+            steps.insert(i, self._shared_step(name, False))
+
+        def key_of(name: str) -> float:
+            k = key.get(name)
+            return key0[name] if k is None else k
+
+        def packed(name: str) -> bool:
+            return name in partner and name not in broken
+
         off = set(choice)  # ops placed off the compute stream
         off.add(decode.name)
-        comp: dict[str, Step] = {}  # compute-stream op -> its one step
+        at_decode = key0[decode.name]
         placed: dict[str, list[Step]] = {}  # window op -> its steps
         event_of: dict[int, int] = {}  # step index -> event id
-        compute, steps = dev.streams[0].steps, dev.steps
-        fresh = len(self.order)  # indices past every shared step's
-        sources, index = self._sources, self._index
-        shared_packed, shared_solo = self._shared_packed, self._shared_solo
-
-        def waits_on(srcs: list[str], stream: int, after: list[Step]) -> list[int]:
-            waits: list[int] = []
-            for src in srcs:
-                made = placed.get(src)
-                if made is None:
-                    one = comp.get(src)
-                    if one is None:
-                        raise _MissingProducer(src)
-                    made = [one]
-                for d in made:
-                    if d.stream != stream:
-                        waits.append(event(d))
-            for d in after:
-                if d.stream != stream:
-                    waits.append(event(d))
-            return waits
 
         def event(d: Step) -> int:
             ev = event_of.get(d.index)
@@ -132,63 +162,53 @@ class TrialPlans:
                 plan.events.append(Event(ev, d.index, dev.name, d.stream))
             return ev
 
-        for op in order:
-            name = op.name
-            if name in choice:
-                continue
-            if op is decode:
-                first: list[Step] = []
-                for piece in self.window(choice):
-                    o, stream, solo, rate, chunk, chunks, corun, scratch, after = piece
-                    waits = waits_on(sources[o.name][0], stream, first if after else [])
-                    s = Step(
-                        fresh,
-                        o.name,
-                        o.kind,
-                        str(o.phase),
-                        stream,
-                        chunk,
-                        chunks,
-                        solo,
-                        waits=waits,
-                        rate_class=rate,
-                        corun=corun,
-                        weights_version=sources[o.name][1],
-                        scratch_bytes=int(scratch),
-                    )
-                    fresh += 1
-                    steps.append(s)
-                    dev.streams[stream].steps.append(s.index)
-                    placed.setdefault(o.name, []).append(s)
-                    if o is decode and not first:
-                        first = [s]
-                continue
-            srcs, version = sources[name]
-            if not off.isdisjoint(srcs):
-                s = self._step(op, index[name], timings, version)
-                s.waits = waits_on(srcs, 0, [])
-            else:
-                # its producers are compute steps placed before it: `order` is
-                # topological, and whatever it reads from the window is in `off`
-                cache = shared_packed if name in timings else shared_solo
-                s = cache.get(name)
-                if s is None:
-                    s = cache[name] = self._step(op, index[name], timings, version)
-            steps.append(s)
-            compute.append(s.index)
-            comp[name] = s
-        return plan
+        # the window, issued at the decode's place: its producers must be placed by then
+        window: list[Step] = []
+        first: list[Step] = []
+        fresh = len(self.order)  # indices past every compute step's
+        for o, stream, solo, rate, chunk, chunks, corun, scratch, after in self.window(choice):
+            srcs, version = self._sources[o.name]
+            waits: list[int] = []
+            for src in srcs:
+                made = placed.get(src)
+                if made is None:
+                    if src in off or key_of(src) > at_decode:
+                        raise _MissingProducer(src)
+                    made = [self._shared_step(src, packed(src))]
+                waits.extend(event(d) for d in made if d.stream != stream)
+            if after:
+                waits.extend(event(d) for d in first if d.stream != stream)
+            s = Step(
+                fresh,
+                o.name,
+                o.kind,
+                str(o.phase),
+                stream,
+                chunk,
+                chunks,
+                solo,
+                waits=waits,
+                rate_class=rate,
+                corun=corun,
+                weights_version=version,
+                scratch_bytes=int(scratch),
+            )
+            fresh += 1
+            window.append(s)
+            dev.streams[stream].steps.append(s.index)
+            placed.setdefault(o.name, []).append(s)
+            if o is decode and not first:
+                first = [s]
 
-    def _step(self, op: Op, index: int, timings: dict[str, Timing], version: str | None) -> Step:
-        t = timings.get(op.name) or self.timer(op)
-        return Step(
-            index,
-            op.name,
-            op.kind,
-            str(op.phase),
-            0,
-            solo_s=t.seconds,
-            rate_class=t.rate_class,
-            weights_version=version,
-            scratch_bytes=int(t.scratch_bytes),
-        )
+        # readers of the window: a step of their own that waits on it, after the decode
+        readers = {r for w in off for r in self._readers.get(w, ()) if r not in off}
+        for name in sorted(readers, key=key_of):
+            k = key_of(name)
+            if k < at_decode:
+                raise _MissingProducer(name)
+            s = self._step(name, packed(name))
+            s.waits = [event(d) for src in self._sources[name][0] for d in placed.get(src, ())]
+            steps[at(k)] = s
+        dev.steps = steps + window
+        dev.streams[0].steps = [s.index for s in steps]
+        return plan
