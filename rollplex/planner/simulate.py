@@ -165,22 +165,25 @@ def _run_alone(
     solo_rate: dict[str, float] = {}
     popleft = queue.popleft
     while True:
-        dt = rem / max(r, _EPS)
-        t += dt
-        rem -= dt * r
-        if (
-            rem > 1e-9 * max(1.0, s.solo_s)
-            or len(queue) < 2
-            or i in event_of_step
-            or queue[1].waits
-        ):
+        if r == 1.0:  # dt = rem / 1.0 and rem - dt * 1.0, exactly: it ends
+            t += rem
+            rem = 0.0
+        else:
+            dt = rem / max(r, _EPS)
+            t += dt
+            rem -= dt * r
+            if rem > 1e-9 * max(1.0, s.solo_s):
+                break
+        if len(queue) < 2 or i in event_of_step or queue[1].waits:
             break
         s.end_s = t
         popleft()
         s = queue[0]
         i = s.index
         s.start_s = t
-        rem = max(s.solo_s, 0.0)
+        rem = s.solo_s
+        if rem < 0.0:  # max(solo, 0.0)
+            rem = 0.0
         r = solo_rate.get(s.rate_class)
         if r is None:
             r = solo_rate[s.rate_class] = _rates([s], partitions[g], model)[i]

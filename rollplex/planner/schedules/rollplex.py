@@ -77,7 +77,13 @@ def plan_rollplex(ctx: PlanningContext, evaluate: Callable[[Plan], float] | None
     # Trials are scored on plans built from shared steps where the score needs no
     # lifetimes (trials.py); the plan that wins is built in full at the end.
     quick = getattr(evaluate, "unshared", None) if evaluate else score
-    lean = TrialPlans(ctx, timer, order, decode, lambda c: _window(ctx, timer, order, decode, c))
+    pos = {op.name: i for i, op in enumerate(order)}
+
+    def window(choice: dict[str, CoRun]) -> list[Piece]:
+        overlapped = [order[pos[name]] for name in sorted(choice, key=pos.__getitem__)]
+        return _window(ctx, timer, overlapped, decode, choice)
+
+    lean = TrialPlans(ctx, timer, order, decode, window)
 
     def attempt(choice: dict[str, CoRun]) -> tuple[float, Plan | None]:
         """The choice's score, and its plan where it had to be built in full."""
@@ -204,7 +210,8 @@ def _build(
     pb.stream(dev, "copy")
     pb.stream(dev, "decode", partition=f if partitioned else None)  # DECODE
     pb.stream(dev, "prefix", partition=(1 - f) if partitioned else None)  # SIDE
-    window = _window(ctx, timer, order, decode, choice) if decode is not None else []
+    overlapped = [op for op in order if op.name in choice]
+    window = _window(ctx, timer, overlapped, decode, choice) if decode is not None else []
     order, packed = packed_order(ctx, order, apart=choice)
     timings = serial_timings(timer, order, packed)
     for op in order:
@@ -246,14 +253,14 @@ def _chunks(ctx: PlanningContext, timer: CachedTimer, op: Op) -> int:
 def _window(
     ctx: PlanningContext,
     timer: CachedTimer,
-    order: list[Op],
+    overlapped: list[Op],
     decode: Op,
     choice: dict[str, CoRun],
 ) -> list[Piece]:
     """The decode window's steps, in issue order: decode cut into segments with the
     piggybacked chunks riding them (decode stream), the other overlapped ops' chunks on
-    the side stream, issued once decode has begun so they never delay the prefill."""
-    overlapped = [op for op in order if op.name in choice]
+    the side stream, issued once decode has begun so they never delay the prefill.
+    `overlapped`: the chosen ops in priority order."""
     t_dec = timer(decode)
     riders = [op for op in overlapped if choice[op.name] is CoRun.PIGGYBACK]
     pieces = [
