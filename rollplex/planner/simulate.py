@@ -65,13 +65,13 @@ def replay(plan: Plan, model: InterferenceModel | None = None) -> float:
     by_index = {s.index: s for d in plan.devices for s in d.steps}
     for g, d in enumerate(plan.devices):
         for st in d.streams:
-            queues.append(deque(by_index[i] for i in st.steps))
+            queues.append(deque(map(by_index.__getitem__, st.steps)))
             group.append(g)
     partitions = [{st.stream: st.partition for st in d.streams} for d in plan.devices]
     event_of_step = {e.step: e.id for e in plan.events}
     waiting: dict[int, list[int]] = {}  # event -> queues holding a step that waits on it
     for q, steps in enumerate(queues):
-        for s in steps:
+        for s in [s for s in steps if s.waits]:
             for e in s.waits:
                 waiting.setdefault(e, []).append(q)
     fired: set[int] = set()
