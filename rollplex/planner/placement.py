@@ -71,6 +71,7 @@ class PlanBuilder:
                         waits.append(ev)
         index = len(where)
         name = op_name or op.name
+        # positional, in Step's field order (keywords cost half again per step)
         step = Step(
             index,
             name,
@@ -80,12 +81,15 @@ class PlanBuilder:
             chunk,
             chunks,
             solo_s,
-            waits=waits,
-            rate_class=rate_class,
-            corun=corun,
-            weights_version=version,
-            previous_step=previous_step,
-            scratch_bytes=int(scratch_bytes),
+            0.0,  # start_s
+            0.0,  # end_s
+            waits,
+            None,  # signals
+            corun,
+            version,  # weights_version
+            rate_class,
+            int(scratch_bytes),
+            previous_step,
         )
         dev.steps.append(step)
         dev.streams[stream].steps.append(index)

@@ -3,12 +3,13 @@ plans it returns must be the ones full builds of every trial give."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
 from rollplex.jobs.pipeline import plan_step
-from rollplex.planner.plan import Plan
+from rollplex.planner.plan import Plan, Step
 from rollplex.planner.schedules import rollplex as rollplex_schedule
 from rollplex.planner.schedules.trials import TrialPlans
 from rollplex.planner.simulate import replay
@@ -83,3 +84,27 @@ def test_trial_plans_replay_like_full_builds(monkeypatch: pytest.MonkeyPatch) ->
         assert sum(s.scratch_bytes for s in lean.all_steps()) == sum(
             s.scratch_bytes for s in full.all_steps()
         )
+
+
+def test_step_fields_in_the_order_builders_pass_them() -> None:
+    # PlanBuilder.add and TrialPlans make steps positionally (for speed): a reordered Step
+    # would silently swap fields there
+    assert [f.name for f in dataclasses.fields(Step)] == [
+        "index",
+        "op",
+        "kind",
+        "phase",
+        "stream",
+        "chunk",
+        "chunks",
+        "solo_s",
+        "start_s",
+        "end_s",
+        "waits",
+        "signals",
+        "corun",
+        "weights_version",
+        "rate_class",
+        "scratch_bytes",
+        "previous_step",
+    ]

@@ -95,16 +95,25 @@ class TrialPlans:
 
     def _step(self, name: str, packed: bool) -> Step:
         op, t = self._ops[name], self._timing(name, packed)
+        # positional, in Step's field order (keywords cost half again per step)
         return Step(
             int(self._pos[name]),
             name,
             op.kind,
             str(op.phase),
-            0,
-            solo_s=t.seconds,
-            rate_class=t.rate_class,
-            weights_version=self._sources[name][1],
-            scratch_bytes=int(t.scratch_bytes),
+            0,  # stream: compute
+            0,  # chunk
+            1,  # chunks
+            t.seconds,
+            0.0,  # start_s
+            0.0,  # end_s
+            [],  # waits
+            None,  # signals
+            CoRun.NONE,
+            self._sources[name][1],  # weights_version
+            t.rate_class,
+            int(t.scratch_bytes),
+            False,  # previous_step
         )
 
     def _plan(self, choice: dict[str, CoRun]) -> Plan:
