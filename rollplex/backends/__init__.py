@@ -39,12 +39,7 @@ REGISTRY: dict[str, BackendEntry] = {
         "implement is in rollplex.backends.base); use backend 'torch'",
     ),
     "fsdp": BackendEntry(
-        "fsdp",
-        None,
-        None,
-        ("torch",),
-        "the FSDP2 trainer backend is not implemented yet (it will implement the Trainer "
-        "role of rollplex.backends.base); use backend 'torch'",
+        "fsdp", "rollplex.backends.fsdp.backend", "FsdpBackend", ("torch", "transformers")
     ),
 }
 

@@ -52,6 +52,10 @@ def check_spec(spec: RunSpec) -> None:
     from rollplex.backends import backend_class
 
     backend_class(t.backend)  # BackendUnavailable (a ValueError) says why not
+    if t.backend == "fsdp":
+        from rollplex.backends.fsdp.checks import check_fsdp_spec
+
+        check_fsdp_spec(spec)
     if spec.algo.name == "ppo" and t.resume:
         raise ValueError(
             "train.resume with algo=ppo: checkpoints hold the policy, not the critic, so a "
@@ -80,24 +84,34 @@ def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
     if t.threads:
         torch.set_num_threads(t.threads)
     # Validate the checkpoint before building anything: a bad one costs nothing.
-    ckpt = read_checkpoint(t.resume, prepared.model, spec.seed) if t.resume else None
+    if t.resume and t.backend == "fsdp":
+        from rollplex.runtime.dcp_checkpoint import read_dcp_checkpoint
+
+        ckpt = read_dcp_checkpoint(t.resume, prepared.model, spec.seed)
+    else:
+        ckpt = read_checkpoint(t.resume, prepared.model, spec.seed) if t.resume else None
     return _train(spec, prepared, out, ckpt)
 
 
 def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
-    from rollplex.backends import backend_class
-    from rollplex.backends.torch.backend import TorchConfig
     from rollplex.jobs.pipeline import plan_step
     from rollplex.planner.plan import dump_plan
     from rollplex.runtime import Executor, Progress
-    from rollplex.runtime.checkpoint import restore, save_checkpoint
     from rollplex.trace import open_writer
 
     t = spec.train
     model, workload = prepared.model, prepared.workload
     result = plan_step(model, workload, spec.algo, spec.hardware, spec.schedule)
     plan, graph = result.plan, result.graph
-    (out / "plan.json").write_text(dump_plan(plan))
+    backend = _backend(spec, prepared)
+    main = getattr(backend, "rank", 0) == 0  # only rank 0 writes the run folder
+    if backend.name == "fsdp":
+        from rollplex.runtime.distributed import from_rank0, setup_rank_logging
+
+        out = Path(from_rank0(str(out)))  # one run folder for all ranks
+        setup_rank_logging(out, backend.dist)
+    if main:
+        (out / "plan.json").write_text(dump_plan(plan))
     log.info(
         "plan '%s' (dedup=%s, overlap=%s): %d steps on %d streams; %s",
         plan.schedule,
@@ -107,18 +121,9 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
         sum(len(d.streams) for d in plan.devices),
         "; ".join(plan.notes) or "no overlap",
     )
-    config = TorchConfig(
-        model,
-        spec.algo,
-        spec.seed,
-        t.max_new_tokens,
-        device=t.device,
-        scorer=prepared.scorer,
-    )
-    backend = backend_class(t.backend)(config)
     start = 0
     if ckpt is not None:
-        restore(backend.trainer, ckpt)
+        _restore(backend, ckpt)
         backend.rollout.load_weights(backend.trainer.live_weights())
         start = ckpt.state.step
         log.info("resumed from %s at step %d", ckpt.folder, start)
@@ -126,16 +131,18 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
             log.info("the checkpoint already reaches train.steps=%d: nothing to run", t.steps)
     data = prepared.train
     tb = out / "tb"
-    writer = open_writer(tb)
-    progress = Progress(t.steps, initial=start, disable=not t.progress)
-    executor = Executor(plan, graph, backend, [progress, _Scalars(writer)], device=t.device)
+    writer = open_writer(tb) if main else None
+    progress = Progress(t.steps, initial=start, disable=not (t.progress and main))
+    callbacks = [progress, _Scalars(writer)] if main else [progress]
+    executor = Executor(plan, graph, backend, callbacks, device=backend.device)
     recent: deque = deque(maxlen=t.trace_steps)
     rows: list[dict[str, Any]] = []
     ckpt_root, last_ckpt = out / "checkpoints", None
     evals: list[tuple[int, Any]] = []
 
     def held_out(step: int) -> float | None:
-        if t.eval_every <= 0 or prepared.eval_source is None:
+        # The rollout is a full local model on every rank: rank 0 evaluates alone.
+        if t.eval_every <= 0 or prepared.eval_source is None or not main:
             return None
         res = evaluate(
             backend, prepared.eval_source, prepared.renderer, t.eval_prompts, t.max_new_tokens
@@ -163,10 +170,12 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
                 row["eval_accuracy"] = held_out(k + 1)
             rows.append(row)
             if (k + 1) % t.checkpoint_every == 0 or k + 1 == t.steps:
-                last_ckpt = save_checkpoint(ckpt_root, k + 1, backend.trainer, model, spec.seed)
+                last_ckpt = _save(backend, ckpt_root, k + 1, model, spec.seed)
                 log.info("checkpoint %s (reward %.3f)", last_ckpt, res.metrics.get("reward", 0))
     finally:
         progress.close()
+    if not main:
+        return _summary(spec, plan, rows, start, ckpt, ckpt_root, last_ckpt, recent)
     _write_csv(out / "metrics.csv", rows)
     if recent:
         _export(out, tb, writer, spec, plan, graph, list(recent))
@@ -191,6 +200,43 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
             )
         print(f"{line}; run folder {out} (tensorboard --logdir {out})")
     return summary
+
+
+def _backend(spec: RunSpec, prepared):
+    """The configured backend; 'fsdp' joins torchrun's process group (or a one-process
+    one) and logs each rank to its own file under the run folder."""
+    from rollplex.backends import backend_class
+    from rollplex.backends.torch.backend import TorchConfig
+
+    t = spec.train
+    args = (prepared.model, spec.algo, spec.seed, t.max_new_tokens)
+    kw = {"device": t.device, "scorer": prepared.scorer}
+    if t.backend != "fsdp":
+        return backend_class(t.backend)(TorchConfig(*args, **kw))
+    from rollplex.backends.fsdp.backend import FsdpConfig
+
+    return backend_class(t.backend)(FsdpConfig(*args, **kw, fsdp=t.fsdp))
+
+
+def _restore(backend, ckpt) -> None:
+    if backend.name == "fsdp":
+        from rollplex.runtime.dcp_checkpoint import restore_dcp
+
+        restore_dcp(backend.trainer, ckpt)
+    else:
+        from rollplex.runtime.checkpoint import restore
+
+        restore(backend.trainer, ckpt)
+
+
+def _save(backend, root: Path, step: int, model, seed: int) -> Path:
+    if backend.name == "fsdp":
+        from rollplex.runtime.dcp_checkpoint import save_dcp_checkpoint
+
+        return save_dcp_checkpoint(root, step, backend.trainer, model, seed)
+    from rollplex.runtime.checkpoint import save_checkpoint
+
+    return save_checkpoint(root, step, backend.trainer, model, seed)
 
 
 class _Scalars(Callback):

@@ -9,6 +9,7 @@ from pydantic import Field
 from rollplex.specs.algo import AlgoSpec
 from rollplex.specs.base import Spec
 from rollplex.specs.data import DataSpec
+from rollplex.specs.fsdp import FsdpSpec
 from rollplex.specs.hardware import HardwareSpec
 from rollplex.specs.model import ModelSpec
 from rollplex.specs.reward import RewardSpec
@@ -42,8 +43,12 @@ class TrainSpec(Spec):
     )
     backend: str = Field(
         "torch",
-        description="Backend that runs the plan (rollplex.backends.REGISTRY). Only 'torch' "
-        "is built; 'vllm' and 'fsdp' are registered and refuse with the reason.",
+        description="Backend that runs the plan (rollplex.backends.REGISTRY): 'torch', or "
+        "'fsdp' (FSDP2 trainer, data-parallel over torchrun's ranks); 'vllm' refuses with "
+        "the reason.",
+    )
+    fsdp: FsdpSpec = Field(
+        default_factory=FsdpSpec, description="FSDP2 settings (backend 'fsdp' only)."
     )
     device: str = Field("cpu", description="torch device: cpu or cuda.")
     deterministic: bool = Field(True, description="torch deterministic algorithms.")

@@ -36,7 +36,15 @@ def test_torch_is_real_and_declares_its_kinds_and_lifecycle():
     assert "torch" in available_backends()
 
 
-@pytest.mark.parametrize("name", ["vllm", "fsdp"])
+def test_fsdp_is_built():
+    from rollplex.backends.fsdp.backend import FsdpBackend
+    from rollplex.backends.torch.backend import TorchBackend
+
+    assert backend_class("fsdp") is FsdpBackend and "fsdp" in available_backends()
+    assert issubclass(FsdpBackend, TorchBackend)  # the same ops, an FSDP2 trainer
+
+
+@pytest.mark.parametrize("name", ["vllm"])
 def test_unbuilt_backends_say_why(name):
     with pytest.raises(BackendUnavailable, match=r"not implemented yet") as err:
         backend_class(name)
