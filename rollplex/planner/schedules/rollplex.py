@@ -16,8 +16,9 @@ accepting only improvements, auto never predicts a step slower than serial. An e
 `overlap` mode is an ablation: it places every eligible candidate that way, and the
 prediction says honestly what that costs.
 
-Every trial rebuilds and replays the whole plan, so on long graphs (K micro-steps of one
-step: K copies of each candidate) trials are bounded:
+Every trial replays the whole plan (trials.py patches it from steps shared between
+trials; only the winner is built in full), so on long graphs (K micro-steps of one step:
+K copies of each candidate) trials are bounded:
 - twins, candidates with the same cost key and weights, behave alike: a twin of one that
   stayed serial stays serial untried, a twin of a placed one tries only that placement;
 - auto spends at most `TRIAL_OPS` op placements on trials (a count, not a clock, so the

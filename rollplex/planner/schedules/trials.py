@@ -30,7 +30,7 @@ from rollplex.planner.placement import op_facts
 from rollplex.planner.plan import CoRun, DevicePlan, Event, Plan, Step, StreamPlan
 from rollplex.planner.schedules.common import CachedTimer, PlanningContext, packed_order
 
-# _place_decode's pieces: (op, stream, solo_s, rate_class, chunk, chunks, corun, scratch,
+# _window's pieces (rollplex.py): (op, stream, solo_s, rate_class, chunk, chunks, corun, scratch,
 # waits on the decode's first segment)
 Piece = tuple[Op, int, float, str, int, int, CoRun, float, bool]
 
