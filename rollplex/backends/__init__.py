@@ -42,6 +42,13 @@ class RoleEntry:
     why_missing: str = ""  # why it cannot be selected yet
     probe: str | None = None  # "module:function" that raises BackendUnavailable if unusable
     caps: RoleCapabilities | None = None  # what the role class declares (its `capabilities`)
+    # A trainer whose weights the torch roles cannot read as they are (FSDP2's shards)
+    # names, in `module`, the builders of its own torch rollout and reference, and
+    # `runtime`: (config, trainer) -> RoleRuntime (runtime/hooks.py), the step config,
+    # value ops and step hooks the dispatch runs with.
+    rollout_builder: str | None = None
+    reference_builder: str | None = None
+    runtime: str | None = None
 
     def missing(self) -> list[str]:
         return [m for m in self.requires if importlib.util.find_spec(m) is None]
@@ -73,9 +80,12 @@ class RoleEntry:
             raise BackendUnavailable(f"backend.{self.role}={self.name}: {self.why_missing}")
         return self.caps
 
-    def builder_fn(self):
+    def builder_fn(self, which: str = "builder"):
+        """A function of the role's module: its own builder, or the one `which` names
+        (rollout_builder, reference_builder, runtime); None when that one is not set."""
         self.check()
-        return getattr(importlib.import_module(self.module), self.builder)
+        name = getattr(self, which)
+        return None if name is None else getattr(importlib.import_module(self.module), name)
 
 
 _T = ("torch", "transformers")
@@ -122,16 +132,17 @@ ROLES: dict[str, dict[str, RoleEntry]] = {
             _T,
             caps=TORCH_SCORER,
         ),
-        # the FSDP2 trainer's slot: its branch fills module/cls/builder
         "fsdp": RoleEntry(
             "trainer",
             "fsdp",
-            None,
-            None,
-            None,
+            "rollplex.backends.fsdp.build",
+            "FsdpTrainer",
+            "build_trainer",
             _T,
-            "the FSDP2 trainer is not built yet (it implements the Trainer role of "
-            "rollplex.backends.base); use backend.trainer=torch",
+            caps=TORCH_SCORER,
+            rollout_builder="build_rollout",
+            reference_builder="build_reference",
+            runtime="runtime",
         ),
     },
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,9 @@ from rollplex.specs.run import RunSpec
 
 def run_job(spec: RunSpec, out: Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(spec.model_dump_json(indent=1))
+    main = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 writes
+    if main:
+        (out / "config.json").write_text(spec.model_dump_json(indent=1))
     if spec.job == "graph":
         from rollplex.jobs.graph import run_graph as run
     elif spec.job == "plan":
@@ -23,7 +26,8 @@ def run_job(spec: RunSpec, out: Path) -> dict[str, Any]:
     else:
         from rollplex.jobs.train import run_train as run
     summary = run(spec, out)
-    write_summary(out, summary)
+    if main:
+        write_summary(out, summary)
     return summary
 
 

@@ -19,6 +19,7 @@ from rollplex.data.steps import MeasuredShape, StepData, measure_shape, measured
 from rollplex.models import ModelFolder, ensure_demo_folder, open_model_folder
 from rollplex.runtime.scoring import ResponseScorer
 from rollplex.specs import ModelSpec, WorkloadSpec
+from rollplex.specs.data import FILE_SOURCES
 from rollplex.specs.run import RunSpec
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,11 @@ def prepare(spec: RunSpec, eval_split: bool = True) -> Prepared:
     folder = model_folder(spec)
     frames = spec.workload.frames
     train_source = build_source(spec.data, "train", spec.seed, frames=frames)
+    if eval_split and spec.data.source in FILE_SOURCES and spec.data.eval_path is None:
+        log.warning(
+            "no held-out split (data.eval_path is not set): held-out accuracy is not logged"
+        )
+        eval_split = False
     eval_source = build_source(spec.data, "test", spec.seed, frames=frames) if eval_split else None
     reward = build_reward(spec.reward)
     renderer = renderer_for(spec, folder, spec.workload)

@@ -9,8 +9,10 @@ last) greedy accuracy on the held-out split is logged. The roles come from `back
 (conf/backend): `backend.rollout=vllm` rolls out on an in-process vLLM engine beside the
 torch reference and trainer, planned with its capabilities (one engine op, nothing
 piggybacked on it); after every optimizer step the plan's `weight_sync` loads the trainer's
-weights into it in place, and its measured time lands in calibration.json. The run folder
-gets:
+weights into it in place, and its measured time lands in calibration.json.
+`backend.trainer=fsdp` (`backend=fsdp`, under torchrun) shards the trainer with FSDP2:
+checkpoints are DCP (runtime/dcp_checkpoint.py, resumable on any rank count) and only rank
+0 writes the run folder and evaluates. The run folder gets:
 - `tb/`: TensorBoard scalars (reward, KL, loss, step time, resident bytes) and the planned
   and measured timelines side by side (workers `planned0` and `measured0`, the last
   `train.trace_steps` steps), with the planned-vs-measured table as text;
@@ -63,6 +65,10 @@ def check_spec(spec: RunSpec) -> None:
     from rollplex.runtime.compose import check_roles
 
     check_roles(spec.backend)  # BackendUnavailable (a ValueError) says what to install
+    if spec.backend.trainer == "fsdp":
+        from rollplex.backends.fsdp.checks import check_fsdp_spec
+
+        check_fsdp_spec(spec)
     if spec.algo.name == "ppo" and t.resume:
         raise ValueError(
             "train.resume with algo=ppo: checkpoints hold the policy, not the critic, so a "
@@ -91,7 +97,12 @@ def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
     if t.threads:
         torch.set_num_threads(t.threads)
     # Validate the checkpoint before building anything: a bad one costs nothing.
-    ckpt = read_checkpoint(t.resume, prepared.model, spec.seed) if t.resume else None
+    if t.resume and spec.backend.trainer == "fsdp":
+        from rollplex.runtime.dcp_checkpoint import read_dcp_checkpoint
+
+        ckpt = read_dcp_checkpoint(t.resume, prepared.model, spec.seed)
+    else:
+        ckpt = read_checkpoint(t.resume, prepared.model, spec.seed) if t.resume else None
     return _train(spec, prepared, out, ckpt)
 
 
@@ -99,7 +110,6 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     from rollplex.jobs.pipeline import plan_step
     from rollplex.planner.plan import dump_plan
     from rollplex.runtime import Executor, Progress
-    from rollplex.runtime.checkpoint import restore, save_checkpoint
     from rollplex.runtime.compose import compose, rollout_capabilities
     from rollplex.runtime.dispatch import StepConfig
     from rollplex.trace import open_writer
@@ -109,16 +119,6 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     caps = rollout_capabilities(spec.backend)  # the planner plans only what it can do
     result = plan_step(model, workload, spec.algo, spec.hardware, spec.schedule, rollout=caps)
     plan, graph = result.plan, result.graph
-    (out / "plan.json").write_text(dump_plan(plan))
-    log.info(
-        "plan '%s' (dedup=%s, overlap=%s): %d steps on %d streams; %s",
-        plan.schedule,
-        spec.schedule.dedup,
-        spec.schedule.overlap,
-        sum(len(d.steps) for d in plan.devices),
-        sum(len(d.streams) for d in plan.devices),
-        "; ".join(plan.notes) or "no overlap",
-    )
     config = StepConfig(
         model,
         spec.algo,
@@ -128,9 +128,27 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
         scorer=prepared.scorer,
     )
     backend = compose(config, spec.backend, workdir=out)
+    fsdp = spec.backend.trainer == "fsdp"
+    main = not fsdp or backend.trainer.dist.is_main  # only rank 0 writes the run folder
+    if fsdp:
+        from rollplex.runtime.distributed import from_rank0, setup_rank_logging
+
+        out = Path(from_rank0(str(out)))  # one run folder for all ranks
+        setup_rank_logging(out, backend.trainer.dist)
+    if main:
+        (out / "plan.json").write_text(dump_plan(plan))
+    log.info(
+        "plan '%s' (dedup=%s, overlap=%s): %d steps on %d streams; %s",
+        plan.schedule,
+        spec.schedule.dedup,
+        spec.schedule.overlap,
+        sum(len(d.steps) for d in plan.devices),
+        sum(len(d.streams) for d in plan.devices),
+        "; ".join(plan.notes) or "no overlap",
+    )
     start = 0
     if ckpt is not None:
-        restore(backend.trainer, ckpt)
+        _restore(fsdp, backend, ckpt)
         backend.rollout.load_weights(backend.trainer.live_weights())
         start = ckpt.state.step
         log.info("resumed from %s at step %d", ckpt.folder, start)
@@ -138,16 +156,18 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
             log.info("the checkpoint already reaches train.steps=%d: nothing to run", t.steps)
     data = prepared.train
     tb = out / "tb"
-    writer = open_writer(tb)
-    progress = Progress(t.steps, initial=start, disable=not t.progress)
-    executor = Executor(plan, graph, backend, [progress, _Scalars(writer)], device=t.device)
+    writer = open_writer(tb) if main else None
+    progress = Progress(t.steps, initial=start, disable=not (t.progress and main))
+    callbacks = [progress, _Scalars(writer)] if main else [progress]
+    executor = Executor(plan, graph, backend, callbacks, device=backend.device)
     recent: deque = deque(maxlen=t.trace_steps)
     rows: list[dict[str, Any]] = []
     ckpt_root, last_ckpt = out / "checkpoints", None
     evals: list[tuple[int, Any]] = []
 
     def held_out(step: int) -> float | None:
-        if t.eval_every <= 0 or prepared.eval_source is None:
+        # The rollout is a full local model on every rank: rank 0 evaluates alone.
+        if t.eval_every <= 0 or prepared.eval_source is None or not main:
             return None
         res = evaluate(
             backend, prepared.eval_source, prepared.renderer, t.eval_prompts, t.max_new_tokens
@@ -175,13 +195,15 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
                 row["eval_accuracy"] = held_out(k + 1)
             rows.append(row)
             if (k + 1) % t.checkpoint_every == 0 or k + 1 == t.steps:
-                last_ckpt = save_checkpoint(ckpt_root, k + 1, backend.trainer, model, spec.seed)
+                last_ckpt = _save(fsdp, backend, ckpt_root, k + 1, model, spec.seed)
                 log.info("checkpoint %s (reward %.3f)", last_ckpt, res.metrics.get("reward", 0))
     finally:
         progress.close()
         shutdown = getattr(backend.rollout, "shutdown", None)
         if callable(shutdown):  # an engine: free it, another may start in this process
             shutdown()
+    if not main:
+        return _summary(spec, plan, rows, start, ckpt, ckpt_root, last_ckpt, recent)
     _write_csv(out / "metrics.csv", rows)
     if recent:
         _export(out, tb, writer, spec, plan, graph, list(recent))
@@ -206,6 +228,27 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
             )
         print(f"{line}; run folder {out} (tensorboard --logdir {out})")
     return summary
+
+
+def _restore(fsdp: bool, backend, ckpt) -> None:
+    if fsdp:
+        from rollplex.runtime.dcp_checkpoint import restore_dcp
+
+        restore_dcp(backend.trainer, ckpt)
+    else:
+        from rollplex.runtime.checkpoint import restore
+
+        restore(backend.trainer, ckpt)
+
+
+def _save(fsdp: bool, backend, root: Path, step: int, model, seed: int) -> Path:
+    if fsdp:
+        from rollplex.runtime.dcp_checkpoint import save_dcp_checkpoint
+
+        return save_dcp_checkpoint(root, step, backend.trainer, model, seed)
+    from rollplex.runtime.checkpoint import save_checkpoint
+
+    return save_checkpoint(root, step, backend.trainer, model, seed)
 
 
 class _Scalars(Callback):

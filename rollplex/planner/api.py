@@ -15,7 +15,13 @@ from rollplex.planner.gc_paused import cyclic_gc_paused
 from rollplex.planner.interference import InterferenceModel
 from rollplex.planner.lifetimes import DeviceSizer
 from rollplex.planner.plan import Plan
-from rollplex.planner.residency import Memory, check_budget, settle_memory, settled_time
+from rollplex.planner.residency import (
+    Memory,
+    check_budget,
+    settle_memory,
+    settled_time,
+    unshared_time,
+)
 from rollplex.planner.schedules import SCHEDULES, PlanningContext
 from rollplex.planner.validate import validate_plan
 from rollplex.specs import HardwareSpec, ModelSpec, ScheduleSpec, WorkloadSpec
@@ -57,6 +63,10 @@ def plan_graph(
         # Candidates are scored after residency: one that cannot fit is declined.
         seconds, fits = settled_time(p, memory(p), ctx.interference)
         return seconds if fits else float("inf")
+
+    # The same score where it needs no lifetimes, else None: for trial plans that are
+    # only replayed (rollplex's search).
+    fitted_time.unshared = lambda p: unshared_time(p, memory(p), ctx.interference)  # type: ignore[attr-defined]
 
     plan = SCHEDULES[schedule.name](ctx, evaluate=fitted_time)
     settle_memory(plan, memory(plan), ctx.interference)

@@ -16,6 +16,8 @@ class PlanBuilder:
         self._steps_of: dict[str, list[Step]] = {}
         self._where: dict[int, tuple[str, int]] = {}
         self._event_of: dict[int, int] = {}
+        self._made: dict | None = None  # the producer index `_fact_of` belongs to
+        self._fact_of: dict[str, tuple[list[str], str | None]] = {}
 
     def device(self, name: str, ranks: list[int], tp: int = 1, dp: int = 1) -> DevicePlan:
         dev = DevicePlan(name=name, ranks=list(ranks), tp=tp, dp=dp)
@@ -48,26 +50,28 @@ class PlanBuilder:
         """Append one step; it waits for every step of its inputs' producers, plus `after`.
         `previous_step`: it carries the previous step's result, so has no producer here."""
         steps_of, where = self._steps_of, self._where
-        sources, version = _op_facts(self.graph, op)
+        sources, version = self._facts(op)
         here = (dev.name, stream)
         waits: list[int] = []
-        deps: list[list[Step]] = []
         if not previous_step:
             for src in sources:
                 made = steps_of.get(src)
                 if not made:
                     raise RuntimeError(f"step for '{op.name}' issued before its producer '{src}'")
-                deps.append(made)
+                for d in made:  # an event only where a dependency crosses streams
+                    if where[d.index] != here:
+                        ev = self._event(d)
+                        if ev not in waits:
+                            waits.append(ev)
         if after:
-            deps.append(after)
-        for made in deps:  # an event only where a dependency crosses streams
-            for d in made:
+            for d in after:
                 if where[d.index] != here:
                     ev = self._event(d)
                     if ev not in waits:
                         waits.append(ev)
         index = len(where)
         name = op_name or op.name
+        # positional, in Step's field order (keywords cost half again per step)
         step = Step(
             index,
             name,
@@ -77,12 +81,15 @@ class PlanBuilder:
             chunk,
             chunks,
             solo_s,
-            waits=waits,
-            rate_class=rate_class,
-            corun=corun,
-            weights_version=version,
-            previous_step=previous_step,
-            scratch_bytes=int(scratch_bytes),
+            0.0,  # start_s
+            0.0,  # end_s
+            waits,
+            None,  # signals
+            corun,
+            version,  # weights_version
+            rate_class,
+            int(scratch_bytes),
+            previous_step,
         )
         dev.steps.append(step)
         dev.streams[stream].steps.append(index)
@@ -92,6 +99,17 @@ class PlanBuilder:
         else:
             steps_of[name] = [step]
         return step
+
+    def _facts(self, op: Op) -> tuple[list[str], str | None]:
+        """`op_facts`, through this builder's handle on the per-graph cache (a weak-key
+        lookup per add cost a fifth of a plan attempt)."""
+        made = self.graph.producers()
+        if made is not self._made:
+            self._made, self._fact_of = made, _facts_of(self.graph)
+        facts = self._fact_of.get(op.name)
+        if facts is None or self.graph.ops.get(op.name) is not op:
+            return op_facts(self.graph, op)
+        return facts
 
     def _event(self, step: Step) -> int:
         if step.index not in self._event_of:
@@ -111,18 +129,23 @@ _FACTS: WeakKeyDictionary[Graph, tuple[dict, dict[str, tuple[list[str], str | No
 )
 
 
-def _op_facts(graph: Graph, op: Op) -> tuple[list[str], str | None]:
+def _facts_of(graph: Graph) -> dict[str, tuple[list[str], str | None]]:
     made = graph.producers()
     cached = _FACTS.get(graph)
     if cached is None or cached[0] is not made:
         cached = (made, {})
         _FACTS[graph] = cached
-    facts = cached[1].get(op.name)
+    return cached[1]
+
+
+def op_facts(graph: Graph, op: Op) -> tuple[list[str], str | None]:
+    made, cache = graph.producers(), _facts_of(graph)
+    facts = cache.get(op.name)
     if facts is None or graph.ops.get(op.name) is not op:
         sources = [src.name for v in op.inputs.values() if (src := made.get(v)) is not None]
         facts = (sources, _weights_version(graph, op))
         if graph.ops.get(op.name) is op:
-            cached[1][op.name] = facts
+            cache[op.name] = facts
     return facts
 
 

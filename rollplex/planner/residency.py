@@ -90,13 +90,27 @@ def settled_time(plan: Plan, mem: Memory, interference=None) -> tuple[float, boo
     so no offsets need assigning. Otherwise the plan is settled."""
     replay(plan, interference)
     for dev in plan.devices:
-        bound = mem.sizers[dev.name].size_bound() + sum(s.scratch_bytes for s in dev.steps)
-        if bound <= mem.budget_bytes:
+        if _fits_unshared(dev, mem):
             continue  # no lifetimes needed: even the sum of everything fits
         if sum(lf.record.size for lf in _lifetimes(plan, dev, mem)) > mem.budget_bytes:
             settle_memory(plan, mem, interference)
             return plan.step_time_s, plan.fits_budget
     return plan.step_time_s, True
+
+
+def unshared_time(plan: Plan, mem: Memory, interference=None) -> float | None:
+    """The replayed step time when every group's tensors fit the budget unshared (then
+    `settled_time` gives it too, and settling would move nothing); None otherwise. For a
+    plan that is only scored: it reads nothing but the steps' times and scratch."""
+    replay(plan, interference)
+    if all(_fits_unshared(dev, mem) for dev in plan.devices):
+        return plan.step_time_s
+    return None
+
+
+def _fits_unshared(dev: DevicePlan, mem: Memory) -> bool:
+    bound = mem.sizers[dev.name].size_bound() + sum(s.scratch_bytes for s in dev.steps)
+    return bound <= mem.budget_bytes
 
 
 def _assign(

@@ -65,13 +65,13 @@ def replay(plan: Plan, model: InterferenceModel | None = None) -> float:
     by_index = {s.index: s for d in plan.devices for s in d.steps}
     for g, d in enumerate(plan.devices):
         for st in d.streams:
-            queues.append(deque(by_index[i] for i in st.steps))
+            queues.append(deque(map(by_index.__getitem__, st.steps)))
             group.append(g)
     partitions = [{st.stream: st.partition for st in d.streams} for d in plan.devices]
     event_of_step = {e.step: e.id for e in plan.events}
     waiting: dict[int, list[int]] = {}  # event -> queues holding a step that waits on it
     for q, steps in enumerate(queues):
-        for s in steps:
+        for s in [s for s in steps if s.waits]:
             for e in s.waits:
                 waiting.setdefault(e, []).append(q)
     fired: set[int] = set()
@@ -102,6 +102,24 @@ def replay(plan: Plan, model: InterferenceModel | None = None) -> float:
             if running[g]:
                 rates.update(_rates(running[g], partitions[g], model))
         changed.clear()
+        if len(remaining) == 1:  # one step runs alone: see _run_alone
+            t, i = _run_alone(
+                t, remaining, rates, where, queues, running, group, partitions, model, event_of_step
+            )
+            q = where[i]
+            s = queues[q][0]
+            if remaining[i] > 1e-9 * max(1.0, s.solo_s):
+                continue  # not done yet (a rate far below 1): the next round goes on
+            s.end_s = t
+            del remaining[i], rates[i], where[i]
+            queues[q].popleft()
+            running[group[q]].remove(s)
+            changed.add(group[q])
+            dirty.add(q)
+            if i in event_of_step:
+                fired.add(event_of_step[i])
+                dirty.update(waiting.get(event_of_step[i], ()))
+            continue
         dt = min([remaining[i] / max(rates[i], _EPS) for i in remaining])
         t += dt
         for i in list(remaining):
@@ -120,6 +138,59 @@ def replay(plan: Plan, model: InterferenceModel | None = None) -> float:
                     dirty.update(waiting.get(event_of_step[i], ()))
     plan.step_time_s = t
     return t
+
+
+def _run_alone(
+    t: float,
+    remaining: dict[int, float],
+    rates: dict[int, float],
+    where: dict[int, int],
+    queues: list[deque[Step]],
+    running: list[list[Step]],
+    group: list[int],
+    partitions: list[dict[int, float | None]],
+    model: InterferenceModel,
+    event_of_step: dict[int, int],
+) -> tuple[float, int]:
+    """Advance the one running step to its end (the arithmetic of a general round), and
+    while it fires no event and the next step of its stream is ready, start that one the
+    same way: what the general loop would do round by round, without its bookkeeping.
+    Returns the time and the last step, advanced but not retired (the caller retires it
+    as a general round would). Bit for bit the times of the general loop."""
+    ((i, rem),) = remaining.items()
+    q = where.pop(i)
+    queue, g = queues[q], group[q]
+    s, r = queue[0], rates.pop(i)
+    remaining.clear()  # the three are set again on return
+    solo_rate: dict[str, float] = {}
+    popleft = queue.popleft
+    while True:
+        if r == 1.0:  # dt = rem / 1.0 and rem - dt * 1.0, exactly: it ends
+            t += rem
+            rem = 0.0
+        else:
+            dt = rem / max(r, _EPS)
+            t += dt
+            rem -= dt * r
+            if rem > 1e-9 * max(1.0, s.solo_s):
+                break
+        if len(queue) < 2 or i in event_of_step or queue[1].waits:
+            break
+        s.end_s = t
+        popleft()
+        s = queue[0]
+        i = s.index
+        s.start_s = t
+        rem = s.solo_s
+        if rem < 0.0:  # max(solo, 0.0)
+            rem = 0.0
+        r = solo_rate.get(s.rate_class)
+        if r is None:
+            r = solo_rate[s.rate_class] = _rates([s], partitions[g], model)[i]
+    running[g][0] = s
+    rates[i], where[i] = r, q
+    remaining[i] = rem
+    return t, i
 
 
 @dataclass(slots=True)

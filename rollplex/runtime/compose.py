@@ -3,9 +3,12 @@
     dispatch = compose(StepConfig(model, algo, seed, max_new_tokens), BackendSpec(rollout="vllm"))
 
 The trainer is built first (the other roles start from its weights), then the reference,
-then the rollout. The value types are the trainer's: every role here speaks torch values
-(the vLLM rollout returns torch tensors too). Whether a role can run here is checked
-before anything is built (`check_roles`), so a missing vLLM costs no model load.
+then the rollout. A trainer entry may bring its own torch rollout and reference builders
+and a runtime (step config, value ops, step hooks): the FSDP2 trainer does, whose shards
+the plain torch roles cannot alias. The value types are the trainer's: every role here
+speaks torch values (the vLLM rollout returns torch tensors too). Whether a role can run
+here is checked before anything is built (`check_roles`), so a missing vLLM costs no model
+load.
 """
 
 from __future__ import annotations
@@ -47,25 +50,38 @@ def compose(
     expensive part) to reuse; it is given the new trainer's weights."""
     spec = spec or BackendSpec()
     check_roles(spec)
-    if spec.trainer != "torch" or spec.reference != "torch":
-        raise NotImplementedError("only torch reference and trainer roles are built")
+    if spec.reference != "torch":
+        raise NotImplementedError("only the torch reference role is built")
     from rollplex.backends.torch.backend import TorchExternals, critic_factory
     from rollplex.backends.torch.rows import TorchValues
+    from rollplex.runtime.hooks import RoleRuntime, StepHooks
 
-    trainer = role_entry("trainer", spec.trainer).builder_fn()(config)
-    reference = role_entry("reference", spec.reference).builder_fn()(config, trainer)
+    entry = role_entry("trainer", spec.trainer)
+    trainer = entry.builder_fn()(config, spec=spec)
+    # A sharded trainer brings its own step config (a rank's device), values and hooks,
+    # and its own builders of the torch roles that read its weights.
+    runtime_fn = entry.builder_fn("runtime")
+    run = (
+        runtime_fn(config, trainer)
+        if runtime_fn
+        else RoleRuntime(config, TorchValues(), StepHooks())
+    )
+    config = run.config
+    build_reference = entry.builder_fn("reference_builder")
+    reference = (build_reference or role_entry("reference", "torch").builder_fn())(config, trainer)
     if rollout is None:
-        rollout = role_entry("rollout", spec.rollout).builder_fn()(
-            config, trainer, spec=spec, workdir=workdir, **rollout_kw
-        )
+        build = entry.builder_fn("rollout_builder") if spec.rollout == "torch" else None
+        build = build or role_entry("rollout", spec.rollout).builder_fn()
+        rollout = build(config, trainer, spec=spec, workdir=workdir, **rollout_kw)
     else:
         rollout.load_weights(trainer.live_weights())
     roles = Roles(
         rollout,
         reference,
         trainer,
-        TorchValues(),
+        run.values,
         TorchExternals(trainer, reference),
-        critic_factory(config, trainer),
+        None if runtime_fn else critic_factory(config, trainer),
+        run.hooks,
     )
     return RoleDispatch(config, roles)

@@ -24,9 +24,8 @@ detached: exactly on-policy for one update per batch (ratio 1, the PPO clip inac
 
 from __future__ import annotations
 
-import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -44,6 +43,7 @@ from rollplex.backends.base import (
 )
 from rollplex.data.prompts import PromptBatch
 from rollplex.graph.ir import Graph, Op, Phase, version_model
+from rollplex.runtime.hooks import StepHooks, decode_seed
 from rollplex.runtime.role_free import RoleFreeOps, rewards
 from rollplex.specs import AlgoSpec, ModelSpec
 
@@ -95,13 +95,7 @@ class Roles:
     values: ValueOps
     externals: Any  # .bind(graph) -> name -> what; .supply(step inputs, roles) -> what -> value
     critic_factory: Any = None  # () -> critic, built when a graph reads critic weights
-
-
-def decode_seed(seed: int, step: int) -> int:
-    """The decode generator's seed for RL step `step`: a function of (seed, step) only, so
-    a resumed run draws the same tokens as an uninterrupted one."""
-    digest = hashlib.sha256(f"rollplex-decode:{seed}:{step}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+    hooks: StepHooks = field(default_factory=StepHooks)  # data-parallel ranks (hooks.py)
 
 
 class RoleDispatch(Backend):
@@ -163,17 +157,17 @@ class RoleDispatch(Backend):
                 raise BackendError(f"ops {sorted(self._critic_ops)} need a critic: none built")
             self.critic = self.roles.critic_factory()
         self._externals = self.roles.externals.bind(graph)
+        self.roles.hooks.bind(graph)
 
     def begin_step(self, step: int, inputs: StepInputs) -> dict[str, Any]:
+        hooks = self.roles.hooks
         self.metrics = {}
-        self._inputs = inputs
-        self._generator = torch.Generator(self.device).manual_seed(
-            decode_seed(self.config.seed, step)
-        )
+        self._inputs = inputs = hooks.inputs(step, inputs)
+        self._generator = hooks.generator(step, self.config.seed, self.device)
         return self.roles.externals.supply(self._externals, inputs, self)
 
     def end_step(self) -> dict[str, float]:
-        return {k: float(v) for k, v in self.metrics.items()}
+        return self.roles.hooks.metrics({k: float(v) for k, v in self.metrics.items()})
 
     # -- ops ----------------------------------------------------------------------------
     def run_op(

@@ -51,6 +51,8 @@ def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
 
 def _storages(obj: Any) -> Iterator[tuple[tuple[str, int], int]]:
     for t in iter_tensors(obj):
+        if hasattr(t, "to_local"):  # a DTensor (FSDP2): this rank holds its local shard
+            t = t.to_local()
         st = t.untyped_storage()
         if st.nbytes() and st.data_ptr():
             yield (str(t.device), st.data_ptr()), st.nbytes()

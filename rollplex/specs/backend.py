@@ -1,6 +1,7 @@
 """BackendSpec: which implementation runs each role (`conf/backend/`).
 
     rollplex train backend.rollout=vllm backend.vllm.dtype=float32
+    torchrun --nproc-per-node 2 -m rollplex.cli train backend=fsdp
 
 A name must be registered for its role (rollplex.backends.ROLES); whether it can run here
 (its packages installed and importable) is checked by the job before any model loads.
@@ -11,6 +12,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from rollplex.specs.base import Spec
+from rollplex.specs.fsdp import FsdpSpec
 from rollplex.specs.vllm import VllmSpec
 
 
@@ -33,11 +35,17 @@ class BackendSpec(Spec):
     )
     reference: str = Field("torch", description="Reference scorer role: 'torch'.")
     trainer: str = Field(
-        "torch", description="Trainer role: 'torch' ('fsdp' is registered, not built yet)."
+        "torch",
+        description="Trainer role: 'torch', or 'fsdp' (FSDP2, data-parallel over torchrun's "
+        "ranks; its torch rollout and reference are full models on every rank).",
     )
     vllm: VllmSpec = Field(
         default_factory=VllmSpec,
         description="Engine knobs of the vLLM rollout (read when rollout=vllm).",
+    )
+    fsdp: FsdpSpec = Field(
+        default_factory=FsdpSpec,
+        description="FSDP2 sharding and casts (read when trainer=fsdp).",
     )
 
     @field_validator("rollout")

@@ -140,11 +140,11 @@ def _other_model_checkpoint(folder: Path) -> Path:
     return save_checkpoint(folder, 1, trainer, other, seed=0)
 
 
-def test_an_unbuilt_role_is_refused_before_any_work(tmp_path):
-    p = train(tmp_path / "out", "backend.trainer=fsdp")
+def test_what_the_fsdp_trainer_cannot_run_is_refused_before_any_work(tmp_path):
+    p = train(tmp_path / "out", "backend=fsdp", "algo=ppo", "algo.kl_coef=0")
     assert p.returncode == 2 and "Traceback" not in p.stderr
-    assert "backend.trainer=fsdp is unavailable" in p.stderr and "not built yet" in p.stderr
-    assert not (tmp_path / "out" / "checkpoints").exists()
+    assert "backend.trainer=fsdp with algo=ppo" in p.stderr
+    assert not (tmp_path / "out" / "plan.json").exists()
 
 
 @pytest.mark.skipif(

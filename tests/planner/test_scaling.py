@@ -20,6 +20,7 @@ from rollplex.planner.plan import Plan
 from rollplex.planner.residency import Memory, settle_memory, settled_time
 from rollplex.planner.schedules import PlanningContext
 from rollplex.planner.schedules import rollplex as rollplex_schedule
+from rollplex.planner.schedules.trials import TrialPlans
 from rollplex.planner.simulate import _EPS, _rates, replay
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, AlgoSpec, ScheduleSpec
 
@@ -180,13 +181,14 @@ def test_rollplex_trials_stay_bounded_and_never_lose_to_serial(
 ) -> None:
     graph = replicated(6)
     trials = []
-    real = rollplex_schedule._build
+    real = TrialPlans.plan
 
-    def counted(*args: Any, **kwargs: Any) -> Plan:
+    def counted(*args: Any, **kwargs: Any) -> Plan | None:
         trials.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(rollplex_schedule, "_build", counted)
+    # every attempt (the plan without overlap, then each trial) starts with a trial plan
+    monkeypatch.setattr(TrialPlans, "plan", counted)
 
     def plan(schedule: str) -> PlanResult:
         sched = ScheduleSpec(name=schedule, parallel={"rollout_tp": 1})

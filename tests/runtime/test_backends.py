@@ -56,10 +56,23 @@ def test_the_vllm_rollout_declares_what_it_cannot_host():
     assert c.in_place_weight_load and not c.scaled_logprobs
 
 
-def test_the_fsdp_slot_says_why():
-    with pytest.raises(BackendUnavailable, match=r"backend.trainer=fsdp is unavailable"):
-        check_roles(BackendSpec(trainer="fsdp"))
-    assert "fsdp" not in available_roles("trainer")
+def test_the_fsdp_trainer_is_built_with_its_own_torch_roles():
+    entry = role_entry("trainer", "fsdp")
+    assert "fsdp" in available_roles("trainer")
+    from rollplex.backends.fsdp.build import FsdpValues, GatheredRollout
+    from rollplex.backends.fsdp.trainer import FsdpTrainer
+    from rollplex.backends.torch.roles import TorchRollout
+    from rollplex.backends.torch.rows import TorchValues
+    from rollplex.backends.torch.trainer import TorchTrainer
+
+    assert entry.role_class() is FsdpTrainer and issubclass(FsdpTrainer, TorchTrainer)
+    from rollplex.backends.fsdp import build
+
+    assert entry.builder_fn("rollout_builder") is build.build_rollout
+    assert entry.builder_fn("reference_builder") is build.build_reference
+    assert issubclass(GatheredRollout, TorchRollout) and issubclass(FsdpValues, TorchValues)
+    assert entry.builder_fn("runtime").__name__ == "runtime"
+    assert role_entry("trainer", "torch").builder_fn("runtime") is None
 
 
 def test_unknown_names_fail_in_the_spec():

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from rollplex.runtime.dispatch import StepConfig
 
 
-def build_trainer(config: StepConfig) -> TorchTrainer:
+def build_trainer(config: StepConfig, **_: Any) -> TorchTrainer:
     """The policy from the folder `model.path` names, else random weights from the seed."""
     policy = model_for(config.model, config.seed, torch.device(config.device))
     return TorchTrainer(policy, config.model, config.algo)

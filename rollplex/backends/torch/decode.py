@@ -17,6 +17,7 @@ the cache, the last logits and the generator, so a plan can split decode into se
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -34,9 +35,14 @@ from rollplex.backends.torch.prefix import (
 
 
 def sample_next(
-    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | Sequence[torch.Generator] | None,
 ) -> torch.Tensor:
-    """One token per row [N]: argmax when temperature == 0, else nucleus sampling."""
+    """One token per row [N]: argmax when temperature == 0, else nucleus sampling. A
+    sequence of generators gives each row its own stream, so a row's tokens do not depend
+    on which other rows share its batch (or its rank)."""
     if temperature < 0 or not 0 < top_p <= 1:
         raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
     if temperature == 0:
@@ -48,6 +54,14 @@ def sample_next(
         sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
         drop = sorted_p.cumsum(-1) - sorted_p >= top_p
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+    if isinstance(generator, list | tuple):  # one stream per row (data-parallel ranks)
+        if len(generator) != probs.shape[0]:
+            raise ValueError(f"{len(generator)} row generators for {probs.shape[0]} rows")
+        rows = [
+            torch.multinomial(p[None], 1, generator=g)
+            for p, g in zip(probs, generator, strict=True)
+        ]
+        return torch.cat(rows).squeeze(-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 

@@ -16,8 +16,9 @@ accepting only improvements, auto never predicts a step slower than serial. An e
 `overlap` mode is an ablation: it places every eligible candidate that way, and the
 prediction says honestly what that costs.
 
-Every trial rebuilds and replays the whole plan, so on long graphs (K micro-steps of one
-step: K copies of each candidate) trials are bounded:
+Every trial replays the whole plan (trials.py patches it from steps shared between
+trials; only the winner is built in full), so on long graphs (K micro-steps of one step:
+K copies of each candidate) trials are bounded:
 - twins, candidates with the same cost key and weights, behave alike: a twin of one that
   stayed serial stays serial untried, a twin of a placed one tries only that placement;
 - auto spends at most `TRIAL_OPS` op placements on trials (a count, not a clock, so the
@@ -45,6 +46,7 @@ from rollplex.planner.schedules.common import (
     serial_timings,
 )
 from rollplex.planner.schedules.serial import plan_serial
+from rollplex.planner.schedules.trials import Piece, TrialPlans
 from rollplex.planner.simulate import replay
 
 MODES = {
@@ -56,6 +58,7 @@ MODES = {
 }
 
 
+DECODE, SIDE = 2, 3  # the decode and side streams' ids (after compute and copy)
 TRIAL_OPS = 250_000  # op placements auto may spend on trials (each trial builds every op)
 
 
@@ -68,13 +71,35 @@ def plan_rollplex(ctx: PlanningContext, evaluate: Callable[[Plan], float] | None
     # the decode window: a decode, or an engine's whole rollout (planner/capabilities.py)
     decode = next((op for op in order if op.kind in ("decode", "generate")), None)
     score = evaluate or (lambda p: replay(p, ctx.interference))
-    base = _build(ctx, timer, order, decode, {})
-    best_time = score(base)
-    best, chosen, notes = base, {}, []
     if decode is None:
+        score(_build(ctx, timer, order, decode, {}))
         best = plan_serial(ctx, "rollplex", timer, order)
         best.notes.append("no decode op: nothing to overlap, serial placement")
         return best
+    # Trials are scored on plans built from shared steps where the score needs no
+    # lifetimes (trials.py); the plan that wins is built in full at the end.
+    quick = getattr(evaluate, "unshared", None) if evaluate else score
+    pos = {op.name: i for i, op in enumerate(order)}
+
+    def window(choice: dict[str, CoRun]) -> list[Piece]:
+        overlapped = [order[pos[name]] for name in sorted(choice, key=pos.__getitem__)]
+        return _window(ctx, timer, overlapped, decode, choice)
+
+    lean = TrialPlans(ctx, timer, order, decode, window)
+
+    def attempt(choice: dict[str, CoRun]) -> tuple[float, Plan | None]:
+        """The choice's score, and its plan where it had to be built in full."""
+        trial = lean.plan(choice) if quick is not None else None
+        t = quick(trial) if trial is not None else None
+        if t is not None:
+            return t, None
+        full = _build(ctx, timer, order, decode, choice)
+        return score(full), full
+
+    best_time, best = attempt({})
+    best_choice: dict[str, CoRun] = {}
+    chosen: dict[str, CoRun] = {}
+    notes: list[str] = []
     before = {op.name for op in order[: order.index(decode)]}
     forced = ctx.schedule.overlap != "auto"
     trials = max(1, TRIAL_OPS // max(1, len(ctx.graph)))
@@ -100,10 +125,9 @@ def plan_rollplex(ctx: PlanningContext, evaluate: Callable[[Plan], float] | None
                 break
             trials -= 1
             trial_choice = {**chosen, op.name: mode}
-            trial = _build(ctx, timer, order, decode, trial_choice)
-            t = score(trial)
+            t, trial = attempt(trial_choice)
             if forced or t < best_time * (1 - 1e-6):
-                best_time, best, pick = t, trial, mode
+                best_time, best, best_choice, pick = t, trial, trial_choice, mode
                 if forced:
                     break
         twins[twin] = pick
@@ -113,8 +137,8 @@ def plan_rollplex(ctx: PlanningContext, evaluate: Callable[[Plan], float] | None
             f"{op.name}: {pick.value if pick else 'serial'} (step {best_time * 1e3:.1f} ms)"
         )
     if untried and forced:
-        best = _build(ctx, timer, order, decode, chosen)
-        best_time = score(best)
+        best_time, best = attempt(chosen)
+        best_choice = chosen
         notes.append(f"trial budget spent: {untried} placed untried, step {best_time * 1e3:.1f} ms")
     elif untried:
         notes.append(f"trial budget spent: {untried} more candidates stay serial untried")
@@ -129,6 +153,9 @@ def plan_rollplex(ctx: PlanningContext, evaluate: Callable[[Plan], float] | None
                 f"best overlap {best_time * 1e3:.1f} ms"
             )
             best = serial
+    if best is None:  # scored on a trial plan: build it
+        best = _build(ctx, timer, order, decode, best_choice)
+        score(best)
     best.notes.extend(notes)
     return best
 
@@ -185,9 +212,10 @@ def _build(
     f = ctx.schedule.decode_sm_fraction
     pb.stream(dev, "compute")
     pb.stream(dev, "copy")
-    dec_stream = pb.stream(dev, "decode", partition=f if partitioned else None)
-    side = pb.stream(dev, "prefix", partition=(1 - f) if partitioned else None)
+    pb.stream(dev, "decode", partition=f if partitioned else None)  # DECODE
+    pb.stream(dev, "prefix", partition=(1 - f) if partitioned else None)  # SIDE
     overlapped = [op for op in order if op.name in choice]
+    window = _window(ctx, timer, overlapped, decode, choice) if decode is not None else []
     order, packed = packed_order(ctx, order, apart=choice)
     timings = serial_timings(timer, order, packed)
     for op in order:
@@ -197,7 +225,22 @@ def _build(
             t = timings.get(op.name) or timer(op)
             pb.add(dev, 0, op, t.seconds, t.rate_class, scratch_bytes=t.scratch_bytes)
             continue
-        _place_decode(ctx, pb, dev, timer, decode, dec_stream, side, overlapped, choice)
+        first = None
+        for o, stream, solo, rate, chunk, chunks, corun, scratch, after in window:
+            step = pb.add(
+                dev,
+                stream,
+                o,
+                solo,
+                rate,
+                chunk=chunk,
+                chunks=chunks,
+                after=[first] if after and first else None,
+                corun=corun,
+                scratch_bytes=scratch,
+            )
+            if o is decode:
+                first = first or step
     pb.plan.notes += packed_notes(packed)
     return pb.plan
 
@@ -211,17 +254,17 @@ def _chunks(ctx: PlanningContext, timer: CachedTimer, op: Op) -> int:
     return rows_chunks(rows, tokens, ctx.schedule.chunk_tokens)
 
 
-def _place_decode(
-    ctx,
-    pb: PlanBuilder,
-    dev,
+def _window(
+    ctx: PlanningContext,
     timer: CachedTimer,
-    decode: Op,
-    dec_stream: int,
-    side: int,
     overlapped: list[Op],
+    decode: Op,
     choice: dict[str, CoRun],
-) -> None:
+) -> list[Piece]:
+    """The decode window's steps, in issue order: decode cut into segments with the
+    piggybacked chunks riding them (decode stream), the other overlapped ops' chunks on
+    the side stream, issued once decode has begun so they never delay the prefill.
+    `overlapped`: the chosen ops in priority order."""
     t_dec = timer(decode)
     riders = [op for op in overlapped if choice[op.name] is CoRun.PIGGYBACK]
     pieces = [
@@ -229,50 +272,34 @@ def _place_decode(
     ]
     segments = len(pieces) + 1
     seg_s = t_dec.seconds / segments
-    first = None
+    out: list[Piece] = []
     for k in range(segments):
-        step = pb.add(
-            dev,
-            dec_stream,
-            decode,
-            seg_s,
-            "bandwidth",
-            chunk=k,
-            chunks=segments,
-            scratch_bytes=t_dec.scratch_bytes,
+        out.append(
+            (
+                decode,
+                DECODE,
+                seg_s,
+                "bandwidth",
+                k,
+                segments,
+                CoRun.NONE,
+                t_dec.scratch_bytes,
+                False,
+            )
         )
-        first = first or step
         if k < len(pieces):
             op, i, c = pieces[k]
             compute = timer(op, c).compute_s
             extra = ctx.interference.piggyback_extra(compute / seg_s) * compute
-            pb.add(
-                dev,
-                dec_stream,
-                op,
-                extra,
-                "bandwidth",
-                chunk=i,
-                chunks=c,
-                corun=CoRun.PIGGYBACK,
-                scratch_bytes=timer(op, c).scratch_bytes,
-            )
+            scratch = timer(op, c).scratch_bytes
+            out.append((op, DECODE, extra, "bandwidth", i, c, CoRun.PIGGYBACK, scratch, False))
     for op in overlapped:
         if choice[op.name] is CoRun.PIGGYBACK:
             continue
         c = _chunks(ctx, timer, op)
         t = timer(op, c)
         for i in range(c):
-            # Issued once decode has begun, so the side work never delays the prefill.
-            pb.add(
-                dev,
-                side,
-                op,
-                t.seconds,
-                "compute",
-                chunk=i,
-                chunks=c,
-                after=[first] if first else None,
-                corun=choice[op.name],
-                scratch_bytes=t.scratch_bytes,
+            out.append(
+                (op, SIDE, t.seconds, "compute", i, c, choice[op.name], t.scratch_bytes, True)
             )
+    return out

@@ -1,0 +1,43 @@
+"""What the fsdp trainer can run, checked from the spec and torchrun's world size before
+any model is built (no torch import): each failure is a ValueError naming the field."""
+
+from __future__ import annotations
+
+import os
+
+from rollplex.specs.run import RunSpec
+
+
+def torchrun_world() -> int:
+    """WORLD_SIZE as torchrun sets it (1 without torchrun)."""
+    raw = os.environ.get("WORLD_SIZE", "1")
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"environment variable WORLD_SIZE={raw!r} is not a positive integer")
+    return int(raw)
+
+
+def check_fsdp_spec(spec: RunSpec, world: int | None = None) -> None:
+    world = torchrun_world() if world is None else world
+    b, prompts = spec.backend, spec.workload.prompts_per_step
+    if spec.algo.name == "ppo":
+        raise ValueError(
+            "backend.trainer=fsdp with algo=ppo: the FSDP2 trainer trains the policy only "
+            "(no critic); use algo=grpo or rloo, or backend.trainer=torch"
+        )
+    if b.rollout != "torch" or b.reference != "torch":
+        raise ValueError(
+            f"backend.trainer=fsdp with backend.rollout={b.rollout}, backend.reference="
+            f"{b.reference}: the FSDP2 trainer brings its own torch rollout and reference "
+            "(full models on every rank); use backend.rollout=torch backend.reference=torch"
+        )
+    if prompts % world:
+        raise ValueError(
+            f"workload.prompts_per_step={prompts} does not divide over {world} torchrun "
+            "ranks: each rank takes an equal, contiguous slice of the step's prompts"
+        )
+    dtype = b.fsdp.compute_dtype(spec.train.device)
+    if b.fsdp.rollout_sync == "alias" and (world != 1 or dtype != "float32"):
+        raise ValueError(
+            f"backend.fsdp.rollout_sync=alias needs 1 rank computing in float32 (here {world} "
+            f"ranks, {dtype}): only there is a shard the whole parameter; use gather"
+        )

@@ -1,0 +1,73 @@
+"""FSDP2 over a transformers Qwen2.5-VL: one unit per decoder layer and per vision block,
+and a root unit holding the rest (patch embed, merger, embed_tokens, norm, lm_head).
+
+Tied `embed_tokens` / `lm_head` share one parameter, so both must live in one unit: the
+root (FACTS.md). The torch backend calls pieces of the model (the tower, the text model,
+the LM head) rather than its `forward`, so the root is a thin `ShardedRoot` whose forward
+runs a function: the trainer runs each of its forwards as `root(fn, ...)`, and FSDP's root
+hooks (gather the root parameters, queue the gradient reduce-scatter) fire around it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from rollplex.backends.torch.prefix import Model
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# The root returns views (logprob slices, prefix states); nothing modifies them in place.
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+
+
+class ShardedRoot(nn.Module):
+    """The root FSDP unit: `root(fn, *args)` runs `fn(*args)` inside the root's forward."""
+
+    def __init__(self, model: Model) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+
+def units(model: Model) -> list[nn.Module]:
+    """The non-root units, innermost first: vision blocks, then decoder layers."""
+    return [*model.model.visual.blocks, *model.model.language_model.layers]
+
+
+def shard_model(
+    model: Model,
+    mesh: DeviceMesh,
+    param_dtype: str = "float32",
+    reduce_dtype: str = "float32",
+    reshard_after_forward: bool = True,
+) -> ShardedRoot:
+    """Shard `model` in place (every parameter becomes a Shard(0) DTensor of `mesh`).
+    With param_dtype float32 no cast policy is set at all: the bit-exact path."""
+    mp = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype])
+    kw: dict[str, Any] = {"mesh": mesh}
+    if param_dtype != "float32" or reduce_dtype != "float32":
+        kw["mp_policy"] = mp
+    for unit in units(model):
+        fully_shard(unit, reshard_after_forward=reshard_after_forward, **kw)
+    root = ShardedRoot(model)
+    fully_shard(root, reshard_after_forward=False, **kw)
+    return root
+
+
+def local(p: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a parameter (the tensor itself when not sharded)."""
+    return p.to_local() if isinstance(p, DTensor) else p
+
+
+def full(p: torch.Tensor) -> torch.Tensor:
+    """The whole parameter, gathered from every rank (a collective: all ranks call it)."""
+    return p.full_tensor() if isinstance(p, DTensor) else p

@@ -1,0 +1,186 @@
+"""The FSDP2 trainer role: the torch trainer's forwards, loss and AdamW on sharded DTensors.
+
+Everything numerical is `TorchTrainer`'s (logprobs at the rollout temperature, the policy
+loss with AlgoSpec's settings, clipping, AdamW); this class only
+- runs each forward inside the sharded root (`ShardedRoot`), so FSDP gathers the
+  parameters it needs and queues the reduce-scatter of their gradients;
+- makes the loss a mean over the *global* batch: each rank holds a slice of the step's
+  prompts, so its local token-mean is rescaled by (local count / global count) * world.
+  FSDP averages gradients over the world, which gives the gradient of the global
+  token-mean (or sequence-mean) — the update a one-process run of the whole batch makes;
+- gathers full parameters where a whole model is needed (rollout sync, Hub export).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh
+
+from rollplex.backends.base import LiveWeights
+from rollplex.backends.fsdp.shard import full, local, shard_model
+from rollplex.backends.torch.model import load_model, save_model
+from rollplex.backends.torch.prefix import Model
+from rollplex.backends.torch.roles import weights_params
+from rollplex.backends.torch.rows import merge_chunks
+from rollplex.backends.torch.trainer import TorchTrainer
+from rollplex.backends.torch.values import Loss, TokenLogprobs, WeightsHandle
+from rollplex.specs import AlgoSpec, ModelSpec
+from rollplex.specs.fsdp import FsdpSpec
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+AGGREGATED = frozenset({"loss", "pg_loss", "kl"})  # aggregated by loss_agg_mode
+
+
+class ShardedWeightsHandle(WeightsHandle):
+    """A weights value whose parameters are DTensors: the runtime's accounting counts this
+    rank's shards, which is what the rank really holds."""
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        return (local(p) for p in self.params)
+
+
+class FsdpTrainer(TorchTrainer):
+    def __init__(
+        self,
+        model: Model,
+        spec: ModelSpec,
+        algo: AlgoSpec,
+        mesh: DeviceMesh,
+        fsdp: FsdpSpec,
+        device: str = "cpu",
+        version: int = 0,
+    ) -> None:
+        self.mesh, self.fsdp = mesh, fsdp
+        self.dist: Any = None  # the rank's DistInfo (build.py sets it)
+        self.world = mesh.size()
+        self.compute_dtype = fsdp.compute_dtype(device)
+        # Shard before the optimizer exists: AdamW's state is then sharded as well.
+        self.root = shard_model(
+            model, mesh, self.compute_dtype, fsdp.reduce_dtype, fsdp.reshard_after_forward
+        )
+        super().__init__(model, spec, algo, version)
+
+    # -- forwards run inside the sharded root ---------------------------------------------
+    def vision_encode(self, pixels):
+        return self.root(super().vision_encode, pixels)
+
+    def logprob_prefix(self, features, text, head: bool = True):
+        return self.root(super().logprob_prefix, features, text, head)
+
+    def logprob_response(self, prefix, responses, group_size: int):
+        return self.root(super().logprob_response, prefix, responses, group_size)
+
+    def logprob(self, features, text, responses):
+        return self.root(super().logprob, features, text, responses)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head on merged row chunks (chunked prefix ops)."""
+        return self.root(self.model.lm_head, hidden)
+
+    def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        return merge_chunks(parts, self.head)
+
+    # -- the loss over the global batch ---------------------------------------------------
+    def loss(
+        self,
+        logprobs: TokenLogprobs,
+        old: TokenLogprobs,
+        advantages: torch.Tensor,
+        ref: TokenLogprobs | None,
+        clip_eps: float = 0.2,
+        kl_coef: float = 0.0,
+        **attrs: Any,
+    ) -> Loss:
+        out = super().loss(logprobs, old, advantages, ref, clip_eps, kl_coef, **attrs)
+        if self.world == 1:
+            return out
+        mask = logprobs.mask.bool()
+        tokens = self._share(mask.sum())
+        loss_share = tokens if self.algo.loss_agg_mode == "token-mean" else None
+        if loss_share is None:  # the seq-mean modes average over sequences with a token
+            loss_share = self._share(mask.any(-1).sum())
+        # Metrics too, so their mean over ranks (end_step) is the global batch's.
+        metrics = {
+            k: v * (loss_share if k in AGGREGATED else tokens) if k != "tokens" else v
+            for k, v in out.metrics.items()
+        }
+        return Loss(out.value * loss_share.to(out.value.dtype), metrics)
+
+    def _share(self, n_local: torch.Tensor) -> torch.Tensor:
+        """world * n_local / n_global: the factor that turns this rank's mean over its
+        n_local items into its part of the mean over all ranks' items (one all-reduce)."""
+        n_local = n_local.to(torch.float64)
+        n_global = n_local.clone()
+        dist.all_reduce(n_global, group=self.mesh.get_group())
+        return (n_local / n_global.clamp(min=1) * self.world).to(torch.float32)
+
+    # -- weights --------------------------------------------------------------------------
+    def handle(self) -> WeightsHandle:
+        return ShardedWeightsHandle(
+            "policy",
+            self.model,
+            weights_params(self.model, self.spec),
+            self.counter.n,
+            self.counter,
+        )
+
+    def live_weights(self) -> LiveWeights:
+        return LiveWeights(self.handle(), "policy", self.counter.n)
+
+    def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, full tensor) of every parameter, gathered (a collective per tensor)."""
+        for name, p in self.model.named_parameters():
+            yield name, full(p.detach())
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's state dict on CPU, gathered on every rank."""
+        return get_model_state_dict(self.model, options=FULL)
+
+    # -- checkpoint state (DCP: sharded, resharded on load) ---------------------------------
+    def sharded_state(self) -> dict[str, Any]:
+        """Model and optimizer state as DTensors, for torch.distributed.checkpoint."""
+        return {
+            "model": get_model_state_dict(self.model),
+            "optim": get_optimizer_state_dict(self.model, self.optimizer),
+        }
+
+    def load_sharded_state(self, state: Mapping[str, Any]) -> None:
+        set_model_state_dict(self.model, state["model"])
+        set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": self.counter.n}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.counter.n = int(state["version"])
+
+    def save_weights(self, folder: Path) -> None:
+        """A Hub-format folder: every rank gathers (collective), rank 0 writes."""
+        sd = self.full_state_dict()
+        if dist.get_rank() == 0:
+            save_model(_unsharded_copy(self.spec, sd), self.spec, folder)
+
+    def load_weights(self, folder: Path) -> None:
+        """Every rank reads the folder and keeps its own shards."""
+        sd = load_model(folder, spec=self.spec).state_dict()
+        set_model_state_dict(self.model, sd, options=StateDictOptions(full_state_dict=True))
+
+
+def _unsharded_copy(spec: ModelSpec, sd: Mapping[str, torch.Tensor]) -> Model:
+    from rollplex.backends.torch.model import build_model
+
+    model = build_model(spec, seed=0)  # its random weights are all replaced just below
+    model.load_state_dict(sd, strict=True)
+    return model

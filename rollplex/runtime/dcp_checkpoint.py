@@ -1,0 +1,172 @@
+"""Sharded training checkpoints through torch.distributed.checkpoint (DCP), for the FSDP2
+trainer. A checkpoint saved by N ranks loads on any number of ranks (DCP reshards).
+
+A checkpoint is a folder `step-NNNNNN` under the run's `checkpoints/`, like the torch
+trainer's (checkpoint.py), with the optimizer in the DCP shards instead of optimizer.pt:
+
+    trainer_state.json   format, step, seed, version, the model spec, the world size that
+                         wrote it, sha256 of every other file
+    dcp/                 model and AdamW state, one file per writing rank + .metadata
+    model/               the Hub-format export (rank 0 gathers the full state dict):
+                         `from_pretrained`, `rollplex eval` and vLLM read it as is
+
+No RNG file: decode draws come from generators seeded by (seed, step, sample), so a
+resumed run draws what an uninterrupted one would without any saved RNG state.
+
+Every rank writes its shards into one hidden temporary folder; rank 0 then writes the
+export and the state file and renames the folder, so a kill -9 at any moment leaves every
+`step-*` folder complete (`latest_checkpoint` skips temporaries).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from pydantic import Field, ValidationError
+
+from rollplex.models.files import CONFIG_FILE
+from rollplex.models.io import copy_assets
+from rollplex.runtime.checkpoint import (
+    STATE_FILE,
+    CheckpointError,
+    CheckpointState,
+    _check_model,
+    _files,
+    _fsync,
+    _sha256,
+    resolve,
+)
+from rollplex.runtime.distributed import barrier
+from rollplex.specs import ModelSpec
+
+DCP_FORMAT = "rollplex-checkpoint/dcp-1"
+DCP_DIR = "dcp"
+MODEL_DIR = "model"
+
+
+class DcpCheckpointState(CheckpointState):
+    """trainer_state.json of a sharded checkpoint."""
+
+    world: int = Field(..., ge=1, description="Ranks that wrote the shards (any may load).")
+
+
+@dataclass(slots=True)
+class DcpCheckpoint:
+    folder: Path
+    state: DcpCheckpointState
+
+    @property
+    def model_folder(self) -> Path:
+        return self.folder / MODEL_DIR
+
+
+def save_dcp_checkpoint(
+    root: Path, step: int, trainer, model: ModelSpec, seed: int, export: bool = True
+) -> Path:
+    """Write `root/step-NNNNNN` from every rank (a collective); returns its folder."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    final = root / f"step-{step:06d}"
+    tmp = root / f".{final.name}.tmp"
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    barrier()
+    dcp.save(trainer.sharded_state(), checkpoint_id=tmp / DCP_DIR)
+    if export:
+        trainer.save_weights(tmp / MODEL_DIR)  # gathers on all ranks, rank 0 writes
+    if rank == 0:
+        if export and model.path is not None:
+            copy_assets(Path(model.path), tmp / MODEL_DIR)
+        files = {p.relative_to(tmp).as_posix(): _sha256(p) for p in _files(tmp)}
+        meta = DcpCheckpointState(
+            format=DCP_FORMAT,
+            step=step,
+            seed=seed,
+            version=trainer.state_dict()["version"],
+            model=model.model_dump(mode="json"),
+            files=files,
+            world=world,
+        )
+        (tmp / STATE_FILE).write_text(meta.model_dump_json(indent=1) + "\n")
+        for p in [*_files(tmp), tmp / STATE_FILE]:
+            _fsync(p)
+        if final.exists():
+            old = root / f".{final.name}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        _fsync(root)
+    barrier()
+    return final
+
+
+def read_dcp_checkpoint(path: str | Path, model: ModelSpec, seed: int) -> DcpCheckpoint:
+    """Validate a sharded checkpoint for a run of `model` with `seed`; reads no tensors."""
+    folder = resolve(path)
+    state_path = folder / STATE_FILE
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: no such checkpoint folder")
+    try:
+        raw = json.loads(state_path.read_text())
+    except OSError as e:
+        raise CheckpointError(f"{state_path}: cannot read ({e.strerror})") from e
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{state_path}: not valid JSON ({e})") from e
+    if raw.get("format") != DCP_FORMAT:
+        raise CheckpointError(
+            f"{state_path}: 'format' is {raw.get('format')!r}, expected {DCP_FORMAT!r} (a "
+            "checkpoint of backend.trainer=fsdp); resume a torch checkpoint with the torch "
+            "trainer"
+        )
+    try:
+        state = DcpCheckpointState.model_validate(raw)
+    except ValidationError as e:
+        fields = "; ".join(f"'{'.'.join(map(str, x['loc']))}': {x['msg']}" for x in e.errors())
+        raise CheckpointError(f"{state_path}: {fields}") from e
+    _check_model(state_path, state.model, model)
+    if state.seed != seed:
+        raise CheckpointError(
+            f"{state_path}: 'seed' is {state.seed} but this run has seed={seed}; pass "
+            f"seed={state.seed}"
+        )
+    if f"{DCP_DIR}/.metadata" not in state.files:
+        raise CheckpointError(f"{state_path}: 'files' lacks {DCP_DIR}/.metadata")
+    for rel, digest in state.files.items():
+        p = folder / rel
+        if not p.is_file():
+            raise CheckpointError(f"{p}: missing (listed in {STATE_FILE})")
+        if _sha256(p) != digest:
+            raise CheckpointError(
+                f"{p}: sha256 differs from {STATE_FILE}: the file is corrupt or was modified"
+            )
+    return DcpCheckpoint(folder, state)
+
+
+def restore_dcp(trainer, ckpt: DcpCheckpoint) -> None:
+    """Load the shards into the trainer, resharded to this run's ranks (a collective)."""
+    state = trainer.sharded_state()
+    dcp.load(state, checkpoint_id=ckpt.folder / DCP_DIR)
+    trainer.load_sharded_state(state)
+    trainer.load_state_dict({"version": ckpt.state.version})
+
+
+def export_hub_folder(trainer, model: ModelSpec, folder: Path) -> Path:
+    """The trained weights as a Hub-format folder (`from_pretrained` loads it): every rank
+    gathers, rank 0 writes, with the source folder's tokenizer/processor files."""
+    trainer.save_weights(folder)
+    if dist.get_rank() == 0 and model.path is not None:
+        copy_assets(Path(model.path), folder)
+    barrier()
+    if dist.get_rank() == 0 and not (folder / CONFIG_FILE).is_file():
+        raise CheckpointError(f"{folder}: the export wrote no {CONFIG_FILE}")
+    return folder

@@ -1,0 +1,61 @@
+"""Step hooks: what a data-parallel trainer changes in the dispatch's step, and nothing else.
+
+The dispatch calls them at the edges of each RL step; the defaults (`StepHooks`) leave the
+step as one process runs it:
+- `inputs`: the step's prompts this process runs (a rank's slice of them);
+- `generator`: the decode's random stream (one per step, or one per sample, so a sample's
+  tokens do not depend on which rank decodes it);
+- `metrics`: the step's metrics as logged (averaged over ranks).
+
+A trainer entry with a `runtime` (rollplex.backends.ROLES) returns a `RoleRuntime`: its
+hooks, its value ops and the step config (its device: a rank's own GPU).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rollplex.backends.base import ValueOps
+from rollplex.graph.ir import Graph
+
+if TYPE_CHECKING:
+    from rollplex.runtime.dispatch import StepConfig
+
+
+def decode_seed(seed: int, step: int) -> int:
+    """The decode generator's seed for RL step `step`: a function of (seed, step) only, so
+    a resumed run draws the same tokens as an uninterrupted one."""
+    digest = hashlib.sha256(f"rollplex-decode:{seed}:{step}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+class StepHooks:
+    """One process runs the whole step."""
+
+    def bind(self, graph: Graph) -> None:
+        """Called once per graph, before its steps run."""
+
+    def inputs(self, step: int, inputs: Any) -> Any:
+        return inputs
+
+    def generator(self, step: int, seed: int, device: torch.device) -> Any:
+        return torch.Generator(device).manual_seed(decode_seed(seed, step))
+
+    def metrics(self, values: dict[str, float]) -> dict[str, float]:
+        return values
+
+
+@dataclass(slots=True, frozen=True)
+class RoleRuntime:
+    """What a trainer brings to the dispatch besides its roles."""
+
+    config: StepConfig
+    values: ValueOps
+    hooks: StepHooks
+
+
+__all__ = ["RoleRuntime", "StepHooks", "decode_seed"]

@@ -1,0 +1,72 @@
+"""What the fsdp trainer refuses is refused from the spec, before any model loads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from rollplex.backends.fsdp.checks import check_fsdp_spec, torchrun_world
+from rollplex.specs.run import RunSpec
+from tests.distributed.conftest import ROOT, env
+
+
+def spec(*overrides: str) -> RunSpec:
+    """The train job's config (conf/train.yaml: 4 prompts per step) with the fsdp trainer."""
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=["job=train", "backend=fsdp", *overrides])
+    return RunSpec.model_validate(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
+
+
+def test_prompts_must_divide_over_the_ranks():
+    s = spec()
+    check_fsdp_spec(s, world=2)  # 4 prompts on 2 ranks
+    with pytest.raises(ValueError, match=r"prompts_per_step=4 does not divide over 3"):
+        check_fsdp_spec(s, world=3)
+
+
+def test_alias_needs_one_float32_rank():
+    check_fsdp_spec(spec("backend.fsdp.rollout_sync=alias"), world=1)
+    with pytest.raises(ValueError, match="rollout_sync=alias needs 1 rank"):
+        check_fsdp_spec(spec("backend.fsdp.rollout_sync=alias"), world=2)
+    bf16 = spec("backend.fsdp.rollout_sync=alias", "backend.fsdp.param_dtype=bfloat16")
+    with pytest.raises(ValueError, match="bfloat16"):
+        check_fsdp_spec(bf16, world=1)
+
+
+def test_the_fsdp_trainer_brings_its_own_rollout():
+    with pytest.raises(ValueError, match=r"backend.rollout=vllm.*its own torch rollout"):
+        check_fsdp_spec(spec("backend.rollout=vllm"), world=1)
+
+
+def test_world_size_from_torchrun(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert torchrun_world() == 4
+    monkeypatch.setenv("WORLD_SIZE", "four")
+    with pytest.raises(ValueError, match="WORLD_SIZE='four'"):
+        torchrun_world()
+
+
+def test_cli_refuses_ppo_in_one_line():
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollplex.cli",
+            "train",
+            "backend=fsdp",
+            "algo=ppo",
+            "algo.kl_coef=0",
+        ],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2
+    assert "backend.trainer=fsdp with algo=ppo" in p.stderr
+    assert "Traceback" not in p.stderr

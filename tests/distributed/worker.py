@@ -1,0 +1,125 @@
+"""What the distributed tests run inside each rank (`python -m tests.distributed.worker`,
+under torchrun for N > 1). Rank 0 writes what it found to --out as a torch file; a check
+that fails raises, so the process group exits non-zero.
+
+    views  --steps K --out F [--sync gather|alias]
+        K GRPO steps through the plan (serial schedule) with the fsdp trainer, then:
+        the rollout's view of every parameter equals the gathered full parameter, bit for
+        bit (rollout TP 1: the slice is the whole tensor), after each weight sync.
+    load   --ckpt DIR --out F
+        restore a DCP checkpoint (saved by any number of ranks) and write the gathered full
+        parameters and AdamW state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rollplex.backends.fsdp.shard import full, local
+from rollplex.backends.torch.data import TaskData
+from rollplex.jobs.pipeline import plan_step
+from rollplex.runtime import Executor
+from rollplex.runtime.compose import compose
+from rollplex.runtime.dcp_checkpoint import read_dcp_checkpoint, restore_dcp
+from rollplex.runtime.dispatch import RoleDispatch, StepConfig
+from rollplex.specs import (
+    HARDWARE_PRESETS,
+    MODEL_PRESETS,
+    WORKLOAD_PRESETS,
+    AlgoSpec,
+    ModelSpec,
+)
+from rollplex.specs.backend import BackendSpec
+from rollplex.specs.fsdp import FsdpSpec
+from rollplex.specs.schedule import ScheduleSpec
+
+MODEL, WORKLOAD = MODEL_PRESETS["tiny"], WORKLOAD_PRESETS["tiny"]
+# Weight decay moves every parameter at every step, learning signal or not.
+ALGO = AlgoSpec(lr=1e-3, weight_decay=0.1)
+
+
+def backend(sync: str = "gather", seed: int = 0, model: ModelSpec = MODEL) -> RoleDispatch:
+    spec = BackendSpec(trainer="fsdp", fsdp=FsdpSpec(rollout_sync=sync))
+    return compose(StepConfig(model, ALGO, seed, 4), spec)
+
+
+def rollout_view_check(b: RoleDispatch) -> int:
+    """Every rollout parameter == the gathered full parameter, bit for bit; returns how
+    many were checked."""
+    mine = dict(b.rollout.model.named_parameters())
+    n = 0
+    for name, value in b.trainer.full_parameters():
+        if not torch.equal(mine[name], value):
+            raise AssertionError(f"rank {dist.get_rank()}: rollout {name} != gathered full")
+        n += 1
+    return n
+
+
+def views(args) -> None:
+    torch.use_deterministic_algorithms(True)
+    b = backend(args.sync)
+    planned = plan_step(MODEL, WORKLOAD, ALGO, HARDWARE_PRESETS["cpu"], ScheduleSpec(name="serial"))
+    data = TaskData(MODEL, WORKLOAD, seed=0)
+    ex = Executor(planned.plan, planned.graph, b)
+    checked, moved, ptrs = 0, 0, {}
+    before = {n: v.clone() for n, v in b.trainer.full_parameters()}
+    for k in range(args.steps):
+        ex.run_step(k, data.step(k))
+        # The step ends with optimizer_step, then the graph's weight_sync: the rollout
+        # already holds the new version, through the fsdp rollout's gather-and-copy (or alias).
+        assert b.rollout.weights_version == f"policy@{k + 1}", b.rollout.weights_version
+        checked += rollout_view_check(b)
+        now = dict(b.trainer.full_parameters())
+        moved += sum(not torch.equal(before[n], now[n]) for n in now)
+        before = {n: v.clone() for n, v in now.items()}
+        pairs = zip(
+            b.rollout.model.named_parameters(), b.trainer.model.named_parameters(), strict=True
+        )
+        for (name, p), (_, q) in pairs:
+            shared = p.data_ptr() == local(q).data_ptr()
+            if args.sync == "alias":  # the rollout reads the trainer's storage itself
+                assert shared, f"{name} is not aliased"
+                assert ptrs.setdefault(name, p.data_ptr()) == p.data_ptr(), f"{name} moved"
+            else:
+                assert not shared, f"{name}: gather mode must copy"
+    if dist.get_rank() == 0:
+        report = {"checked": checked, "moved": moved, "steps": args.steps}
+        torch.save({**report, "world": dist.get_world_size()}, args.out)
+
+
+def load(args) -> None:
+    state = json.loads((args.ckpt / "trainer_state.json").read_text())
+    model = ModelSpec.model_validate(state["model"])  # the run's (its demo folder)
+    b = backend(model=model)
+    ckpt = read_dcp_checkpoint(args.ckpt, model, 0)
+    restore_dcp(b.trainer, ckpt)
+    params = {n: v.clone() for n, v in b.trainer.full_parameters()}
+    optim = {}
+    for p, st in b.trainer.optimizer.state.items():
+        name = next(n for n, q in b.trainer.model.named_parameters() if q is p)
+        optim[name] = {k: full(v).clone() for k, v in st.items() if torch.is_tensor(v)}
+    if dist.get_rank() == 0:
+        torch.save({"params": params, "optim": optim, "version": b.trainer.counter.n}, args.out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["views", "load"])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--sync", default="gather")
+    ap.add_argument("--ckpt", type=Path)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    views(args) if args.mode == "views" else load(args)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
