@@ -14,7 +14,9 @@ through here; backends provide roles and their value types only. Per op:
   whole batch, so chunked prefix results equal the unchunked ones to float rounding;
 - decode segments: segment k of n advances one `DecodeSession` by its share of
   `max_new_tokens` steps, with the step's one generator: bit-identical to one decode;
-- role-free ops (expand_group, reward, advantage, value_loss): role_free.py.
+- role-free ops (expand_group, reward, advantage, value_loss): role_free.py;
+- step hooks (hooks.py): which prompts this process runs, the decode's generators and the
+  logged metrics; a data-parallel trainer (FSDP2) brings its own.
 
 Old logprobs: a rollout that returns none (vLLM without `return_logprobs`, or whose
 logprobs are not of the temperature-scaled distribution the trainer scores) leaves the
@@ -113,7 +115,7 @@ class RoleDispatch(Backend):
         self.critic = None
         self._critic_ops: frozenset[str] = frozenset()
         self._externals: dict[str, str] = {}
-        self._generator: torch.Generator | None = None
+        self._generator: Any = None  # a torch.Generator, or one per row (StepHooks)
         self._inputs: StepInputs | None = None
         self.metrics: dict[str, torch.Tensor] = {}
         self.role_free = RoleFreeOps(self)

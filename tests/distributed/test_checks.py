@@ -57,7 +57,7 @@ def test_cli_refuses_ppo_in_one_line():
             "-m",
             "rollplex.cli",
             "train",
-            "backend=fsdp",
+            "backend.trainer=fsdp",  # the key itself; conftest uses the group
             "algo=ppo",
             "algo.kl_coef=0",
         ],
