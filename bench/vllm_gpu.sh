@@ -15,7 +15,8 @@
 # script gets what is left minus a margin as --budget-s (at most 480) and is killed 15 s
 # before the end; the table is then rebuilt from the JSON. Extra arguments go to
 # bench/vllm_gpu.py (e.g. --shapes qwen2_5_vl_3b --batches 8,256).
-# Writes $OUT/vllm_gpu.json (incrementally) and $OUT/vllm_gpu.md.
+# Writes $OUT/<shape>/vllm_gpu.json (incrementally) and $OUT/<shape>/vllm_gpu.md, one process
+# per shape.
 set -uo pipefail
 T_START=$(date +%s)
 TOTAL_S=${VLLM_GPU_TOTAL_S:-560}
@@ -86,13 +87,25 @@ BUDGET=$(( LEFT - 60 ))
 [ "$BUDGET" -lt 30 ] && BUDGET=30
 KILL_AFTER=$(( LEFT - 15 ))
 [ "$KILL_AFTER" -lt 45 ] && KILL_AFTER=45
-say "running bench/vllm_gpu.py: --budget-s $BUDGET (killed after ${KILL_AFTER}s)"
-timeout -k 5 "$KILL_AFTER" python3 bench/vllm_gpu.py --shapes "$SHAPES" --models-dir /tmp \
-  --out "$OUT" --budget-s "$BUDGET" --grace-s 40 "$@"
-rc=$?
-say "bench/vllm_gpu.py exited with $rc"
-if [ "$rc" -ne 0 ] && [ -f "$OUT/vllm_gpu.json" ]; then
-  # killed or crashed before printing: the table from what the JSON holds
-  python3 bench/vllm_gpu.py --table-only "$OUT/vllm_gpu.json" || cat "$OUT/vllm_gpu.json"
-fi
+# One process per shape: a process holds only one sleep-mode engine (vLLM's CuMem allocator
+# asserts "can only be used for one instance per process"). Results go to $OUT/<shape>/.
+rc=0
+for shape in ${SHAPES//,/ }; do
+  LEFT=$(( TOTAL_S - $(since) ))
+  BUDGET=$(( LEFT - 60 ))
+  [ "$BUDGET" -gt 480 ] && BUDGET=480
+  if [ "$BUDGET" -lt 60 ]; then say "skipping $shape: too little time left"; continue; fi
+  KILL_AFTER=$(( LEFT - 15 ))
+  say "running bench/vllm_gpu.py for $shape: --budget-s $BUDGET (killed after ${KILL_AFTER}s)"
+  mkdir -p "$OUT/$shape"
+  timeout -k 5 "$KILL_AFTER" python3 bench/vllm_gpu.py --shapes "$shape" --models-dir /tmp \
+    --out "$OUT/$shape" --budget-s "$BUDGET" --grace-s 40 "$@"
+  one=$?
+  say "bench/vllm_gpu.py ($shape) exited with $one"
+  if [ "$one" -ne 0 ] && [ -f "$OUT/$shape/vllm_gpu.json" ]; then
+    # killed or crashed before printing: the table from what the JSON holds
+    python3 bench/vllm_gpu.py --table-only "$OUT/$shape/vllm_gpu.json" || cat "$OUT/$shape/vllm_gpu.json"
+  fi
+  [ "$one" -ne 0 ] && rc=$one
+done
 exit "$rc"
