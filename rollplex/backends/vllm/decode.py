@@ -36,7 +36,7 @@ def step_seed(generator: Any) -> int:
     if isinstance(generator, int):
         return generator
     if isinstance(generator, torch.Generator):
-        return int(torch.randint(0, 1 << 62, (1,), generator=generator))
+        return int(torch.randint(0, 1 << 62, (1,), generator=generator, device=generator.device))
     if generator is None:
         return 0
     raise BackendError(f"decode generator is {type(generator).__name__}: expected int or Generator")
