@@ -55,6 +55,7 @@ class VllmDecode(DecodeSession):
         seed: int,
         logprobs: bool,
         engine_seed: int = 0,
+        device: torch.device | str = "cpu",
     ) -> None:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -64,6 +65,7 @@ class VllmDecode(DecodeSession):
         if llm.llm_engine.has_unfinished_requests():
             raise BackendError("the vLLM engine is still running another decode")
         self.llm, self.sampling, self.logprobs = llm, sampling, logprobs
+        self.device = torch.device(device)  # where the trainer reads the responses
         self.rows = prompts.rows * group_size
         self.max_new_tokens = sampling.max_new_tokens
         tag = f"rp{next(_session_ids)}"
@@ -140,7 +142,8 @@ class VllmDecode(DecodeSession):
                 values[i, :n] = torch.tensor(
                     [lp[t].logprob for lp, t in zip(out.logprobs, ids, strict=True)]
                 )
+        tokens, lengths = tokens.to(self.device), lengths.to(self.device)
         responses = Responses(tokens, lengths)
         if values is None:
             return responses, None
-        return responses, TokenLogprobs(values, response_mask(lengths, r))
+        return responses, TokenLogprobs(values.to(self.device), response_mask(lengths, r))

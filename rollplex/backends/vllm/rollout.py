@@ -116,6 +116,7 @@ class VllmRollout(RolloutRole):
             step_seed(generator),
             self.spec.return_logprobs,
             self.spec.seed,
+            device=generator.device if generator is not None else "cpu",
         )
         return self._session
 
