@@ -21,7 +21,7 @@ if [ "$1" = prepare ]; then
     --out "/tmp/$SHAPE" --device cuda
   exit 0
 fi
-tar -C /tmp/site -xJf .gpu2/c.tar.xz
+[ -f /tmp/site/vllm/_C_stable_libtorch.abi3.so ] || tar -C /tmp/site -xJf .gpu2/c.tar.xz
 python3 -m rollplex.cli train model="$SHAPE" model.path="/tmp/$SHAPE" hardware=h200 \
   train.device=cuda train.deterministic=false data=easyvqa backend.rollout=vllm \
   backend.vllm.gpu_memory_utilization=0.3 backend.vllm.kv_cache_bytes=8589934592 \
