@@ -116,7 +116,7 @@ class VllmRollout(RolloutRole):
             step_seed(generator),
             self.spec.return_logprobs,
             self.spec.seed,
-            device=generator.device if generator is not None else "cpu",
+            device=getattr(generator, "device", "cpu"),  # an int seed: host
         )
         return self._session
 
