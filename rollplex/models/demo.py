@@ -25,7 +25,7 @@ from pathlib import Path
 
 from rollplex.models import chat_template
 from rollplex.models.chat_template import QWEN2_5_VL_CHAT_TEMPLATE
-from rollplex.specs.model import ModelSpec, SpecialTokens, VisionSpec
+from rollplex.specs.model import MODEL_PRESETS, ModelSpec, SpecialTokens
 
 # Qwen2.5-VL's special tokens, in Qwen's order (ids 0..6 here).
 SPECIAL_TOKENS = (
@@ -131,34 +131,20 @@ def train_tokenizer(lines: list[str], vocab_size: int = TARGET_VOCAB):
 
 def demo_spec(vocab_size: int) -> ModelSpec:
     """The tiny preset's shapes, Qwen2.5-VL's token layout at ids 0..6."""
-    return ModelSpec(
-        name="demo",
-        hidden_size=128,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=256,
-        vocab_size=vocab_size,
-        mrope_section=(4, 6, 6),
-        max_position_embeddings=4096,
-        dtype="float32",
-        vision=VisionSpec(
-            depth=2,
-            hidden_size=64,
-            num_heads=2,
-            intermediate_size=128,
-            out_hidden_size=128,
-            fullatt_block_indexes=(1,),
-        ),
-        special_tokens=SpecialTokens(
-            pad_token_id=0,
-            bos_token_id=0,
-            eos_token_id=2,
-            vision_start_token_id=3,
-            vision_end_token_id=4,
-            image_token_id=5,
-            video_token_id=6,
-        ),
+    return MODEL_PRESETS["tiny"].model_copy(
+        update={
+            "name": "demo",
+            "vocab_size": vocab_size,
+            "special_tokens": SpecialTokens(
+                pad_token_id=0,
+                bos_token_id=0,
+                eos_token_id=2,
+                vision_start_token_id=3,
+                vision_end_token_id=4,
+                image_token_id=5,
+                video_token_id=6,
+            ),
+        }
     )
 
 

@@ -51,7 +51,7 @@ def compose(
     spec = spec or BackendSpec()
     check_roles(spec)
     if spec.reference != "torch":
-        raise NotImplementedError("only the torch reference role is built")
+        raise ValueError(f"backend.reference={spec.reference!r}: only 'torch' is built")
     from rollplex.backends.torch.backend import TorchExternals, critic_factory
     from rollplex.backends.torch.rows import TorchValues
     from rollplex.runtime.hooks import RoleRuntime, StepHooks
