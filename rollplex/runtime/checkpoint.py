@@ -183,19 +183,26 @@ def resolve(path: str | Path) -> Path:
     return p
 
 
-def read_checkpoint(path: str | Path, model: ModelSpec, seed: int) -> Checkpoint:
-    """Validate and read a checkpoint for a run of `model` with `seed`; never writes."""
+def read_state_file(path: str | Path) -> tuple[Path, Path, dict[str, Any]]:
+    """(checkpoint folder, its state file, the file's JSON) for a checkpoint, run or
+    checkpoints folder; a missing or unreadable file raises CheckpointError naming it."""
     folder = resolve(path)
     state_path = folder / STATE_FILE
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: no such checkpoint folder")
     try:
-        raw = json.loads(state_path.read_text())
-        state = CheckpointState.model_validate(raw)
+        return folder, state_path, json.loads(state_path.read_text())
     except OSError as e:
         raise CheckpointError(f"{state_path}: cannot read ({e.strerror})") from e
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{state_path}: not valid JSON ({e})") from e
+
+
+def read_checkpoint(path: str | Path, model: ModelSpec, seed: int) -> Checkpoint:
+    """Validate and read a checkpoint for a run of `model` with `seed`; never writes."""
+    folder, state_path, raw = read_state_file(path)
+    try:
+        state = CheckpointState.model_validate(raw)
     except ValidationError as e:
         fields = "; ".join(f"'{'.'.join(map(str, x['loc']))}': {x['msg']}" for x in e.errors())
         raise CheckpointError(f"{state_path}: {fields}") from e

@@ -20,7 +20,6 @@ export and the state file and renames the folder, so a kill -9 at any moment lea
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from rollplex.runtime.checkpoint import (
     _files,
     _fsync,
     _sha256,
-    resolve,
+    read_state_file,
 )
 from rollplex.runtime.distributed import barrier
 from rollplex.specs import ModelSpec
@@ -112,16 +111,7 @@ def save_dcp_checkpoint(
 
 def read_dcp_checkpoint(path: str | Path, model: ModelSpec, seed: int) -> DcpCheckpoint:
     """Validate a sharded checkpoint for a run of `model` with `seed`; reads no tensors."""
-    folder = resolve(path)
-    state_path = folder / STATE_FILE
-    if not folder.is_dir():
-        raise CheckpointError(f"{folder}: no such checkpoint folder")
-    try:
-        raw = json.loads(state_path.read_text())
-    except OSError as e:
-        raise CheckpointError(f"{state_path}: cannot read ({e.strerror})") from e
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{state_path}: not valid JSON ({e})") from e
+    folder, state_path, raw = read_state_file(path)
     if raw.get("format") != DCP_FORMAT:
         raise CheckpointError(
             f"{state_path}: 'format' is {raw.get('format')!r}, expected {DCP_FORMAT!r} (a "
