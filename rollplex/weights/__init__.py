@@ -57,7 +57,14 @@ from rollplex.weights.layouts import (
     RolloutPlacement,
     TrainPlacement,
 )
-from rollplex.weights.params import Param, RolloutTensor, Split, param_table, rollout_tensors
+from rollplex.weights.params import (
+    Param,
+    RolloutTensor,
+    Split,
+    param_table,
+    rollout_tensors,
+    torch_rollout_tensors,
+)
 from rollplex.weights.rebuild import Copy, Home, rebuild_plan, shard_homes
 from rollplex.weights.report import SharingReport, Tally, tally
 from rollplex.weights.sharing import (
@@ -93,6 +100,7 @@ __all__ = [
     "param_table",
     "rebuild_plan",
     "rollout_tensors",
+    "torch_rollout_tensors",
     "shard_homes",
     "strided_ranks",
     "tally",

@@ -158,6 +158,30 @@ def param_table(spec: ModelSpec) -> list[Param]:
     return out
 
 
+def torch_rollout_tensors(spec: ModelSpec) -> list[RolloutTensor]:
+    """The tensors of the torch rollout (`backends/fsdp/share.py`): transformers' own
+    parameters, unfused and under their own names, split by torch's Qwen2 TP plan
+    (`parallelize_module`): q/k/v/gate/up (and q/k/v biases) and embed/lm_head
+    column-parallel (`Shard(0)`, even splits: torch's chunks have no vocab padding),
+    o/down row-parallel (`Shard(1)`), norms and the whole vision tower replicated. A tied
+    lm_head is the embedding, as in `param_table`."""
+    out: list[RolloutTensor] = []
+    for p in param_table(spec):
+        units, what, split = p.rows, "rows", p.train_split
+        if p.tower == "vision":
+            split = Split.REPLICATED
+        elif split is Split.VOCAB:
+            split, what = Split.COLUMN, "vocab rows"
+        elif ".q_proj." in p.name:
+            units, what = spec.num_heads, "query heads"
+        elif ".k_proj." in p.name or ".v_proj." in p.name:
+            units, what = spec.num_kv_heads, "KV heads"
+        tail = (p.cols,) if len(p.shape) > 1 else ()
+        part = Part(p.name, 0, p.rows, units, False, what)
+        out.append(RolloutTensor(p.name, split, (part,), p.cols, tail, p.tower, p.trainable))
+    return out
+
+
 def rollout_tensors(spec: ModelSpec, vision_tp: bool) -> list[RolloutTensor]:
     """vLLM's tensors, each naming the transformers rows it stacks. `vision_tp=False` is
     vLLM's `mm_encoder_tp_mode="data"`: the vision tower is replicated on every rank."""

@@ -66,9 +66,14 @@ def _subtract(need: list[tuple[int, int]], a: int, b: int) -> tuple[list, list]:
     return left, cut
 
 
-def rebuild_plan(sharing: WeightSharing, tensor: str, gpu: int) -> list[Copy]:
+def rebuild_plan(
+    sharing: WeightSharing, tensor: str, gpu: int, in_place: bool = True
+) -> list[Copy]:
+    """`in_place=False`: the rollout cannot place training shards inside its buffers
+    (the torch rollout over FSDP2's own storage), so every byte of a tensor that is not
+    an identical/view alias is copied, PARTIAL placements included."""
     sh = sharing.share(tensor, gpu)
-    if sh.kind in (Kind.IDENTICAL, Kind.VIEW):
+    if sh.kind in (Kind.IDENTICAL, Kind.VIEW) and (in_place or sh.host is not None):
         return []
     b = sharing.itemsize
     x = sharing.rollout_shard(tensor, gpu)
@@ -77,7 +82,7 @@ def rebuild_plan(sharing: WeightSharing, tensor: str, gpu: int) -> list[Copy]:
         if blk.param is not None:
             need.append((base * b, (base + blk.numel) * b))
         base += blk.numel
-    for pl in sh.placements:  # in place: nothing to copy
+    for pl in sh.placements if in_place else ():  # in place: nothing to copy
         need, _ = _subtract(need, pl.offset, pl.offset + pl.nbytes)
     copies = []
     for g in [gpu, *(h for h in range(sharing.world) if h != gpu)]:

@@ -114,7 +114,10 @@ class WeightSharing:
         rollout: RolloutPlacement,
         dtype: str = "bfloat16",
         train_dtype: str = "bfloat16",
+        tensors: list[RolloutTensor] | None = None,
     ) -> None:
+        """`tensors`: the rollout's tensors (default: vLLM's, `rollout_tensors`; the torch
+        rollout passes `torch_rollout_tensors`)."""
         self.spec, self.train, self.rollout = spec, train, rollout
         self.rank_map = "explicit"  # how the replicas were chosen (build_sharing labels it)
         self.layouts = describe(train, rollout)
@@ -122,9 +125,9 @@ class WeightSharing:
         self.itemsize = DTYPE_BYTES[dtype]
         self.aliasable = dtype == train_dtype  # a cast cannot share bytes
         self.params: dict[str, Param] = {p.name: p for p in param_table(spec)}
-        self.tensors: dict[str, RolloutTensor] = {
-            t.name: t for t in rollout_tensors(spec, rollout.vision_tp)
-        }
+        if tensors is None:
+            tensors = rollout_tensors(spec, rollout.vision_tp)
+        self.tensors: dict[str, RolloutTensor] = {t.name: t for t in tensors}
         self.tensor_of = {p: t.name for t in self.tensors.values() for p in t.params}
         for heads, proj in ((spec.num_heads, "q_proj"), (spec.num_kv_heads, "k_proj")):
             if heads % train.tp:  # torchtitan's TP gives each rank whole heads

@@ -43,8 +43,10 @@ MODEL, WORKLOAD = MODEL_PRESETS["tiny"], WORKLOAD_PRESETS["tiny"]
 ALGO = AlgoSpec(lr=1e-3, weight_decay=0.1)
 
 
-def backend(sync: str = "gather", seed: int = 0, model: ModelSpec = MODEL) -> RoleDispatch:
-    spec = BackendSpec(trainer="fsdp", fsdp=FsdpSpec(rollout_sync=sync))
+def backend(
+    sync: str = "gather", seed: int = 0, model: ModelSpec = MODEL, tp: int = 1
+) -> RoleDispatch:
+    spec = BackendSpec(trainer="fsdp", fsdp=FsdpSpec(rollout_sync=sync, rollout_tp=tp))
     return compose(StepConfig(model, ALGO, seed, 4), spec)
 
 
@@ -62,7 +64,9 @@ def rollout_view_check(b: RoleDispatch) -> int:
 
 def views(args) -> None:
     torch.use_deterministic_algorithms(True)
-    b = backend(args.sync)
+    b = backend(args.sync, tp=args.tp)
+    if args.sync == "share":
+        return share_views(b, args)
     planned = plan_step(MODEL, WORKLOAD, ALGO, HARDWARE_PRESETS["cpu"], ScheduleSpec(name="serial"))
     data = TaskData(MODEL, WORKLOAD, seed=0)
     ex = Executor(planned.plan, planned.graph, b)
@@ -107,12 +111,19 @@ def load(args) -> None:
         torch.save({"params": params, "optim": optim, "version": b.trainer.counter.n}, args.out)
 
 
+def share_views(b: RoleDispatch, args) -> None:
+    from tests.distributed.share_checks import check_share
+
+    torch.save(check_share(b, args.steps), args.out.with_suffix(f".rank{dist.get_rank()}.pt"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["views", "load"])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--sync", default="gather")
+    ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--ckpt", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(1)

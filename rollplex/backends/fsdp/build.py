@@ -5,9 +5,10 @@ One process per rank (torchrun); every rank runs the same plan on its slice of t
 - **data** (`FsdpHooks.inputs`): rank r of N takes the contiguous prompt rows
   [r*B/N, (r+1)*B/N) of the step's collated batch (same padding as the whole batch); B
   must divide by N;
-- **rollout** (`build_rollout`): a full, unsharded model per rank in the compute dtype.
-  `weight_sync` gathers every parameter from the shards (`full_tensor`) and copies it in:
-  the gather-and-copy sync. Decode draws each sample's tokens from its own generator
+- **rollout** (`build_rollout`): with `rollout_sync=gather` a full, unsharded model per
+  rank in the compute dtype: `weight_sync` gathers every parameter from the shards
+  (`full_tensor`) and copies it in (the gather-and-copy baseline); with `share` a
+  tensor-parallel model (`rollout_tp`) over the trainer's own shards (share.py). Decode draws each sample's tokens from its own generator
   (`FsdpHooks.generator`), seeded by (seed, step, global sample index), so a sample's
   tokens are the same whichever rank (and however many ranks) decodes it;
 - **reference** (`build_reference`): replicated, a full frozen copy of the initial policy
@@ -29,6 +30,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from rollplex.backends.base import BackendError, CheckpointWeights, LiveWeights, version_name
 from rollplex.backends.fsdp.shard import DTYPES, local
+from rollplex.backends.fsdp.share import SharedRollout
 from rollplex.backends.fsdp.trainer import FsdpTrainer, ShardedWeightsHandle
 from rollplex.backends.torch.model import model_for
 from rollplex.backends.torch.roles import TorchReference, TorchRollout
@@ -74,10 +76,15 @@ def build_reference(config: StepConfig, trainer: FsdpTrainer) -> TorchReference:
 
 def build_rollout(
     config: StepConfig, trainer: FsdpTrainer, spec: BackendSpec | None = None, **_: Any
-) -> GatheredRollout:
-    sync = (spec or BackendSpec()).fsdp.rollout_sync
+) -> GatheredRollout | SharedRollout:
+    fsdp = (spec or BackendSpec()).fsdp
+    sync = fsdp.rollout_sync
     dtype = DTYPES[trainer.compute_dtype]
     model = model_for(config.model, config.seed, trainer.dist.device, dtype)
+    if sync == "share":  # its tensors become views of the shards, or rebuilt slots
+        rollout = SharedRollout(config.model, trainer.dist.device, model, trainer, fsdp.rollout_tp)
+        rollout.load_weights(trainer.live_weights())
+        return rollout
     rollout = GatheredRollout(
         config.model, trainer.dist.device, model.requires_grad_(False), trainer, sync
     )
@@ -216,6 +223,7 @@ __all__ = [
     "FsdpTrainer",
     "FsdpValues",
     "GatheredRollout",
+    "SharedRollout",
     "build_reference",
     "build_rollout",
     "build_trainer",

@@ -41,3 +41,34 @@ def check_fsdp_spec(spec: RunSpec, world: int | None = None) -> None:
             f"backend.fsdp.rollout_sync=alias needs 1 rank computing in float32 (here {world} "
             f"ranks, {dtype}): only there is a shard the whole parameter; use gather"
         )
+    check_rollout_tp(spec, world)
+
+
+def check_rollout_tp(spec: RunSpec, world: int) -> None:
+    """backend.fsdp.rollout_tp against the sync mode, the world and the model's widths."""
+    f, m = spec.backend.fsdp, spec.model
+    t = f.rollout_tp
+    if t == 1:
+        return
+    if f.rollout_sync != "share":
+        raise ValueError(
+            f"backend.fsdp.rollout_tp={t} needs backend.fsdp.rollout_sync=share (here "
+            f"{f.rollout_sync}): only the shared rollout runs tensor-parallel"
+        )
+    if world % t:
+        raise ValueError(
+            f"backend.fsdp.rollout_tp={t} does not divide the {world} torchrun ranks: "
+            "each rollout replica takes rollout_tp whole ranks"
+        )
+    layer = "model.language_model.layers.*"
+    for what, n, param in (
+        ("attention heads", m.num_heads, f"{layer}.self_attn.q_proj"),
+        ("KV heads", m.num_kv_heads, f"{layer}.self_attn.k_proj/v_proj"),
+        ("intermediate size", m.intermediate_size, f"{layer}.mlp.gate_proj/up_proj/down_proj"),
+        ("vocab", m.vocab_size, "model.language_model.embed_tokens/lm_head"),
+    ):
+        if n % t:
+            raise ValueError(
+                f"backend.fsdp.rollout_tp={t} does not divide the model's {n} {what} "
+                f"({param}): torch's TP plan gives each rank an equal share"
+            )

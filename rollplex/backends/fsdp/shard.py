@@ -11,14 +11,14 @@ hooks (gather the root parameters, queue the gradient reduce-scatter) fire aroun
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from rollplex.backends.torch.prefix import Model
 
@@ -49,11 +49,16 @@ def shard_model(
     param_dtype: str = "float32",
     reduce_dtype: str = "float32",
     reshard_after_forward: bool = True,
+    dims: Mapping[str, int] | None = None,
 ) -> ShardedRoot:
-    """Shard `model` in place (every parameter becomes a Shard(0) DTensor of `mesh`).
+    """Shard `model` in place (every parameter becomes a Shard(0) DTensor of `mesh`, or
+    Shard(d) for the parameters `dims` names: the shared rollout's layout, share.py).
     With param_dtype float32 no cast policy is set at all: the bit-exact path."""
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype])
     kw: dict[str, Any] = {"mesh": mesh}
+    if dims:
+        by_id = {id(p): dims.get(n, 0) for n, p in model.named_parameters()}
+        kw["shard_placement_fn"] = lambda p: Shard(by_id.get(id(p), 0))
     if param_dtype != "float32" or reduce_dtype != "float32":
         kw["mp_policy"] = mp
     for unit in units(model):

@@ -67,8 +67,13 @@ class FsdpTrainer(TorchTrainer):
         self.world = mesh.size()
         self.compute_dtype = fsdp.compute_dtype(device)
         # Shard before the optimizer exists: AdamW's state is then sharded as well.
+        dims = None
+        if fsdp.rollout_sync == "share":  # the shared rollout's row-parallel shards
+            from rollplex.backends.fsdp.share import shard_dims
+
+            dims = shard_dims(spec, self.world, fsdp.rollout_tp)
         self.root = shard_model(
-            model, mesh, self.compute_dtype, fsdp.reduce_dtype, fsdp.reshard_after_forward
+            model, mesh, self.compute_dtype, fsdp.reduce_dtype, fsdp.reshard_after_forward, dims
         )
         super().__init__(model, spec, algo, version)
 

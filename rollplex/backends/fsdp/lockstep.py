@@ -1,0 +1,87 @@
+"""Tensor-parallel rollout over data-parallel ranks: the ranks of one TP group must run
+the same rows, but each rank's step holds its own slice of the prompts (FsdpHooks).
+
+So a TP rollout gathers its group's inputs before each LLM call (the prompts, their
+vision features, the per-sample generators' states), runs the union in lockstep (every
+collective of the TP plan sees the same shapes on every rank), and hands each rank back
+its own rows of the decode's result. Group members are concatenated in TP-rank order and
+every rank holds the same number of rows (the step's prompts divide over the ranks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, is_dataclass, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rollplex.backends.base import BackendError
+from rollplex.backends.torch.roles import TorchDecode
+from rollplex.backends.torch.values import Features, Responses, TokenLogprobs
+
+
+def gather_cat(t: torch.Tensor, group: dist.ProcessGroup, device: torch.device) -> torch.Tensor:
+    """Concatenation along dim 0 of every group member's `t` (dim 0 may differ)."""
+    k = dist.get_world_size(group)
+    x = t.to(device)
+    if x.dtype == torch.bool:  # gloo has no bool collectives
+        return gather_cat(x.to(torch.uint8), group, device).bool()
+    n = torch.tensor([x.shape[0]], device=device)
+    sizes = [torch.zeros_like(n) for _ in range(k)]
+    dist.all_gather(sizes, n, group=group)
+    rows = [int(s) for s in sizes]
+    padded = x.new_zeros((max(rows), *x.shape[1:]))
+    padded[: x.shape[0]] = x
+    outs = [torch.empty_like(padded) for _ in range(k)]
+    dist.all_gather(outs, padded.contiguous(), group=group)
+    return torch.cat([o[:r] for o, r in zip(outs, rows, strict=True)]).to(t.device)
+
+
+def gather_rows(value: Any, group: dist.ProcessGroup, device: torch.device) -> Any:
+    """A prompt batch (every field is stacked along dim 0) or Features, unioned over the
+    group in member order."""
+    if isinstance(value, Features):
+        values = gather_cat(value.values, group, device)
+        tokens = gather_cat(torch.tensor(value.tokens, dtype=torch.long), group, device)
+        return Features(values, [int(t) for t in tokens])
+    if is_dataclass(value):
+        return replace(
+            value, **{f.name: gather_cat(getattr(value, f.name), group, device)
+                      for f in fields(value)}
+        )  # fmt: skip
+    raise BackendError(f"the TP rollout cannot gather a {type(value).__name__} over its group")
+
+
+def gather_generators(generator: Any, group: dist.ProcessGroup, device: torch.device) -> Any:
+    """Per-sample generators of the whole group (their states travel, the streams go on
+    from where each rank's would). One shared generator or None is passed through: then
+    the draws must not depend on the rank (greedy, or one seed on every rank)."""
+    if not isinstance(generator, list | tuple):
+        return generator
+    kind = generator[0].device if generator else device
+    states = torch.stack([g.get_state() for g in generator]) if generator else None
+    if states is None:
+        raise BackendError("the TP rollout got an empty generator list")
+    allst = gather_cat(states, group, device).cpu()
+    out = []
+    for s in allst:
+        g = torch.Generator(kind)
+        g.set_state(s.clone())  # a fresh ByteTensor: a row view of the stack crashes it
+        out.append(g)
+    return out
+
+
+class MemberDecode(TorchDecode):
+    """A decode session over the group's union of rows; `result` is this member's rows."""
+
+    def __init__(self, session: Any, member: int, members: int) -> None:
+        super().__init__(session)
+        self.member, self.members = member, members
+
+    def result(self) -> tuple[Responses, TokenLogprobs]:
+        responses, logprobs = super().result()
+        n = responses.tokens.shape[0] // self.members
+        lo, hi = self.member * n, (self.member + 1) * n
+        mine = Responses(responses.tokens[lo:hi], responses.lengths[lo:hi])
+        return mine, TokenLogprobs(logprobs.values[lo:hi], logprobs.mask[lo:hi])

@@ -1,0 +1,267 @@
+"""`backend.fsdp.rollout_sync=share`: a torch rollout, tensor-parallel of degree t_r over
+the trainer's ranks, that reads the trainer's own shards wherever the layout algebra
+says they already are the rollout's tensor, and rebuilds only the rest.
+
+- Layouts (`rollout_sharing`): training is FSDP2 of degree d_t = world; the rollout is
+  torch's Qwen2 TP plan on the LLM (`parallelize_module`: q/k/v/gate/up colwise, o/down
+  rowwise, embed rowwise over the vocab, lm_head colwise), the vision tower and norms
+  replicated. Rollout rank map: strided (TP group = ranks k, k+R, ...), so each GPU's FSDP
+  chunk holds rows of its own TP rank's tensor. With t_r == d_t the trainer stores o/down
+  as FSDP2 `Shard(1)` (`shard_dims`), which makes them the row-parallel shards exactly.
+- Storage (`SharedRollout`): each rollout tensor the algebra calls identical/view is
+  `as_strided` over the trainer's compute-dtype shard: with float32 compute the master
+  shard itself (an optimizer step is visible at once, no copy); with bfloat16 compute one
+  bfloat16 copy of the shards, refreshed by a local cast at each weight_sync. The rest
+  (partial/incompatible: norms, the replicated vision tower, everything at t_r < d_t)
+  lives in one rebuild buffer, refilled at each weight_sync by `Exchange` (all_to_all).
+- What it costs is measured (`SharedRollout.stats`): bytes aliased, rebuilt, received,
+  the bf16 shard copy, the full copy that gather would hold, and each sync's seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    parallelize_module,
+)
+
+from rollplex.backends.base import BackendError, CheckpointWeights, LiveWeights, version_name
+from rollplex.backends.capabilities import RoleCapabilities
+from rollplex.backends.fsdp.exchange import Exchange
+from rollplex.backends.fsdp.lockstep import MemberDecode, gather_generators, gather_rows
+from rollplex.backends.fsdp.shard import DTYPES, local
+from rollplex.backends.torch.decode import DecodeSession as TorchDecodeSession
+from rollplex.backends.torch.prefix import expand_prefix, prefix_forward
+from rollplex.backends.torch.roles import TorchRollout
+from rollplex.specs import ModelSpec
+from rollplex.weights import (
+    Kind,
+    LayoutError,
+    RolloutPlacement,
+    TrainPlacement,
+    WeightSharing,
+    strided_ranks,
+    torch_rollout_tensors,
+)
+
+EMBED = "model.language_model.embed_tokens.weight"
+# TP rows are a union over the group: no other role can read its prefix state, and no
+# other phase's rows can ride on its decode.
+SHARED_ROLLOUT = RoleCapabilities(
+    segmented_decode=True, in_place_weight_load=True, scaled_logprobs=True
+)
+TP_PLAN = {
+    "embed_tokens": RowwiseParallel(input_layouts=Replicate()),
+    "layers.*.self_attn.q_proj": ColwiseParallel(),
+    "layers.*.self_attn.k_proj": ColwiseParallel(),
+    "layers.*.self_attn.v_proj": ColwiseParallel(),
+    "layers.*.self_attn.o_proj": RowwiseParallel(),
+    "layers.*.mlp.gate_proj": ColwiseParallel(),
+    "layers.*.mlp.up_proj": ColwiseParallel(),
+    "layers.*.mlp.down_proj": RowwiseParallel(),
+}
+
+
+def rollout_sharing(spec: ModelSpec, world: int, tp: int, dtype: str) -> WeightSharing:
+    """The algebra between this trainer (FSDP2 over `world` ranks) and the TP rollout;
+    raises LayoutError naming the parameter and both layouts when tp cannot split it."""
+    train = TrainPlacement(world, 1, aliasing_storage=1 < tp == world)
+    rollout = RolloutPlacement(tp, strided_ranks(world, tp), vision_tp=False)
+    return WeightSharing(spec, train, rollout, dtype, dtype, torch_rollout_tensors(spec))
+
+
+def shard_dims(spec: ModelSpec, world: int, tp: int) -> dict[str, int]:
+    """Parameters the trainer shards on dim 1 (FSDP2 `shard_placement_fn`) so that its
+    shards are the rollout's row-parallel tensors: those the algebra stores as stacked
+    rollout column blocks (o_proj, down_proj when t_r == d_t)."""
+    sharing = rollout_sharing(spec, world, tp, "float32")
+    out = {}
+    for name, p in sharing.params.items():
+        blocks, _ = sharing.train_shard(name, 0)
+        if len(p.shape) == 2 and blocks and blocks[0].c1 - blocks[0].c0 < p.cols:
+            out[name] = 1
+    return out
+
+
+class SharedRollout(TorchRollout):
+    capabilities: ClassVar[RoleCapabilities] = SHARED_ROLLOUT
+
+    def __init__(self, spec: ModelSpec, device: torch.device, model: nn.Module, trainer, tp: int):
+        super().__init__(spec, device)
+        self.trainer, self.tp = trainer, tp
+        self.rank, world = trainer.dist.rank, trainer.world
+        self.dtype = DTYPES[trainer.compute_dtype]
+        self.sharing = rollout_sharing(spec, world, tp, trainer.compute_dtype)
+        self.group = None
+        if tp > 1:
+            mesh = init_device_mesh(device.type, (tp, world // tp), mesh_dim_names=("tp", "rep"))
+            self.tp_mesh, self.group = mesh["tp"], mesh["tp"].get_group()
+            self.member = self.tp_mesh.get_local_rank()
+            parallelize_module(model.model.language_model, self.tp_mesh, TP_PLAN)
+            head = ColwiseParallel(output_layouts=Replicate())
+            parallelize_module(model.lm_head, self.tp_mesh, head)
+        self.model = model.requires_grad_(False)
+        self._cast = self.dtype != torch.float32
+        masters = self._masters()
+        self._shards = (
+            {n: torch.empty_like(t, dtype=self.dtype) for n, t in masters.items()}
+            if self._cast
+            else masters
+        )
+        self._aliased: dict[str, bool] = {}
+        self._bind()
+        self.exchange = Exchange(self.sharing, self.rank, self._rebuilt_on)
+        self.sync_seconds: list[float] = []
+        self.cast_seconds: list[float] = []
+
+    # -- storage ----------------------------------------------------------------------
+    def _masters(self) -> dict[str, torch.Tensor]:
+        return {n: local(p.detach()) for n, p in self.trainer.model.named_parameters()}
+
+    def _rebuilt_on(self, tensor: str, gpu: int) -> bool:
+        sh = self.sharing.share(tensor, gpu)
+        return not (sh.kind in (Kind.IDENTICAL, Kind.VIEW) and sh.host is not None)
+
+    def _bind(self) -> None:
+        """Point every rollout parameter at its storage: a view of a shard, or a slot of
+        the rebuild buffer (allocated here)."""
+        sharing, me = self.sharing, self.rank
+        for name, shard in self._shards.items():
+            want = sharing.train_shape(name, me)
+            if math.prod(want) != shard.numel() or not shard.is_contiguous():
+                raise LayoutError(
+                    f"{sharing.where(name)}: the trainer's shard on rank {me} is "
+                    f"{tuple(shard.shape)} (contiguous={shard.is_contiguous()}), the algebra "
+                    f"expects {want}: the trainer does not store it as the rollout layout needs"
+                )
+        rebuilt = [t for t in sharing.tensors if self._rebuilt_on(t, me)]
+        sizes = [math.prod(sharing.share(t, me).shape) for t in rebuilt]
+        self.buffer = torch.zeros(sum(sizes), dtype=self.dtype, device=self.device)
+        self.slots, o = {}, 0
+        for t, n in zip(rebuilt, sizes, strict=True):
+            self.slots[t], o = self.buffer[o : o + n], o + n
+        for full_name, p in list(self.model.named_parameters(remove_duplicate=False)):
+            tensor = full_name if full_name in sharing.tensors else EMBED  # tied lm_head
+            self._set(full_name, p, self._storage(tensor, full_name, p))
+
+    def _storage(self, tensor: str, name: str, p: torch.Tensor) -> torch.Tensor:
+        sh = self.sharing.share(tensor, self.rank)
+        shape = p.to_local().shape if isinstance(p, DTensor) else p.shape
+        if math.prod(sh.shape) != math.prod(shape):
+            raise LayoutError(
+                f"{self.sharing.where(tensor)}: rollout parameter {name} holds {tuple(shape)} "
+                f"on rank {self.rank}, the algebra's rollout layout {sh.shape}"
+            )
+        self._aliased[tensor] = tensor not in self.slots
+        if tensor in self.slots:
+            return self.slots[tensor].view(shape)
+        src = self._shards[sh.host]
+        off = src.storage_offset() + sh.host_offset // self.sharing.itemsize
+        view = src.as_strided(sh.shape, sh.strides, off)
+        return view if tuple(sh.shape) == tuple(shape) else view.view(shape)
+
+    def _set(self, name: str, old: torch.Tensor, value: torch.Tensor) -> None:
+        if isinstance(old, DTensor):
+            value = DTensor.from_local(
+                value, old.device_mesh, old.placements, run_check=False,
+                shape=old.shape, stride=old.stride(),
+            )  # fmt: skip
+        module, _, leaf = name.rpartition(".")
+        self.model.get_submodule(module)._parameters[leaf] = nn.Parameter(
+            value, requires_grad=False
+        )
+
+    # -- weight_sync ------------------------------------------------------------------
+    def load_weights(self, source) -> str:
+        if isinstance(source, CheckpointWeights):
+            raise BackendError(
+                "backend.fsdp.rollout_sync=share reads the trainer's live weights only; a "
+                "checkpoint rollout needs rollout_sync=gather"
+            )
+        if not isinstance(source, LiveWeights):
+            raise BackendError(f"unknown weights source {source!r}")
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            masters = self._masters()
+            if self._cast:  # the bf16 compute copy of the shards, by a local cast
+                for n, t in masters.items():
+                    self._shards[n].copy_(t)
+            elif any(masters[n].data_ptr() != s.data_ptr() for n, s in self._shards.items()):
+                self._shards = masters  # FSDP2 re-allocated its shards (e.g. a restore)
+                self._bind()
+            self._sync_device()
+            t1 = time.perf_counter()
+            self.exchange.run(self._shards, self.slots)
+            self._sync_device()
+        self.cast_seconds.append(t1 - t0)
+        self.sync_seconds.append(time.perf_counter() - t0)
+        self._version = version_name(source.model, source.version)
+        return self._version
+
+    def _sync_device(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def stats(self) -> dict[str, Any]:
+        """Per-rank bytes and times (rollout dtype); `full_copy_bytes` is what a full
+        second copy (rollout_sync=gather) holds on this rank."""
+        item = self.sharing.itemsize
+        full = sum(p.numel for p in self.sharing.params.values()) * item
+        shared = sum(
+            math.prod(self.sharing.share(t, self.rank).shape) * item
+            for t, a in self._aliased.items()
+            if a
+        )
+        cast = sum(s.numel() for s in self._shards.values()) * item if self._cast else 0
+        times = self.sync_seconds[1:] or self.sync_seconds
+        return {
+            "rank": self.rank, "rollout_tp": self.tp, "world": self.trainer.world,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "shared_bytes": shared, "rebuild_bytes": self.buffer.numel() * item,
+            "received_bytes": self.exchange.received, "sent_bytes": self.exchange.sent,
+            "local_copy_bytes": self.exchange.copied, "compute_copy_bytes": cast,
+            "full_copy_bytes": full, "extra_bytes": self.buffer.numel() * item + cast,
+            "aliased_tensors": sum(self._aliased.values()),
+            "rebuilt_tensors": len(self.slots), "syncs": len(self.sync_seconds),
+            "sync_s_median": statistics.median(times) if times else None,
+            "cast_s_median": statistics.median(self.cast_seconds) if times else None,
+        }  # fmt: skip
+
+    # -- TP: the group runs the union of its rows in lockstep -------------------------
+    def prefix_prefill(self, features, text, head: bool = True):
+        if self.group is None:
+            return super().prefix_prefill(features, text, head)
+        features = gather_rows(features, self.group, self.device)
+        text = gather_rows(text, self.group, self.device)
+        return prefix_forward(self._model(), text, features.values, grad=False, head=head)
+
+    def start_decode(self, prefix, group_size, sampling, generator):
+        if self.group is None:
+            return super().start_decode(prefix, group_size, sampling, generator)
+        generator = gather_generators(generator, self.group, self.device)
+        with torch.no_grad():
+            state = expand_prefix(prefix, group_size)
+        s = sampling
+        session = TorchDecodeSession(
+            self._model(), state, s.max_new_tokens, s.temperature, s.top_p, generator,
+            s.eos_id, s.pad_id,
+        )  # fmt: skip
+        return MemberDecode(session, self.member, self.tp)
+
+    def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        if self.group is not None and len(parts) > 1:
+            raise BackendError(
+                f"the rollout with backend.fsdp.rollout_tp={self.tp} runs its group's rows "
+                "together and cannot take row chunks of a prefix op; plan without them"
+            )
+        return super().merge_rows(parts)

@@ -1,0 +1,122 @@
+"""Checks of `rollout_sync=share` run inside each rank (worker.py `views --sync share`).
+
+Every failed check raises (the process group then exits non-zero); what was checked comes
+back as a per-rank report that test_share.py asserts on.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from rollplex.backends.fsdp.shard import local
+from rollplex.backends.torch.data import TaskData
+from rollplex.jobs.pipeline import plan_step
+from rollplex.runtime import Executor
+from rollplex.runtime.dispatch import RoleDispatch
+from rollplex.specs import HARDWARE_PRESETS
+from rollplex.specs.schedule import ScheduleSpec
+from rollplex.weights import WeightSharing
+from tests.distributed.worker import ALGO, MODEL, WORKLOAD
+
+EMBED = "model.language_model.embed_tokens.weight"
+
+
+def rollout_slice(full: dict[str, torch.Tensor], sharing: WeightSharing, tensor: str, gpu: int):
+    """The gathered full parameter cut to the algebra's rollout layout on `gpu`, flat."""
+    parts = []
+    for b in sharing.rollout_shard(tensor, gpu):
+        p = sharing.params[b.param]
+        parts.append(full[b.param].reshape(p.rows, p.cols)[b.r0 : b.r1, b.c0 : b.c1].flatten())
+    return torch.cat(parts)
+
+
+def _rollout_params(b: RoleDispatch):
+    """(rollout parameter name, algebra tensor name, local tensor, the parameter)."""
+    tensors = b.rollout.sharing.tensors
+    for name, p in b.rollout.model.named_parameters(remove_duplicate=False):
+        lo = p.to_local() if isinstance(p, DTensor) else p
+        yield name, name if name in tensors else EMBED, lo, p
+
+
+def check_values(b: RoleDispatch, full: dict[str, torch.Tensor]) -> int:
+    """Every rollout tensor == the gathered full parameter sliced to the rollout layout,
+    bit for bit; and a DTensor's own reassembly (`full_tensor`) == the gathered full."""
+    r, n = b.rollout, 0
+    for name, tensor, lo, p in _rollout_params(b):
+        want = rollout_slice(full, r.sharing, tensor, r.rank)
+        if not torch.equal(lo.detach().flatten(), want):
+            raise AssertionError(f"rank {r.rank}: rollout {name} != gathered full, sliced")
+        if isinstance(p, DTensor):
+            whole = full[tensor]
+            if not torch.equal(p.full_tensor().reshape(whole.shape), whole):
+                raise AssertionError(f"rank {r.rank}: DTensor {name} reassembles differently")
+        n += 1
+    return n
+
+
+def check_aliases(b: RoleDispatch) -> tuple[int, int]:
+    """Aliased tensors lie inside their trainer shard's storage; rebuilt ones do not.
+    Returns (aliased, rebuilt) rollout tensors."""
+    r = b.rollout
+    shards = {n: local(p.detach()) for n, p in b.trainer.model.named_parameters()}
+    aliased = rebuilt = 0
+    for name, tensor, lo, _ in _rollout_params(b):
+        sh = r.sharing.share(tensor, r.rank)
+        start = lo.untyped_storage().data_ptr()
+        if r._aliased[tensor]:
+            host = shards[sh.host]
+            h0 = host.untyped_storage().data_ptr()
+            a, e = lo.data_ptr(), lo.data_ptr() + lo.numel() * lo.element_size()
+            inside = h0 <= a and e <= h0 + host.untyped_storage().nbytes()
+            if start != h0 or not inside:
+                raise AssertionError(f"rank {r.rank}: {name} is not inside {sh.host}'s storage")
+            aliased += 1
+        else:
+            if start != r.buffer.untyped_storage().data_ptr():
+                raise AssertionError(f"rank {r.rank}: rebuilt {name} is not in the buffer")
+            rebuilt += 1
+    return aliased, rebuilt
+
+
+def check_live_update(b: RoleDispatch) -> str:
+    """An in-place change of a trainer shard shows through the rollout, with no sync."""
+    r = b.rollout
+    name, tensor, lo, _ = next(x for x in _rollout_params(b) if r._aliased[x[1]])
+    host = r.sharing.share(tensor, r.rank).host
+    shard = local(dict(b.trainer.model.named_parameters())[host].detach())
+    before, saved = lo.detach().clone(), shard.clone()
+    with torch.no_grad():
+        shard.add_(1.0)
+    changed = torch.equal(lo.detach(), before + 1.0)
+    with torch.no_grad():
+        shard.copy_(saved)
+    if not changed or not torch.equal(lo.detach(), before):
+        raise AssertionError(f"rank {r.rank}: an in-place update of {host} is not seen by {name}")
+    return name
+
+
+def check_share(b: RoleDispatch, steps: int) -> dict:
+    torch.use_deterministic_algorithms(True)
+    hw, serial = HARDWARE_PRESETS["cpu"], ScheduleSpec(name="serial")
+    planned = plan_step(MODEL, WORKLOAD, ALGO, hw, serial)
+    data = TaskData(MODEL, WORKLOAD, seed=0)
+    ex = Executor(planned.plan, planned.graph, b)
+    checked, moved = 0, 0
+    before = {n: v.clone() for n, v in b.trainer.full_parameters()}
+    for k in range(steps):
+        ex.run_step(k, data.step(k))
+        assert b.rollout.weights_version == f"policy@{k + 1}", b.rollout.weights_version
+        now = {n: v.clone() for n, v in b.trainer.full_parameters()}
+        checked += check_values(b, now)
+        moved += sum(not torch.equal(before[n], now[n]) for n in now)
+        before = now
+    aliased, rebuilt = check_aliases(b)
+    live = check_live_update(b)
+    dist.barrier()
+    return {
+        "rank": dist.get_rank(), "world": dist.get_world_size(), "checked": checked,
+        "moved": moved, "aliased": aliased, "rebuilt": rebuilt, "live": live,
+        "stats": b.rollout.stats(),
+    }  # fmt: skip
