@@ -15,7 +15,7 @@ from rollplex.backends.torch.data import TaskData
 from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.dispatch import RoleDispatch
-from rollplex.specs import HARDWARE_PRESETS
+from rollplex.specs import HARDWARE_PRESETS, ModelSpec
 from rollplex.specs.schedule import ScheduleSpec
 from rollplex.weights import WeightSharing
 from tests.distributed.worker import ALGO, MODEL, WORKLOAD
@@ -80,10 +80,14 @@ def check_aliases(b: RoleDispatch) -> tuple[int, int]:
     return aliased, rebuilt
 
 
-def check_live_update(b: RoleDispatch) -> str:
-    """An in-place change of a trainer shard shows through the rollout, with no sync."""
+def check_live_update(b: RoleDispatch) -> str | None:
+    """An in-place change of a trainer shard shows through the rollout, with no sync
+    (None: no tensor is aliased on this rank, e.g. rollout TP 1 over 2 ranks)."""
     r = b.rollout
-    name, tensor, lo, _ = next(x for x in _rollout_params(b) if r._aliased[x[1]])
+    found = next((x for x in _rollout_params(b) if r._aliased[x[1]]), None)
+    if found is None:
+        return None
+    name, tensor, lo, _ = found
     host = r.sharing.share(tensor, r.rank).host
     shard = local(dict(b.trainer.model.named_parameters())[host].detach())
     before, saved = lo.detach().clone(), shard.clone()
@@ -97,11 +101,11 @@ def check_live_update(b: RoleDispatch) -> str:
     return name
 
 
-def check_share(b: RoleDispatch, steps: int) -> dict:
+def check_share(b: RoleDispatch, steps: int, model: ModelSpec = MODEL) -> dict:
     torch.use_deterministic_algorithms(True)
     hw, serial = HARDWARE_PRESETS["cpu"], ScheduleSpec(name="serial")
-    planned = plan_step(MODEL, WORKLOAD, ALGO, hw, serial)
-    data = TaskData(MODEL, WORKLOAD, seed=0)
+    planned = plan_step(model, WORKLOAD, ALGO, hw, serial)
+    data = TaskData(model, WORKLOAD, seed=0)
     ex = Executor(planned.plan, planned.graph, b)
     checked, moved = 0, 0
     before = {n: v.clone() for n, v in b.trainer.full_parameters()}

@@ -2,10 +2,12 @@
 under torchrun for N > 1). Rank 0 writes what it found to --out as a torch file; a check
 that fails raises, so the process group exits non-zero.
 
-    views  --steps K --out F [--sync gather|alias]
+    views  --steps K --out F [--sync gather|alias|share] [--tp T] [--kv-heads H]
         K GRPO steps through the plan (serial schedule) with the fsdp trainer, then:
         the rollout's view of every parameter equals the gathered full parameter, bit for
         bit (rollout TP 1: the slice is the whole tensor), after each weight sync.
+        With --sync share: share_checks.py (TP T rollout on the shards), one report per
+        rank (F with suffix .rankN.pt).
     load   --ckpt DIR --out F
         restore a DCP checkpoint (saved by any number of ranks) and write the gathered full
         parameters and AdamW state.
@@ -64,9 +66,9 @@ def rollout_view_check(b: RoleDispatch) -> int:
 
 def views(args) -> None:
     torch.use_deterministic_algorithms(True)
-    b = backend(args.sync, tp=args.tp)
     if args.sync == "share":
-        return share_views(b, args)
+        return share_views(args)
+    b = backend(args.sync, tp=args.tp)
     planned = plan_step(MODEL, WORKLOAD, ALGO, HARDWARE_PRESETS["cpu"], ScheduleSpec(name="serial"))
     data = TaskData(MODEL, WORKLOAD, seed=0)
     ex = Executor(planned.plan, planned.graph, b)
@@ -111,10 +113,13 @@ def load(args) -> None:
         torch.save({"params": params, "optim": optim, "version": b.trainer.counter.n}, args.out)
 
 
-def share_views(b: RoleDispatch, args) -> None:
+def share_views(args) -> None:
+    """`views --sync share`: share_checks.py's checks; each rank writes its own report."""
     from tests.distributed.share_checks import check_share
 
-    torch.save(check_share(b, args.steps), args.out.with_suffix(f".rank{dist.get_rank()}.pt"))
+    model = MODEL.model_copy(update={"num_kv_heads": args.kv_heads or MODEL.num_kv_heads})
+    report = check_share(backend("share", model=model, tp=args.tp), args.steps, model)
+    torch.save(report, args.out.with_suffix(f".rank{dist.get_rank()}.pt"))
 
 
 def main() -> None:
@@ -124,6 +129,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--sync", default="gather")
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--kv-heads", type=int, default=None)
     ap.add_argument("--ckpt", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(1)

@@ -77,7 +77,10 @@ def rollout_sharing(spec: ModelSpec, world: int, tp: int, dtype: str) -> WeightS
     raises LayoutError naming the parameter and both layouts when tp cannot split it."""
     train = TrainPlacement(world, 1, aliasing_storage=1 < tp == world)
     rollout = RolloutPlacement(tp, strided_ranks(world, tp), vision_tp=False)
-    return WeightSharing(spec, train, rollout, dtype, dtype, torch_rollout_tensors(spec))
+    sharing = WeightSharing(spec, train, rollout, dtype, dtype, torch_rollout_tensors(spec))
+    for name in sharing.tensors:  # every split is even on some rank, or a LayoutError now
+        sharing.rollout_shard(name, 0)
+    return sharing
 
 
 def shard_dims(spec: ModelSpec, world: int, tp: int) -> dict[str, int]:

@@ -1,0 +1,119 @@
+"""`backend.fsdp.rollout_sync=share`: the TP rollout reads the trainer's shards in place.
+
+Under torchrun on gloo (float32, so the compute copy the rollout aliases is the master
+shard itself), after a few optimizer steps, on every rank (share_checks.py):
+- every rollout tensor equals the gathered full parameter cut to the algebra's rollout
+  layout, bit for bit (and each TP DTensor reassembles to the full parameter);
+- the tensors the algebra calls identical lie inside their trainer shard's storage, the
+  rest inside the rebuild buffer;
+- an in-place change of a trainer shard is read by the rollout with no sync.
+Two ranks with rollout TP 2 cover aliasing (o/down stored Shard(1) by the trainer),
+the all_to_all rebuild (norms, the replicated vision tower) and the TP forward; the
+4-rank and TP 1 layouts are slow variants of the same checks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rollplex.backends.fsdp.exchange import fold
+from rollplex.backends.fsdp.share import rollout_sharing, shard_dims
+from rollplex.specs import MODEL_PRESETS
+from rollplex.weights import Copy, Kind, LayoutError
+from tests.distributed.conftest import launch
+
+PARAMS = 57  # tensors of the tiny Qwen2.5-VL
+STEPS = 2
+TINY = MODEL_PRESETS["tiny"]
+
+
+def _share(tmp_path, nproc: int, tp: int, *extra: str) -> list[dict]:
+    out = tmp_path / f"share{nproc}x{tp}.pt"
+    args = ["views", "--sync", "share", "--tp", str(tp), "--steps", str(STEPS), "--out", str(out)]
+    launch(nproc, "tests.distributed.worker", [*args, *extra])
+    return [torch.load(out.with_suffix(f".rank{r}.pt")) for r in range(nproc)]
+
+
+def _expected(world: int, tp: int, rank: int, spec=TINY) -> tuple[int, int]:
+    """(aliased tensors, their bytes) the algebra promises on `rank` (tied lm_head: 0)."""
+    sharing = rollout_sharing(spec, world, tp, "float32")
+    shares = [
+        s for s in sharing.shares(rank) if s.kind in (Kind.IDENTICAL, Kind.VIEW) and s.host
+    ]
+    return len(shares), sum(s.nbytes for s in shares)
+
+
+def _check(reports: list[dict], nproc: int, tp: int, spec=TINY) -> None:
+    for r, rep in enumerate(reports):
+        assert rep["world"] == nproc and rep["rank"] == r
+        assert rep["checked"] == PARAMS * STEPS  # every tensor, after every step
+        assert rep["moved"] > 0  # the updates were real, and the rollout followed them
+        n, nbytes = _expected(nproc, tp, r, spec)
+        st = rep["stats"]
+        assert rep["aliased"] == n and rep["rebuilt"] == PARAMS - n
+        assert st["shared_bytes"] == nbytes
+        assert st["compute_copy_bytes"] == 0  # float32: the master shard is the copy
+        assert st["syncs"] == STEPS + 1  # the initial load, then one per step
+        assert (rep["live"] is not None) == (n > 0)
+
+
+def test_share_tp2_on_two_ranks(tmp_path):
+    reports = _share(tmp_path, 2, 2)
+    _check(reports, 2, 2)
+    st = reports[0]["stats"]
+    # The whole LLM is aliased (q/k/v/gate/up/embed/lm_head Shard(0) rows, o/down
+    # Shard(1) cols); only the norms and the replicated vision tower are rebuilt.
+    assert reports[0]["aliased"] == 22
+    assert st["shared_bytes"] + st["rebuild_bytes"] < st["full_copy_bytes"]
+    assert st["received_bytes"] > 0 and st["received_bytes"] == st["sent_bytes"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc,tp", [(2, 1), (4, 1), (4, 2)])
+def test_share_other_layouts(tmp_path, nproc, tp):
+    """TP 1 over 2 or 4 ranks, TP 2 over 4 (FSDP chunks are halves of a TP rank's rows):
+    nothing is aliased, everything is rebuilt, and the values still match."""
+    reports = _share(tmp_path, nproc, tp)
+    _check(reports, nproc, tp)
+    assert all(rep["aliased"] == 0 for rep in reports)
+
+
+@pytest.mark.slow
+def test_share_tp4_on_four_ranks(tmp_path):
+    """t_r = d_t = 4 (a tiny model with 4 KV heads): the LLM is aliased again."""
+    reports = _share(tmp_path, 4, 4, "--kv-heads", "4")
+    spec = TINY.model_copy(update={"num_kv_heads": 4})
+    _check(reports, 4, 4, spec)
+    assert all(rep["aliased"] == 22 for rep in reports)
+
+
+# -- in-process: errors and the rebuild's folding --------------------------------------
+def test_a_layout_the_algebra_cannot_serve_names_the_parameter_and_layouts():
+    with pytest.raises(LayoutError) as e:  # 4 TP ranks, 2 KV heads
+        rollout_sharing(TINY, 4, 4, "float32").shares(0)
+    msg = str(e.value)
+    assert "k_proj" in msg and "KV heads" in msg
+    assert "train fsdp=4" in msg and "rollout tp=4" in msg
+    with pytest.raises(LayoutError, match=r"rollout TP 3 does not divide the 4 training"):
+        rollout_sharing(TINY, 4, 3, "float32")
+    with pytest.raises(LayoutError, match="k_proj"):  # refused before any model shards
+        shard_dims(TINY, 4, 4)
+
+
+def test_trainer_stores_row_parallel_weights_as_the_rollout_shards():
+    dims = shard_dims(TINY, 2, 2)
+    assert set(dims.values()) == {1}
+    assert sorted({n.split(".")[-2] for n in dims}) == ["down_proj", "o_proj"]
+    assert shard_dims(TINY, 2, 1) == {} and shard_dims(TINY, 4, 2) == {}
+
+
+def test_fold_turns_row_runs_into_one_strided_copy():
+    # 4 rows of 8 elements of a row-parallel block read from a (4, 16) shard (float32).
+    copies = [Copy(dst=r * 32, gpu=1, param="w", src=r * 64 + 32, nbytes=32) for r in range(4)]
+    (g,) = fold("t", copies, 4)
+    assert (g.d0, g.s0, g.n, g.count, g.ds, g.ss) == (0, 8, 8, 4, 8, 16)
+    src = torch.arange(64.0)
+    dst = torch.zeros(32)
+    g.dst(dst).copy_(g.src(src))
+    assert torch.equal(dst, src.view(4, 16)[:, 8:].flatten())
