@@ -100,9 +100,9 @@ __all__ = [
     "param_table",
     "rebuild_plan",
     "rollout_tensors",
-    "torch_rollout_tensors",
     "shard_homes",
     "strided_ranks",
     "tally",
+    "torch_rollout_tensors",
     "vision_fits_tp",
 ]

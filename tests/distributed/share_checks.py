@@ -11,25 +11,16 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from rollplex.backends.fsdp.shard import local
+from rollplex.backends.fsdp.share import rollout_slice
 from rollplex.backends.torch.data import TaskData
 from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.dispatch import RoleDispatch
 from rollplex.specs import HARDWARE_PRESETS, ModelSpec
 from rollplex.specs.schedule import ScheduleSpec
-from rollplex.weights import WeightSharing
 from tests.distributed.worker import ALGO, MODEL, WORKLOAD
 
 EMBED = "model.language_model.embed_tokens.weight"
-
-
-def rollout_slice(full: dict[str, torch.Tensor], sharing: WeightSharing, tensor: str, gpu: int):
-    """The gathered full parameter cut to the algebra's rollout layout on `gpu`, flat."""
-    parts = []
-    for b in sharing.rollout_shard(tensor, gpu):
-        p = sharing.params[b.param]
-        parts.append(full[b.param].reshape(p.rows, p.cols)[b.r0 : b.r1, b.c0 : b.c1].flatten())
-    return torch.cat(parts)
 
 
 def _rollout_params(b: RoleDispatch):
@@ -57,10 +48,14 @@ def check_values(b: RoleDispatch, full: dict[str, torch.Tensor]) -> int:
 
 
 def check_aliases(b: RoleDispatch) -> tuple[int, int]:
-    """Aliased tensors lie inside their trainer shard's storage; rebuilt ones do not.
+    """Aliased tensors lie inside their trainer shard's storage (the compute copy: in
+    float32 the master shard itself); rebuilt ones lie in the rebuild buffer.
     Returns (aliased, rebuilt) rollout tensors."""
     r = b.rollout
-    shards = {n: local(p.detach()) for n, p in b.trainer.model.named_parameters()}
+    masters = {n: local(p.detach()) for n, p in b.trainer.model.named_parameters()}
+    shards = masters if not r._cast else r._shards
+    if not r._cast and any(r._shards[n].data_ptr() != m.data_ptr() for n, m in masters.items()):
+        raise AssertionError(f"rank {r.rank}: float32 compute copy is not the master shard")
     aliased = rebuilt = 0
     for name, tensor, lo, _ in _rollout_params(b):
         sh = r.sharing.share(tensor, r.rank)
@@ -89,7 +84,7 @@ def check_live_update(b: RoleDispatch) -> str | None:
         return None
     name, tensor, lo, _ = found
     host = r.sharing.share(tensor, r.rank).host
-    shard = local(dict(b.trainer.model.named_parameters())[host].detach())
+    shard = r._shards[host]  # float32: the trainer's master shard (checked in check_aliases)
     before, saved = lo.detach().clone(), shard.clone()
     with torch.no_grad():
         shard.add_(1.0)
@@ -113,7 +108,7 @@ def check_share(b: RoleDispatch, steps: int, model: ModelSpec = MODEL) -> dict:
         ex.run_step(k, data.step(k))
         assert b.rollout.weights_version == f"policy@{k + 1}", b.rollout.weights_version
         now = {n: v.clone() for n, v in b.trainer.full_parameters()}
-        checked += check_values(b, now)
+        checked += check_values(b, {n: v.to(b.rollout.dtype) for n, v in now.items()})
         moved += sum(not torch.equal(before[n], now[n]) for n in now)
         before = now
     aliased, rebuilt = check_aliases(b)

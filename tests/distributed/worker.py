@@ -2,7 +2,7 @@
 under torchrun for N > 1). Rank 0 writes what it found to --out as a torch file; a check
 that fails raises, so the process group exits non-zero.
 
-    views  --steps K --out F [--sync gather|alias|share] [--tp T] [--kv-heads H]
+    views  --steps K --out F [--sync gather|alias|share] [--tp T] [--kv-heads H] [--dtype D]
         K GRPO steps through the plan (serial schedule) with the fsdp trainer, then:
         the rollout's view of every parameter equals the gathered full parameter, bit for
         bit (rollout TP 1: the slice is the whole tensor), after each weight sync.
@@ -46,9 +46,10 @@ ALGO = AlgoSpec(lr=1e-3, weight_decay=0.1)
 
 
 def backend(
-    sync: str = "gather", seed: int = 0, model: ModelSpec = MODEL, tp: int = 1
+    sync: str = "gather", seed: int = 0, model: ModelSpec = MODEL, tp: int = 1, dtype=None
 ) -> RoleDispatch:
-    spec = BackendSpec(trainer="fsdp", fsdp=FsdpSpec(rollout_sync=sync, rollout_tp=tp))
+    fsdp = FsdpSpec(rollout_sync=sync, rollout_tp=tp, param_dtype=dtype)
+    spec = BackendSpec(trainer="fsdp", fsdp=fsdp)
     return compose(StepConfig(model, ALGO, seed, 4), spec)
 
 
@@ -118,7 +119,8 @@ def share_views(args) -> None:
     from tests.distributed.share_checks import check_share
 
     model = MODEL.model_copy(update={"num_kv_heads": args.kv_heads or MODEL.num_kv_heads})
-    report = check_share(backend("share", model=model, tp=args.tp), args.steps, model)
+    b = backend("share", model=model, tp=args.tp, dtype=args.dtype)
+    report = check_share(b, args.steps, model)
     torch.save(report, args.out.with_suffix(f".rank{dist.get_rank()}.pt"))
 
 
@@ -130,6 +132,7 @@ def main() -> None:
     ap.add_argument("--sync", default="gather")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--kv-heads", type=int, default=None)
+    ap.add_argument("--dtype", default=None, help="the trainer's compute dtype (FsdpSpec)")
     ap.add_argument("--ckpt", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(1)

@@ -8,9 +8,10 @@ One process per rank (torchrun); every rank runs the same plan on its slice of t
 - **rollout** (`build_rollout`): with `rollout_sync=gather` a full, unsharded model per
   rank in the compute dtype: `weight_sync` gathers every parameter from the shards
   (`full_tensor`) and copies it in (the gather-and-copy baseline); with `share` a
-  tensor-parallel model (`rollout_tp`) over the trainer's own shards (share.py). Decode draws each sample's tokens from its own generator
-  (`FsdpHooks.generator`), seeded by (seed, step, global sample index), so a sample's
-  tokens are the same whichever rank (and however many ranks) decodes it;
+  tensor-parallel model (`rollout_tp`) over the trainer's own shards (share.py). Decode
+  draws each sample's tokens from its own generator (`FsdpHooks.generator`), seeded by
+  (seed, step, global sample index), so a sample's tokens are the same whichever rank
+  (and however many ranks) decodes it;
 - **reference** (`build_reference`): replicated, a full frozen copy of the initial policy
   on every rank (it never changes: built once from the seed or folder, no collective);
 - **trainer**: `FsdpTrainer` (sharded, AdamW on DTensors, loss over the global batch).

@@ -88,7 +88,10 @@ class Exchange:
         rebuilt: Callable[[str, int], bool],
         group: dist.ProcessGroup | None = None,
         bucket_bytes: int = BUCKET_BYTES,
+        in_place: bool = False,
     ) -> None:
+        """`in_place`: the training shards the algebra places inside rebuilt tensors
+        (PARTIAL) already live there (the rollout's own bf16 compute copy): skip them."""
         self.rank, self.group, world = rank, group, sharing.world
         b = sharing.itemsize
         self.buckets: list[Bucket] = []
@@ -97,7 +100,7 @@ class Exchange:
             for g in range(world):
                 if not rebuilt(name, g):
                     continue
-                plan = rebuild_plan(sharing, name, g, in_place=False)
+                plan = rebuild_plan(sharing, name, g, in_place=in_place)
                 bucket.remote |= any(c.gpu != g for c in plan)
                 for src in range(world):
                     if src != rank and g != rank:

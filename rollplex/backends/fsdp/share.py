@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -96,6 +97,18 @@ def shard_dims(spec: ModelSpec, world: int, tp: int) -> dict[str, int]:
     return out
 
 
+def rollout_slice(
+    full: Mapping[str, torch.Tensor], sharing: WeightSharing, tensor: str, gpu: int
+) -> torch.Tensor:
+    """What rollout tensor `tensor` must hold on `gpu`: the full parameters cut to the
+    algebra's rollout layout, flat (a check for tests and benchmarks)."""
+    parts = []
+    for b in sharing.rollout_shard(tensor, gpu):
+        p = sharing.params[b.param]
+        parts.append(full[b.param].reshape(p.rows, p.cols)[b.r0 : b.r1, b.c0 : b.c1].flatten())
+    return torch.cat(parts)
+
+
 class SharedRollout(TorchRollout):
     capabilities: ClassVar[RoleCapabilities] = SHARED_ROLLOUT
 
@@ -115,15 +128,10 @@ class SharedRollout(TorchRollout):
             parallelize_module(model.lm_head, self.tp_mesh, head)
         self.model = model.requires_grad_(False)
         self._cast = self.dtype != torch.float32
-        masters = self._masters()
-        self._shards = (
-            {n: torch.empty_like(t, dtype=self.dtype) for n, t in masters.items()}
-            if self._cast
-            else masters
-        )
+        self._shards = self._masters()  # with a cast, _bind allocates the bf16 copies
         self._aliased: dict[str, bool] = {}
         self._bind()
-        self.exchange = Exchange(self.sharing, self.rank, self._rebuilt_on)
+        self.exchange = Exchange(self.sharing, self.rank, self._rebuilt_on, in_place=self._cast)
         self.sync_seconds: list[float] = []
         self.cast_seconds: list[float] = []
 
@@ -153,9 +161,29 @@ class SharedRollout(TorchRollout):
         self.slots, o = {}, 0
         for t, n in zip(rebuilt, sizes, strict=True):
             self.slots[t], o = self.buffer[o : o + n], o + n
+        if self._cast:
+            self._shards = self._compute_copies(rebuilt)
         for full_name, p in list(self.model.named_parameters(remove_duplicate=False)):
             tensor = full_name if full_name in sharing.tensors else EMBED  # tied lm_head
             self._set(full_name, p, self._storage(tensor, full_name, p))
+
+    def _compute_copies(self, rebuilt: list[str]) -> dict[str, torch.Tensor]:
+        """The bf16 copy of every shard: where the algebra places a shard inside a
+        rebuilt tensor (PARTIAL), the copy *is* those bytes of the rebuild buffer (the
+        cast fills them, nothing is sent); elsewhere a tensor of its own (which the
+        identical rollout tensors view)."""
+        item, out = self.sharing.itemsize, {}
+        masters = self._masters()
+        for t in rebuilt:
+            for pl in self.sharing.share(t, self.rank).placements:
+                n = pl.nbytes // item
+                view = self.slots[t][pl.offset // item : pl.offset // item + n]
+                out[pl.param] = view.view(masters[pl.param].shape)
+        self.placed = sum(v.numel() for v in out.values()) * item
+        for name, m in masters.items():
+            if name not in out:
+                out[name] = torch.empty_like(m, dtype=self.dtype)
+        return out
 
     def _storage(self, tensor: str, name: str, p: torch.Tensor) -> torch.Tensor:
         sh = self.sharing.share(tensor, self.rank)
@@ -225,15 +253,17 @@ class SharedRollout(TorchRollout):
             for t, a in self._aliased.items()
             if a
         )
-        cast = sum(s.numel() for s in self._shards.values()) * item if self._cast else 0
+        placed = self.placed if self._cast else 0  # bf16 copies inside the buffer
+        cast = sum(s.numel() for s in self._shards.values()) * item - placed if self._cast else 0
         times = self.sync_seconds[1:] or self.sync_seconds
         return {
             "rank": self.rank, "rollout_tp": self.tp, "world": self.trainer.world,
             "dtype": str(self.dtype).removeprefix("torch."),
-            "shared_bytes": shared, "rebuild_bytes": self.buffer.numel() * item,
+            "shared_bytes": shared + placed, "rebuild_bytes": self.buffer.numel() * item - placed,
             "received_bytes": self.exchange.received, "sent_bytes": self.exchange.sent,
             "local_copy_bytes": self.exchange.copied, "compute_copy_bytes": cast,
             "full_copy_bytes": full, "extra_bytes": self.buffer.numel() * item + cast,
+            "placed_bytes": placed,
             "aliased_tensors": sum(self._aliased.values()),
             "rebuilt_tensors": len(self.slots), "syncs": len(self.sync_seconds),
             "sync_s_median": statistics.median(times) if times else None,
