@@ -38,9 +38,7 @@ def _share(tmp_path, nproc: int, tp: int, *extra: str) -> list[dict]:
 def _expected(world: int, tp: int, rank: int, spec=TINY) -> tuple[int, int]:
     """(aliased tensors, their bytes) the algebra promises on `rank` (tied lm_head: 0)."""
     sharing = rollout_sharing(spec, world, tp, "float32")
-    shares = [
-        s for s in sharing.shares(rank) if s.kind in (Kind.IDENTICAL, Kind.VIEW) and s.host
-    ]
+    shares = [s for s in sharing.shares(rank) if s.kind in (Kind.IDENTICAL, Kind.VIEW) and s.host]
     return len(shares), sum(s.nbytes for s in shares)
 
 
