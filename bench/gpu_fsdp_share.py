@@ -122,6 +122,8 @@ def sync(args) -> None:
             "extra_bytes_measured": extra, "build_peak_bytes": peak,
             "sync_s": times[1:], "sync_s_median": statistics.median(times[1:]),
             "mismatched_tensors": _check(rollout, trainer, mode == "share"),
+            "full_copy_bytes": sum(p.numel() * p.element_size() for p in rollout.model.parameters())
+            if mode == "gather" else None,
         }  # fmt: skip
         if mode == "share":
             rec["stats"] = rollout.stats()
@@ -166,19 +168,23 @@ def report(args) -> None:
             out["train"][name] = {"error": f"{type(e).__name__}: {e}"}
     rank0 = [r for r in out["sync"] if r["rank"] == 0]
     gather = next((r for r in rank0 if r["mode"] == "gather"), None)
+    big = gather and (gather.get("full_copy_bytes") or 0) >= GIB
+    unit, div = ("GiB", GIB) if big else ("MiB", 1 << 20)  # the tiny dry run: MiB
     lines = [
-        "| rollout | extra GiB/GPU (measured) | saved vs full copy | aliased GiB | rebuilt "
-        "GiB | received GiB | sync ms | vs gather | mismatches |",
+        f"| rollout | extra {unit}/GPU measured (accounted) | saved vs gather | aliased "
+        f"{unit} | rebuilt {unit} | received {unit} | sync ms | vs gather | mismatches |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rank0:
         st = r.get("stats", {})
         saved = gather["extra_bytes_measured"] - r["extra_bytes_measured"] if gather else 0
         ratio = r["sync_s_median"] / gather["sync_s_median"] if gather else float("nan")
+        acc = st.get("extra_bytes", r.get("full_copy_bytes", 0))
         lines.append(
-            f"| {r['mode']} tp{r['rollout_tp']} | {r['extra_bytes_measured'] / GIB:.2f} | "
-            f"{saved / GIB:.2f} | {st.get('shared_bytes', 0) / GIB:.2f} | "
-            f"{st.get('rebuild_bytes', 0) / GIB:.2f} | {st.get('received_bytes', 0) / GIB:.2f}"
+            f"| {r['mode']} tp{r['rollout_tp']} | {r['extra_bytes_measured'] / div:.2f} "
+            f"({acc / div:.2f}) | "
+            f"{saved / div:.2f} | {st.get('shared_bytes', 0) / div:.2f} | "
+            f"{st.get('rebuild_bytes', 0) / div:.2f} | {st.get('received_bytes', 0) / div:.2f}"
             f" | {r['sync_s_median'] * 1e3:.1f} | {ratio:.2f}x | {r['mismatched_tensors']} |"
         )
     one = out["train"].get("gpu1", {}).get("step_time_median_s")
@@ -207,7 +213,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/fsdp_share")
     ap.add_argument("runs", nargs="*", help="name=run_folder of `rollplex train` runs")
-    args = ap.parse_args()
+    args = ap.parse_intermixed_args()
     sync(args) if args.what == "sync" else report(args)
 
 
