@@ -37,6 +37,23 @@ def test_alias_needs_one_float32_rank():
         check_fsdp_spec(bf16, world=1)
 
 
+def test_rollout_tp_is_checked_against_sync_world_and_model():
+    share = ("backend.fsdp.rollout_sync=share",)
+    check_fsdp_spec(spec(*share, "backend.fsdp.rollout_tp=2"), world=2)
+    check_fsdp_spec(spec(*share, "backend.fsdp.rollout_tp=1"), world=2)
+    with pytest.raises(ValueError, match=r"rollout_tp=2 needs backend.fsdp.rollout_sync=share"):
+        check_fsdp_spec(spec("backend.fsdp.rollout_tp=2"), world=2)
+    with pytest.raises(ValueError, match=r"rollout_tp=2 does not divide the 1 torchrun ranks"):
+        check_fsdp_spec(spec(*share, "backend.fsdp.rollout_tp=2"), world=1)
+    # the train job's model (the demo folder's spec): name the widths that do not split
+    m = spec().model
+    kv = m.num_kv_heads * 2  # a degree that divides the ranks but not the KV heads
+    with pytest.raises(ValueError, match=rf"rollout_tp={kv} does not divide.*KV heads.*k_proj"):
+        check_fsdp_spec(spec(*share, f"backend.fsdp.rollout_tp={kv}"), world=kv)
+    with pytest.raises(ValueError, match="rollout_tp"):  # the spec's own range
+        spec(*share, "backend.fsdp.rollout_tp=0")
+
+
 def test_the_fsdp_trainer_brings_its_own_rollout():
     with pytest.raises(ValueError, match=r"backend.rollout=vllm.*its own torch rollout"):
         check_fsdp_spec(spec("backend.rollout=vllm"), world=1)
