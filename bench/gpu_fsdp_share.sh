@@ -16,8 +16,8 @@ set -uo pipefail
 DEVICE=${DEVICE:-cuda}
 SHAPE=${SHAPE:-qwen2_5_vl_3b}
 OUT=${OUT:-$PWD/bench/results/fsdp_share}
-BUDGET_S=${BUDGET_S:-450}   # start no train run past this (the whole script stays < 8 min)
-RUN_S=${RUN_S:-100}         # each train run's limit
+BUDGET_S=${BUDGET_S:-360}   # start no train run past this (the whole script stays < 8 min)
+RUN_S=${RUN_S:-110}         # each train run's limit
 TMP=${TMPDIR:-/tmp}/fsdp_share
 mkdir -p "$OUT" "$TMP"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -46,7 +46,7 @@ fi
 
 echo "== weight_sync and memory: gather vs share TP 1 / TP 2 (2 ranks)"
 t0=$SECONDS
-timeout 240 $TORCHRUN bench/gpu_fsdp_share.py sync "${SYNC[@]}" --out "$OUT" 2>&1 \
+timeout 180 $TORCHRUN bench/gpu_fsdp_share.py sync "${SYNC[@]}" --out "$OUT" 2>&1 \
   | grep -v "Loading weights" | tail -40
 echo "sync bench: $(( SECONDS - t0 )) s"
 

@@ -68,13 +68,14 @@ def test_share_tp2_on_two_ranks(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc,tp", [(2, 1), (4, 1), (4, 2)])
+@pytest.mark.parametrize("nproc,tp", [(1, 1), (2, 1), (4, 1), (4, 2)])
 def test_share_other_layouts(tmp_path, nproc, tp):
-    """TP 1 over 2 or 4 ranks, TP 2 over 4 (FSDP chunks are halves of a TP rank's rows):
-    nothing is aliased, everything is rebuilt, and the values still match."""
+    """One rank: every tensor is aliased (a shard is the whole parameter). TP 1 over 2 or
+    4 ranks, TP 2 over 4 (FSDP chunks are halves of a TP rank's rows): nothing is aliased,
+    everything is rebuilt, and the values still match."""
     reports = _share(tmp_path, nproc, tp)
     _check(reports, nproc, tp)
-    assert all(rep["aliased"] == 0 for rep in reports)
+    assert all(rep["aliased"] == (PARAMS if nproc == 1 else 0) for rep in reports)
 
 
 @pytest.mark.slow
