@@ -113,9 +113,52 @@ def check_share(b: RoleDispatch, steps: int, model: ModelSpec = MODEL) -> dict:
         before = now
     aliased, rebuilt = check_aliases(b)
     live = check_live_update(b)
+    decode = check_decode(b, model)
     dist.barrier()
     return {
         "rank": dist.get_rank(), "world": dist.get_world_size(), "checked": checked,
         "moved": moved, "aliased": aliased, "rebuilt": rebuilt, "live": live,
-        "stats": b.rollout.stats(),
+        "stats": b.rollout.stats(), "decode": decode,
     }  # fmt: skip
+
+
+def check_decode(b: RoleDispatch, model: ModelSpec, tokens: int = 4, group: int = 2) -> dict:
+    """The shared rollout and a gather-and-copy rollout on the same trainer decode this
+    rank's prompts of step 0: greedy, and sampled with the per-sample generators. Tokens
+    must be equal; logprobs are returned as their largest difference (TP sums partial
+    products in another order; TP 1 reads the very same values and must be bit-equal)."""
+    from rollplex.backends.base import Sampling
+    from rollplex.backends.fsdp.build import FsdpHooks, GatheredRollout, sample_seed
+    from rollplex.backends.fsdp.shard import DTYPES
+    from rollplex.backends.torch.model import model_for
+    from rollplex.backends.torch.rows import text_only
+    from rollplex.backends.torch.values import Pixels
+
+    t, r = b.trainer, b.rollout
+    dev = t.dist.device
+    full = model_for(model, 0, dev, DTYPES[t.compute_dtype]).requires_grad_(False)
+    gather = GatheredRollout(model, dev, full, t)
+    gather.load_weights(t.live_weights())
+    batch = TaskData(model, WORKLOAD, seed=0).step(0).batch
+    lo, hi = FsdpHooks(0, t.dist.rank, t.world).rows(batch.size)
+    mine = batch.select(lo, hi)
+    st = model.special_tokens
+    out: dict = {"max_logprob_diff": 0.0}
+    for mode, temp in (("greedy", 0.0), ("sampled", 1.0)):
+        runs = []
+        for role in (r, gather):
+            gens = [torch.Generator(dev).manual_seed(sample_seed(0, 0, row))
+                    for row in range(lo * group, hi * group)]  # fmt: skip
+            sampling = Sampling(tokens, temp, 1.0, st.eos_token_id, st.pad_token_id)
+            with torch.no_grad():
+                prefix = role.prefix_prefill(role.vision_encode(Pixels.of(mine)), text_only(mine))
+                session = role.start_decode(prefix, group, sampling, gens)
+                session.advance()
+            runs.append(session.result())
+        (ra, la), (rb, lb) = runs
+        out[f"{mode}_tokens_equal"] = torch.equal(ra.tokens, rb.tokens) and torch.equal(
+            ra.lengths, rb.lengths
+        )
+        diff = (la.values - lb.values).abs().max().item()
+        out["max_logprob_diff"] = max(out["max_logprob_diff"], diff)
+    return out

@@ -6,7 +6,9 @@ shard itself), after a few optimizer steps, on every rank (share_checks.py):
   layout, bit for bit (and each TP DTensor reassembles to the full parameter);
 - the tensors the algebra calls identical lie inside their trainer shard's storage, the
   rest inside the rebuild buffer;
-- an in-place change of a trainer shard is read by the rollout with no sync.
+- an in-place change of a trainer shard is read by the rollout with no sync;
+- its greedy and sampled tokens equal a gather-and-copy rollout's, logprobs too (TP 1:
+  bit for bit; TP: within 1e-5, the all-reduce's summation order).
 Two ranks with rollout TP 2 cover aliasing (o/down stored Shard(1) by the trainer),
 the all_to_all rebuild (norms, the replicated vision tower) and the TP forward; the
 4-rank and TP 1 layouts are slow variants of the same checks.
@@ -54,6 +56,12 @@ def _check(reports: list[dict], nproc: int, tp: int, spec=TINY) -> None:
         assert st["compute_copy_bytes"] == 0  # float32: the master shard is the copy
         assert st["syncs"] == STEPS + 1  # the initial load, then one per step
         assert (rep["live"] is not None) == (n > 0)
+        # Same prompts through this rollout and a gather-and-copy one: the same greedy and
+        # sampled tokens; logprobs equal with TP 1 (the same values, the same GEMMs), within
+        # float32 rounding with TP (row-parallel partial sums are all-reduced).
+        d = rep["decode"]
+        assert d["greedy_tokens_equal"] and d["sampled_tokens_equal"]
+        assert d["max_logprob_diff"] == 0.0 if tp == 1 else d["max_logprob_diff"] < 1e-5
 
 
 def test_share_tp2_on_two_ranks(tmp_path):
