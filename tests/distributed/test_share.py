@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from rollplex.backends.fsdp.exchange import fold
-from rollplex.backends.fsdp.share import rollout_sharing, shard_dims
 from rollplex.specs import MODEL_PRESETS
 from rollplex.weights import Copy, Kind, LayoutError
+from rollplex.weights.torch_rollout import rollout_sharing, shard_dims, torch_rollout_bytes
 from tests.distributed.conftest import launch
 
 PARAMS = 57  # tensors of the tiny Qwen2.5-VL
@@ -53,6 +53,10 @@ def _check(reports: list[dict], nproc: int, tp: int, spec=TINY, dtype="float32")
         st = rep["stats"]
         assert rep["aliased"] == n and rep["rebuilt"] == PARAMS - n
         assert st["shared_bytes"] == nbytes + st["placed_bytes"]
+        # what the planner can read without torch is what the rank holds
+        sharing = rollout_sharing(spec, nproc, tp, dtype)
+        predicted = torch_rollout_bytes(sharing, r, cast=dtype != "float32")
+        assert predicted == {k: st[k] for k in predicted}
         if dtype == "float32":  # the master shard is the compute copy
             assert st["compute_copy_bytes"] == 0 and st["placed_bytes"] == 0
         assert st["syncs"] == STEPS + 1  # the initial load, then one per step

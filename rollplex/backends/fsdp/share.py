@@ -2,12 +2,11 @@
 the trainer's ranks, that reads the trainer's own shards wherever the layout algebra
 says they already are the rollout's tensor, and rebuilds only the rest.
 
-- Layouts (`rollout_sharing`): training is FSDP2 of degree d_t = world; the rollout is
-  torch's Qwen2 TP plan on the LLM (`parallelize_module`: q/k/v/gate/up colwise, o/down
-  rowwise, embed rowwise over the vocab, lm_head colwise), the vision tower and norms
-  replicated. Rollout rank map: strided (TP group = ranks k, k+R, ...), so each GPU's FSDP
-  chunk holds rows of its own TP rank's tensor. With t_r == d_t the trainer stores o/down
-  as FSDP2 `Shard(1)` (`shard_dims`), which makes them the row-parallel shards exactly.
+- Layouts (weights/torch_rollout.py): training is FSDP2 of degree d_t = world; the
+  rollout is torch's Qwen2 TP plan on the LLM (`parallelize_module`: q/k/v/gate/up
+  colwise, o/down rowwise, embed rowwise over the vocab, lm_head colwise), the vision
+  tower and norms replicated, TP groups strided over the ranks. With t_r == d_t the
+  trainer stores o/down as FSDP2 `Shard(1)` (`shard_dims`): the row-parallel shards.
 - Storage (`SharedRollout`): each rollout tensor the algebra calls identical/view is
   `as_strided` over the trainer's compute-dtype shard: with float32 compute the master
   shard itself (an optimizer step is visible at once, no copy); with bfloat16 compute one
@@ -15,7 +14,8 @@ says they already are the rollout's tensor, and rebuilds only the rest.
   (partial/incompatible: norms, the replicated vision tower, everything at t_r < d_t)
   lives in one rebuild buffer, refilled at each weight_sync by `Exchange` (all_to_all).
 - What it costs is measured (`SharedRollout.stats`): bytes aliased, rebuilt, received,
-  the bf16 shard copy, the full copy that gather would hold, and each sync's seconds.
+  the bf16 shard copy, the full copy that gather would hold, and each sync's seconds;
+  `weights.torch_rollout.torch_rollout_bytes` predicts the bytes without torch.
 """
 
 from __future__ import annotations
@@ -45,15 +45,8 @@ from rollplex.backends.torch.decode import DecodeSession as TorchDecodeSession
 from rollplex.backends.torch.prefix import expand_prefix, prefix_forward
 from rollplex.backends.torch.roles import TorchRollout
 from rollplex.specs import ModelSpec
-from rollplex.weights import (
-    Kind,
-    LayoutError,
-    RolloutPlacement,
-    TrainPlacement,
-    WeightSharing,
-    strided_ranks,
-    torch_rollout_tensors,
-)
+from rollplex.weights import LayoutError, WeightSharing
+from rollplex.weights.torch_rollout import aliased, rollout_sharing
 
 EMBED = "model.language_model.embed_tokens.weight"
 # TP rows are a union over the group: no other role can read its prefix state, and no
@@ -71,30 +64,6 @@ TP_PLAN = {
     "layers.*.mlp.up_proj": ColwiseParallel(),
     "layers.*.mlp.down_proj": RowwiseParallel(),
 }
-
-
-def rollout_sharing(spec: ModelSpec, world: int, tp: int, dtype: str) -> WeightSharing:
-    """The algebra between this trainer (FSDP2 over `world` ranks) and the TP rollout;
-    raises LayoutError naming the parameter and both layouts when tp cannot split it."""
-    train = TrainPlacement(world, 1, aliasing_storage=1 < tp == world)
-    rollout = RolloutPlacement(tp, strided_ranks(world, tp), vision_tp=False)
-    sharing = WeightSharing(spec, train, rollout, dtype, dtype, torch_rollout_tensors(spec))
-    for name in sharing.tensors:  # every split is even on some rank, or a LayoutError now
-        sharing.rollout_shard(name, 0)
-    return sharing
-
-
-def shard_dims(spec: ModelSpec, world: int, tp: int) -> dict[str, int]:
-    """Parameters the trainer shards on dim 1 (FSDP2 `shard_placement_fn`) so that its
-    shards are the rollout's row-parallel tensors: those the algebra stores as stacked
-    rollout column blocks (o_proj, down_proj when t_r == d_t)."""
-    sharing = rollout_sharing(spec, world, tp, "float32")
-    out = {}
-    for name, p in sharing.params.items():
-        blocks, _ = sharing.train_shard(name, 0)
-        if len(p.shape) == 2 and blocks and blocks[0].c1 - blocks[0].c0 < p.cols:
-            out[name] = 1
-    return out
 
 
 def rollout_slice(
@@ -140,8 +109,7 @@ class SharedRollout(TorchRollout):
         return {n: local(p.detach()) for n, p in self.trainer.model.named_parameters()}
 
     def _rebuilt_on(self, tensor: str, gpu: int) -> bool:
-        sh = self.sharing.share(tensor, gpu)
-        return not (sh.kind in (Kind.IDENTICAL, Kind.VIEW) and sh.host is not None)
+        return not aliased(self.sharing, tensor, gpu)
 
     def _bind(self) -> None:
         """Point every rollout parameter at its storage: a view of a shard, or a slot of

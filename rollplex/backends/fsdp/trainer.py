@@ -69,7 +69,7 @@ class FsdpTrainer(TorchTrainer):
         # Shard before the optimizer exists: AdamW's state is then sharded as well.
         dims = None
         if fsdp.rollout_sync == "share":  # the shared rollout's row-parallel shards
-            from rollplex.backends.fsdp.share import shard_dims
+            from rollplex.weights.torch_rollout import shard_dims
 
             dims = shard_dims(spec, self.world, fsdp.rollout_tp)
         self.root = shard_model(

@@ -1,0 +1,78 @@
+"""The torch rollout's side of the algebra (`backend.fsdp.rollout_sync=share`), torch-free
+so the planner can read it: the two layouts, the trainer's storage that serves them, and
+the bytes each rank aliases, rebuilds and receives per weight_sync.
+
+- Layouts (`rollout_sharing`): training is FSDP2 of degree d_t = world; the rollout is
+  torch's Qwen2 TP plan on the LLM (`torch_rollout_tensors`), the vision tower and norms
+  replicated; rank map strided (TP group = ranks k, k+R, ...), so each rank's FSDP chunk
+  holds rows of its own TP rank's tensor. With t_r == d_t the aliasing storage stores
+  o/down as FSDP2 `Shard(1)` (`shard_dims`): then they are the row-parallel shards.
+- Bytes (`torch_rollout_bytes`): what `SharedRollout.stats()` measures, predicted.
+  With a cast (bf16 compute over fp32 masters) the rollout's own bf16 copy of the shards
+  is placed inside the rebuilt tensors where the algebra allows (PARTIAL); without one
+  (float32) the masters belong to FSDP2 and nothing can be placed.
+"""
+
+from __future__ import annotations
+
+import math
+
+from rollplex.specs.model import ModelSpec
+from rollplex.weights import algebra
+from rollplex.weights.layouts import RolloutPlacement, TrainPlacement
+from rollplex.weights.params import torch_rollout_tensors
+from rollplex.weights.rebuild import rebuild_plan
+from rollplex.weights.sharing import Kind, WeightSharing, strided_ranks
+
+
+def rollout_sharing(spec: ModelSpec, world: int, tp: int, dtype: str) -> WeightSharing:
+    """The algebra between the FSDP2 trainer on `world` ranks and the TP-`tp` torch
+    rollout; a LayoutError naming the parameter and both layouts when tp cannot split it."""
+    train = TrainPlacement(world, 1, aliasing_storage=1 < tp == world)
+    rollout = RolloutPlacement(tp, strided_ranks(world, tp), vision_tp=False)
+    sharing = WeightSharing(spec, train, rollout, dtype, dtype, torch_rollout_tensors(spec))
+    for name in sharing.tensors:  # every split is even on some rank, or a LayoutError now
+        sharing.rollout_shard(name, 0)
+    return sharing
+
+
+def shard_dims(spec: ModelSpec, world: int, tp: int) -> dict[str, int]:
+    """Parameters the trainer shards on dim 1 (FSDP2 `shard_placement_fn`): those the
+    algebra stores as stacked rollout column blocks (o_proj, down_proj when t_r == d_t)."""
+    sharing = rollout_sharing(spec, world, tp, "float32")
+    out = {}
+    for name, p in sharing.params.items():
+        blocks, _ = sharing.train_shard(name, 0)
+        if len(p.shape) == 2 and blocks and blocks[0].c1 - blocks[0].c0 < p.cols:
+            out[name] = 1
+    return out
+
+
+def aliased(sharing: WeightSharing, tensor: str, gpu: int) -> bool:
+    """The rollout tensor is a view of one local shard (else it is rebuilt)."""
+    sh = sharing.share(tensor, gpu)
+    return sh.kind in (Kind.IDENTICAL, Kind.VIEW) and sh.host is not None
+
+
+def torch_rollout_bytes(sharing: WeightSharing, gpu: int, cast: bool) -> dict[str, int]:
+    """Per-rank bytes of the shared rollout (the keys of `SharedRollout.stats`)."""
+    item = sharing.itemsize
+    shared = rebuilt = placed = received = 0
+    for name in sharing.tensors:
+        sh = sharing.share(name, gpu)
+        if aliased(sharing, name, gpu):
+            shared += sh.nbytes
+            continue
+        rebuilt += sh.nbytes
+        if cast:
+            placed += sum(p.nbytes for p in sh.placements)
+        plan = rebuild_plan(sharing, name, gpu, in_place=cast)
+        received += sum(c.nbytes for c in plan if c.gpu != gpu)
+    shards = sum(algebra.numel(sharing.train_shard(p, gpu)[0]) for p in sharing.params) * item
+    copy = shards - placed if cast else 0
+    full = sum(math.prod(p.shape) for p in sharing.params.values()) * item
+    return {
+        "shared_bytes": shared + placed, "rebuild_bytes": rebuilt - placed,
+        "received_bytes": received, "placed_bytes": placed, "compute_copy_bytes": copy,
+        "full_copy_bytes": full, "extra_bytes": rebuilt + copy,
+    }  # fmt: skip
