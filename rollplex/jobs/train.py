@@ -50,6 +50,8 @@ CSV_FIELDS = (
     "eval_accuracy",
     "step_time_s",
     "peak_resident_bytes",
+    "engine_sleep_s",  # an engine rollout's plan-driven sleep and wake-ups (else empty)
+    "engine_wake_s",
 )
 
 
@@ -112,6 +114,7 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     from rollplex.runtime import Executor, Progress
     from rollplex.runtime.compose import compose, rollout_capabilities
     from rollplex.runtime.dispatch import StepConfig
+    from rollplex.runtime.engine_residency import engine_kv_budget
     from rollplex.trace import open_writer
 
     t = spec.train
@@ -127,7 +130,10 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
         device=t.device,
         scorer=prepared.scorer,
     )
-    backend = compose(config, spec.backend, workdir=out)
+    engine_kv = engine_kv_budget(plan)  # the plan's KV pool for an engine rollout
+    backend = compose(
+        config, spec.backend, workdir=out, **({"kv_cache_bytes": engine_kv} if engine_kv else {})
+    )
     fsdp = spec.backend.trainer == "fsdp"
     main = not fsdp or backend.trainer.dist.is_main  # only rank 0 writes the run folder
     if fsdp:
@@ -295,6 +301,7 @@ def _row(res) -> dict[str, Any]:
         "eval_accuracy": "",
         "step_time_s": res.seconds,
         "peak_resident_bytes": max(res.peak_resident_bytes.values()),
+        **{k: m.get(k, "") for k in CSV_FIELDS[-2:]},
     }
 
 
