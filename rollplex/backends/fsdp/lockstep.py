@@ -4,8 +4,8 @@ the same rows, but each rank's step holds its own slice of the prompts (FsdpHook
 So a TP rollout gathers its group's inputs before each LLM call (the prompts, their
 vision features, the per-sample generators' states), runs the union in lockstep (every
 collective of the TP plan sees the same shapes on every rank), and hands each rank back
-its own rows of the decode's result. Group members are concatenated in TP-rank order and
-every rank holds the same number of rows (the step's prompts divide over the ranks).
+its own rows of the decode's result. Group members are concatenated in TP-rank order;
+their row counts and padded prompt lengths may differ (each takes back its own rows).
 """
 
 from __future__ import annotations
@@ -22,20 +22,22 @@ from rollplex.backends.torch.values import Features, Responses, TokenLogprobs
 
 
 def gather_cat(t: torch.Tensor, group: dist.ProcessGroup, device: torch.device) -> torch.Tensor:
-    """Concatenation along dim 0 of every group member's `t` (dim 0 may differ)."""
+    """Concatenation along dim 0 of every group member's `t`. Shapes may differ: dim 0
+    is cut back to each member's rows; other dims are zero-padded to the largest (padded
+    prompt positions carry attention mask 0, so their content is never read)."""
     k = dist.get_world_size(group)
     x = t.to(device)
     if x.dtype == torch.bool:  # gloo has no bool collectives
         return gather_cat(x.to(torch.uint8), group, device).bool()
-    n = torch.tensor([x.shape[0]], device=device)
-    sizes = [torch.zeros_like(n) for _ in range(k)]
-    dist.all_gather(sizes, n, group=group)
-    rows = [int(s) for s in sizes]
-    padded = x.new_zeros((max(rows), *x.shape[1:]))
-    padded[: x.shape[0]] = x
+    shape = torch.tensor(list(x.shape), device=device)
+    shapes = [torch.zeros_like(shape) for _ in range(k)]
+    dist.all_gather(shapes, shape, group=group)
+    top = torch.stack(shapes).amax(0).tolist()
+    padded = x.new_zeros(top)
+    padded[tuple(slice(0, n) for n in x.shape)] = x
     outs = [torch.empty_like(padded) for _ in range(k)]
     dist.all_gather(outs, padded.contiguous(), group=group)
-    return torch.cat([o[:r] for o, r in zip(outs, rows, strict=True)]).to(t.device)
+    return torch.cat([o[: int(s[0])] for o, s in zip(outs, shapes, strict=True)]).to(t.device)
 
 
 def gather_rows(value: Any, group: dist.ProcessGroup, device: torch.device) -> Any:
@@ -72,16 +74,29 @@ def gather_generators(generator: Any, group: dist.ProcessGroup, device: torch.de
     return out
 
 
+def member_rows(
+    union: int, mine: int | None, group: dist.ProcessGroup, device: torch.device
+) -> tuple[int, int]:
+    """This member's rows [lo, hi) of a union of `union` rows. `mine`: its own count (the
+    length of its per-sample generator list); None: the rows split evenly."""
+    k, me = dist.get_world_size(group), dist.get_rank(group)
+    if mine is None:
+        if union % k:
+            raise BackendError(f"the TP rollout cannot split {union} rows over {k} ranks")
+        return me * (union // k), (me + 1) * (union // k)
+    counts = gather_cat(torch.tensor([mine], device=device), group, device).tolist()
+    return sum(counts[:me]), sum(counts[: me + 1])
+
+
 class MemberDecode(TorchDecode):
     """A decode session over the group's union of rows; `result` is this member's rows."""
 
-    def __init__(self, session: Any, member: int, members: int) -> None:
+    def __init__(self, session: Any, lo: int, hi: int) -> None:
         super().__init__(session)
-        self.member, self.members = member, members
+        self.lo, self.hi = lo, hi
 
     def result(self) -> tuple[Responses, TokenLogprobs]:
         responses, logprobs = super().result()
-        n = responses.tokens.shape[0] // self.members
-        lo, hi = self.member * n, (self.member + 1) * n
+        lo, hi = self.lo, self.hi
         mine = Responses(responses.tokens[lo:hi], responses.lengths[lo:hi])
         return mine, TokenLogprobs(logprobs.values[lo:hi], logprobs.mask[lo:hi])

@@ -10,7 +10,9 @@ says they already are the rollout's tensor, and rebuilds only the rest.
 - Storage (`SharedRollout`): each rollout tensor the algebra calls identical/view is
   `as_strided` over the trainer's compute-dtype shard: with float32 compute the master
   shard itself (an optimizer step is visible at once, no copy); with bfloat16 compute one
-  bfloat16 copy of the shards, refreshed by a local cast at each weight_sync. The rest
+  bfloat16 copy of the shards, refreshed by a local cast at each weight_sync (where the
+  algebra says PARTIAL that copy lives inside the rebuilt tensor: only its holes travel).
+  The rest
   (partial/incompatible: norms, the replicated vision tower, everything at t_r < d_t)
   lives in one rebuild buffer, refilled at each weight_sync by `Exchange` (all_to_all).
 - What it costs is measured (`SharedRollout.stats`): bytes aliased, rebuilt, received,
@@ -39,7 +41,12 @@ from torch.distributed.tensor.parallel import (
 from rollplex.backends.base import BackendError, CheckpointWeights, LiveWeights, version_name
 from rollplex.backends.capabilities import RoleCapabilities
 from rollplex.backends.fsdp.exchange import Exchange
-from rollplex.backends.fsdp.lockstep import MemberDecode, gather_generators, gather_rows
+from rollplex.backends.fsdp.lockstep import (
+    MemberDecode,
+    gather_generators,
+    gather_rows,
+    member_rows,
+)
 from rollplex.backends.fsdp.shard import DTYPES, local
 from rollplex.backends.torch.decode import DecodeSession as TorchDecodeSession
 from rollplex.backends.torch.prefix import expand_prefix, prefix_forward
@@ -91,7 +98,6 @@ class SharedRollout(TorchRollout):
         if tp > 1:
             mesh = init_device_mesh(device.type, (tp, world // tp), mesh_dim_names=("tp", "rep"))
             self.tp_mesh, self.group = mesh["tp"], mesh["tp"].get_group()
-            self.member = self.tp_mesh.get_local_rank()
             parallelize_module(model.model.language_model, self.tp_mesh, TP_PLAN)
             head = ColwiseParallel(output_layouts=Replicate())
             parallelize_module(model.lm_head, self.tp_mesh, head)
@@ -117,7 +123,7 @@ class SharedRollout(TorchRollout):
         sharing, me = self.sharing, self.rank
         for name, shard in self._shards.items():
             want = sharing.train_shape(name, me)
-            if math.prod(want) != shard.numel() or not shard.is_contiguous():
+            if tuple(want) != tuple(shard.shape) or not shard.is_contiguous():
                 raise LayoutError(
                     f"{sharing.where(name)}: the trainer's shard on rank {me} is "
                     f"{tuple(shard.shape)} (contiguous={shard.is_contiguous()}), the algebra "
@@ -156,7 +162,8 @@ class SharedRollout(TorchRollout):
     def _storage(self, tensor: str, name: str, p: torch.Tensor) -> torch.Tensor:
         sh = self.sharing.share(tensor, self.rank)
         shape = p.to_local().shape if isinstance(p, DTensor) else p.shape
-        if math.prod(sh.shape) != math.prod(shape):
+        same_rank = len(shape) == len(sh.shape)
+        if math.prod(sh.shape) != math.prod(shape) or (same_rank and shape != sh.shape):
             raise LayoutError(
                 f"{self.sharing.where(tensor)}: rollout parameter {name} holds {tuple(shape)} "
                 f"on rank {self.rank}, the algebra's rollout layout {sh.shape}"
@@ -249,15 +256,17 @@ class SharedRollout(TorchRollout):
     def start_decode(self, prefix, group_size, sampling, generator):
         if self.group is None:
             return super().start_decode(prefix, group_size, sampling, generator)
+        mine = len(generator) if isinstance(generator, list | tuple) else None
         generator = gather_generators(generator, self.group, self.device)
         with torch.no_grad():
             state = expand_prefix(prefix, group_size)
+        lo, hi = member_rows(state.rows, mine, self.group, self.device)
         s = sampling
         session = TorchDecodeSession(
             self._model(), state, s.max_new_tokens, s.temperature, s.top_p, generator,
             s.eos_id, s.pad_id,
         )  # fmt: skip
-        return MemberDecode(session, self.member, self.tp)
+        return MemberDecode(session, lo, hi)
 
     def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
         if self.group is not None and len(parts) > 1:
