@@ -48,6 +48,11 @@ Public API: `build_sharing(model_spec, weights_spec) -> WeightSharing`; then
 `rebuild.shard_homes(sharing, gpu)` (where the trainer allocates each local shard) and
 `rebuild.rebuild_plan(sharing, tensor, gpu) -> [Copy]` (what weight_sync copies, from
 which GPU); `report.tally(sharing) -> SharingReport` for the totals.
+
+The torch rollout (`backend.fsdp.rollout_sync=share`) uses the same algebra with its own
+tensors (`torch_rollout_tensors`: transformers' parameters, unfused, torch's TP plan);
+`torch_rollout.py` builds that pair of layouts and predicts each rank's aliased, rebuilt
+and received bytes (`torch_rollout_bytes`), which backends/fsdp/share.py then holds.
 """
 
 from rollplex.weights.build import aligned_ranks, build_sharing, vision_fits_tp
