@@ -22,6 +22,7 @@ says they already are the rollout's tensor, and rebuilds only the rest.
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 import time
@@ -55,6 +56,7 @@ from rollplex.specs import ModelSpec
 from rollplex.weights import LayoutError, WeightSharing
 from rollplex.weights.torch_rollout import aliased, rollout_sharing
 
+log = logging.getLogger(__name__)
 EMBED = "model.language_model.embed_tokens.weight"
 # TP rows are a union over the group: no other role can read its prefix state, and no
 # other phase's rows can ride on its decode.
@@ -109,6 +111,14 @@ class SharedRollout(TorchRollout):
         self.exchange = Exchange(self.sharing, self.rank, self._rebuilt_on, in_place=self._cast)
         self.sync_seconds: list[float] = []
         self.cast_seconds: list[float] = []
+        st, mib = self.stats(), 1 << 20
+        log.info(
+            "rollout_sync=share, rollout TP %d on rank %d: %.1f MiB read from training "
+            "storage, %.1f MiB rebuilt (%.1f MiB received per sync), %.1f MiB own bf16 "
+            "shard copy; a full copy is %.1f MiB", tp, self.rank, st["shared_bytes"] / mib,
+            st["rebuild_bytes"] / mib, st["received_bytes"] / mib,
+            st["compute_copy_bytes"] / mib, st["full_copy_bytes"] / mib,
+        )  # fmt: skip
 
     # -- storage ----------------------------------------------------------------------
     def _masters(self) -> dict[str, torch.Tensor]:
