@@ -126,7 +126,9 @@ def test_prefix_kv_is_stored_per_prompt(model, prefix, spec):
     # Response slots take G * (R - 1) positions after the prefix (rounded up): the prefix
     # is not among them G times.
     assert cache.length < p + 64 + g * R
-    eager_kv = sum(t.numel() * 4 for kv in expand_prefix(prefix, g).cache.layers for t in (kv.keys, kv.values))
+    eager_kv = sum(
+        t.numel() * 4 for kv in expand_prefix(prefix, g).cache.layers for t in (kv.keys, kv.values)
+    )
     assert sum(k.untyped_storage().nbytes() for k in cache.keys) * 2 < eager_kv
 
 

@@ -56,7 +56,9 @@ class SharedPrefixKV:
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.blocked = torch.finfo(dtype).min
         q = q_per_kv * group_size
-        self.mask = torch.full((prompts, 1, q, self.length), self.blocked, dtype=dtype, device=device)
+        self.mask = torch.full(
+            (prompts, 1, q, self.length), self.blocked, dtype=dtype, device=device
+        )
         self._query_row = torch.arange(q, device=device) % group_size  # query r*G+g -> row g
         self._group = torch.arange(group_size, device=device)
 

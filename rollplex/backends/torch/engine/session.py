@@ -123,7 +123,10 @@ class DecodeEngine:
         ):
             raise ValueError("the decode engine supports full-attention layers only")
         if kv_chunk < 1 or sync_every < 1 or not buckets:
-            raise ValueError(f"need kv_chunk, sync_every >= 1 and buckets, got {kv_chunk}, {sync_every}, {buckets}")
+            raise ValueError(
+                f"need kv_chunk >= 1, sync_every >= 1 and row buckets; "
+                f"got {kv_chunk}, {sync_every}, {buckets}"
+            )
         self.model, self.buckets, self.kv_chunk = model, sorted(buckets), kv_chunk
         self.device = model.lm_head.weight.device
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
@@ -156,9 +159,13 @@ class DecodeEngine:
         """Sample `group_size` responses per row of `prefix` (one row per prompt, as
         prefix_forward returns it): rows b*G .. b*G+G-1 are prompt b's."""
         if max_new_tokens < 1 or group_size < 1:
-            raise ValueError(f"need max_new_tokens, group_size >= 1, got {max_new_tokens}, {group_size}")
+            raise ValueError(
+                f"need max_new_tokens, group_size >= 1, got {max_new_tokens}, {group_size}"
+            )
         if temperature < 0 or not 0 < top_p <= 1:
-            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+            raise ValueError(
+                f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}"
+            )
         if prefix.last_logits is None:
             raise ValueError("decode needs the prefix's last_logits (the LM head was deferred)")
         if pad_id is None:

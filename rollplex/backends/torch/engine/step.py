@@ -53,7 +53,8 @@ def _attention(
         attn_mask=cache.mask[..., :kv_len],
         scale=getattr(attn, "scaling", d**-0.5),
     )
-    out = out.view(b, heads, g, d).transpose(1, 2).reshape(b, g, heads * d)
+    # reshape, not view: a CUDA kernel may return the heads strided inside the query dim
+    out = out.reshape(b, heads, g, d).transpose(1, 2).reshape(b, g, heads * d)
     return attn.o_proj(out)
 
 
