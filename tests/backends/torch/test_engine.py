@@ -17,6 +17,9 @@ from rollplex.backends.torch.engine import (
     vision_encode,
 )
 from rollplex.backends.torch.engine.session import DecodeEngine
+from rollplex.backends.torch.task import QUESTIONS, VisualTask
+from rollplex.backends.torch.tokenizer import encode_prompt
+from rollplex.data.prompts import collate_prompts
 
 G = 3
 R = 7
@@ -140,3 +143,29 @@ def test_bad_arguments_are_named(model, prefix):
         engine.start(prefix, G, 0, 1.0, 1.0, None, -1)
     with pytest.raises(ValueError, match="row generators"):
         engine.start(prefix, G, R, 1.0, 1.0, [torch.Generator()], -1)
+
+
+def test_greedy_equals_transformers_generate(model, tokenizer, processor, spec):
+    # one prompt, so no padding: generate's own setting (the conftest batch's prompt 0)
+    sample = VisualTask(seed=0).samples(0, 1)[0]
+    prompt = encode_prompt(tokenizer, processor, sample.image.resize((56, 56)), QUESTIONS["count"])
+    one = collate_prompts([prompt], pad_id=spec.special_tokens.pad_token_id)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=one.input_ids,
+            attention_mask=one.attention_mask,
+            pixel_values=one.pixel_values,
+            image_grid_thw=one.image_grid_thw,
+            mm_token_type_ids=one.mm_token_type_ids,
+            max_new_tokens=R,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=spec.special_tokens.pad_token_id,
+        )
+        feats = vision_encode(model, one.pixel_values, one.image_grid_thw)
+        prefix = prefix_forward(model, one, feats, grad=False)
+    session = DecodeEngine(model).start(prefix, 1, R, 0.0, 1.0, None, -1)
+    session.advance()
+    tokens = session.result()[0]
+    assert tokens.unique().numel() > 1  # not one token repeated
+    assert torch.equal(tokens, out[:, one.input_ids.shape[1] :])
