@@ -17,9 +17,14 @@ from rollplex.backends.torch.engine import (
     vision_encode,
 )
 from rollplex.backends.torch.engine.session import DecodeEngine
+from rollplex.backends.torch.logprob import token_logprobs
+from rollplex.backends.torch.roles import features_of
 from rollplex.backends.torch.task import QUESTIONS, VisualTask
 from rollplex.backends.torch.tokenizer import encode_prompt
+from rollplex.backends.torch.values import Pixels
 from rollplex.data.prompts import collate_prompts
+from tests.backends.torch.test_video import BATCHES, hf_logits, renderer  # noqa: F401
+from tests.backends.torch.test_video import G as VIDEO_G
 
 G = 3
 R = 7
@@ -169,3 +174,18 @@ def test_greedy_equals_transformers_generate(model, tokenizer, processor, spec):
     tokens = session.result()[0]
     assert tokens.unique().numel() > 1  # not one token repeated
     assert torch.equal(tokens, out[:, one.input_ids.shape[1] :])
+
+
+@pytest.mark.parametrize("kind", ["video", "mixed"])
+def test_greedy_on_video_prompts_matches_transformers(model, renderer, kind):  # noqa: F811
+    """Video M-RoPE: responses continue where transformers' full forward puts them."""
+    batch = renderer.encode_batch(BATCHES[kind])
+    with torch.no_grad():
+        feats = features_of(model, Pixels.of(batch))
+        prefix = prefix_forward(model, batch.text_only(), feats.values, False)
+        session = DecodeEngine(model).start(prefix, VIDEO_G, 5, 0.0, 1.0, None, -1)
+        session.advance()
+        tokens, logprobs, lengths = session.result()
+        logits = hf_logits(model, batch, tokens, lengths)
+    torch.testing.assert_close(logprobs, token_logprobs(logits, tokens), atol=1e-5, rtol=0)
+    assert torch.equal(tokens, logits.argmax(-1))
