@@ -14,6 +14,19 @@ One GRPO step over B prompts and G samples each, with the prefix computed once p
 
 `full_logprobs` is the verl-style path (prefix recomputed per sample), kept as the
 baseline and the yardstick.
+
+The rollout role decodes with the engine in this package instead of `decode` (which G-times
+expands the prefix and runs an eager per-token loop, kept as the reference the engine is
+tested against and as the benchmark's baseline):
+
+    engine = DecodeEngine(model)                      # session.py: buffers + CUDA graphs
+    session = engine.start(prefix_forward(...), G, R, temperature, top_p, gen, eos_id)
+    session.advance(k); ...; tokens, logprobs, lengths = session.result()
+
+- cache.py: static K/V, each prompt's prefix stored once for its G rows;
+- step.py: one decode forward on the model's own modules over that cache;
+- sampling.py: on-device draws, a function of (row seed, step);
+- roofline.py: achieved HBM bandwidth against the roofline.
 """
 
 from __future__ import annotations
