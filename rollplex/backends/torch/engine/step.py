@@ -20,9 +20,17 @@ import torch.nn.functional as F
 from rollplex.backends.torch.engine.cache import SharedPrefixKV
 
 
-def _rotary(attn: torch.nn.Module):
-    # transformers' rotary application, from the module that defines this attention class
-    return sys.modules[type(attn).__module__].apply_rotary_pos_emb
+def _rotary(attn: torch.nn.Module, q, k, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' rotary application, from the module that defines this attention class.
+    Releases that select the M-RoPE sections inside the rotary embedding (5.19) export
+    `apply_rotary_pos_emb`; those that select them at application time export
+    `apply_multimodal_rotary_pos_emb(..., mrope_section)` and get cos/sin per axis."""
+    module = sys.modules[type(attn).__module__]
+    multimodal = getattr(module, "apply_multimodal_rotary_pos_emb", None)
+    if multimodal is None:
+        return module.apply_rotary_pos_emb(q, k, cos, sin)
+    rope = getattr(attn.config, "rope_parameters", None) or attn.config.rope_scaling
+    return multimodal(q, k, cos, sin, rope["mrope_section"])
 
 
 def _attention(
@@ -40,7 +48,7 @@ def _attention(
     q = attn.q_proj(x).view(b, g, -1, d).transpose(1, 2)  # [B, H, G, D]
     k = attn.k_proj(x).view(b, g, -1, d).transpose(1, 2)  # [B, Hkv, G, D]
     v = attn.v_proj(x).view(b, g, -1, d).transpose(1, 2)
-    q, k = _rotary(attn)(q, k, cos, sin)
+    q, k = _rotary(attn, q, k, cos, sin)
     cache.write(layer, k, v, slots)
     heads, kv_heads = q.shape[1], k.shape[1]
     # Query head j * rep + r reads K/V head j (transformers' repeat_kv order): fold r into
