@@ -106,7 +106,7 @@ def _prompt(prefix, row):
 
 
 def test_segments_resume_to_the_same_tokens(model, prefix):
-    engine = DecodeEngine(model)
+    engine = DecodeEngine(model, keep_workspace=True)
     whole = _engine_decode(model, prefix, 1.0, 1.0, torch.Generator().manual_seed(3))
     s = engine.start(prefix, G, R, 1.0, 1.0, torch.Generator().manual_seed(3), -1)
     assert not s.advance(2) and s.steps_left == R - 3
@@ -118,6 +118,10 @@ def test_segments_resume_to_the_same_tokens(model, prefix):
     assert again.ws is s.ws
     again.advance()
     assert torch.equal(again.result()[0], whole[0])
+    # Without graphs (CPU) the buffers go with the finished session by default.
+    light = DecodeEngine(model)
+    light.start(prefix, G, R, 0.0, 1.0, None, -1).advance()
+    assert light.workspace is None
 
 
 def test_prefix_kv_is_stored_per_prompt(model, prefix, spec):

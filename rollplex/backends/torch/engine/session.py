@@ -108,7 +108,10 @@ class Workspace:
 
 class DecodeEngine:
     """Decode for one model. `use_graphs` defaults to True on CUDA; `kv_chunk` is how many
-    steps one graph's kv_len covers (more graphs, fewer masked slots read)."""
+    steps one graph's kv_len covers (more graphs, fewer masked slots read).
+    `keep_workspace` (default: when graphs are used) keeps the buffers and graphs after a
+    session finishes, for the next session of the same shape; otherwise they are freed with
+    the finished session, as the eager loop's cache was."""
 
     def __init__(
         self,
@@ -117,6 +120,7 @@ class DecodeEngine:
         use_graphs: bool | None = None,
         kv_chunk: int = 64,
         sync_every: int = 16,
+        keep_workspace: bool | None = None,
     ) -> None:
         if model.config.text_config.layer_types.count("full_attention") != len(
             model.config.text_config.layer_types
@@ -131,6 +135,7 @@ class DecodeEngine:
         self.device = model.lm_head.weight.device
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         self.sync_every = sync_every if self.device.type == "cuda" else 1
+        self.keep_workspace = self.use_graphs if keep_workspace is None else keep_workspace
         self.workspace: Workspace | None = None
         self._pool = None
 
@@ -273,6 +278,8 @@ class EngineSession:
     def _check_done(self) -> None:
         if self.t >= self.max_new_tokens or bool(self.ws.done.all()):
             self.finished = True
+            if not self.engine.keep_workspace and self.engine.workspace is self.ws:
+                self.engine.workspace = None  # freed with this session
 
     def advance(self, steps: int | None = None) -> bool:
         """Run up to `steps` decode steps (all remaining when None); True once finished.
