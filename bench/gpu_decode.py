@@ -95,7 +95,16 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
             prefix = prefix_forward(model, batch, feats, grad=False)
         lengths = [int(x) for x in batch.lengths]
 
-        warm, times = engine_runs(engine, prefix, g, r, dev, args.repeats)
+        graph_error = None
+        try:
+            warm, times = engine_runs(engine, prefix, g, r, dev, args.repeats)
+        except RuntimeError as err:  # a capture failure still leaves the eager step's numbers
+            graph_error = f"{type(err).__name__}: {err}"[:500]
+            print(
+                f"{name} batch {rows}: CUDA graphs failed ({graph_error}); eager step", flush=True
+            )
+            engine = DecodeEngine(model, use_graphs=False, keep_workspace=True)
+            warm, times = engine_runs(engine, prefix, g, r, dev, args.repeats)
         steps = r - 1  # token 0 comes from the prefix logits; each step draws one more
         reads = kv_token_reads(lengths, g, steps)
         rep = roofline(weights, reads, kv_tok, steps, statistics.median(times), hw.hbm_bandwidth)
@@ -110,13 +119,15 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
             "engine_tokens_per_s": prompts * g / rep.step_seconds,
             "engine_hbm_share": rep.efficiency,
             "bytes_per_step": rep.bytes_per_step,
+            "cuda_graphs": engine.use_graphs,
+            "graph_error": graph_error,
             "warmup_capture_s": warm,
             "sdpa_backend": sdpa_backend(model, engine),
             "workspace_bytes": engine.workspace.cache.nbytes() if engine.workspace else 0,
         }
         if prompts * g <= args.eager_max_batch and time.perf_counter() < deadline:
-            entry |= eager_loop(model, prefix, g, args, dev, weights, kv_tok, lengths, hw)
-            entry |= greedy_agreement(model, engine, prefix, g, args.check_steps)
+            guarded(entry, eager_loop, model, prefix, g, args, dev, weights, kv_tok, lengths, hw)
+            guarded(entry, greedy_agreement, model, engine, prefix, g, args.check_steps)
         if dev.type == "cuda":
             entry["max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
         print(json.dumps(entry), flush=True)
@@ -126,6 +137,15 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return rows_out
+
+
+def guarded(entry: dict, fn, *args) -> None:
+    """entry |= fn(*args), or the error noted in the entry: one failing check does not lose
+    the run's other numbers."""
+    try:
+        entry |= fn(*args)
+    except RuntimeError as err:
+        entry.setdefault("errors", []).append(f"{fn.__name__}: {type(err).__name__}: {err}"[:500])
 
 
 def engine_runs(engine, prefix, g: int, r: int, dev, repeats: int) -> tuple[float, list[float]]:
