@@ -55,6 +55,12 @@ def test_greedy_equals_eager_decode_and_full_forward(model, prefix, batch):
     torch.testing.assert_close(logprobs, ref[1], atol=1e-5, rtol=0)
     valid = response_mask(lengths, R)
     assert torch.equal(logits.argmax(-1)[valid], tokens[valid])  # transformers' own forward
+    # Greedy draws from no generator, the global one included.
+    gen, state = torch.Generator().manual_seed(9), torch.get_rng_state()
+    again = _engine_decode(model, prefix, gen=gen, eos=eos)[0]
+    assert torch.equal(again, tokens)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(gen.get_state(), torch.Generator().manual_seed(9).get_state())
 
 
 def test_sampled_tokens_scored_alike_by_reference_path(model, prefix):

@@ -112,7 +112,8 @@ class DecodeEngine:
             int(pad_id),
         )
         ws = self._workspace(shape)
-        seeds = row_seeds(generator, b * g, self.device)
+        # Greedy draws nothing: leave every generator (the global one too) untouched.
+        seeds = row_seeds(generator, b * g, self.device) if temperature > 0 else 0
         with torch.no_grad():
             ws.cache.load(kv, prefix.lengths.to(self.device))
             ws.seeds.zero_()
