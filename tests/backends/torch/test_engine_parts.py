@@ -11,7 +11,8 @@ from rollplex.backends.torch.engine.roofline import (
     lm_weight_bytes,
     roofline,
 )
-from rollplex.backends.torch.engine.sampling import counter_uniform, row_seeds, sample_rows
+from rollplex.backends.torch.engine.sampling import counter_uniform, draw, row_seeds, sample_rows
+from rollplex.backends.torch.logprob import token_logprobs
 
 
 def test_counter_uniform_is_a_function_of_seed_and_step():
@@ -79,3 +80,12 @@ def test_lm_weight_bytes_counts_layers_norm_and_head(model, spec):
     per_layer = attn + 3 * h * inter + 2 * h  # MLP, two norms
     params = layers * per_layer + h + spec.vocab_size * h  # final norm, LM head
     assert lm_weight_bytes(model) == 4 * params
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(0.0, 1.0), (0.7, 1.0), (1.0, 0.8)])
+def test_draw_scores_its_token_as_token_logprobs(temperature, top_p):
+    logits = torch.randn(16, 50, generator=torch.Generator().manual_seed(2)) * 3
+    u = counter_uniform(row_seeds(torch.Generator().manual_seed(3), 16, torch.device("cpu")), 5)
+    token, logprob = draw(logits, u, temperature, top_p)
+    torch.testing.assert_close(logprob, token_logprobs(logits, token, temperature))
+    assert torch.equal(token, sample_rows(logits, u, temperature, top_p))

@@ -63,27 +63,44 @@ def counter_uniform(seeds: torch.Tensor, step: torch.Tensor | int) -> torch.Tens
 
 def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Index of the first entry whose cumulative mass exceeds u * total: zero-mass entries
-    are never drawn, and the total is the row's own sum (not assumed to be 1)."""
-    cdf = probs.cumsum(-1)
-    target = u * cdf[:, -1]
-    return (cdf <= target[:, None]).sum(-1).clamp_(max=probs.shape[-1] - 1)
+    are never drawn, and the total is the row's own sum (not assumed to be 1). `probs` is
+    overwritten by its running sum; a binary search reads log2(V) entries of it per row."""
+    cdf = probs.cumsum_(-1)
+    target = (u * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+
+
+def draw(
+    logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, top_p: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token [N], its logprob [N]) per row of `logits` [N, V]: argmax when temperature == 0,
+    else the inverse CDF at `uniforms` [N] of softmax(logits / T) cut to its top-p nucleus.
+    The logprob is log softmax(logits / T) of the token before the cut (raw logits when
+    greedy), as `token_logprobs` scores it; both share one fp32 copy of the logits and one
+    log-normaliser, since at a real vocabulary these passes cost as much as a layer."""
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+    scaled = logits.to(torch.float32, copy=True)
+    if temperature > 0 and temperature != 1.0:
+        scaled.div_(temperature)
+    lse = scaled.logsumexp(-1)
+    if temperature == 0:
+        token = logits.argmax(-1)
+    elif top_p >= 1:
+        token = _inverse_cdf((scaled - lse[:, None]).exp_(), uniforms)
+    else:
+        # Keep the smallest head of the sorted distribution whose mass reaches top_p (the
+        # most likely token always survives); a stable sort keeps ties deterministic.
+        probs = (scaled - lse[:, None]).exp_()
+        sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
+        drop = sorted_p.cumsum(-1) - sorted_p >= top_p
+        picked = _inverse_cdf(sorted_p.masked_fill_(drop, 0.0), uniforms)
+        token = order.gather(-1, picked[:, None]).squeeze(-1)
+    return token, scaled.gather(-1, token[:, None]).squeeze(-1) - lse
 
 
 def sample_rows(
     logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, top_p: float
 ) -> torch.Tensor:
-    """One token per row [N] of `logits` [N, V]: argmax when temperature == 0, else the
-    inverse CDF at `uniforms` [N] of softmax(logits / T) cut to its top-p nucleus."""
-    if temperature < 0 or not 0 < top_p <= 1:
-        raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
-    if temperature == 0:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p >= 1:
-        return _inverse_cdf(probs, uniforms)
-    # Keep the smallest head of the sorted distribution whose mass reaches top_p (the most
-    # likely token always survives); a stable sort keeps ties deterministic.
-    sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
-    drop = sorted_p.cumsum(-1) - sorted_p >= top_p
-    picked = _inverse_cdf(sorted_p.masked_fill(drop, 0.0), uniforms)
-    return order.gather(-1, picked[:, None]).squeeze(-1)
+    """The tokens of `draw`."""
+    return draw(logits, uniforms, temperature, top_p)[0]

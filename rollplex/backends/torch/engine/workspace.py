@@ -14,9 +14,8 @@ from typing import Any
 import torch
 
 from rollplex.backends.torch.engine.cache import SharedPrefixKV
-from rollplex.backends.torch.engine.sampling import counter_uniform, sample_rows
+from rollplex.backends.torch.engine.sampling import counter_uniform, draw
 from rollplex.backends.torch.engine.step import decode_logits
-from rollplex.backends.torch.logprob import token_logprobs
 from rollplex.backends.torch.prefix import Model
 
 
@@ -76,8 +75,7 @@ class Workspace:
     def record(self, column: torch.Tensor, logits: torch.Tensor) -> None:
         """Draw response token `column` of every row from `logits` [rows, V]."""
         s = self.shape
-        nxt = sample_rows(logits, counter_uniform(self.seeds, column), s.temperature, s.top_p)
-        lp = token_logprobs(logits, nxt, s.temperature)
+        nxt, lp = draw(logits, counter_uniform(self.seeds, column), s.temperature, s.top_p)
         live = ~self.done
         self.tokens.index_copy_(1, column, torch.where(live, nxt, s.pad_id)[:, None])
         self.logprobs.index_copy_(1, column, torch.where(live, lp, 0.0)[:, None])
