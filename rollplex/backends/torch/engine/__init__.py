@@ -32,6 +32,8 @@ tested against and as the benchmark's baseline):
 from __future__ import annotations
 
 from rollplex.backends.torch.decode import decode, sample_next
+from rollplex.backends.torch.engine.roofline import RooflineReport, roofline
+from rollplex.backends.torch.engine.session import DecodeEngine, EngineSession
 from rollplex.backends.torch.logprob import (
     full_logits,
     full_logprobs,
@@ -44,9 +46,12 @@ from rollplex.backends.torch.prefix import PrefixState, expand_prefix, prefix_fo
 from rollplex.data.prompts import PromptBatch, PromptInputs, collate_prompts
 
 __all__ = [
+    "DecodeEngine",
+    "EngineSession",
     "PrefixState",
     "PromptBatch",
     "PromptInputs",
+    "RooflineReport",
     "collate_prompts",
     "decode",
     "expand_prefix",
@@ -57,6 +62,7 @@ __all__ = [
     "prefix_forward",
     "response_logprobs",
     "response_mask",
+    "roofline",
     "sample_next",
     "token_logprobs",
     "vision_encode",
