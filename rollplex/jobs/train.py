@@ -120,7 +120,10 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     t = spec.train
     model, workload = prepared.model, prepared.workload
     caps = rollout_capabilities(spec.backend)  # the planner plans only what it can do
-    result = plan_step(model, workload, spec.algo, spec.hardware, spec.schedule, rollout=caps)
+    sleep = {"auto": None, "always": True, "never": False}[spec.backend.vllm.sleep]
+    result = plan_step(
+        model, workload, spec.algo, spec.hardware, spec.schedule, rollout=caps, engine_sleep=sleep
+    )
     plan, graph = result.plan, result.graph
     config = StepConfig(
         model,
