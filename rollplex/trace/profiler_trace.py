@@ -20,7 +20,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-from rollplex.trace._lanes import nesting_lanes
+from rollplex.trace._lanes import pack
 from rollplex.trace.timeline import Span, Timeline
 
 # Device categories and the runtime call that launches each.
@@ -71,14 +71,16 @@ def _steps(timeline: Timeline, spans: list[Span], device: int) -> list[tuple[flo
 
 
 def _stream_lanes(spans: list[Span], ts: list[float], dur: list[float]) -> list[int]:
-    """Overflow lane per span within its stream, computed on the floats the plugin sees."""
+    """Overflow lane per span within its stream, computed on the floats the plugin sees;
+    `dur` is trimmed in place where back-to-back spans touch only up to float error."""
     by_stream: dict[int, list[int]] = defaultdict(list)
     for i, s in enumerate(spans):
         by_stream[s.stream].append(i)
     lane_of = [0] * len(spans)
     for idx in by_stream.values():
-        for i, lane in zip(idx, nesting_lanes([(ts[i], ts[i] + dur[i]) for i in idx]), strict=True):
-            lane_of[i] = lane
+        lanes, durs = pack([(ts[i], ts[i] + dur[i]) for i in idx])
+        for i, lane, d in zip(idx, lanes, durs, strict=True):
+            lane_of[i], dur[i] = lane, d
     return lane_of
 
 
@@ -113,10 +115,10 @@ def build_profiler_trace(timeline: Timeline, device: int) -> dict:
     meta, events = _process_meta(timeline, device), []
 
     steps = _steps(timeline, spans, device)
-    step_lanes = nesting_lanes(steps)
-    for k, ((a, b), lane) in enumerate(zip(steps, step_lanes, strict=True)):
+    step_lanes, step_durs = pack(steps)
+    for k, ((a, _), lane, d) in enumerate(zip(steps, step_lanes, step_durs, strict=True)):
         step = ("user_annotation", f"ProfilerStep#{k}", HOST_PID, STEPS_TID + lane)
-        events.append(_x(*step, a, _us(b - a), {"External id": k + 1}))
+        events.append(_x(*step, a, d, {"External id": k + 1}))
     for lane in range(max(step_lanes) + 1):
         name = "steps" + (f" [overlap {lane}]" if lane else "")
         meta.append(_meta("thread_name", HOST_PID, STEPS_TID + lane, name=name))
