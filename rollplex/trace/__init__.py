@@ -18,10 +18,11 @@ from rollplex.trace.scalars import (
     write_table,
     write_text,
 )
-from rollplex.trace.timeline import MemoryEvent, Span, Timeline
+from rollplex.trace.timeline import Mark, MemoryEvent, Span, Timeline
 
 __all__ = [
     "DiffRow",
+    "Mark",
     "MemoryEvent",
     "Span",
     "Timeline",

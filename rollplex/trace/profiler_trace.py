@@ -9,7 +9,8 @@ One file per device, worker `gpu<N>`. Inside it:
   Kernel views without inventing host time. Lanes per stream (not one host thread) because
   ops on one host tid must nest, and decode overlapping prefix work would otherwise be dropped;
 - `[memory]` instant events sit on the lane of the op that allocated, so the Memory view can
-  name it.
+  name it;
+- marks (e.g. where the runtime did not follow the plan) are instants on their stream.
 `traceEvents` is the last key: the Trace view splices GPU counters in before the final `]`.
 """
 
@@ -158,6 +159,11 @@ def build_profiler_trace(timeline: Timeline, device: int) -> dict:
         events.append(_x(op_cat, s.name, HOST_PID, tid, ts[i], dur[i], op_args))
         ops[s.name].append((ts[i], ts[i] + dur[i], tid))
     events += _memory_events(timeline, device, ops)
+    for m in timeline.marks:  # instants on the stream's device lane; the plugin skips them
+        if m.device == device:
+            args = {"text": m.text} if m.text else {}
+            mark = {"ph": "i", "s": "t", "cat": "user_annotation", "name": m.name}
+            events.append(mark | {"pid": device, "tid": m.stream, "ts": _us(m.t_us), "args": args})
 
     # The plugin indexes deviceProperties by device id, so list every id up to ours; it
     # divides by totalGlobalMem, so leave that out when unknown.
