@@ -71,20 +71,23 @@ def measured_timeline(
     spans, memory, steps, marks = [], [], [], []
     for r in results:
         steps.append(((r.start_s - t0) * _US, (r.end_s - t0) * _US))
-        where: dict[tuple[int, str], Span] = {}
-        for m in r.steps:
-            span = _span(m, t0)
-            spans.append(span)
-            where[(m.device, m.step.name)] = span
+        mine = [_span(m, t0) for m in r.steps]
+        spans += mine
+        for m, span in zip(r.steps, mine, strict=True):
             marks += [
                 Mark(m.device, m.step.stream, span.end_us, "plan not followed", text)
                 for text in m.deviations
             ]
+        k = 0  # events come in step order, each named for its step (a copy's name repeats)
         for e in r.memory:
-            span = where.get((e.device, e.name))
+            while k < len(mine) and (mine[k].name, mine[k].device) != (e.name, e.device):
+                k += 1
             t = e.t_us - t0 * _US
-            if span is not None:
+            if k < len(mine):
+                span = mine[k]
                 t = span.start_us + span.dur_us / 2 if e.delta_bytes > 0 else span.end_us
+            else:
+                k = 0  # not a step's event: keep its time, look again from the start
             memory.append(
                 MemoryEvent(
                     e.device, t, e.addr, e.delta_bytes, e.total_allocated, e.total_reserved, e.name
