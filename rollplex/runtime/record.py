@@ -5,6 +5,8 @@ cost model's calibration entries.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -158,3 +160,35 @@ def write_measured_calibration(
     path, device: str, results: Sequence[StepResult], cost: CostFn | None = None
 ) -> None:
     write_calibration(path, device, calibration_entries(results, cost))
+
+
+def step_table(plan: Plan, results: Sequence[StepResult]) -> str:
+    """Markdown: per plan step (plan index order), its planned time and the median of its
+    measured times over `results`, and where the runtime did not follow the plan."""
+    runs: dict[int, list[MeasuredStep]] = {}
+    for r in results:
+        for m in r.steps:
+            runs.setdefault(m.step.index, []).append(m)
+    names = {(i, st.stream): st.name for i, d in enumerate(plan.devices) for st in d.streams}
+    dev_of = {s.index: i for i, d in enumerate(plan.devices) for s in d.steps}
+    step_s = statistics.median(r.seconds for r in results)
+    lines = [
+        f"Planned vs measured, {len(results)} RL step(s): step time planned "
+        f"{plan.step_time_s * 1e3:.3f} ms, measured {step_s * 1e3:.3f} ms (median).",
+        "",
+        "| index | step | stream | planned (ms) | measured (ms) | measured/planned | note |",
+        "|---:|---|---|---:|---:|---:|---|",
+    ]
+    for s in plan.all_steps():
+        ms = runs.get(s.index, [])
+        planned = (s.end_s - s.start_s) * 1e3
+        measured = statistics.median(m.seconds for m in ms) * 1e3 if ms else math.nan
+        ratio = measured / planned if planned > 0 else math.nan
+        notes = dict.fromkeys(n for m in ms for n in (m.note, *m.deviations) if n)
+        note = "; ".join(notes) or ("not run" if not ms else "")
+        stream = names.get((dev_of[s.index], s.stream), str(s.stream))
+        lines.append(
+            f"| {s.index} | {s.name} | {stream} | {planned:.3f} | {measured:.3f} | "
+            f"{ratio:.2f} | {note.replace('|', '/')} |"
+        )
+    return "\n".join(lines) + "\n"
