@@ -100,3 +100,23 @@ def test_the_table_has_a_row_per_plan_step(profiled):
         assert float(r[3]) == pytest.approx((s.end_s - s.start_s) * 1e3, abs=1e-3)
         ms = sorted(m.seconds for res in results for m in res.steps if m.step.index == s.index)
         assert float(r[4]) == pytest.approx((ms[0] + ms[1]) / 2 * 1e3, abs=1e-3)
+
+
+@pytest.mark.slow  # ~20 s: a real server; the in-process parser tests above cover the claim
+def test_a_real_tensorboard_serves_both_workers_with_memory_by_step(profiled, tmp_path):
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed")
+    from tests.tensorboard_server import API, tensorboard
+
+    plan, _, run, _ = profiled
+    names = {s.name for s in plan.all_steps()}
+    with tensorboard(run.parent, run.name, tmp_path / "tb.log") as srv:
+        assert srv.get(API + "workers", run=run.name, view="Memory") == ["measured0", "planned0"]
+        q = {"run": run.name, "worker": "measured0", "span": 1}
+        trace = srv.get(API + "trace", **q)["traceEvents"]
+        assert names <= {e["name"] for e in trace if e.get("cat") == "cpu_op"}
+        events = srv.get(API + "memory_events", memory_metric="B", **q)["rows"]
+        rows = [row for device_rows in events.values() for row in device_rows]
+        by_name: dict[str, float] = {}
+        for row in rows:
+            by_name[row[0]] = by_name.get(row[0], 0) + row[1]
+        assert sum(b for n, b in by_name.items() if n in names) >= 0.9 * sum(by_name.values())
