@@ -176,8 +176,8 @@ def step_table(plan: Plan, results: Sequence[StepResult]) -> str:
         f"Planned vs measured, {len(results)} RL step(s): step time planned "
         f"{plan.step_time_s * 1e3:.3f} ms, measured {step_s * 1e3:.3f} ms (median).",
         "",
-        "| index | step | stream | planned (ms) | measured (ms) | measured/planned | note |",
-        "|---:|---|---|---:|---:|---:|---|",
+        "| index | step | kind | stream | planned (ms) | measured (ms) | measured/planned | note |",
+        "|---:|---|---|---|---:|---:|---:|---|",
     ]
     for s in plan.all_steps():
         ms = runs.get(s.index, [])
@@ -188,7 +188,7 @@ def step_table(plan: Plan, results: Sequence[StepResult]) -> str:
         note = "; ".join(notes) or ("not run" if not ms else "")
         stream = names.get((dev_of[s.index], s.stream), str(s.stream))
         lines.append(
-            f"| {s.index} | {s.name} | {stream} | {planned:.3f} | {measured:.3f} | "
+            f"| {s.index} | {s.name} | {s.kind} | {stream} | {planned:.3f} | {measured:.3f} | "
             f"{ratio:.2f} | {note.replace('|', '/')} |"
         )
     return "\n".join(lines) + "\n"

@@ -97,9 +97,10 @@ def test_the_table_has_a_row_per_plan_step(profiled):
         (s.index, s.name) for s in plan.all_steps()
     ]
     for r, s in zip(rows, plan.all_steps(), strict=True):
-        assert float(r[3]) == pytest.approx((s.end_s - s.start_s) * 1e3, abs=1e-3)
+        assert r[2].strip() == s.kind
+        assert float(r[4]) == pytest.approx((s.end_s - s.start_s) * 1e3, abs=1e-3)
         ms = sorted(m.seconds for res in results for m in res.steps if m.step.index == s.index)
-        assert float(r[4]) == pytest.approx((ms[0] + ms[1]) / 2 * 1e3, abs=1e-3)
+        assert float(r[5]) == pytest.approx((ms[0] + ms[1]) / 2 * 1e3, abs=1e-3)
 
 
 @pytest.mark.slow  # ~20 s: a real server; the in-process parser tests above cover the claim
