@@ -11,17 +11,20 @@ Per RL step:
    `offload` / `onload` steps move their value between the stores through the backend
    (a real copy, on CPU too); a `transfer` between device groups of one process moves
    nothing. Any other step runs its op, or its chunk, through the backend;
-3. after a step, its planned `free`s drop values from the environment (and release what
+3. the plan's residency of an engine-held rollout (its copies freed after the rollout,
+   allocated again at the weight sync) becomes sleep and wake calls around those steps
+   (`engine_residency.py`);
+4. after a step, its planned `free`s drop values from the environment (and release what
    a value holds, e.g. gradients), exactly there. A planned free that precedes a read in
    the order executed (a plan defect, or streams the plan overlaps issued one after
    another) cannot be applied there: it waits for that read, and the run log (warning),
    the step's `deviations` and the measured trace (an instant) say so;
-4. resident bytes are accounted per device group after every step, before and after its
+5. resident bytes are accounted per device group after every step, before and after its
    frees; weights versions read are checked against the plan (see `_check_versions`).
 On CUDA each step goes to its own stream (`cuda.CudaStreams`); on CPU the order above is
 the execution. Each RL step is a `record_function("ProfilerStep#N")` range and each plan
 step (its loads, its op, its frees) a `record_function(<step name>)` range, so a
-`torch.profiler` run (`rollplex.trace.torch_profile`) records real kernels and memory
+`torch.profiler` run (`runtime/profile.py`) records real kernels and memory
 events under the plan's step names.
 """
 
@@ -40,6 +43,7 @@ from rollplex.backends.base import Backend, Chunk
 from rollplex.graph.ir import Graph, ValueKind, version_model
 from rollplex.planner.plan import MemAction, Plan, Step
 from rollplex.runtime.callbacks import Callback, Callbacks
+from rollplex.runtime.engine_residency import engine_schedule
 from rollplex.runtime.memory import Env, iter_tensors
 from rollplex.runtime.order import plan_order
 from rollplex.runtime.record import MeasuredStep, StepResult
@@ -78,6 +82,7 @@ class Executor:
                 raise ExecutionError(f"plan step '{s.name}' names op '{s.op}', not in the graph")
         backend.bind(graph)
         self._allocs, self._frees = self._effects()
+        self._engine = engine_schedule(plan, self.order)
         self._owned = self._ownership()
         self._start_on_host = self._initial_host()
         self._placed: dict[str, bool] = {}  # persistent value -> on host at the last step end
@@ -93,8 +98,10 @@ class Executor:
                 self.notes.append(
                     f"SM partitions not set up; plain streams for {self.cuda.partitioned}"
                 )
+        deviations = {m for ms in self.deviations.values() for m in ms}
         for note in self.notes:
-            log.info("executor: %s", note)
+            if note not in deviations:
+                log.info("executor: %s", note)
         for k, msgs in sorted(self.deviations.items()):
             for msg in msgs:
                 log.warning("executor: at '%s': %s", self.order[k].name, msg)
@@ -223,6 +230,8 @@ class Executor:
             if self.cuda is None
             else self.cuda.issue(dev, step, self._reads(step, env))
         )
+        for a in self._engine.before.get(k, ()):
+            self.backend.residency(a)
         t0 = self._now()
         with issue:
             for v in self._allocs.get(k, ()):
@@ -233,6 +242,8 @@ class Executor:
         resident = env.resident_bytes(self._owned[dev])
         memory += self._memory(env, attributed[dev], t1, step.name, dev)
         freed = [v for v in self._frees.get(k, ()) if self._free(env, v)]
+        for a in self._engine.after.get(k, ()):
+            self.backend.residency(a)
         after = env.resident_bytes(self._owned[dev])
         memory += self._memory(env, attributed[dev], t1, step.name, dev)
         m = MeasuredStep(step, dev, rl_step, t0, t1, resident, after, env.host_bytes(), reads, note)
