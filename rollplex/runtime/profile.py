@@ -64,15 +64,18 @@ def export_run(
     prof: profile | None = None,
     *,
     device_name: str = "",
+    planned_device_name: str | None = None,
     span: int = 1,
 ) -> list[Path]:
     """Write the planned and measured workers and the step table into `run_dir`; the
-    paths written. `prof`: a finished `step_profiler` that ran exactly `results`."""
+    paths written. `prof`: a finished `step_profiler` that ran exactly `results`.
+    `planned_device_name` (default `device_name`): the device the plan was made for."""
     if not results:
         raise ValueError("no measured steps to export")
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
-    planned = plan_timeline(plan, label="planned", device_name=device_name, steps=len(results))
+    planned_on = device_name if planned_device_name is None else planned_device_name
+    planned = plan_timeline(plan, label="planned", device_name=planned_on, steps=len(results))
     traces = {f"planned{d}": build_profiler_trace(planned, d) for d in planned.devices()}
     if prof is not None:
         traces["measured0"] = _profiler_trace(prof, plan, results)
