@@ -26,7 +26,7 @@ from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
 from rollplex.runtime.dispatch import StepConfig
-from rollplex.runtime.profile import TABLE, export_run, step_profiler
+from rollplex.runtime.profile import TABLE, export_run, load_trace, step_profiler
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
 from rollplex.trace.torch_trace import PLAN_TID
 
@@ -82,7 +82,7 @@ def main() -> None:
         with prof:
             results = [ex.run_step(k, data.step(k)) for k in (1, 2)]
         paths = export_run(args.out / name, planned.plan, results, prof, device_name=name_of_device)
-        trace = json.loads(next(p for p in paths if p.name.startswith("measured0")).read_text())
+        trace = load_trace(next(p for p in paths if p.name.startswith("measured0")))
         kernels, mem, named = _counts(trace, 1 if cuda else 0)
         planned_peak = planned.plan.peak_bytes_per_gpu
         resident = max(max(r.peak_resident_bytes.values()) for r in results) / planned_peak

@@ -6,7 +6,7 @@
     export_run(run_dir, plan, results, prof)
 
 `run_dir` then holds one TensorBoard run with two workers: `planned0` (the plan's timeline,
-one ProfilerStep per measured RL step) and `measured0` (the profiler's trace: real ops,
+one ProfilerStep per measured RL step) and `measured0` (the profiler's trace, gzipped: real ops,
 kernels and memory events, each plan step a range of the same name, memory named by plan
 step, see `trace/torch_trace.py`), plus `planned_vs_measured.md`, a table per plan step.
 Without a profiler the measured worker is the executor's own timeline (`measured_timeline`).
@@ -15,6 +15,7 @@ All files appear by rename at the end: the plugin loads a run folder once.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import tempfile
@@ -85,10 +86,12 @@ def export_run(
     staged: list[tuple[Path, Path]] = []
     try:
         for worker, trace in traces.items():
-            final = run / f"{worker}.{span:06d}.pt.trace.json"
+            text = json.dumps(trace, separators=(",", ":"), default=str).encode()
+            big = prof is not None and worker.startswith("measured")  # every aten op: gzip
+            final = run / f"{worker}.{span:06d}.pt.trace.json{'.gz' if big else ''}"
             tmp = run / f".{final.name}.tmp"  # does not match the plugin's file pattern
             staged.append((tmp, final))
-            tmp.write_text(json.dumps(trace, separators=(",", ":"), default=str), "utf-8")
+            tmp.write_bytes(gzip.compress(text, compresslevel=6) if big else text)
         table = run / TABLE
         staged.append((run / f".{TABLE}.tmp", table))
         staged[-1][0].write_text(step_table(plan, results), "utf-8")
@@ -97,5 +100,13 @@ def export_run(
             tmp.unlink(missing_ok=True)
         raise
     for tmp, final in staged:
+        other = final.with_suffix("") if final.suffix == ".gz" else Path(f"{final}.gz")
+        other.unlink(missing_ok=True)  # an earlier export of this worker, the other format
         os.replace(tmp, final)
     return [final for _, final in staged]
+
+
+def load_trace(path: str | os.PathLike) -> dict:
+    """A trace file `export_run` wrote (`.json` or `.json.gz`)."""
+    data = Path(path).read_bytes()
+    return json.loads(gzip.decompress(data) if str(path).endswith(".gz") else data)

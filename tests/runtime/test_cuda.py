@@ -48,14 +48,13 @@ def test_offloads_on_cuda_copy_to_host_and_back():
 
 
 def test_profiled_cuda_steps_hold_kernels_and_memory_named_by_plan_step(tmp_path):
-    import json
 
     from rollplex.backends.torch.data import TaskData
     from rollplex.jobs.pipeline import plan_step
     from rollplex.runtime import Executor
     from rollplex.runtime.compose import compose
     from rollplex.runtime.dispatch import StepConfig
-    from rollplex.runtime.profile import export_run, step_profiler
+    from rollplex.runtime.profile import export_run, load_trace, step_profiler
     from rollplex.trace.torch_trace import PLAN_TID
     from tests.runtime.conftest import ALGO, CPU, MODEL, WORKLOAD
 
@@ -74,7 +73,7 @@ def test_profiled_cuda_steps_hold_kernels_and_memory_named_by_plan_step(tmp_path
     with prof:
         results = [ex.run_step(k, data.step(k)) for k in (1, 2)]
     paths = export_run(tmp_path, planned.plan, results, prof)
-    trace = json.loads(next(p for p in paths if p.name.startswith("measured0")).read_text())
+    trace = load_trace(next(p for p in paths if p.name.startswith("measured0")))
     events = trace["traceEvents"]
     assert any(e.get("cat") == "kernel" for e in events)
     names = {s.name for s in planned.plan.all_steps()}

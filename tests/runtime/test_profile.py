@@ -4,7 +4,6 @@ and a planned-vs-measured table per step."""
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections import Counter
@@ -16,7 +15,7 @@ from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
 from rollplex.runtime.dispatch import StepConfig
-from rollplex.runtime.profile import TABLE, export_run, step_profiler
+from rollplex.runtime.profile import TABLE, export_run, load_trace, step_profiler
 from rollplex.specs import ScheduleSpec
 from tests.runtime.conftest import ALGO, CPU, MODEL, WORKLOAD
 
@@ -46,7 +45,7 @@ def profiled(tmp_path_factory):
 
 
 def _parse(path, caplog):
-    trace = json.loads(path.read_text())
+    trace = load_trace(path)
     with caplog.at_level(logging.ERROR, logger="pytorch_profiler"):
         data = RunProfileData.from_json(path.name, 1, trace)
         profile = RunGenerator(path.name, 1, data).generate_run_profile()
