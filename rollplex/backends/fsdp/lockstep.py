@@ -17,6 +17,9 @@ import torch
 import torch.distributed as dist
 
 from rollplex.backends.base import BackendError
+from rollplex.backends.torch.decode import DecodeSession as TorchDecodeSession
+from rollplex.backends.torch.engine.sampling import counter_uniform, draw, row_seeds
+from rollplex.backends.torch.prefix import embed_tokens, lm_hidden, response_positions
 from rollplex.backends.torch.roles import TorchDecode
 from rollplex.backends.torch.values import Features, Responses, TokenLogprobs
 
@@ -55,20 +58,31 @@ def gather_rows(value: Any, group: dist.ProcessGroup, device: torch.device) -> A
     raise BackendError(f"the TP rollout cannot gather a {type(value).__name__} over its group")
 
 
-def gather_generators(generator: Any, group: dist.ProcessGroup, device: torch.device) -> Any:
-    """Per-sample generators of the whole group (their states travel, the streams go on
-    from where each rank's would). One shared generator or None is passed through: then
-    the draws must not depend on the rank (greedy, or one seed on every rank)."""
-    if not isinstance(generator, list | tuple):
-        return generator
-    kind = generator[0].device if generator else device
-    states = torch.stack([g.get_state() for g in generator]) if generator else None
-    if states is None:
+def gather_generators(
+    generator: Any, group: dist.ProcessGroup, device: torch.device, temperature: float
+) -> Any:
+    """The generators every member decodes the union with, the same on all of them:
+    per-sample generators of the whole group (their states travel, each stream goes on
+    from where its rank's would); one shared generator is set to member 0's state. The
+    global RNG (None) differs per rank, so sampling from it is refused."""
+    if temperature == 0:
+        return generator  # greedy draws nothing
+    if generator is None:
+        raise BackendError(
+            "the TP rollout samples (temperature > 0) but got no generator: its ranks would "
+            "draw different tokens for the same rows; pass per-sample generators or a seed"
+        )
+    single = isinstance(generator, torch.Generator)
+    gens = [generator] if single else list(generator)
+    if not gens:
         raise BackendError("the TP rollout got an empty generator list")
-    allst = gather_cat(states, group, device).cpu()
+    states = gather_cat(torch.stack([g.get_state() for g in gens]), group, device).cpu()
+    if single:  # everyone continues member 0's stream
+        generator.set_state(states[0].clone())
+        return generator
     out = []
-    for s in allst:
-        g = torch.Generator(kind)
+    for s in states:
+        g = torch.Generator(gens[0].device)
         g.set_state(s.clone())  # a fresh ByteTensor: a row view of the stack crashes it
         out.append(g)
     return out
@@ -86,6 +100,44 @@ def member_rows(
         return me * (union // k), (me + 1) * (union // k)
     counts = gather_cat(torch.tensor([mine], device=device), group, device).tolist()
     return sum(counts[:me]), sum(counts[: me + 1])
+
+
+class GroupDecodeSession(TorchDecodeSession):
+    """decode.py's eager loop (transformers' own cache, which follows the TP plan's local
+    heads; the engine's static cache is sized from the config's full heads) drawing each
+    token as the decode engine does: uniform = hash(row seed, step), one seed per row
+    from its generator (engine/sampling.py). So a TP group samples the very tokens the
+    torch rollout's engine samples for the same rows and logits."""
+
+    def __init__(self, model, state, max_new_tokens, temperature, top_p, generator, eos_id,
+                 pad_id) -> None:  # fmt: skip
+        super().__init__(model, state, max_new_tokens, temperature, top_p, None, eos_id, pad_id)
+        rows, dev = state.rows, state.lengths.device
+        zero = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.seeds = row_seeds(generator, rows, dev) if temperature > 0 else zero
+
+    def _step(self) -> None:
+        t, live = self.t, ~self._done
+        u = counter_uniform(self.seeds, t)
+        nxt, lp = draw(self.logits, u, self.temperature, self.top_p)
+        self.tokens[:, t] = torch.where(live, nxt, self.pad_id)
+        self.logprobs[:, t] = torch.where(live, lp, 0.0)
+        self.lengths += live.long()
+        self._done = self._done | (live & (nxt == self.eos_id))
+        self.t = t + 1
+        if self.t == self.max_new_tokens or bool(self._done.all()):
+            self.finished = True
+            self.logits = self.kv = None
+            return
+        self.mask = torch.cat([self.mask, live.to(self.mask.dtype).unsqueeze(1)], 1)
+        hidden = lm_hidden(
+            self.model,
+            embed_tokens(self.model, self.tokens[:, t : t + 1]),
+            response_positions(self.state, 1, offset=t),
+            self.mask,
+            self.kv,
+        )
+        self.logits = self.model.lm_head(hidden[:, -1])
 
 
 class MemberDecode(TorchDecode):

@@ -43,13 +43,13 @@ from rollplex.backends.base import BackendError, CheckpointWeights, LiveWeights,
 from rollplex.backends.capabilities import RoleCapabilities
 from rollplex.backends.fsdp.exchange import Exchange
 from rollplex.backends.fsdp.lockstep import (
+    GroupDecodeSession,
     MemberDecode,
     gather_generators,
     gather_rows,
     member_rows,
 )
 from rollplex.backends.fsdp.shard import DTYPES, local
-from rollplex.backends.torch.decode import DecodeSession as TorchDecodeSession
 from rollplex.backends.torch.prefix import expand_prefix, prefix_forward
 from rollplex.backends.torch.roles import TorchRollout
 from rollplex.specs import ModelSpec
@@ -267,12 +267,12 @@ class SharedRollout(TorchRollout):
         if self.group is None:
             return super().start_decode(prefix, group_size, sampling, generator)
         mine = len(generator) if isinstance(generator, list | tuple) else None
-        generator = gather_generators(generator, self.group, self.device)
+        generator = gather_generators(generator, self.group, self.device, sampling.temperature)
         with torch.no_grad():
             state = expand_prefix(prefix, group_size)
         lo, hi = member_rows(state.rows, mine, self.group, self.device)
         s = sampling
-        session = TorchDecodeSession(
+        session = GroupDecodeSession(
             self._model(), state, s.max_new_tokens, s.temperature, s.top_p, generator,
             s.eos_id, s.pad_id,
         )  # fmt: skip
