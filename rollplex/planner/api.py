@@ -82,7 +82,13 @@ def _sizers(plan: Plan, ctx: PlanningContext) -> dict[str, DeviceSizer]:
     )
     return {
         d.name: DeviceSizer(
-            ctx.graph, ctx.model, ctx.workload, d, train_gpus, ctx.schedule.train_micro_tokens
+            ctx.graph,
+            ctx.model,
+            ctx.workload,
+            d,
+            train_gpus,
+            ctx.schedule.train_micro_tokens,
+            ctx.schedule.parallel.train_tp,
         )
         for d in plan.devices
     }

@@ -1,0 +1,168 @@
+"""Shared weights: what a colocated rollout's weight copy costs beyond training storage.
+
+A rollout that aliases the trainer's weights (a torch rollout: `weight_sync` mode
+"alias") reads, on every GPU, the bytes of its tensor-parallel shard that the GPU's FSDP
+shard already holds in place, and needs its own memory only for the rest: the rebuild
+buffer of `rollplex.weights` (the layout algebra). An engine that holds its own copy
+(weight_sync mode "load", or a fused `generate` rollout such as vLLM's) pays the whole
+shard. Per GPU and per tower (LLM, vision) this module gives, from the algebra for the
+plan's layouts (training: FSDP over the training GPUs / train TP, with the aliasing
+storage layout; rollout: TP t_r colocated on the same GPUs, the best rank map, vision
+split when t_r divides it), the most any GPU rebuilds, and what a rebuild moves: bytes
+from other GPUs and bytes copied from local storage that cannot be read in place.
+
+The algebra costs O(GPUs x parameter classes) per layout, so it is computed once per
+(model, layouts) and kept (the planner tries several rollout TP degrees per plan, and
+plans many times per sweep). Above `MAX_EXACT_GPUS` training GPUs it is not computed:
+a GPU then holds at most t_r / GPUs of its rollout shard, and the full copy is charged
+(an upper bound within that fraction of the truth). So is a layout the algebra cannot
+serve, and weights whose size matches no tower.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from rollplex.graph.ir import Graph, Value
+from rollplex.specs import ModelSpec
+from rollplex.weights.build import aligned_ranks, vision_fits_tp
+from rollplex.weights.layouts import LayoutError, RolloutPlacement, TrainPlacement
+from rollplex.weights.sharing import WeightSharing, contiguous_ranks, strided_ranks
+
+MAX_EXACT_GPUS = 64
+TOWERS = ("llm", "vision")
+
+
+@dataclass(slots=True, frozen=True)
+class GpuShare:
+    """One tower's rollout shard on one GPU, in bytes."""
+
+    full: int  # the shard: what a separate copy costs
+    rebuild: int  # beyond training storage: the rebuild buffer
+    remote: int  # of the rebuild, what comes from other GPUs on each sync
+    local_copy: int  # of the rebuild, what local training storage holds (copied, not aliased)
+
+
+@dataclass(slots=True, frozen=True)
+class SharedWeights:
+    """Per tower, one `GpuShare` per training GPU (index = GPU)."""
+
+    layouts: str
+    per_gpu: dict[str, tuple[GpuShare, ...]]
+
+    def rebuild_bytes(self, towers: tuple[str, ...]) -> int:
+        """The most any GPU holds beyond training storage for these towers."""
+        n = len(self.per_gpu[towers[0]])
+        return max(sum(self.per_gpu[t][g].rebuild for t in towers) for g in range(n))
+
+    def sync_bytes(self, towers: tuple[str, ...]) -> list[tuple[int, int]]:
+        """Per GPU, (bytes from other GPUs, bytes copied locally) of one rebuild."""
+        n = len(self.per_gpu[towers[0]])
+        return [
+            (
+                sum(self.per_gpu[t][g].remote for t in towers),
+                sum(self.per_gpu[t][g].local_copy for t in towers),
+            )
+            for g in range(n)
+        ]
+
+
+@functools.lru_cache(maxsize=128)
+def shared_weights(
+    model: ModelSpec, train_gpus: int, train_tp: int, rollout_tp: int
+) -> SharedWeights | None:
+    """The algebra's per-GPU bytes for a rollout of TP `rollout_tp` colocated with
+    training on `train_gpus` GPUs (FSDP `train_gpus / train_tp`, TP `train_tp`); None when
+    not computed (see the module docstring). As `rollplex weights` with its defaults
+    (`build_sharing`: aliasing storage, vision split when it can be, the rank map that
+    shares the most bytes), evaluated on one decoder layer and one vision block: FSDP2
+    shards every parameter on its own, so each layer of a class shares alike, and the
+    class's bytes are the one layer's times the layer count."""
+    if train_gpus > MAX_EXACT_GPUS or train_gpus % train_tp or train_gpus % rollout_tp:
+        return None
+    one = model.model_copy(
+        update={
+            "num_layers": 1,
+            "vision": model.vision.model_copy(update={"depth": 1, "fullatt_block_indexes": ()}),
+        }
+    )
+    layers = {"layers": model.num_layers, "blocks": model.vision.depth}
+    train = TrainPlacement(train_gpus // train_tp, train_tp, aliasing_storage=True)
+    vision_tp = vision_fits_tp(model, rollout_tp)
+    candidates = [contiguous_ranks(train_gpus, rollout_tp), strided_ranks(train_gpus, rollout_tp)]
+    best: tuple[int, SharedWeights] | None = None
+    try:
+        aligned = aligned_ranks(one, train, rollout_tp)
+        for replicas in dict.fromkeys([*candidates, *([aligned] if aligned else [])]):
+            rollout = RolloutPlacement(rollout_tp, replicas, vision_tp)
+            sharing = WeightSharing(one, train, rollout, model.dtype, model.dtype)
+            shared, tally = _tally(sharing, layers)
+            if best is None or shared > best[0]:  # ties: the first, as build_sharing
+                best = (shared, tally)
+    except LayoutError:
+        return None
+    return best[1] if best else None
+
+
+def _tally(sharing: WeightSharing, layers: dict[str, int]) -> tuple[int, SharedWeights]:
+    """(shared bytes over all GPUs, per-tower bytes per GPU) of `sharing`, each layer
+    class counted `layers[...]` times."""
+    per_gpu: dict[str, list[GpuShare]] = {t: [] for t in TOWERS}
+    shared = 0
+    for g in range(sharing.world):
+        sums = {t: [0, 0, 0, 0] for t in TOWERS}
+        for sh, _ in sharing.class_shares(g):
+            n = next((k for key, k in layers.items() if f".{key}." in sh.tensor), 1)
+            acc = sums[sharing.tensors[sh.tensor].tower]
+            acc[0] += sh.nbytes * n
+            acc[1] += sh.rebuild_bytes * n
+            acc[2] += sh.remote_bytes * n
+            acc[3] += (sh.local_bytes - sh.shared_bytes) * n
+            shared += sh.shared_bytes * n
+        for t in TOWERS:
+            per_gpu[t].append(GpuShare(*sums[t]))
+    return shared, SharedWeights(sharing.layouts, {t: tuple(v) for t, v in per_gpu.items()})
+
+
+def towers_of(model: ModelSpec, v: Value) -> tuple[str, ...] | None:
+    """Which towers a weights value holds, from its parameter count (the graph builder
+    keeps a frozen vision tower in a value of its own); None if it matches none."""
+    if len(v.shape) != 1 or v.dtype != model.dtype:
+        return None
+    llm, vision = model.llm_param_count(), model.vision.param_count()
+    return {llm: ("llm",), vision: ("vision",), llm + vision: TOWERS}.get(v.shape[0])
+
+
+def holds_own_copy(graph: Graph) -> bool:
+    """The rollout is an engine with its own weights: a fused `generate` rollout, or a
+    weight sync that loads into the engine instead of aliasing."""
+    return any(
+        op.kind == "generate" or (op.kind == "weight_sync" and op.attrs.get("mode") == "load")
+        for op in graph.ops.values()
+    )
+
+
+def rollout_copy_bytes(
+    model: ModelSpec, v: Value, train_gpus: int, train_tp: int, rollout_tp: int, aliased: bool
+) -> int:
+    """Bytes per GPU of the rollout's copy of weights `v`: the algebra's rebuild bytes when
+    `aliased`, else (or when the algebra does not answer) the whole TP shard."""
+    full = math.ceil(v.nbytes / max(1, rollout_tp))
+    if not aliased:
+        return full
+    towers = towers_of(model, v)
+    shared = shared_weights(model, train_gpus, train_tp, rollout_tp) if towers else None
+    return full if shared is None or towers is None else shared.rebuild_bytes(towers)
+
+
+def alias_sync_bytes(
+    model: ModelSpec, v: Value, train_gpus: int, train_tp: int, rollout_tp: int
+) -> list[tuple[int, int]] | None:
+    """Per training GPU, (bytes from other GPUs, bytes copied from local storage) that an
+    aliasing `weight_sync` of weights `v` moves into the rebuild buffer; None when the
+    algebra does not answer."""
+    towers = towers_of(model, v)
+    shared = shared_weights(model, train_gpus, train_tp, rollout_tp) if towers else None
+    return None if shared is None or towers is None else shared.sync_bytes(towers)
