@@ -82,13 +82,7 @@ def shared_weights(
     class's bytes are the one layer's times the layer count."""
     if train_gpus > MAX_EXACT_GPUS or train_gpus % train_tp or train_gpus % rollout_tp:
         return None
-    one = model.model_copy(
-        update={
-            "num_layers": 1,
-            "vision": model.vision.model_copy(update={"depth": 1, "fullatt_block_indexes": ()}),
-        }
-    )
-    layers = {"layers": model.num_layers, "blocks": model.vision.depth}
+    one, layers = one_layer(model)
     train = TrainPlacement(train_gpus // train_tp, train_tp, aliasing_storage=True)
     vision_tp = vision_fits_tp(model, rollout_tp)
     candidates = [contiguous_ranks(train_gpus, rollout_tp), strided_ranks(train_gpus, rollout_tp)]
@@ -106,6 +100,18 @@ def shared_weights(
     return best[1] if best else None
 
 
+def one_layer(model: ModelSpec) -> tuple[ModelSpec, dict[str, int]]:
+    """`model` with one decoder layer and one vision block, and how many times each
+    layer class (`.layers.` / `.blocks.` in a tensor's name) stands in the real model."""
+    vision = model.vision.model_copy(update={"depth": 1, "fullatt_block_indexes": ()})
+    one = model.model_copy(update={"num_layers": 1, "vision": vision})
+    return one, {"layers": model.num_layers, "blocks": model.vision.depth}
+
+
+def layer_count(layers: dict[str, int], tensor: str) -> int:
+    return next((k for key, k in layers.items() if f".{key}." in tensor), 1)
+
+
 def _tally(sharing: WeightSharing, layers: dict[str, int]) -> tuple[int, SharedWeights]:
     """(shared bytes over all GPUs, per-tower bytes per GPU) of `sharing`, each layer
     class counted `layers[...]` times."""
@@ -114,7 +120,7 @@ def _tally(sharing: WeightSharing, layers: dict[str, int]) -> tuple[int, SharedW
     for g in range(sharing.world):
         sums = {t: [0, 0, 0, 0] for t in TOWERS}
         for sh, _ in sharing.class_shares(g):
-            n = next((k for key, k in layers.items() if f".{key}." in sh.tensor), 1)
+            n = layer_count(layers, sh.tensor)
             acc = sums[sharing.tensors[sh.tensor].tower]
             acc[0] += sh.nbytes * n
             acc[1] += sh.rebuild_bytes * n
