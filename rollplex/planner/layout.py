@@ -57,6 +57,7 @@ class OpTimer:
     rollout: RoleLayout
     train: RoleLayout
     micro_tokens: int = 16384
+    colocated: bool = True  # False: the roles run on two pools (disaggregated)
 
     def context(self, op: Op, chunks: int = 1) -> CostContext:
         """Chunks split a rank's rows further, like more data-parallel ranks would."""
@@ -216,6 +217,7 @@ class OpTimer:
         sets the time; nothing to move costs only the launch."""
         w = self.graph.values[op.inputs["weights"]]
         hw = self.hardware
+        cross_pool = cross_pool or not self.colocated
         per_gpu = w.nbytes / self.rollout.tp
         gbps = hw.internode_gbps if cross_pool else self.rollout.link_gbps(hw)
         if not cross_pool and op.attrs.get("mode", "alias") == "alias":

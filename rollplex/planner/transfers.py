@@ -26,9 +26,9 @@ import functools
 from rollplex.planner.plan import Route
 from rollplex.planner.shared_weights import MAX_EXACT_GPUS, layer_count, one_layer
 from rollplex.specs import ModelSpec
-from rollplex.weights import algebra
 from rollplex.weights.build import vision_fits_tp
 from rollplex.weights.layouts import (
+    Block,
     LayoutError,
     RolloutPlacement,
     TrainPlacement,
@@ -69,10 +69,11 @@ def weight_bytes(
                 p = params[name]
                 order = storage_order(p, t.split, rollout, train)
                 split = train_tp > 1 and p.tower == "llm" and p.train_split is not Split.REPLICATED
+                mine = [_rects(x, name) for x in shards]
                 for g in range(train_gpus):
-                    chunk, _ = train_blocks(p, g, train, order, where)
-                    for r, x in enumerate(shards):
-                        e = algebra.overlap(x, chunk) * n
+                    chunk = _rects(train_blocks(p, g, train, order, where)[0], name)
+                    for r, x in enumerate(mine):
+                        e = _overlap(x, chunk) * n
                         if not e:
                             continue
                         for j0 in range(train_tp):
@@ -81,6 +82,27 @@ def weight_bytes(
     except LayoutError:
         return None
     return tuple(tuple(tuple(row) for row in m) for m in out)
+
+
+Rect = tuple[int, int, int, int]  # rows [r0, r1) x cols [c0, c1) of one parameter
+
+
+def _rects(blocks: tuple[Block, ...], param: str) -> list[Rect]:
+    return [(b.r0, b.r1, b.c0, b.c1) for b in blocks if b.param == param]
+
+
+def _overlap(x: list[Rect], chunk: list[Rect]) -> int:
+    """Elements two sets of one parameter's rectangles share (`algebra.overlap`, without
+    its per-block parameter checks: this loop runs GPUs x ranks x parameters times)."""
+    total = 0
+    for r0, r1, c0, c1 in x:
+        for a0, a1, d0, d1 in chunk:
+            rows = min(r1, a1) - max(r0, a0)
+            if rows > 0:
+                cols = min(c1, d1) - max(c0, d0)
+                if cols > 0:
+                    total += rows * cols
+    return total
 
 
 def weight_routes(

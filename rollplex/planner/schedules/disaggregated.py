@@ -78,7 +78,7 @@ def _pool_layouts(ctx: PlanningContext, n: int, fixed: int | None) -> list[tuple
 
 
 def _plan_pools(ctx: PlanningContext, r: int, t: int, tp: int) -> Plan:
-    timer = ctx.timer(r, t, tp)
+    timer = ctx.timer(r, t, tp, colocated=False)
     pb = PlanBuilder("disaggregated", ctx.graph, ctx.graph_hash)
     roll = pb.device("rollout", list(range(r)), tp=timer.rollout.tp, dp=timer.rollout.dp)
     train = pb.device("train", list(range(r, r + t)), tp=timer.train.tp, dp=timer.train.dp)
