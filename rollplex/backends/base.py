@@ -292,3 +292,8 @@ class Backend(ABC):
     def move(self, value: Any, to_host: bool) -> Any:
         """Copy `value` to host memory (offload) or back to the device (onload); returns the
         moved value. In-place holders (weights, optimizer state) move their tensors."""
+
+    def residency(self, action: Any) -> None:
+        """Apply an engine residency action of the plan (runtime/engine_residency.py:
+        sleep or wake the rollout engine). Backends without an engine ignore it."""
+        return None

@@ -112,6 +112,7 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     from rollplex.runtime import Executor, Progress
     from rollplex.runtime.compose import compose, rollout_capabilities
     from rollplex.runtime.dispatch import StepConfig
+    from rollplex.runtime.engine_residency import engine_kv_budget
     from rollplex.trace import open_writer
 
     t = spec.train
@@ -127,7 +128,10 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
         device=t.device,
         scorer=prepared.scorer,
     )
-    backend = compose(config, spec.backend, workdir=out)
+    engine_kv = engine_kv_budget(plan)  # the plan's KV pool for an engine rollout
+    backend = compose(
+        config, spec.backend, workdir=out, **({"kv_cache_bytes": engine_kv} if engine_kv else {})
+    )
     fsdp = spec.backend.trainer == "fsdp"
     main = not fsdp or backend.trainer.dist.is_main  # only rank 0 writes the run folder
     if fsdp:

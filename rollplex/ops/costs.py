@@ -9,7 +9,7 @@ padded shapes. Rows split over `dp` data-parallel ranks; weights over `tp`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from rollplex.graph.ir import Graph, Op, Value
@@ -137,8 +137,22 @@ def _generate(g: Graph, op: Op, ctx: CostContext) -> Cost:
     visual = ctx.workload.visual_tokens(ctx.model.vision)
     cost = F.vision_encode(ctx.model, rows, px.shape[1], ctx.tp)
     cost += F.prefix_prefill(ctx.model, rows, visual + text.shape[1], ctx.tp)
-    dec = _decode(ctx.model, ctx.workload, int(rows), op.attrs["group_size"], ctx.tp)
-    return cost + dec.cost
+    group = op.attrs["group_size"]
+    dec = _decode(ctx.model, ctx.workload, int(rows), group, ctx.tp)
+    # The engine allocates its KV pool whole (in place of `decode_rollout`'s expected-peak
+    # response KV); the largest step's activations come on top of it.
+    first = F.decode_step(ctx.model, rows * group, visual + text.shape[1], ctx.tp)
+    work = max(cost.transient_bytes, first.transient_bytes)
+    return replace(cost + dec.cost, transient_bytes=engine_kv_pool(g, op, ctx) + work)
+
+
+def engine_kv_pool(g: Graph, op: Op, ctx: CostContext, at_cap: bool = False) -> float:
+    """The KV pool a `generate` op's engine holds on one GPU (`F.engine_kv_pool`): the
+    expected need, or with `at_cap` the size at which nothing is ever preempted."""
+    rows = int(ctx.per_rank(g.values[op.inputs["text"]].shape[0]))
+    return F.engine_kv_pool(
+        ctx.model, ctx.workload, rows, op.attrs["group_size"], ctx.tp, at_cap=at_cap
+    )
 
 
 def _decode_cost(g: Graph, op: Op, ctx: CostContext) -> Cost:

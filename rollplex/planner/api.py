@@ -10,6 +10,7 @@ algorithm builder and the passes first, then calls this once per parallel layout
 from __future__ import annotations
 
 from rollplex.graph.ir import Graph
+from rollplex.ops.costs import CostContext, engine_kv_pool
 from rollplex.planner.cost_model import CostModel
 from rollplex.planner.gc_paused import cyclic_gc_paused
 from rollplex.planner.interference import InterferenceModel
@@ -69,7 +70,10 @@ def plan_graph(
     fitted_time.unshared = lambda p: unshared_time(p, memory(p), ctx.interference)  # type: ignore[attr-defined]
 
     plan = SCHEDULES[schedule.name](ctx, evaluate=fitted_time)
+    caps = mark_engine_pools(plan, graph, model, workload)
     settle_memory(plan, memory(plan), ctx.interference)
+    if grow_engine_pools(plan, caps):
+        settle_memory(plan, memory(plan), ctx.interference)
     if enforce_budget:
         check_budget(plan)
     validate_plan(plan, graph, budget=enforce_budget)
@@ -92,3 +96,38 @@ def _sizers(plan: Plan, ctx: PlanningContext) -> dict[str, DeviceSizer]:
         )
         for d in plan.devices
     }
+
+
+def mark_engine_pools(
+    plan: Plan, graph: Graph, model: ModelSpec, workload: WorkloadSpec
+) -> dict[int, int]:
+    """Each `generate` step's engine KV pool, as `pool_bytes` (part of its scratch, which
+    the cost model sized at the expected need): the budget the runtime passes to the
+    engine (vLLM's kv_cache_memory_bytes). Returns step index -> the pool at which no
+    sequence is ever preempted."""
+    caps: dict[int, int] = {}
+    for dev in plan.devices:
+        for s in dev.steps:
+            if s.kind == "generate":
+                ctx = CostContext(model, workload, tp=dev.tp, dp=dev.dp * s.chunks)
+                op = graph.ops[s.op]
+                s.pool_bytes = int(engine_kv_pool(graph, op, ctx))
+                caps[s.index] = int(engine_kv_pool(graph, op, ctx, at_cap=True))
+    return caps
+
+
+def grow_engine_pools(plan: Plan, caps: dict[int, int]) -> bool:
+    """Give each engine pool the settled plan's headroom, up to its no-preemption size:
+    memory the plan leaves unused at its peak is worth more as KV than as nothing. Growing
+    by at most the headroom keeps the peak within the budget. True if any pool grew."""
+    grew = False
+    for dev in plan.devices:
+        headroom = dev.budget_bytes - dev.peak_bytes
+        for s in dev.steps:
+            extra = min(caps.get(s.index, 0) - s.pool_bytes, headroom)
+            if extra > 0:
+                s.pool_bytes += extra
+                s.scratch_bytes += extra
+                headroom -= extra
+                grew = True
+    return grew

@@ -11,7 +11,11 @@ rollout=caps)`), and it is all the planner needs to know about roles:
 - `piggyback_rows` false: the decode window op gets `meta["piggyback_rows"] = False`, and
   the rollplex schedule then offers no piggyback placement on it;
 - `in_place_weight_load` without an alias (an engine holding its own copy): `weight_sync`
-  becomes mode "load", priced as a full copy into the engine rather than a free alias.
+  becomes mode "load", priced as a full copy into the engine rather than a free alias;
+- `sleep_levels` go on the `generate` op (`meta["sleep_levels"]`): an engine that can drop
+  its weights and KV (level 2) lets the plan free its copy and its KV pool after the
+  rollout and bring them back at the weight sync and the next rollout (lifetimes.py);
+  one that cannot holds both all step.
 A torch rollout (prefix KV exported, rows piggybacked, weights aliased) leaves the graph as
 it is, apart from the meta flag.
 """
@@ -41,6 +45,9 @@ def apply_rollout_capabilities(graph: Graph, caps: RoleCapabilities) -> tuple[Gr
         window = new.kind in ("decode", "generate")
         if window and new.meta.get("piggyback_rows") != caps.piggyback_rows:
             new.meta["piggyback_rows"] = caps.piggyback_rows
+            changed = True
+        if new.kind == "generate" and new.meta.get("sleep_levels") != list(caps.sleep_levels):
+            new.meta["sleep_levels"] = list(caps.sleep_levels)
             changed = True
         if new.kind == "weight_sync" and caps.fused_prefix and new.attrs.get("mode") == "alias":
             new.attrs["mode"] = "load"

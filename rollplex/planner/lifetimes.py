@@ -197,6 +197,7 @@ def device_lifetimes(
     out: list[Lifetime] = []
     no_steps: list[Step] = []
     any_corun = any(s.corun is not CoRun.NONE for s in steps)
+    engine_sleeps = _engine_sleeps(graph, steps, syncs, dev)
     handover = _Handover(dev, until) if len({s.stream for s in steps}) > 1 else None
     for name in dict.fromkeys([*made, *used]):
         v = graph.values[name]
@@ -246,16 +247,32 @@ def device_lifetimes(
             lane, first = handover.lane(producers[0], consumers, lane, first)
         out.append(_life(name, _KINDS[v.kind], size, first, last, lane, first_step, last_step))
         if v.kind is ValueKind.WEIGHTS and rollout_tp_copy:
+            drops = name in trained if engine_sleeps is None else engine_sleeps
             size = sizer.rollout_copy_bytes(v)
-            out += _rollout_copy(
-                v, size, consumers, until, begin, end, steps, syncs, dev, name in trained
-            )
+            out += _rollout_copy(v, size, consumers, until, begin, end, steps, syncs, dev, drops)
     for s in steps:
-        if s.scratch_bytes:
-            i = s.index
+        scratch, i = s.scratch_bytes, s.index
+        if s.pool_bytes and not engine_sleeps:
+            # An engine that cannot sleep holds its KV pool all step.
+            name = f"{s.name}.kv_pool"
+            pool = s.pool_bytes
+            out.append(_life(name, "engine_kv", pool, 0, end, s.stream, steps[0], steps[-1]))
+            scratch -= s.pool_bytes
+        if scratch:
             name = f"{s.name}.scratch"
-            out.append(_life(name, "scratch", s.scratch_bytes, begin[i], until[i], s.stream, s, s))
+            out.append(_life(name, "scratch", scratch, begin[i], until[i], s.stream, s, s))
     return out
+
+
+def _engine_sleeps(graph: Graph, steps: list[Step], syncs: list[Step], dev: DevicePlan):
+    """None without an engine-held rollout (a `generate` op); else whether it sleeps
+    between rollouts: it can drop weights and KV (level 2) and a weight sync in this
+    group rebuilds them. Its copies then all come and go together (vLLM frees every
+    weight it holds, frozen ones too); a rollout pool of its own never needs to."""
+    gens = [graph.ops[s.op] for s in steps if s.kind == "generate" and s.op in graph.ops]
+    if not gens:
+        return None
+    return dev.name != "rollout" and bool(syncs) and 2 in gens[0].meta.get("sleep_levels", ())
 
 
 class _Handover:
@@ -309,14 +326,15 @@ def _rollout_copy(
     steps: list[Step],
     syncs: list[Step],
     dev: DevicePlan,
-    trained: bool,
+    drops: bool,
 ) -> list[Lifetime]:
-    """The TP-layout copy rollout decodes with. Of trained weights: live until its last
-    rollout use, then rebuilt by the weight sync for the next step. Frozen: kept."""
+    """The TP-layout copy rollout decodes with. If it `drops` (trained weights, or an
+    engine that sleeps): live until its last rollout use, then rebuilt by the weight sync
+    for the next step. Otherwise (frozen weights): kept."""
     roll = [s for s in consumers if s.phase == Phase.ROLLOUT.value]
     if not roll:
         return []
-    if dev.name == "rollout" or not syncs or not trained:
+    if dev.name == "rollout" or not syncs or not drops:
         return [_life(f"{v.name}@rollout", "rollout_weights", size, 0, end, 0, steps[0], steps[-1])]
     last_roll = max(roll, key=lambda s: s.end_s)
     return [

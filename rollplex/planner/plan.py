@@ -50,6 +50,9 @@ class Step:
     rate_class: str = "compute"  # "bandwidth" (decode) or "compute" or "copy"
     scratch_bytes: int = 0  # transient memory while it runs
     previous_step: bool = False  # carries the previous step's update (disaggregated sync)
+    # of scratch_bytes: a pool an engine allocates itself (vLLM's KV cache); the runtime
+    # hands the engine this budget, and holds it all step when the engine cannot sleep
+    pool_bytes: int = 0
 
     @property
     def name(self) -> str:

@@ -168,6 +168,11 @@ class RoleDispatch(Backend):
         self._generator = hooks.generator(step, self.config.seed, self.device)
         return self.roles.externals.supply(self._externals, inputs, self)
 
+    def residency(self, action: Any) -> None:
+        """The plan's sleep/wake of the rollout engine, for a role that can sleep."""
+        if self.rollout.capabilities.sleep_levels:
+            self.rollout.apply_residency(action)
+
     def end_step(self) -> dict[str, float]:
         return self.roles.hooks.metrics({k: float(v) for k, v in self.metrics.items()})
 

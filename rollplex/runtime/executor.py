@@ -9,11 +9,14 @@ Per RL step:
    `offload` / `onload` steps move their value between the stores through the backend
    (a real copy, on CPU too); a `transfer` between device groups of one process moves
    nothing. Any other step runs its op, or its chunk, through the backend;
-3. after a step, its planned `free`s drop values from the environment (and release what
+3. the plan's residency of an engine-held rollout (its copies freed after the rollout,
+   allocated again at the weight sync) becomes sleep and wake calls around those steps
+   (`engine_residency.py`);
+4. after a step, its planned `free`s drop values from the environment (and release what
    a value holds, e.g. gradients). A free is applied no earlier than the last step in the
    issue order that reads the value: only when the serial CPU order differs from the
    plan's predicted overlap would that move a free later, and it is then noted;
-4. resident bytes are accounted per device group after every step, before and after its
+5. resident bytes are accounted per device group after every step, before and after its
    frees; weights versions read are checked against the plan (see `_check_versions`).
 On CUDA each step goes to its own stream (`cuda.CudaStreams`); on CPU the order above is
 the execution.
@@ -33,6 +36,7 @@ from rollplex.backends.base import Backend, Chunk
 from rollplex.graph.ir import Graph, ValueKind, version_model
 from rollplex.planner.plan import MemAction, Plan, Step
 from rollplex.runtime.callbacks import Callback, Callbacks
+from rollplex.runtime.engine_residency import engine_schedule
 from rollplex.runtime.memory import Env, iter_tensors
 from rollplex.runtime.order import issue_order
 from rollplex.runtime.record import MeasuredStep, StepResult
@@ -66,6 +70,7 @@ class Executor:
                 raise ExecutionError(f"plan step '{s.name}' names op '{s.op}', not in the graph")
         backend.bind(graph)
         self._allocs, self._frees = self._effects()
+        self._engine = engine_schedule(plan, self.order)
         self._owned = self._ownership()
         self._start_on_host = self._initial_host()
         self._placed: dict[str, bool] = {}  # persistent value -> on host at the last step end
@@ -157,6 +162,8 @@ class Executor:
                 if self.cuda is None
                 else self.cuda.issue(dev, step, self._reads(step, env))
             )
+            for a in self._engine.before.get(k, ()):
+                self.backend.residency(a)
             t0 = self._now()
             with issue:
                 for v in self._allocs.get(k, ()):
@@ -168,6 +175,8 @@ class Executor:
             memory += self._memory(env, attributed[dev], t1, step.name, dev)
             for v in self._frees.get(k, ()):
                 self._free(env, v)
+            for a in self._engine.after.get(k, ()):
+                self.backend.residency(a)
             after = env.resident_bytes(self._owned[dev])
             memory += self._memory(env, attributed[dev], t1, f"free after {step.name}", dev)
             m = MeasuredStep(

@@ -107,4 +107,5 @@ def test_step_fields_in_the_order_builders_pass_them() -> None:
         "rate_class",
         "scratch_bytes",
         "previous_step",
+        "pool_bytes",  # set after scheduling (api.mark_engine_pools), never positionally
     ]

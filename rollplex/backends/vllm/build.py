@@ -8,12 +8,19 @@ engine starts on it; every later update goes in place (`weight_sync`), never thr
 
 from __future__ import annotations
 
+import logging
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from rollplex.backends.vllm.rollout import VllmRollout
+from rollplex.graph.ir import DTYPE_BYTES
+from rollplex.ops.formulas.llm import KV_BLOCK_TOKENS
 from rollplex.specs.backend import BackendSpec
+from rollplex.specs.vllm import VllmSpec
+
+log = logging.getLogger(__name__)
 
 __all__ = ["VllmRollout", "build_rollout", "write_start_folder"]
 
@@ -33,20 +40,44 @@ def write_start_folder(config: Any, trainer: Any, folder: Path, max_pixels: int)
     return folder
 
 
+def kv_budget(model: Any, spec: VllmSpec, planned: int | None) -> int:
+    """The engine's KV cache bytes: the plan's pool (sized in the model's dtype) in the
+    engine's dtype, and never below what one `max_model_len` sequence needs, without which
+    vLLM refuses to start. No plan: the spec's `kv_cache_bytes`."""
+    if planned is None:
+        return spec.kv_cache_bytes
+    per_token = model.kv_bytes_per_token() // model.dtype_bytes * DTYPE_BYTES[spec.dtype]
+    in_engine = math.ceil(planned / model.dtype_bytes * DTYPE_BYTES[spec.dtype])
+    # Twice the bare K/V bytes: vLLM's layout can take more per token than ours (its CPU
+    # backend, 128-token blocks, served 384 of 512 tokens from 512 tokens' bytes).
+    one_sequence = 2 * -(-spec.max_model_len // KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS * per_token
+    if one_sequence > in_engine:
+        log.info(
+            "vLLM KV cache: the plan's %d bytes raised to %d, one max_model_len=%d sequence",
+            in_engine,
+            one_sequence,
+            spec.max_model_len,
+        )
+    return max(in_engine, one_sequence)
+
+
 def build_rollout(
     config: Any,
     trainer: Any,
     spec: BackendSpec,
     workdir: Path | None = None,
     max_pixels: int = 112 * 112,
+    kv_cache_bytes: int | None = None,
     **_: Any,
 ) -> VllmRollout:
     """`max_pixels`: the image processor's bound the prompts were rendered with, so vLLM
-    expands each image to the same number of visual tokens as the trainer sees."""
+    expands each image to the same number of visual tokens as the trainer sees.
+    `kv_cache_bytes`: the plan's KV pool for the engine (`engine_kv_budget(plan)`)."""
     if config.model.path:
         folder = Path(config.model.path)
     else:
         root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="rollplex-vllm-"))
         folder = write_start_folder(config, trainer, root / "vllm-start", max_pixels)
     live = trainer.live_weights()
-    return VllmRollout(folder, spec.vllm, model=live.model, version=live.version)
+    kv = kv_budget(config.model, spec.vllm, kv_cache_bytes)
+    return VllmRollout(folder, spec.vllm, kv, model=live.model, version=live.version)

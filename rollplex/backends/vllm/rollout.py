@@ -61,7 +61,9 @@ class VllmRollout(RolloutRole):
         self.llm = start_engine(self.folder, self.spec, kv_cache_bytes)
         self.cpu = on_cpu()
         self._version = version_name(model, version)
-        self._asleep: int | None = None
+        self._asleep: int | None = None  # the level it was put to sleep at
+        self._sleeping: set[str] = set()  # "weights", "kv_cache": what is not resident
+        self.residency_seconds = {"sleep": 0.0, "wake": 0.0}
         self._session: VllmDecode | None = None
         self._cpu_sleep_logged = False
         self.last_update_seconds = 0.0
@@ -71,8 +73,7 @@ class VllmRollout(RolloutRole):
         """Load `source` into the running engine in place (no disk round trip for live
         weights), then reset the prefix, multimodal and encoder caches. `reset=False` only
         serves the test that shows why the resets are needed."""
-        if self._asleep is not None:
-            raise BackendError(f"the vLLM engine sleeps (level {self._asleep}): wake it first")
+        self._awake("load weights", "weights")
         self._check_idle("load weights")
         t0 = time.perf_counter()
         reload_in_place(self.llm, tensors_of(source), reset=reset)
@@ -105,8 +106,7 @@ class VllmRollout(RolloutRole):
     ) -> VllmDecode:
         """`generator`: the step's decode generator (or an int seed); each row's seed is
         drawn from it, so tokens are a function of (seed, step, row)."""
-        if self._asleep is not None:
-            raise BackendError(f"the vLLM engine sleeps (level {self._asleep}): wake it first")
+        self._awake("start a decode", "weights", "kv_cache")
         self._check_idle("start a decode")
         self._session = VllmDecode(
             self.llm,
@@ -149,6 +149,13 @@ class VllmRollout(RolloutRole):
         destroy_distributed_environment()
 
     # -- residency --------------------------------------------------------------------------
+    def apply_residency(self, action: Any) -> None:
+        """The plan's residency action (runtime/engine_residency.py): sleep or wake."""
+        if action.kind == "sleep":
+            self.sleep(action.level)
+        else:
+            self.wake_up(action.tags)
+
     def sleep(self, level: int = 1) -> None:
         """Free the engine's memory between rollouts: level 1 moves the weights to host and
         drops the KV cache; level 2 drops both (load_weights must follow the wake-up).
@@ -159,18 +166,37 @@ class VllmRollout(RolloutRole):
         if self.cpu:
             self._log_cpu_sleep()
             return
-        if self._asleep is None:
+        if not self._sleeping:
+            t0 = time.perf_counter()
             self.llm.sleep(level=level)
-            self._asleep = level
+            self.residency_seconds["sleep"] += time.perf_counter() - t0
+            self._asleep, self._sleeping = level, {"weights", "kv_cache"}
 
-    def wake_up(self) -> None:
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Wake the weights, the KV cache, or both (None). After level 2 the weights are
+        garbage until load_weights; the prefix cache is reset with the KV it indexed."""
         if self.cpu:
             self._log_cpu_sleep()
             return
-        if self._asleep is not None:
-            self.llm.wake_up()
+        wanted = set(tags or ("weights", "kv_cache")) & self._sleeping
+        if not wanted:
+            return
+        t0 = time.perf_counter()
+        self.llm.wake_up(tags=sorted(wanted))
+        self.residency_seconds["wake"] += time.perf_counter() - t0
+        self._sleeping -= wanted
+        if "kv_cache" in wanted:
+            reset_caches(self.llm)  # the KV it indexed was dropped
+        if not self._sleeping:
             self._asleep = None
-            reset_caches(self.llm)  # the KV it held was dropped
+
+    def _awake(self, what: str, *tags: str) -> None:
+        asleep = self._sleeping.intersection(tags)
+        if asleep:
+            raise BackendError(
+                f"cannot {what}: the vLLM engine's {' and '.join(sorted(asleep))} sleep "
+                f"(level {self._asleep}); wake them first"
+            )
 
     def _log_cpu_sleep(self) -> None:
         if not self._cpu_sleep_logged:

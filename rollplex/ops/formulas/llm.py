@@ -206,6 +206,39 @@ def decode_rollout(
     return DecodeRollout(cost=total, steps=steps, generated_tokens=tokens)
 
 
+KV_BLOCK_TOKENS = 16  # vLLM's default block: a sequence's KV is allocated in blocks of 16
+
+
+def engine_kv_pool(
+    model: ModelSpec,
+    workload: WorkloadSpec,
+    prompts: int,
+    group_size: int,
+    tp: int = 1,
+    at_cap: bool = False,
+) -> float:
+    """Bytes of the KV pool an engine (vLLM) allocates up front for one rollout on one GPU.
+
+    Each prompt's prefix blocks count once (prefix caching shares them among its G samples).
+    Responses: with `at_cap`, every sample's blocks at the generation cap, all live at once,
+    so that nothing is ever preempted; otherwise the expected peak of live response KV
+    (finished sequences free their blocks) plus one block per sequence of rounding. A pool
+    between the two serves the expected batch; past it, vLLM preempts and recomputes.
+    """
+
+    def blocks(tokens: float) -> int:
+        return math.ceil(tokens / KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS
+
+    batch = prompts * group_size
+    lengths = workload.response_length
+    prefix = prompts * blocks(workload.prefix_tokens(model.vision))
+    response = batch * blocks(lengths.max)
+    if not at_cap:
+        live = (lengths.expected_active(batch, s + 1) * (s + 1) for s in range(lengths.max))
+        response = min(response, max(live, default=0.0) + batch * KV_BLOCK_TOKENS)
+    return (prefix + response) * kv_bytes_per_token(model, tp)
+
+
 def activation_bytes_per_token(model: ModelSpec, checkpointing: bool, tp: int = 1) -> float:
     """Activation bytes one token keeps for the backward, all decoder layers, on one GPU.
 

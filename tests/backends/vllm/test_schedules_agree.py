@@ -15,10 +15,12 @@ import pytest
 import torch
 
 from rollplex.backends.torch.data import TaskData
+from rollplex.backends.vllm.build import kv_budget
 from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose, rollout_capabilities
 from rollplex.runtime.dispatch import StepConfig
+from rollplex.runtime.engine_residency import engine_kv_budget
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
 from rollplex.specs.backend import BackendSpec
 from tests.backends.vllm.conftest import ENGINE, needs_vllm
@@ -34,7 +36,10 @@ def _run(schedule: ScheduleSpec, workdir, rollout=None):
     planned = plan_step(MODEL, WORKLOAD, ALGO, CPU, schedule, rollout=rollout_capabilities(SPEC))
     config = StepConfig(MODEL, ALGO, seed=0, max_new_tokens=4)
     pixels = WORKLOAD.height * WORKLOAD.width
-    dispatch = compose(config, SPEC, workdir=workdir, rollout=rollout, max_pixels=pixels)
+    kv = engine_kv_budget(planned.plan)  # as the train job passes it
+    dispatch = compose(
+        config, SPEC, workdir=workdir, rollout=rollout, max_pixels=pixels, kv_cache_bytes=kv
+    )
     executor = Executor(planned.plan, planned.graph, dispatch)
     data = TaskData(MODEL, WORKLOAD, seed=0)
     versions, results = [], []
@@ -70,6 +75,11 @@ def test_the_plans_fit_the_engine(runs):
         assert not any(s.corun.value == "piggyback" for s in steps)
         sync = [s for s in steps if s.kind == "weight_sync"]
         assert len(sync) == 1 and planned.graph.ops[sync[0].op].attrs["mode"] == "load"
+    # the engine's KV cache is the serial plan's pool (it started there), in fp32, and at
+    # least one max_model_len sequence
+    planned, dispatch = runs[0][0], runs[0][1]
+    kv = dispatch.rollout.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes
+    assert kv == kv_budget(MODEL, ENGINE, engine_kv_budget(planned.plan)) > 0
     rp = runs[1][0].plan.devices[0].steps
     side = [s for s in rp if s.corun.value in ("streams", "partition")]
     assert side and all(s.phase in ("reference", "train") for s in side)
