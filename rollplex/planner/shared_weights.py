@@ -13,10 +13,11 @@ from other GPUs and bytes copied from local storage that cannot be read in place
 
 The algebra costs O(GPUs x parameter classes) per layout, so it is computed once per
 (model, layouts) and kept (the planner tries several rollout TP degrees per plan, and
-plans many times per sweep). Above `MAX_EXACT_GPUS` training GPUs it is not computed:
-a GPU then holds at most t_r / GPUs of its rollout shard, and the full copy is charged
-(an upper bound within that fraction of the truth). So is a layout the algebra cannot
-serve, and weights whose size matches no tower.
+plans many times per sweep). Above `MAX_EXACT_GPUS` training GPUs it is not computed
+and the whole TP shard (v.nbytes / t_r) is charged, as for an engine: a GPU then holds at
+most t_r / GPUs of an LLM shard, so that is within a few percent of the algebra (a vision
+tower that vLLM replicates, when t_r does not divide it, is undercounted there). So is a
+layout the algebra cannot serve, and weights whose size matches no tower.
 """
 
 from __future__ import annotations
