@@ -9,6 +9,7 @@ from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.planner.cost_model import CostModel
 from rollplex.planner.plan import Plan, Route, Step, Transfer, dump_plan, load_plan
 from rollplex.planner.transfers import busiest_bytes, output_routes, weight_bytes
+from rollplex.planner.validate import PlanError, validate_plan
 from rollplex.specs import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,
@@ -98,6 +99,14 @@ def test_transfers_round_trip_and_name_their_steps() -> None:
     back = load_plan(dump_plan(plan))
     assert back == plan
     assert all(isinstance(t, Transfer) and isinstance(t.routes[0], Route) for t in back.transfers)
+
+
+def test_a_route_inside_one_group_is_a_plan_error() -> None:
+    r = _plan("qwen2_5_vl_7b", 4, 4)
+    weights = next(t for t in r.plan.transfers if t.what == "weights")
+    weights.routes.append(Route(0, 1, 10))  # rollout rank to rollout rank
+    with pytest.raises(PlanError, match=r"update.weight_sync.*route 0 -> 1"):
+        validate_plan(r.plan, r.graph, budget=False)
 
 
 def test_colocated_plans_move_nothing_between_groups() -> None:
