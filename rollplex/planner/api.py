@@ -24,6 +24,7 @@ from rollplex.planner.residency import (
     unshared_time,
 )
 from rollplex.planner.schedules import SCHEDULES, PlanningContext
+from rollplex.planner.shared_weights import sharing_note
 from rollplex.planner.validate import validate_plan
 from rollplex.specs import HardwareSpec, ModelSpec, ScheduleSpec, WorkloadSpec
 
@@ -74,6 +75,9 @@ def plan_graph(
     settle_memory(plan, memory(plan), ctx.interference)
     if grow_engine_pools(plan, caps):
         settle_memory(plan, memory(plan), ctx.interference)
+    note = sharing_note(graph, model, schedule.parallel.train_tp, plan.devices)
+    if note:
+        plan.notes.append(note)
     if enforce_budget:
         check_budget(plan)
     validate_plan(plan, graph, budget=enforce_budget)

@@ -27,7 +27,7 @@ from rollplex.ops.formulas import kv_fraction
 from rollplex.planner.happens_before import ordered_before
 from rollplex.planner.memory.records import UsageRecord
 from rollplex.planner.plan import CoRun, DevicePlan, Step
-from rollplex.planner.shared_weights import holds_own_copy, rollout_copy_bytes
+from rollplex.planner.shared_weights import holds_own_copy, rollout_copy_bytes, rolls_out
 from rollplex.specs import ModelSpec, WorkloadSpec
 
 PERSISTENT = (ValueKind.WEIGHTS, ValueKind.OPTIMIZER_STATE)
@@ -84,9 +84,7 @@ class DeviceSizer:
         size = self._copies.get(v.name)
         if size is None:
             if self._aliased is None:
-                colocated = self.dev.name != "rollout" and any(
-                    s.phase == Phase.ROLLOUT.value and s.kind != "transfer" for s in self.dev.steps
-                )
+                colocated = self.dev.name != "rollout" and rolls_out(self.dev)
                 self._aliased = colocated and not holds_own_copy(self.graph)
             size = self._copies[v.name] = rollout_copy_bytes(
                 self.model, v, self.train_gpus, self.train_tp, self.dev.tp, self._aliased

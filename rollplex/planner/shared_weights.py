@@ -26,7 +26,8 @@ import functools
 import math
 from dataclasses import dataclass
 
-from rollplex.graph.ir import Graph, Value
+from rollplex.graph.ir import Graph, Phase, Value, ValueKind
+from rollplex.planner.plan import DevicePlan
 from rollplex.specs import ModelSpec
 from rollplex.weights.build import aligned_ranks, vision_fits_tp
 from rollplex.weights.layouts import LayoutError, RolloutPlacement, TrainPlacement
@@ -57,6 +58,11 @@ class SharedWeights:
         """The most any GPU holds beyond training storage for these towers."""
         n = len(self.per_gpu[towers[0]])
         return max(sum(self.per_gpu[t][g].rebuild for t in towers) for g in range(n))
+
+    def full_bytes(self, towers: tuple[str, ...]) -> int:
+        """The most any GPU would hold as a separate copy in the rollout layout."""
+        n = len(self.per_gpu[towers[0]])
+        return max(sum(self.per_gpu[t][g].full for t in towers) for g in range(n))
 
     def sync_bytes(self, towers: tuple[str, ...]) -> list[tuple[int, int]]:
         """Per GPU, (bytes from other GPUs, bytes copied locally) of one rebuild."""
@@ -173,3 +179,38 @@ def alias_sync_bytes(
     towers = towers_of(model, v)
     shared = shared_weights(model, train_gpus, train_tp, rollout_tp) if towers else None
     return None if shared is None or towers is None else shared.sync_bytes(towers)
+
+
+def rolls_out(dev: DevicePlan) -> bool:
+    """The group runs rollout steps (a training pool's hand-over transfer does not count)."""
+    return any(s.phase == Phase.ROLLOUT.value and s.kind != "transfer" for s in dev.steps)
+
+
+def sharing_note(
+    graph: Graph, model: ModelSpec, train_tp: int, devices: list[DevicePlan]
+) -> str | None:
+    """The plan's note on the rollout copy of a colocated aliasing rollout, in words."""
+    if holds_own_copy(graph):
+        return None
+    read = {
+        v
+        for op in graph.ops.values()
+        if op.phase is Phase.ROLLOUT
+        for v in op.inputs.values()
+        if graph.values[v].kind is ValueKind.WEIGHTS
+    }
+    towers = tuple(
+        dict.fromkeys(t for v in sorted(read) for t in towers_of(model, graph.values[v]) or ())
+    )
+    for dev in devices:
+        if dev.name == "rollout" or not towers or not rolls_out(dev):
+            continue  # a pool holds its own copy; a training pool none
+        shared = shared_weights(model, len(dev.ranks), train_tp, dev.tp)
+        if shared is None:
+            continue
+        return (
+            f"rollout weights aliased in training storage ({shared.layouts}): "
+            f"{shared.rebuild_bytes(towers) / 2**30:.2f} GiB per GPU rebuilt, against "
+            f"{shared.full_bytes(towers) / 2**30:.2f} GiB for a separate copy in that layout"
+        )
+    return None
