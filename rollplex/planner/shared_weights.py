@@ -205,11 +205,13 @@ def sharing_note(
     for dev in devices:
         if dev.name == "rollout" or not towers or not rolls_out(dev):
             continue  # a pool holds its own copy; a training pool none
-        shared = shared_weights(model, len(dev.ranks), train_tp, dev.tp)
+        n = len(dev.ranks)
+        shared = shared_weights(model, n, train_tp, dev.tp)
         if shared is None:
             continue
         return (
-            f"rollout weights aliased in training storage ({shared.layouts}): "
+            f"rollout weights aliased in training storage (FSDP {n // train_tp} x TP "
+            f"{train_tp} vs rollout TP {dev.tp}, {shared.layouts.rsplit(' ', 1)[-1]}): "
             f"{shared.rebuild_bytes(towers) / 2**30:.2f} GiB per GPU rebuilt, against "
             f"{shared.full_bytes(towers) / 2**30:.2f} GiB for a separate copy in that layout"
         )

@@ -170,6 +170,6 @@ def test_aliased_weight_sync_prices_the_bytes_that_move() -> None:
 def test_the_plan_says_what_the_rollout_copy_costs() -> None:
     torch = _plan("qwen2_5_vl_32b", "video", "h200x8", 8).plan.notes
     (note,) = [n for n in torch if n.startswith("rollout weights aliased")]
-    assert "train fsdp=8 tp=1; rollout tp=8" in note and "1.12 GiB per GPU rebuilt" in note
+    assert "(FSDP 8 x TP 1 vs rollout TP 8, vision=replicated): 1.12 GiB per GPU rebuilt" in note
     engine = _plan("qwen2_5_vl_32b", "video", "h200x8", 8, caps=VLLM_ROLLOUT).plan.notes
     assert not any(n.startswith("rollout weights aliased") for n in engine)
