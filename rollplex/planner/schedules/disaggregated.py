@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rollplex.graph.ir import Phase
+from rollplex.graph.ir import Phase, Value
 from rollplex.planner.placement import PlanBuilder
 from rollplex.planner.plan import DevicePlan, Plan, Route, Transfer
 from rollplex.planner.schedules.common import (
@@ -134,7 +134,7 @@ def _plan_pools(ctx: PlanningContext, r: int, t: int, tp: int) -> Plan:
 
 
 def _weight_routes(
-    ctx: PlanningContext, w, roll: DevicePlan, train: DevicePlan
+    ctx: PlanningContext, w: Value, roll: DevicePlan, train: DevicePlan
 ) -> list[Route] | None:
     towers = towers_of(ctx.model, w)
     mats = weight_bytes(ctx.model, towers, len(train.ranks), train.tp, roll.tp) if towers else None
