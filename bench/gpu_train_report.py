@@ -59,6 +59,13 @@ def main(run: Path, shape: str, out: Path) -> None:
         "decisions": summary.get("decisions"),
         "workload_measured": summary.get("workload_measured"),
     }
+    plan = json.loads((run / "plan.json").read_text())
+    pools = [s["pool_bytes"] for d in plan["devices"] for s in d["steps"] if s.get("pool_bytes")]
+    if pools:  # an engine rollout: the KV pool the plan gave it, and its sleep/wake
+        result["engine_kv_pool_bytes_planned"] = max(pools)
+        for key in ("engine_sleep_s", "engine_wake_s"):
+            vals = [float(r[key]) for r in rows[1:] if r.get(key)]
+            result[f"{key}_median"] = statistics.median(vals) if vals else None
     out.mkdir(parents=True, exist_ok=True)
     (out / f"train_{shape}.json").write_text(json.dumps(result, indent=1))
     lines = [
@@ -72,6 +79,14 @@ def main(run: Path, shape: str, out: Path) -> None:
         f"- peak memory: {(summary['cuda_max_memory_allocated'] or 0) / 2**30:.1f} GiB "
         f"(torch.cuda.max_memory_allocated) vs {summary['plan_peak_bytes'] / 2**30:.1f} GiB "
         "planned",
+    ]
+    if pools:
+        lines.append(
+            f"- engine KV pool from the plan: {max(pools) / 2**30:.2f} GiB; sleep "
+            f"{result['engine_sleep_s_median'] or 0:.3f} s, wake "
+            f"{result['engine_wake_s_median'] or 0:.3f} s a step (median)"
+        )
+    lines += [
         "",
         "| op kind | measured s | predicted s | ratio |",
         "|---|---|---|---|",

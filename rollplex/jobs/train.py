@@ -50,6 +50,8 @@ CSV_FIELDS = (
     "eval_accuracy",
     "step_time_s",
     "peak_resident_bytes",
+    "engine_sleep_s",  # an engine rollout's plan-driven sleep and wake-ups (else empty)
+    "engine_wake_s",
 )
 
 
@@ -299,6 +301,7 @@ def _row(res) -> dict[str, Any]:
         "eval_accuracy": "",
         "step_time_s": res.seconds,
         "peak_resident_bytes": max(res.peak_resident_bytes.values()),
+        **{k: m.get(k, "") for k in CSV_FIELDS[-2:]},
     }
 
 

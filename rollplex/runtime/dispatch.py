@@ -27,6 +27,7 @@ detached: exactly on-policy for one update per batch (ratio 1, the PPO clip inac
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -169,9 +170,15 @@ class RoleDispatch(Backend):
         return self.roles.externals.supply(self._externals, inputs, self)
 
     def residency(self, action: Any) -> None:
-        """The plan's sleep/wake of the rollout engine, for a role that can sleep."""
+        """The plan's sleep/wake of the rollout engine, for a role that can sleep; its
+        time is a step metric (`engine_sleep_s`, `engine_wake_s`)."""
         if self.rollout.capabilities.sleep_levels:
+            t0 = time.perf_counter()
             self.rollout.apply_residency(action)
+            seconds = time.perf_counter() - t0
+            key = f"engine_{action.kind}_s"
+            self.metrics[key] = self.metrics.get(key, 0.0) + seconds
+            log.debug("rollout engine: %s (%.3f s)", action, seconds)
 
     def end_step(self) -> dict[str, float]:
         return self.roles.hooks.metrics({k: float(v) for k, v in self.metrics.items()})

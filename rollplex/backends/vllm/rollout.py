@@ -170,6 +170,7 @@ class VllmRollout(RolloutRole):
             t0 = time.perf_counter()
             self.llm.sleep(level=level)
             self.residency_seconds["sleep"] += time.perf_counter() - t0
+            log.info("vLLM engine asleep (level %d) in %.3f s", level, time.perf_counter() - t0)
             self._asleep, self._sleeping = level, {"weights", "kv_cache"}
 
     def wake_up(self, tags: Sequence[str] | None = None) -> None:
@@ -184,6 +185,7 @@ class VllmRollout(RolloutRole):
         t0 = time.perf_counter()
         self.llm.wake_up(tags=sorted(wanted))
         self.residency_seconds["wake"] += time.perf_counter() - t0
+        log.info("vLLM engine woke %s in %.3f s", sorted(wanted), time.perf_counter() - t0)
         self._sleeping -= wanted
         if "kv_cache" in wanted:
             reset_caches(self.llm)  # the KV it indexed was dropped
