@@ -25,8 +25,9 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from weakref import WeakKeyDictionary
 
-from rollplex.graph.ir import Graph, Phase, Value, ValueKind
+from rollplex.graph.ir import Graph, Phase, Value
 from rollplex.planner.plan import DevicePlan
 from rollplex.specs import ModelSpec
 from rollplex.weights.build import aligned_ranks, vision_fits_tp
@@ -34,6 +35,7 @@ from rollplex.weights.layouts import LayoutError, RolloutPlacement, TrainPlaceme
 from rollplex.weights.sharing import WeightSharing, contiguous_ranks, strided_ranks
 
 MAX_EXACT_GPUS = 64
+COPY_KIND = "rollout_weights"  # the lifetimes' kind of a rollout copy's records
 TOWERS = ("llm", "vision")
 
 
@@ -148,13 +150,23 @@ def towers_of(model: ModelSpec, v: Value) -> tuple[str, ...] | None:
     return {llm: ("llm",), vision: ("vision",), llm + vision: TOWERS}.get(v.shape[0])
 
 
+_OWN: WeakKeyDictionary[Graph, tuple[dict, bool]] = WeakKeyDictionary()
+
+
 def holds_own_copy(graph: Graph) -> bool:
     """The rollout is an engine with its own weights: a fused `generate` rollout, or a
-    weight sync that loads into the engine instead of aliasing."""
-    return any(
+    weight sync that loads into the engine instead of aliasing. Kept per graph while its
+    producer index stands (every memory attempt of a search asks again)."""
+    made = graph.producers()
+    hit = _OWN.get(graph)
+    if hit is not None and hit[0] is made:
+        return hit[1]
+    own = any(
         op.kind == "generate" or (op.kind == "weight_sync" and op.attrs.get("mode") == "load")
         for op in graph.ops.values()
     )
+    _OWN[graph] = (made, own)
+    return own
 
 
 def rollout_copy_bytes(
@@ -189,22 +201,19 @@ def rolls_out(dev: DevicePlan) -> bool:
 def sharing_note(
     graph: Graph, model: ModelSpec, train_tp: int, devices: list[DevicePlan]
 ) -> str | None:
-    """The plan's note on the rollout copy of a colocated aliasing rollout, in words."""
+    """The plan's note on the rollout copy of a colocated aliasing rollout, in words (from
+    the settled plan's rollout-copy slots)."""
     if holds_own_copy(graph):
         return None
-    read = {
-        v
-        for op in graph.ops.values()
-        if op.phase is Phase.ROLLOUT
-        for v in op.inputs.values()
-        if graph.values[v].kind is ValueKind.WEIGHTS
-    }
-    towers = tuple(
-        dict.fromkeys(t for v in sorted(read) for t in towers_of(model, graph.values[v]) or ())
-    )
     for dev in devices:
-        if dev.name == "rollout" or not towers or not rolls_out(dev):
+        if dev.name == "rollout" or not rolls_out(dev):
             continue  # a pool holds its own copy; a training pool none
+        read = {s.value.split("@rollout")[0] for s in dev.slots if s.value_kind == COPY_KIND}
+        towers = tuple(
+            dict.fromkeys(t for v in sorted(read) for t in towers_of(model, graph.values[v]) or ())
+        )
+        if not towers:
+            continue
         n = len(dev.ranks)
         shared = shared_weights(model, n, train_tp, dev.tp)
         if shared is None:
