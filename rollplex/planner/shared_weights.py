@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from weakref import WeakKeyDictionary
 
 from rollplex.graph.ir import Graph, Phase, Value
@@ -55,11 +55,16 @@ class SharedWeights:
 
     layouts: str
     per_gpu: dict[str, tuple[GpuShare, ...]]
+    _rebuild: dict[tuple[str, ...], int] = field(default_factory=dict, compare=False)
 
     def rebuild_bytes(self, towers: tuple[str, ...]) -> int:
         """The most any GPU holds beyond training storage for these towers."""
-        n = len(self.per_gpu[towers[0]])
-        return max(sum(self.per_gpu[t][g].rebuild for t in towers) for g in range(n))
+        out = self._rebuild.get(towers)
+        if out is None:
+            n = len(self.per_gpu[towers[0]])
+            out = max(sum(self.per_gpu[t][g].rebuild for t in towers) for g in range(n))
+            self._rebuild[towers] = out
+        return out
 
     def full_bytes(self, towers: tuple[str, ...]) -> int:
         """The most any GPU would hold as a separate copy in the rollout layout."""
