@@ -29,7 +29,7 @@ fi
 [ -f /tmp/site/vllm/_C_stable_libtorch.abi3.so ] || tar -C /tmp/site -xJf .gpu2/c.tar.xz
 python3 -m rollplex.cli train model="$SHAPE" model.path="/tmp/$SHAPE" hardware=h200 \
   train.device=cuda train.deterministic=false data=easyvqa backend.rollout=vllm \
-  backend.vllm.gpu_memory_utilization=0.3 \
+  backend.vllm.gpu_memory_utilization=0.3 backend.vllm.sleep="${SLEEP:-always}" \
   backend.vllm.dtype=bfloat16 backend.vllm.max_model_len=4096 backend.vllm.enforce_eager=false \
   workload.prompts_per_step=8 workload.group_size=8 train.max_new_tokens=256 \
   workload.response_length.distribution=fixed workload.response_length.min=1 \

@@ -107,13 +107,68 @@ def plan_step(
     enforce_budget: bool = True,
     passes: Sequence[PassFn] | None = None,
     rollout: RoleCapabilities | None = None,
+    engine_sleep: bool | None = None,
 ) -> PlanResult:
     """Build (or take `graph`), run the passes (`passes=()`: plan `graph` as is), plan.
     `rollout`: the chosen rollout role's capabilities (planner/capabilities.py).
+    `engine_sleep`: whether a rollout engine that can sleep does so between rollouts;
+    None lets the planner decide: awake if that plan fits without offloading anything
+    (sleeping and waking cost time the plan does not need to pay), else asleep.
 
     If no rollout TP degree fits, the last budget error is raised."""
     check_parallel(schedule, model, hardware)
     source, after, records = build_graph(model, workload, algo, schedule, graph, passes, rollout)
+    if engine_sleeps_possible(after) and engine_sleep is not True:
+        awake = engine_awake(after)
+        if engine_sleep is False:
+            after = awake
+        else:
+            try:
+                best = _plan_layouts(
+                    awake, model, workload, hardware, schedule, cost_model, interference, True
+                )
+            except PlanOverBudget:
+                best = None
+            if best is not None and not any(
+                s.kind in ("offload", "onload") for d in best.devices for s in d.steps
+            ):
+                best.notes.insert(0, "rollout engine stays awake: the plan fits without sleep")
+                return PlanResult(best, awake, source, records, report(best))
+    best = _plan_layouts(
+        after, model, workload, hardware, schedule, cost_model, interference, enforce_budget
+    )
+    if engine_sleeps_possible(after):
+        best.notes.insert(0, "rollout engine sleeps (level 2) between rollouts")
+    return PlanResult(best, after, source, records, report(best))
+
+
+def engine_sleeps_possible(graph: Graph) -> bool:
+    """The graph's rollout is an engine that can drop its weights and KV (level 2)."""
+    return any(op.kind == "generate" and 2 in op.meta.get("sleep_levels", ()) for op in graph)
+
+
+def engine_awake(graph: Graph) -> Graph:
+    """`graph` with its rollout engine kept awake all step (no sleep levels)."""
+    ops = []
+    for op in graph:
+        if op.kind == "generate" and op.meta.get("sleep_levels"):
+            op = op.clone()
+            op.meta["sleep_levels"] = []
+        ops.append(op)
+    return Graph(graph.values.values(), ops)
+
+
+def _plan_layouts(
+    after: Graph,
+    model: ModelSpec,
+    workload: WorkloadSpec,
+    hardware: HardwareSpec,
+    schedule: ScheduleSpec,
+    cost_model: CostModel | None,
+    interference: InterferenceModel | None,
+    enforce_budget: bool,
+) -> Plan:
+    """The fastest plan of `after` over the rollout TP degrees that fit."""
 
     def plan(sched: ScheduleSpec) -> Plan:
         return plan_graph(
@@ -136,4 +191,4 @@ def plan_step(
         if best is None:
             raise error or PlanOverBudget("no rollout TP degree fits")
         best.notes.insert(0, f"rollout TP {best.devices[0].tp} (fastest of {options})")
-    return PlanResult(best, after, source, records, report(best))
+    return best

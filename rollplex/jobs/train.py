@@ -15,7 +15,8 @@ checkpoints are DCP (runtime/dcp_checkpoint.py, resumable on any rank count) and
 0 writes the run folder and evaluates. The run folder gets:
 - `tb/`: TensorBoard scalars (reward, KL, loss, step time, resident bytes) and the planned
   and measured timelines side by side (workers `planned0` and `measured0`, the last
-  `train.trace_steps` steps), with the planned-vs-measured table as text;
+  `train.trace_steps` steps; with `train.profile=true` the measured one is torch.profiler's),
+  with the planned-vs-measured table per step as text and as `tb/planned_vs_measured.md`;
 - `checkpoints/step-NNNNNN/` every `train.checkpoint_every` steps and after the last;
 - `metrics.csv` (one row per step), `calibration.json` (measured op times in the cost
   model's format), `plan.json` and `summary.json`.
@@ -115,12 +116,16 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     from rollplex.runtime.compose import compose, rollout_capabilities
     from rollplex.runtime.dispatch import StepConfig
     from rollplex.runtime.engine_residency import engine_kv_budget
+    from rollplex.runtime.profile import step_profiler
     from rollplex.trace import open_writer
 
     t = spec.train
     model, workload = prepared.model, prepared.workload
     caps = rollout_capabilities(spec.backend)  # the planner plans only what it can do
-    result = plan_step(model, workload, spec.algo, spec.hardware, spec.schedule, rollout=caps)
+    sleep = {"auto": None, "always": True, "never": False}[spec.backend.vllm.sleep]
+    result = plan_step(
+        model, workload, spec.algo, spec.hardware, spec.schedule, rollout=caps, engine_sleep=sleep
+    )
     plan, graph = result.plan, result.graph
     config = StepConfig(
         model,
@@ -192,10 +197,16 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
 
     if start < t.steps:
         held_out(start)
+    prof = None  # torch.profiler over exactly the steps `recent` keeps
     try:
         for k in range(start, t.steps):
+            if t.profile and main and prof is None and k >= t.steps - t.trace_steps:
+                prof = step_profiler(backend.device)
+                prof.start()
             res = executor.run_step(k, data.step(k))
             recent.append(res)
+            if prof is not None and k + 1 == t.steps:
+                prof.stop()
             row = _row(res)
             if t.eval_every > 0 and ((k + 1) % t.eval_every == 0 or k + 1 == t.steps):
                 row["eval_accuracy"] = held_out(k + 1)
@@ -212,7 +223,7 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
         return _summary(spec, plan, rows, start, ckpt, ckpt_root, last_ckpt, recent)
     _write_csv(out / "metrics.csv", rows)
     if recent:
-        _export(out, tb, writer, spec, plan, graph, list(recent))
+        _export(out, tb, writer, spec, plan, graph, list(recent), prof)
     writer.close()
     summary = _summary(spec, plan, rows, start, ckpt, ckpt_root, last_ckpt, recent)
     summary.update(_eval_summary(evals))
@@ -312,23 +323,18 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         w.writerows(rows)
 
 
-def _export(out: Path, tb: Path, writer, spec: RunSpec, plan, graph, recent: list) -> None:
+def _export(
+    out: Path, tb: Path, writer, spec: RunSpec, plan, graph, recent: list, prof=None
+) -> None:
     """Planned and measured timelines into one TensorBoard run, and the calibration file."""
     from rollplex.ops.costs import CostContext, op_cost
-    from rollplex.runtime import measured_timeline, write_measured_calibration
-    from rollplex.trace import diff_timelines, write_profiler_traces, write_text
-    from rollplex.trace.from_plan import plan_timeline
+    from rollplex.runtime import write_measured_calibration
+    from rollplex.runtime.profile import TABLE, export_run
+    from rollplex.trace import write_text
 
     device = spec.train.device
-    planned = plan_timeline(plan, label="planned", device_name=spec.hardware.gpu, steps=len(recent))
-    measured = measured_timeline(plan, recent, label="measured", device_name=device)
-    write_profiler_traces(planned, tb, worker_prefix="planned")
-    write_profiler_traces(measured, tb, worker_prefix="measured")
-    write_text(
-        writer,
-        "timeline/planned_vs_measured",
-        diff_timelines(planned, measured, aggregate=True).markdown(),
-    )
+    export_run(tb, plan, recent, prof, device_name=device, planned_device_name=spec.hardware.gpu)
+    write_text(writer, "timeline/planned_vs_measured", (tb / TABLE).read_text())
 
     def cost(step) -> tuple[float, float]:
         op = graph.ops[step.op]

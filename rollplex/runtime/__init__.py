@@ -9,7 +9,7 @@ measures what ran, and checkpoints training state.
 from rollplex.runtime.callbacks import Callback, Callbacks, Progress
 from rollplex.runtime.executor import ExecutionError, Executor
 from rollplex.runtime.memory import Env, iter_tensors
-from rollplex.runtime.order import OrderError, issue_order
+from rollplex.runtime.order import Deviation, OrderError, issue_order, plan_order
 from rollplex.runtime.record import (
     MeasuredStep,
     StepResult,
@@ -21,6 +21,7 @@ from rollplex.runtime.record import (
 __all__ = [
     "Callback",
     "Callbacks",
+    "Deviation",
     "Env",
     "ExecutionError",
     "Executor",
@@ -32,5 +33,6 @@ __all__ = [
     "issue_order",
     "iter_tensors",
     "measured_timeline",
+    "plan_order",
     "write_measured_calibration",
 ]

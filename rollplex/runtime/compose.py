@@ -13,6 +13,7 @@ load.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,10 @@ def check_roles(spec: BackendSpec) -> None:
 def rollout_capabilities(spec: BackendSpec) -> RoleCapabilities:
     """What the chosen rollout can do, for the planner (no engine is started, and vLLM
     need not be installed)."""
-    return role_entry("rollout", spec.rollout).capabilities()
+    caps = role_entry("rollout", spec.rollout).capabilities()
+    if spec.rollout == "vllm" and not spec.vllm.enable_sleep_mode:
+        caps = replace(caps, sleep_levels=())  # the engine is started without sleep mode
+    return caps
 
 
 def compose(

@@ -4,8 +4,10 @@ Per RL step:
 1. the backend supplies the graph's external values (weights, optimizer state, prompts);
    each starts where the plan has it at the step's start: on host if the plan's first
    move of it is an onload (or it is host data), else resident;
-2. steps are issued in `issue_order` (streams and events respected). Before a step, the
-   plan's `alloc`s of values still on host load them (host data reaching the device);
+2. steps are issued in the plan's order: by plan index, within what its streams and events
+   allow (`order.plan_order`; where the two disagree the step that must go first goes
+   first, and that is reported). Before a step, the plan's `alloc`s of values still on
+   host load them (host data reaching the device);
    `offload` / `onload` steps move their value between the stores through the backend
    (a real copy, on CPU too); a `transfer` between device groups of one process moves
    nothing. Any other step runs its op, or its chunk, through the backend;
@@ -13,13 +15,17 @@ Per RL step:
    allocated again at the weight sync) becomes sleep and wake calls around those steps
    (`engine_residency.py`);
 4. after a step, its planned `free`s drop values from the environment (and release what
-   a value holds, e.g. gradients). A free is applied no earlier than the last step in the
-   issue order that reads the value: only when the serial CPU order differs from the
-   plan's predicted overlap would that move a free later, and it is then noted;
+   a value holds, e.g. gradients), exactly there. A planned free that precedes a read in
+   the order executed (a plan defect, or streams the plan overlaps issued one after
+   another) cannot be applied there: it waits for that read, and the run log (warning),
+   the step's `deviations` and the measured trace (an instant) say so;
 5. resident bytes are accounted per device group after every step, before and after its
    frees; weights versions read are checked against the plan (see `_check_versions`).
 On CUDA each step goes to its own stream (`cuda.CudaStreams`); on CPU the order above is
-the execution.
+the execution. Each RL step is a `record_function("ProfilerStep#N")` range and each plan
+step (its loads, its op, its frees) a `record_function(<step name>)` range, so a
+`torch.profiler` run (`runtime/profile.py`) records real kernels and memory
+events under the plan's step names.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from contextlib import nullcontext
 from typing import Any
 
 import torch
+from torch.profiler import record_function
 
 from rollplex.backends.base import Backend, Chunk
 from rollplex.graph.ir import Graph, ValueKind, version_model
@@ -38,7 +45,7 @@ from rollplex.planner.plan import MemAction, Plan, Step
 from rollplex.runtime.callbacks import Callback, Callbacks
 from rollplex.runtime.engine_residency import engine_schedule
 from rollplex.runtime.memory import Env, iter_tensors
-from rollplex.runtime.order import issue_order
+from rollplex.runtime.order import plan_order
 from rollplex.runtime.record import MeasuredStep, StepResult
 from rollplex.trace.timeline import MemoryEvent
 
@@ -62,9 +69,14 @@ class Executor:
         self.plan, self.graph, self.backend = plan, graph, backend
         self.callbacks = Callbacks(callbacks)
         self.device = torch.device(device)
-        self.order = issue_order(plan)
+        self.order, order_deviations = plan_order(plan)
         self.dev_of = {s.index: i for i, d in enumerate(plan.devices) for s in d.steps}
         self.notes: list[str] = []
+        # issue position -> where the runtime could not follow the plan there, and why
+        self.deviations: dict[int, list[str]] = {}
+        pos = {s.index: k for k, s in enumerate(self.order)}
+        for d in order_deviations:
+            self._deviate(pos[d.step.index], d.message())
         for s in self.order:
             if s.kind not in COPY_KINDS and s.op not in graph.ops:
                 raise ExecutionError(f"plan step '{s.name}' names op '{s.op}', not in the graph")
@@ -86,19 +98,33 @@ class Executor:
                 self.notes.append(
                     f"SM partitions not set up; plain streams for {self.cuda.partitioned}"
                 )
+        deviations = {m for ms in self.deviations.values() for m in ms}
         for note in self.notes:
-            log.info("executor: %s", note)
+            if note not in deviations:
+                log.info("executor: %s", note)
+        for k, msgs in sorted(self.deviations.items()):
+            for msg in msgs:
+                log.warning("executor: at '%s': %s", self.order[k].name, msg)
 
     # -- static preparation --------------------------------------------------------------
+    def _deviate(self, k: int, msg: str) -> None:
+        self.deviations.setdefault(k, []).append(msg)
+        self.notes.append(msg)
+
     def _effects(self) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
-        """alloc-before and free-after lists keyed by issue position."""
+        """alloc-before and free-after lists keyed by issue position: the plan's own, save
+        where a read in the executed order forbids it (then moved to that read, and said)."""
         pos = {s.index: k for k, s in enumerate(self.order)}
-        readers: dict[str, int] = {}
+        first: dict[str, int] = {}  # value -> first / last issue position that reads it
+        last: dict[str, int] = {}
         for k, s in enumerate(self.order):
             op = self.graph.ops.get(s.op)
+            names = [s.op] if s.kind == "offload" else []
             if op is not None and s.kind not in COPY_KINDS:
-                for v in op.inputs.values():
-                    readers[v] = k
+                names = list(op.inputs.values())
+            for v in names:
+                first.setdefault(v, k)
+                last[v] = k
         allocs: dict[int, list[str]] = {}
         frees: dict[int, list[str]] = {}
         copied = {s.op for s in self.order if s.kind in ("offload", "onload")}
@@ -108,16 +134,27 @@ class Executor:
                     continue  # scratch, a rollout TP copy (aliased here): nothing to hold
                 k = pos[e.at]
                 if e.action is MemAction.ALLOC and e.value not in copied:  # else: its onload
-                    allocs.setdefault(k, []).append(e.value)
-                elif e.action is MemAction.FREE:
-                    last = max(k, readers.get(e.value, k))
-                    if last != k:
-                        self.notes.append(
-                            f"free of '{e.value}' after '{self.order[k].name}' "
-                            f"moved after '{self.order[last].name}', its last "
-                            "reader in the serial issue order"
+                    at = k
+                    if self.graph.values[e.value].external and first.get(e.value, k) < k:
+                        at = first[e.value]
+                        self._deviate(
+                            k,
+                            f"alloc of '{e.value}' planned before '{self.order[k].name}' "
+                            f"moved before '{self.order[at].name}', which reads it earlier "
+                            "in the order executed",
                         )
-                    frees.setdefault(last, []).append(e.value)
+                    allocs.setdefault(at, []).append(e.value)
+                elif e.action is MemAction.FREE:
+                    at = max(k, last.get(e.value, k))
+                    if at != k:
+                        self._deviate(
+                            k,
+                            f"free of '{e.value}' planned after '{self.order[k].name}' "
+                            f"moved after '{self.order[at].name}', which reads it later in "
+                            "the order executed (a plan defect, or streams the plan overlaps "
+                            "issued one after another)",
+                        )
+                    frees.setdefault(at, []).append(e.value)
         return allocs, frees
 
     def _ownership(self) -> dict[int, set[str]]:
@@ -144,53 +181,29 @@ class Executor:
 
     # -- one RL step ---------------------------------------------------------------------
     def run_step(self, rl_step: int, inputs: Any) -> StepResult:
-        start = self._now()
-        env = Env()
-        self._place(env, self.backend.begin_step(rl_step, inputs))
-        if self.cuda is not None:
-            self.cuda.begin(start)
-        measured: list[MeasuredStep] = []
-        memory: list[MemoryEvent] = []
-        attributed: dict[int, dict[str, int]] = {i: {} for i in range(len(self.plan.devices))}
-        offsets: dict[str, int] = {}
-        for k, step in enumerate(self.order):
-            dev = self.dev_of[step.index]
-            self.callbacks.on_step_start(rl_step, step)
-            # CUDA: the step's loads and its op are issued on its stream, after its waits.
-            issue = (
-                nullcontext()
-                if self.cuda is None
-                else self.cuda.issue(dev, step, self._reads(step, env))
-            )
-            for a in self._engine.before.get(k, ()):
-                self.backend.residency(a)
-            t0 = self._now()
-            with issue:
-                for v in self._allocs.get(k, ()):
-                    if v in env.host and v not in env.device:
-                        env.device[v] = self.backend.move(env.host.pop(v), to_host=False)
-                reads, note = self._run(step, env)
-            t1 = self._now()
-            resident = env.resident_bytes(self._owned[dev])
-            memory += self._memory(env, attributed[dev], t1, step.name, dev)
-            for v in self._frees.get(k, ()):
-                self._free(env, v)
-            for a in self._engine.after.get(k, ()):
-                self.backend.residency(a)
-            after = env.resident_bytes(self._owned[dev])
-            memory += self._memory(env, attributed[dev], t1, f"free after {step.name}", dev)
-            m = MeasuredStep(
-                step, dev, rl_step, t0, t1, resident, after, env.host_bytes(), reads, note
-            )
-            self._check_versions(m, offsets)
-            measured.append(m)
-            self.callbacks.on_step_end(rl_step, m)
-        if self.cuda is not None:
-            times = self.cuda.finish()
-            for m in measured:
-                m.start_s, m.end_s = times.get(m.step.index, (m.start_s, m.end_s))
-        metrics = self.backend.end_step()
-        self._finish(env)
+        with record_function(f"ProfilerStep#{rl_step}"):  # a step of the measured trace
+            start = self._now()
+            env = Env()
+            self._place(env, self.backend.begin_step(rl_step, inputs))
+            if self.cuda is not None:
+                self.cuda.begin(start)
+            measured: list[MeasuredStep] = []
+            memory: list[MemoryEvent] = []
+            attributed: dict[int, dict[str, int]] = {i: {} for i in range(len(self.plan.devices))}
+            offsets: dict[str, int] = {}
+            for k, step in enumerate(self.order):
+                self.callbacks.on_step_start(rl_step, step)
+                with record_function(step.name):
+                    m = self._issue(k, step, env, rl_step, memory, attributed)
+                self._check_versions(m, offsets)
+                measured.append(m)
+                self.callbacks.on_step_end(rl_step, m)
+            if self.cuda is not None:
+                times = self.cuda.finish()
+                for m in measured:
+                    m.start_s, m.end_s = times.get(m.step.index, (m.start_s, m.end_s))
+            metrics = self.backend.end_step()
+            self._finish(env)
         peak: dict[int, int] = {}
         for m in measured:
             peak[m.device] = max(peak.get(m.device, 0), m.resident_bytes)
@@ -199,6 +212,43 @@ class Executor:
         )
         self.callbacks.on_rl_step_end(result)
         return result
+
+    def _issue(
+        self,
+        k: int,
+        step: Step,
+        env: Env,
+        rl_step: int,
+        memory: list[MemoryEvent],
+        attributed: dict[int, dict[str, int]],
+    ) -> MeasuredStep:
+        """Step `k` of the order: its loads, its op, its frees, and what that left resident."""
+        dev = self.dev_of[step.index]
+        # CUDA: the step's loads and its op are issued on its stream, after its waits.
+        issue = (
+            nullcontext()
+            if self.cuda is None
+            else self.cuda.issue(dev, step, self._reads(step, env))
+        )
+        for a in self._engine.before.get(k, ()):
+            self.backend.residency(a)
+        t0 = self._now()
+        with issue:
+            for v in self._allocs.get(k, ()):
+                if v in env.host and v not in env.device:
+                    env.device[v] = self.backend.move(env.host.pop(v), to_host=False)
+            reads, note = self._run(step, env)
+        t1 = self._now()
+        resident = env.resident_bytes(self._owned[dev])
+        memory += self._memory(env, attributed[dev], t1, step.name, dev)
+        freed = [v for v in self._frees.get(k, ()) if self._free(env, v)]
+        for a in self._engine.after.get(k, ()):
+            self.backend.residency(a)
+        after = env.resident_bytes(self._owned[dev])
+        memory += self._memory(env, attributed[dev], t1, step.name, dev)
+        m = MeasuredStep(step, dev, rl_step, t0, t1, resident, after, env.host_bytes(), reads, note)
+        m.freed, m.deviations = freed, list(self.deviations.get(k, ()))
+        return m
 
     def _now(self) -> float:
         return time.perf_counter() - self.origin
@@ -259,11 +309,15 @@ class Executor:
             raise ExecutionError(f"'{step.name}' offloads '{value}', which is not resident")
         return env.device.pop(value)
 
-    def _free(self, env: Env, value: str) -> None:
-        held = env.device.pop(value, None)
+    def _free(self, env: Env, value: str) -> bool:
+        """Drop `value` from the device store; whether it was there."""
+        if value not in env.device:
+            return False  # offloaded already, or never made (a first step's carry)
+        held = env.device.pop(value)
         release = getattr(held, "release", None)
         if callable(release) and not self.graph.values[value].external:
             release()  # e.g. gradients: the plan frees them, so really free them
+        return True
 
     def _memory(
         self, env: Env, attributed: dict[str, int], t: float, name: str, dev: int

@@ -1,17 +1,21 @@
-"""The one order in which the executor issues a plan's steps.
+"""The order in which the executor issues a plan's steps: the plan's own.
 
-A step may be issued once the step before it on its stream and the steps that record the
-events it waits for have been issued. Among the steps that may go, the one the plan
-predicts to start first goes first (ties: the lower plan-wide index). On CPU this order
-*is* the execution, one step at a time; on CUDA it is the launch order, and since every
-event is recorded before any wait on it is issued, a `wait_event` never sees an unrecorded
-event (which CUDA would treat as already complete).
+A plan numbers its steps plan-wide in issue order (`Step.index`), lists each stream's
+steps in issue order (`StreamPlan.steps`) and orders streams against each other by events
+(`Step.waits` / `Step.signals`). The executor issues the steps by index. Stream order and
+events are hard constraints (CUDA runs a stream in order, and a `wait_event` on an event
+not yet recorded is treated as already complete), so when the indices disagree with them
+the runtime cannot follow the indices: it issues, among the steps whose stream
+predecessor and awaited events are issued, the one with the lowest index, and says where
+and why it left the index order (`Deviation`). A plan whose indices agree with its
+streams and events is issued exactly in index order.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from dataclasses import dataclass
 
 from rollplex.planner.plan import Plan, Step
 
@@ -20,10 +24,24 @@ class OrderError(ValueError):
     """The plan's streams and events admit no order (a wait on an event that never fires)."""
 
 
-def issue_order(plan: Plan) -> list[Step]:
-    steps = {s.index: s for d in plan.devices for s in d.steps}
-    if len(steps) != sum(len(d.steps) for d in plan.devices):
-        raise OrderError("plan reuses a step index across device groups")
+@dataclass(slots=True)
+class Deviation:
+    """A step issued ahead of a lower-index step, because that one had to wait for it."""
+
+    step: Step  # issued early
+    behind: Step  # the lowest-index step not yet issued when `step` went
+    blockers: list[Step]  # what `behind` still waited for (stream predecessor, events)
+
+    def message(self) -> str:
+        why = ", ".join(f"'{b.name}' (index {b.index})" for b in self.blockers)
+        return (
+            f"issue order: '{self.step.name}' (plan index {self.step.index}) issued before "
+            f"'{self.behind.name}' (index {self.behind.index}), which waits for {why} by "
+            "stream order or event: the plan's indices contradict its streams and events"
+        )
+
+
+def _preds(plan: Plan, steps: dict[int, Step]) -> dict[int, set[int]]:
     event_step = {e.id: e.step for e in plan.events}
     preds: dict[int, set[int]] = {i: set() for i in steps}
     for d in plan.devices:
@@ -36,22 +54,47 @@ def issue_order(plan: Plan) -> list[Step]:
                 raise OrderError(f"step '{s.name}' waits for event {e}, which no step records")
             if event_step[e] != s.index:
                 preds[s.index].add(event_step[e])
+    return preds
+
+
+def plan_order(plan: Plan) -> tuple[list[Step], list[Deviation]]:
+    """The steps in the order the executor issues them, and where that leaves the plan's
+    index order (empty when the plan's indices agree with its streams and events)."""
+    steps = {s.index: s for d in plan.devices for s in d.steps}
+    if len(steps) != sum(len(d.steps) for d in plan.devices):
+        raise OrderError("plan reuses a step index across device groups")
+    preds = _preds(plan, steps)
     succ: dict[int, list[int]] = {i: [] for i in steps}
     for i, ps in preds.items():
         for p in ps:
             succ[p].append(i)
     left = {i: len(ps) for i, ps in preds.items()}
-    ready = [(steps[i].start_s, i) for i, n in left.items() if n == 0]
+    ready = [i for i, n in left.items() if n == 0]
     heapq.heapify(ready)
+    by_index, w = sorted(steps), 0  # by_index[w]: the lowest index not issued yet
+    issued: set[int] = set()
     out: list[Step] = []
+    deviations: list[Deviation] = []
     while ready:
-        _, i = heapq.heappop(ready)
+        i = heapq.heappop(ready)
+        while by_index[w] in issued:
+            w += 1
+        if by_index[w] != i:
+            behind = by_index[w]
+            blockers = sorted(p for p in preds[behind] if p not in issued)
+            deviations.append(Deviation(steps[i], steps[behind], [steps[p] for p in blockers]))
         out.append(steps[i])
+        issued.add(i)
         for j in succ[i]:
             left[j] -= 1
             if left[j] == 0:
-                heapq.heappush(ready, (steps[j].start_s, j))
+                heapq.heappush(ready, j)
     if len(out) != len(steps):
         stuck = sorted(steps[i].name for i, n in left.items() if n)
         raise OrderError(f"plan has a dependency cycle through {stuck}")
-    return out
+    return out, deviations
+
+
+def issue_order(plan: Plan) -> list[Step]:
+    """`plan_order`'s steps."""
+    return plan_order(plan)[0]

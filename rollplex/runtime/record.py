@@ -5,12 +5,14 @@ cost model's calibration entries.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rollplex.planner.cost_model import write_calibration
 from rollplex.planner.plan import CoRun, Plan, Step
-from rollplex.trace.timeline import MemoryEvent, Span, Timeline
+from rollplex.trace.timeline import Mark, MemoryEvent, Span, Timeline
 
 _US = 1e6
 COPY_KINDS = frozenset({"offload", "onload", "transfer"})
@@ -28,6 +30,8 @@ class MeasuredStep:
     host_bytes: int
     reads: dict[str, str] = field(default_factory=dict)  # port -> weights version read
     note: str = ""  # e.g. why a step did nothing
+    freed: list[str] = field(default_factory=list)  # values dropped after it (its frees)
+    deviations: list[str] = field(default_factory=list)  # where the plan was not followed
 
     @property
     def seconds(self) -> float:
@@ -56,49 +60,41 @@ def measured_timeline(
     plan: Plan, results: Sequence[StepResult], label: str = "measured", device_name: str = ""
 ) -> Timeline:
     """The RL steps in `results` as one timeline: a span per plan step on its plan stream,
-    the resident bytes as memory events, one ProfilerStep per RL step."""
+    the resident bytes as memory events, one ProfilerStep per RL step, and a mark wherever
+    the runtime did not follow the plan.
+
+    Memory events are named for the step that changed the bytes and placed inside its span
+    (what it made: in its middle; its frees: at its end), so the Memory view names the
+    step rather than `<unknown>`; on CUDA the spans are the device's times, not the host's
+    at which the bytes were counted."""
     if not results:
         raise ValueError("no measured steps to export")
     t0 = results[0].start_s
-    spans, memory, steps = [], [], []
+    spans, memory, steps, marks = [], [], [], []
     for r in results:
         steps.append(((r.start_s - t0) * _US, (r.end_s - t0) * _US))
-        for m in r.steps:
-            s = m.step
-            args = {
-                "corun": s.corun.value,
-                "planned_solo_us": s.solo_s * _US,
-                "resident_bytes": m.resident_bytes,
-                "rl_step": r.rl_step,
-                "weights": ", ".join(sorted(set(m.reads.values()))) or "",
-            }
-            if m.note:
-                args["note"] = m.note
-            cat = "gpu_memcpy" if s.kind in COPY_KINDS else "kernel"
-            spans.append(
-                Span(
-                    m.device,
-                    s.stream,
-                    s.name,
-                    (m.start_s - t0) * _US,
-                    max(m.seconds * _US, 1e-3),
-                    cat,
-                    s.phase,
-                    args,
+        mine = [_span(m, t0) for m in r.steps]
+        spans += mine
+        for m, span in zip(r.steps, mine, strict=True):
+            marks += [
+                Mark(m.device, m.step.stream, span.end_us, "plan not followed", text)
+                for text in m.deviations
+            ]
+        k = 0  # events come in step order, each named for its step (a copy's name repeats)
+        for e in r.memory:
+            while k < len(mine) and (mine[k].name, mine[k].device) != (e.name, e.device):
+                k += 1
+            t = e.t_us - t0 * _US
+            if k < len(mine):
+                span = mine[k]
+                t = span.start_us + span.dur_us / 2 if e.delta_bytes > 0 else span.end_us
+            else:
+                k = 0  # not a step's event: keep its time, look again from the start
+            memory.append(
+                MemoryEvent(
+                    e.device, t, e.addr, e.delta_bytes, e.total_allocated, e.total_reserved, e.name
                 )
             )
-        memory += [
-            MemoryEvent(
-                e.device,
-                e.t_us - t0 * _US,
-                e.addr,
-                e.delta_bytes,
-                e.total_allocated,
-                e.total_reserved,
-                e.name,
-            )
-            for e in r.memory
-        ]
     names = {
         (i, st.stream): f"{d.name}:{st.name}"
         for i, d in enumerate(plan.devices)
@@ -107,12 +103,31 @@ def measured_timeline(
     return Timeline(
         label,
         spans,
-        memory,
+        sorted(memory, key=lambda e: e.t_us),
         steps,
         names,
         device_name=device_name,
         device_memory_bytes=max((d.budget_bytes for d in plan.devices), default=0),
+        marks=marks,
     )
+
+
+def _span(m: MeasuredStep, t0: float) -> Span:
+    s = m.step
+    args = {
+        "corun": s.corun.value,
+        "planned_solo_us": s.solo_s * _US,
+        "resident_bytes": m.resident_bytes,
+        "rl_step": m.rl_step,
+        "weights": ", ".join(sorted(set(m.reads.values()))) or "",
+    }
+    if m.note:
+        args["note"] = m.note
+    if m.freed:
+        args["freed"] = ", ".join(m.freed)
+    cat = "gpu_memcpy" if s.kind in COPY_KINDS else "kernel"
+    dur = max(m.seconds * _US, 1e-3)
+    return Span(m.device, s.stream, s.name, (m.start_s - t0) * _US, dur, cat, s.phase, args)
 
 
 CostFn = Callable[[Step], tuple[float, float]]
@@ -145,3 +160,35 @@ def write_measured_calibration(
     path, device: str, results: Sequence[StepResult], cost: CostFn | None = None
 ) -> None:
     write_calibration(path, device, calibration_entries(results, cost))
+
+
+def step_table(plan: Plan, results: Sequence[StepResult]) -> str:
+    """Markdown: per plan step (plan index order), its planned time and the median of its
+    measured times over `results`, and where the runtime did not follow the plan."""
+    runs: dict[int, list[MeasuredStep]] = {}
+    for r in results:
+        for m in r.steps:
+            runs.setdefault(m.step.index, []).append(m)
+    names = {(i, st.stream): st.name for i, d in enumerate(plan.devices) for st in d.streams}
+    dev_of = {s.index: i for i, d in enumerate(plan.devices) for s in d.steps}
+    step_s = statistics.median(r.seconds for r in results)
+    lines = [
+        f"Planned vs measured, {len(results)} RL step(s): step time planned "
+        f"{plan.step_time_s * 1e3:.3f} ms, measured {step_s * 1e3:.3f} ms (median).",
+        "",
+        "| index | step | kind | stream | planned (ms) | measured (ms) | measured/planned | note |",
+        "|---:|---|---|---|---:|---:|---:|---|",
+    ]
+    for s in plan.all_steps():
+        ms = runs.get(s.index, [])
+        planned = (s.end_s - s.start_s) * 1e3
+        measured = statistics.median(m.seconds for m in ms) * 1e3 if ms else math.nan
+        ratio = measured / planned if planned > 0 else math.nan
+        notes = dict.fromkeys(n for m in ms for n in (m.note, *m.deviations) if n)
+        note = "; ".join(notes) or ("not run" if not ms else "")
+        stream = names.get((dev_of[s.index], s.stream), str(s.stream))
+        lines.append(
+            f"| {s.index} | {s.name} | {s.kind} | {stream} | {planned:.3f} | {measured:.3f} | "
+            f"{ratio:.2f} | {note.replace('|', '/')} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -64,6 +64,12 @@ class TrainSpec(Spec):
         description="The last N RL steps whose measured timeline "
         "is exported to TensorBoard next to the planned one.",
     )
+    profile: bool = Field(
+        False,
+        description="Record the last train.trace_steps RL steps with torch.profiler: "
+        "the measured trace then holds the real ops, kernels and memory events under each "
+        "plan step's name (it costs time while on).",
+    )
     progress: bool = Field(True, description="Show a tqdm progress bar.")
 
 

@@ -61,6 +61,12 @@ class VllmSpec(Spec):
     enable_sleep_mode: bool = Field(
         True, description="Allow sleep/wake on GPU (frees weights and KV between rollouts)."
     )
+    sleep: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="Whether the engine sleeps (level 2) between rollouts: 'auto' lets the "
+        "planner decide (awake when the plan fits without offloading, which saves the sleep "
+        "and wake time), 'always' frees its weights and KV for the training phase every step.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> VllmSpec:

@@ -3,7 +3,8 @@
 `Timeline` is the backend-neutral record the planner and runtime produce;
 `write_profiler_traces` turns it into files the torch-tb-profiler plugin shows; `scalars`
 adds numbers, tables and hparams to the same run; `diff_timelines` compares plan and
-measurement.
+measurement; `torch_trace.attribute_to_steps` makes a torch.profiler trace of plan steps
+name its memory by plan step (`runtime/profile.py` exports it beside the planned one).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from rollplex.trace.scalars import (
     write_table,
     write_text,
 )
-from rollplex.trace.timeline import MemoryEvent, Span, Timeline
+from rollplex.trace.timeline import Mark, MemoryEvent, Span, Timeline
 
 __all__ = [
     "DiffRow",
+    "Mark",
     "MemoryEvent",
     "Span",
     "Timeline",

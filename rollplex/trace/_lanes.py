@@ -5,34 +5,63 @@ thread should not intersect") any op that only partly overlaps an earlier one; t
 viewer mis-draws such slices too. Spans of one stream normally never overlap, but measured
 ones can touch or cross by clock skew, and a user's plan may stack ops on one stream, so
 such spans go to overflow lanes instead of vanishing.
+
+Back-to-back ops are the common case, and their times come out of float sums: an op that
+ends at 0.1 + 0.2 and one that starts at 0.3 touch, they do not overlap. Ends within
+`tolerance` of a start (far below the ns resolution the trace keeps, far above float
+error) count as touching; `pack` then trims such ends so that the plugin's own exact
+comparison of ts + dur agrees.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 
-def nesting_lanes(intervals: Sequence[tuple[float, float]]) -> list[int]:
-    """Lane index per interval (input order); lane 0 unless it would break nesting there.
+def tolerance(t: float) -> float:
+    """How far apart two times may be and still count as equal: float error, not time."""
+    return 1e-12 * max(1.0, abs(t))
 
-    Intervals are half-open [start, end), compared exactly as given, so pass the values a
-    reader will compute (ts and ts + dur after rounding).
-    """
+
+def pack(intervals: Sequence[tuple[float, float]]) -> tuple[list[int], list[float]]:
+    """(lane per interval, duration per interval), in input order. Lane 0 unless the
+    interval would break nesting there; durations are `end - start`, trimmed by at most
+    `tolerance` where an end passes a later start or an enclosing end only by float error,
+    so that `start + duration` nests exactly."""
     order = sorted(range(len(intervals)), key=lambda i: (intervals[i][0], -intervals[i][1]))
-    open_ends: list[list[float]] = []  # per lane: ends of the intervals still open, innermost last
+    ends = [float(b) for _, b in intervals]
+    open_ends: list[list[int]] = []  # per lane: the intervals still open, innermost last
     lanes = [0] * len(intervals)
     for i in order:
         start, end = intervals[i]
         lane = 0
         while lane < len(open_ends):
             stack = open_ends[lane]
-            while stack and stack[-1] <= start:
-                stack.pop()  # ended before this one starts
-            if not stack or end <= stack[-1]:
-                break  # disjoint from or nested in what is open here
+            while stack and ends[stack[-1]] <= start + tolerance(start):
+                done = stack.pop()  # ended before this one starts (or touches it)
+                ends[done] = min(ends[done], start)
+            if not stack:
+                break
+            top = ends[stack[-1]]
+            if end <= top + tolerance(top):  # nested in what is open here
+                ends[i] = min(end, top)
+                break
             lane += 1
         if lane == len(open_ends):
             open_ends.append([])
-        open_ends[lane].append(end)
+        open_ends[lane].append(i)
         lanes[i] = lane
-    return lanes
+    # Nesting is exact for the reader only if start + dur lands on or before the trimmed end.
+    durations = []
+    for (start, _), end in zip(intervals, ends, strict=True):
+        dur = max(end - start, 0.0)
+        while dur > 0 and start + dur > end:
+            dur = math.nextafter(dur, 0.0)
+        durations.append(dur)
+    return lanes, durations
+
+
+def nesting_lanes(intervals: Sequence[tuple[float, float]]) -> list[int]:
+    """Lane per interval (input order): `pack`'s lanes."""
+    return pack(intervals)[0]

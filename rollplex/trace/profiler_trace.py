@@ -9,7 +9,8 @@ One file per device, worker `gpu<N>`. Inside it:
   Kernel views without inventing host time. Lanes per stream (not one host thread) because
   ops on one host tid must nest, and decode overlapping prefix work would otherwise be dropped;
 - `[memory]` instant events sit on the lane of the op that allocated, so the Memory view can
-  name it.
+  name it;
+- marks (e.g. where the runtime did not follow the plan) are instants on their stream.
 `traceEvents` is the last key: the Trace view splices GPU counters in before the final `]`.
 """
 
@@ -20,7 +21,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-from rollplex.trace._lanes import nesting_lanes
+from rollplex.trace._lanes import pack
 from rollplex.trace.timeline import Span, Timeline
 
 # Device categories and the runtime call that launches each.
@@ -71,14 +72,16 @@ def _steps(timeline: Timeline, spans: list[Span], device: int) -> list[tuple[flo
 
 
 def _stream_lanes(spans: list[Span], ts: list[float], dur: list[float]) -> list[int]:
-    """Overflow lane per span within its stream, computed on the floats the plugin sees."""
+    """Overflow lane per span within its stream, computed on the floats the plugin sees;
+    `dur` is trimmed in place where back-to-back spans touch only up to float error."""
     by_stream: dict[int, list[int]] = defaultdict(list)
     for i, s in enumerate(spans):
         by_stream[s.stream].append(i)
     lane_of = [0] * len(spans)
     for idx in by_stream.values():
-        for i, lane in zip(idx, nesting_lanes([(ts[i], ts[i] + dur[i]) for i in idx]), strict=True):
-            lane_of[i] = lane
+        lanes, durs = pack([(ts[i], ts[i] + dur[i]) for i in idx])
+        for i, lane, d in zip(idx, lanes, durs, strict=True):
+            lane_of[i], dur[i] = lane, d
     return lane_of
 
 
@@ -113,10 +116,10 @@ def build_profiler_trace(timeline: Timeline, device: int) -> dict:
     meta, events = _process_meta(timeline, device), []
 
     steps = _steps(timeline, spans, device)
-    step_lanes = nesting_lanes(steps)
-    for k, ((a, b), lane) in enumerate(zip(steps, step_lanes, strict=True)):
+    step_lanes, step_durs = pack(steps)
+    for k, ((a, _), lane, d) in enumerate(zip(steps, step_lanes, step_durs, strict=True)):
         step = ("user_annotation", f"ProfilerStep#{k}", HOST_PID, STEPS_TID + lane)
-        events.append(_x(*step, a, _us(b - a), {"External id": k + 1}))
+        events.append(_x(*step, a, d, {"External id": k + 1}))
     for lane in range(max(step_lanes) + 1):
         name = "steps" + (f" [overlap {lane}]" if lane else "")
         meta.append(_meta("thread_name", HOST_PID, STEPS_TID + lane, name=name))
@@ -156,6 +159,11 @@ def build_profiler_trace(timeline: Timeline, device: int) -> dict:
         events.append(_x(op_cat, s.name, HOST_PID, tid, ts[i], dur[i], op_args))
         ops[s.name].append((ts[i], ts[i] + dur[i], tid))
     events += _memory_events(timeline, device, ops)
+    for m in timeline.marks:  # instants on the stream's device lane; the plugin skips them
+        if m.device == device:
+            args = {"text": m.text} if m.text else {}
+            mark = {"ph": "i", "s": "t", "cat": "user_annotation", "name": m.name}
+            events.append(mark | {"pid": device, "tid": m.stream, "ts": _us(m.t_us), "args": args})
 
     # The plugin indexes deviceProperties by device id, so list every id up to ours; it
     # divides by totalGlobalMem, so leave that out when unknown.

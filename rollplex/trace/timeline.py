@@ -47,6 +47,18 @@ class MemoryEvent:
 
 
 @dataclass(slots=True)
+class Mark:
+    """An instant on a stream: something worth seeing at that point, e.g. where the runtime
+    did not follow the plan, and why (`text`)."""
+
+    device: int
+    stream: int
+    t_us: float
+    name: str
+    text: str = ""
+
+
+@dataclass(slots=True)
 class Timeline:
     """Spans, memory events and step boundaries of one planned or measured run."""
 
@@ -57,6 +69,7 @@ class Timeline:
     stream_names: dict[tuple[int, int], str]  # (device, stream) -> "decode", "prefix", …
     device_name: str = ""
     device_memory_bytes: int = 0
+    marks: list[Mark] = field(default_factory=list)
 
     def devices(self) -> list[int]:
         """Devices that have any span or memory event, ascending."""
@@ -67,6 +80,7 @@ class Timeline:
         ends = [s.end_us for s in self.spans]
         ends += [m.t_us for m in self.memory]
         ends += [end for _, end in self.steps]
+        ends += [m.t_us for m in self.marks]
         return max(ends, default=0.0)
 
     def shifted(self, dt: float) -> Timeline:
@@ -77,4 +91,5 @@ class Timeline:
             memory=[replace(m, t_us=m.t_us + dt) for m in self.memory],
             steps=[(a + dt, b + dt) for a, b in self.steps],
             stream_names=dict(self.stream_names),
+            marks=[replace(m, t_us=m.t_us + dt) for m in self.marks],
         )

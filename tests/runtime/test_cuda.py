@@ -45,3 +45,46 @@ def test_offloads_on_cuda_copy_to_host_and_back():
     # The plan keeps the policy weights on host between steps: that is where they end.
     assert not any(p.is_cuda for p in tight.backend.trainer.params)
     assert _equal(serial, tight)
+
+
+def test_profiled_cuda_steps_hold_kernels_and_memory_named_by_plan_step(tmp_path):
+
+    from rollplex.backends.torch.data import TaskData
+    from rollplex.jobs.pipeline import plan_step
+    from rollplex.runtime import Executor
+    from rollplex.runtime.compose import compose
+    from rollplex.runtime.dispatch import StepConfig
+    from rollplex.runtime.profile import export_run, load_trace, step_profiler
+    from rollplex.trace.torch_trace import PLAN_TID
+    from tests.runtime.conftest import ALGO, CPU, MODEL, WORKLOAD
+
+    planned = plan_step(
+        MODEL,
+        WORKLOAD,
+        ALGO,
+        CPU,
+        ScheduleSpec(name="rollplex", overlap="streams", chunk_tokens=40),
+    )
+    backend = compose(StepConfig(MODEL, ALGO, seed=0, max_new_tokens=4, device="cuda"))
+    ex = Executor(planned.plan, planned.graph, backend, device="cuda")
+    data = TaskData(MODEL, WORKLOAD, seed=0)
+    ex.run_step(0, data.step(0))
+    prof = step_profiler("cuda")
+    with prof:
+        results = [ex.run_step(k, data.step(k)) for k in (1, 2)]
+    paths = export_run(tmp_path, planned.plan, results, prof)
+    trace = load_trace(next(p for p in paths if p.name.startswith("measured0")))
+    events = trace["traceEvents"]
+    assert any(e.get("cat") == "kernel" for e in events)
+    names = {s.name for s in planned.plan.all_steps()}
+    assert names <= {e["name"] for e in events if e.get("cat") == "cpu_op"}
+    allocs = [
+        e
+        for e in events
+        if e.get("name") == "[memory]"
+        and e["args"].get("Device Type") == 1
+        and e["args"]["Bytes"] > 0
+    ]
+    total = sum(e["args"]["Bytes"] for e in allocs)
+    assert total > 0
+    assert sum(e["args"]["Bytes"] for e in allocs if e["tid"] == PLAN_TID) >= 0.9 * total

@@ -1,4 +1,5 @@
-"""The issue order: one deterministic order that every stream and event agrees with."""
+"""The issue order: the plan's own (its step indices), within what every stream and event
+allows; where the indices contradict them, the deviation is named."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import random
 import pytest
 
 from rollplex.jobs.pipeline import plan_step
-from rollplex.runtime import OrderError, issue_order
+from rollplex.planner.plan import Event
+from rollplex.runtime import OrderError, issue_order, plan_order
 from rollplex.specs import ScheduleSpec
 from tests.runtime.conftest import ALGO, CPU, MODEL, WORKLOAD
 
@@ -51,3 +53,27 @@ def test_a_wait_that_never_fires_is_an_error(plan):
     broken.devices[0].steps[0].waits.append(10_000)
     with pytest.raises(OrderError, match="no step records"):
         issue_order(broken)
+
+
+def test_a_plan_whose_indices_agree_is_issued_in_index_order(plan):
+    order, deviations = plan_order(plan)
+    assert [s.index for s in order] == sorted(s.index for d in plan.devices for s in d.steps)
+    assert deviations == []
+
+
+def test_indices_against_an_event_are_reported_not_followed(plan):
+    broken = copy.deepcopy(plan)
+    dev = broken.devices[0]
+    first, last = dev.streams[0].steps[0], dev.streams[0].steps[-1]
+    by_index = {s.index: s for s in dev.steps}
+    # The first step now waits for the last one: the indices cannot be followed.
+    by_index[last].signals = 10_000
+    broken.events.append(Event(10_000, last, dev.name, by_index[last].stream))
+    by_index[first].waits.append(10_000)
+    dev.streams[0].steps.remove(last)
+    dev.streams[0].steps.insert(0, last)
+    order, deviations = plan_order(broken)
+    assert order[0].index == last and order[1].index == first
+    (d,) = deviations
+    assert (d.step.index, d.behind.index) == (last, first)
+    assert f"(plan index {last})" in d.message() and by_index[first].name in d.message()

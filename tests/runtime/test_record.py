@@ -12,7 +12,7 @@ import pytest
 from rollplex.planner.cost_model import CALIBRATION_FORMAT, CostModel
 from rollplex.runtime import measured_timeline, write_measured_calibration
 from rollplex.specs import ScheduleSpec
-from rollplex.trace import diff_timelines, write_profiler_traces
+from rollplex.trace import build_profiler_trace, diff_timelines, write_profiler_traces
 from rollplex.trace.from_plan import plan_timeline
 from tests.runtime.conftest import CPU, cached_run
 
@@ -70,3 +70,21 @@ def test_measured_times_calibrate_the_cost_model(run, tmp_path):
     base = CostModel(CPU)
     calibrated = base.calibrated(path)
     assert calibrated.eff("decode") != base.eff("decode")
+
+
+def test_measured_memory_events_name_plan_steps_not_unknown(run):
+    """Each byte the executor counts is an allocation inside the span of the step that
+    made it resident, so the Memory view names that step (it named `<unknown>` when the
+    events sat at step ends, outside every op)."""
+    plan = run.planned.plan
+    trace = build_profiler_trace(measured_timeline(plan, run.results), 0)
+    data = RunProfileData.from_json("measured0", 1, json.loads(json.dumps(trace)))
+    profile = RunGenerator("measured0", 1, data).generate_run_profile()
+    allocated: dict[str, int] = {}
+    for r in profile.memory_snapshot.memory_records:
+        if r.bytes > 0:
+            allocated[r.op_name_or_unknown] = allocated.get(r.op_name_or_unknown, 0) + r.bytes
+    total = sum(allocated.values())
+    names = {s.name for s in plan.all_steps()}
+    assert total > 0
+    assert sum(b for n, b in allocated.items() if n in names) >= 0.95 * total, allocated
