@@ -1,6 +1,7 @@
 """The embedded default learns easy-VQA: reward and held-out accuracy of `rollplex train`.
 
     python bench/learning_curve.py [--steps 1000] [--eval-every 100] [--eval-prompts 512]
+                                   [--seed 0]
 
 Runs the README's main job (`conf/train.yaml`: the demo model folder, easy-VQA, GRPO) for
 longer, through the CLI, and writes `learning_curve.csv` (reward per step) and
@@ -31,8 +32,11 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--eval-prompts", type=int, default=512)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--seed", type=int, default=0, help="the run's seed (0: the demo's)")
     args = ap.parse_args()
+    suffix = "" if args.seed == 0 else f"_seed{args.seed}"
     overrides = [
+        f"seed={args.seed}",
         f"train.steps={args.steps}",
         f"train.eval_every={args.eval_every}",
         f"train.eval_prompts={args.eval_prompts}",
@@ -50,7 +54,7 @@ def main() -> None:
         rows = list(csv.DictReader((run / "metrics.csv").open()))
         summary = json.loads((run / "summary.json").read_text())
     args.out.mkdir(parents=True, exist_ok=True)
-    with (args.out / "learning_curve.csv").open("w", newline="") as f:
+    with (args.out / f"learning_curve{suffix}.csv").open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["step", "reward", "eval_accuracy"])
         for r in rows:
@@ -60,7 +64,7 @@ def main() -> None:
         "# The embedded default learns easy-VQA (CPU)",
         "",
         f"`python bench/learning_curve.py --steps {args.steps} --eval-every {args.eval_every} "
-        f"--eval-prompts {args.eval_prompts}` ran "
+        f"--eval-prompts {args.eval_prompts} --seed {args.seed}` ran "
         f"`rollplex train {' '.join(overrides)}` (conf/train.yaml: the demo folder, "
         f"easy-VQA, GRPO, G=16) in {wall / 60:.1f} min on one thread.",
         "",
@@ -87,7 +91,7 @@ def main() -> None:
         "",
         *(f"- {q!r} -> {a!r}: {r!r}" for q, a, r in summary["eval_examples"]),
     ]
-    (args.out / "learning_curve.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"learning_curve{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

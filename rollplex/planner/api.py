@@ -4,7 +4,7 @@ The planner never builds or rewrites the graph: `rollplex.jobs.pipeline` runs th
 algorithm builder and the passes first, then calls this once per parallel layout it tries.
 
     plan = SCHEDULES[schedule.name](ctx, evaluate)  -> replay -> memory + residency
-         -> check_budget -> validate_plan
+         -> renumber in issue order -> check_budget -> validate_plan
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from rollplex.planner.gc_paused import cyclic_gc_paused
 from rollplex.planner.interference import InterferenceModel
 from rollplex.planner.lifetimes import DeviceSizer
 from rollplex.planner.plan import Plan
+from rollplex.planner.renumber import renumber_in_issue_order
 from rollplex.planner.residency import (
     Memory,
     check_budget,
@@ -78,6 +79,7 @@ def plan_graph(
     note = sharing_note(graph, model, schedule.parallel.train_tp, plan.devices)
     if note:
         plan.notes.append(note)
+    renumber_in_issue_order(plan)
     if enforce_budget:
         check_budget(plan)
     validate_plan(plan, graph, budget=enforce_budget)

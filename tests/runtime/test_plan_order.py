@@ -168,14 +168,46 @@ def test_a_plan_that_offloads_moves_values_where_planned(monkeypatch, caplog):
     for c in copies:
         assert seen.moves[c.index] == [c.kind == "offload"] * 2  # once per RL step
     _check_frees(plan, graph, seen)
-    # Where a copy had to go ahead of a lower plan index, the run says so, step by step.
+    # The planner numbers copies in issue order too (planner/renumber.py): the run follows
+    # the plan's indices exactly, with nothing to report.
+    assert order == sorted(order)
+    assert not plan_order(plan)[1] and not any(m.deviations for m in results[0].steps)
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_a_copy_numbered_after_its_waiter_is_issued_ahead_and_reported(monkeypatch, caplog):
+    """A plan whose numbering disagrees with its events (as the planner's copies did
+    before planner/renumber.py): the executor issues the copy first and says so."""
+    planned = plan_step(MODEL, WORKLOAD, ALGO, _tight_cpu(), ScheduleSpec(name="serial"))
+    plan, graph = planned.plan, planned.graph
+    onload = next(s for s in plan.all_steps() if s.kind == "onload")
+    _swap_index_to_end(plan, onload)
+    with caplog.at_level(logging.WARNING, logger="rollplex.runtime.executor"):
+        seen, _, results = _watched_run(monkeypatch, plan, graph, steps=1)
+    order = seen.steps[: len(plan.all_steps())]
     ahead = {i for k, i in enumerate(order) if any(j < i for j in order[k + 1 :])}
     flagged = {m.step.index for m in results[0].steps if m.deviations}
-    assert ahead and flagged == ahead
+    assert onload.index in ahead and flagged == ahead
     assert {d.step.index for d in plan_order(plan)[1]} == ahead
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     for i in ahead:
         assert any(f"(plan index {i})" in w and "issue order" in w for w in warned)
+
+
+def _swap_index_to_end(plan, step) -> None:
+    """Give `step` the highest index (every reference follows), as residency once did."""
+    old, new = step.index, 1 + max(s.index for s in plan.all_steps())
+    step.index = new
+    for e in plan.events:
+        e.step = new if e.step == old else e.step
+    for d in plan.devices:
+        for st in d.streams:
+            st.steps = [new if i == old else i for i in st.steps]
+        for sl in d.slots:
+            sl.first = new if sl.first == old else sl.first
+            sl.last = new if sl.last == old else sl.last
+        for eff in d.effects:
+            eff.at = new if eff.at == old else eff.at
 
 
 def test_a_free_planned_before_a_read_waits_for_it_and_says_so(monkeypatch, caplog):

@@ -1,4 +1,7 @@
-"""Batched, seeded sampling on the model's forward with a KV cache (never `generate()`).
+"""Batched, seeded sampling on the model's forward with a KV cache (never `generate()`):
+the eager reference loop. The torch rollout decodes with engine/ (static shared-prefix
+cache, CUDA graphs, on-device sampling); this loop stays as what the engine is tested
+against (same greedy tokens and logprobs) and as bench/gpu_decode.py's baseline.
 
 Every row takes one token per step. The first token is sampled from the prefix's last
 logits; each next one from a one-token forward over the growing cache. A row that emits

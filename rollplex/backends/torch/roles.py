@@ -30,6 +30,7 @@ from rollplex.backends.base import (
 )
 from rollplex.backends.capabilities import TORCH_ROLLOUT, TORCH_SCORER, RoleCapabilities
 from rollplex.backends.torch.decode import DecodeSession as TorchDecodeSession
+from rollplex.backends.torch.engine.session import DecodeEngine, EngineSession
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs, response_mask
 from rollplex.backends.torch.model import load_model
 from rollplex.backends.torch.prefix import Model, PrefixState, expand_prefix, prefix_forward
@@ -97,7 +98,9 @@ def masked_logprobs(values: torch.Tensor, responses: Responses) -> TokenLogprobs
 
 
 class TorchDecode(DecodeSession):
-    def __init__(self, session: TorchDecodeSession) -> None:
+    """A decode session of the engine (engine/session.py) or of the eager loop (decode.py)."""
+
+    def __init__(self, session: EngineSession | TorchDecodeSession) -> None:
         self.session = session
 
     def advance(self, steps: int | None = None) -> bool:
@@ -108,12 +111,19 @@ class TorchDecode(DecodeSession):
         return self.session.steps_left
 
     def result(self) -> tuple[Responses, TokenLogprobs]:
-        out = self.session.result()
-        responses = Responses(out.tokens, out.lengths)
-        return responses, masked_logprobs(out.logprobs, responses)
+        if isinstance(self.session, EngineSession):
+            tokens, logprobs, lengths = self.session.result()
+        else:
+            out = self.session.result()
+            tokens, logprobs, lengths = out.tokens, out.logprobs, out.lengths
+        responses = Responses(tokens, lengths)
+        return responses, masked_logprobs(logprobs, responses)
 
     def tensors(self) -> Iterator[torch.Tensor]:
         s = self.session
+        if isinstance(s, EngineSession):
+            yield from s.tensors()
+            return
         yield from (s.tokens, s.logprobs, s.lengths, s.mask)
         if s.logits is not None:
             yield s.logits
@@ -131,6 +141,7 @@ class TorchRollout(RolloutRole):
         self.spec, self.device = spec, device
         self.model: Model | None = None
         self._version: str = ""
+        self._engine: DecodeEngine | None = None  # static cache + graphs, kept across steps
 
     def load_weights(self, source: WeightsSource) -> str:
         if isinstance(source, LiveWeights):
@@ -166,13 +177,14 @@ class TorchRollout(RolloutRole):
     def start_decode(
         self, prefix: PrefixState, group_size: int, sampling: Sampling, generator: Any
     ) -> TorchDecode:
-        with torch.no_grad():
-            state = expand_prefix(prefix, group_size)
+        model = self._model()
+        if self._engine is None or self._engine.model is not model:
+            self._engine = DecodeEngine(model)
         s = sampling
         return TorchDecode(
-            TorchDecodeSession(
-                self._model(),
-                state,
+            self._engine.start(
+                prefix,
+                group_size,
                 s.max_new_tokens,
                 s.temperature,
                 s.top_p,

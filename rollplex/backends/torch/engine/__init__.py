@@ -14,11 +14,26 @@ One GRPO step over B prompts and G samples each, with the prefix computed once p
 
 `full_logprobs` is the verl-style path (prefix recomputed per sample), kept as the
 baseline and the yardstick.
+
+The rollout role decodes with the engine in this package instead of `decode` (which G-times
+expands the prefix and runs an eager per-token loop, kept as the reference the engine is
+tested against and as the benchmark's baseline):
+
+    engine = DecodeEngine(model)                      # session.py: buffers + CUDA graphs
+    session = engine.start(prefix_forward(...), G, R, temperature, top_p, gen, eos_id)
+    session.advance(k); ...; tokens, logprobs, lengths = session.result()
+
+- cache.py: static K/V, each prompt's prefix stored once for its G rows;
+- step.py: one decode forward on the model's own modules over that cache;
+- sampling.py: on-device draws, a function of (row seed, step);
+- roofline.py: achieved HBM bandwidth against the roofline.
 """
 
 from __future__ import annotations
 
 from rollplex.backends.torch.decode import decode, sample_next
+from rollplex.backends.torch.engine.roofline import RooflineReport, roofline
+from rollplex.backends.torch.engine.session import DecodeEngine, EngineSession
 from rollplex.backends.torch.logprob import (
     full_logits,
     full_logprobs,
@@ -31,9 +46,12 @@ from rollplex.backends.torch.prefix import PrefixState, expand_prefix, prefix_fo
 from rollplex.data.prompts import PromptBatch, PromptInputs, collate_prompts
 
 __all__ = [
+    "DecodeEngine",
+    "EngineSession",
     "PrefixState",
     "PromptBatch",
     "PromptInputs",
+    "RooflineReport",
     "collate_prompts",
     "decode",
     "expand_prefix",
@@ -44,6 +62,7 @@ __all__ = [
     "prefix_forward",
     "response_logprobs",
     "response_mask",
+    "roofline",
     "sample_next",
     "token_logprobs",
     "vision_encode",

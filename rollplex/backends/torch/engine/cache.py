@@ -1,0 +1,102 @@
+"""A static K/V cache that stores each prompt's prefix once for its G rows.
+
+Layout, per layer: one buffer [prompts, kv_heads, length, head_dim] in the model's dtype.
+A prompt's slice holds its prefix K/V in [0, prefix_cap) (right-padded, pads masked) and
+then its G rows' response K/V step-major: row g's token at response step s sits at
+`prefix_cap + s * G + g`. So
+
+- the prefix is stored (and read) once per prompt, never copied per sample;
+- the G rows of a prompt are queries over *one* key sequence: attention for the whole
+  group is a single SDPA call with the prompt as the batch and its G rows (times the
+  query heads of a K/V head) as the query length, and no K/V is repeated, neither over
+  the group nor over GQA heads;
+- the entries written by step s end at `prefix_cap + (s + 1) * G`, so a step attends to a
+  prefix of the buffer: `kv_len` slices off the slots no row has written yet.
+
+The additive mask [prompts, 1, q_heads_per_kv * G, length] lets query row r*G + g (row g,
+r-th query head of a K/V head) see the prompt's valid prefix and row g's own slots. It is
+opened one slot per row at each step (`open_step`), in place, so a captured graph replays
+it. Masked entries hold finfo.min (not -inf): a padding prompt with no valid key then
+averages finite values instead of producing NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ALIGN = 16  # SDPA's memory-efficient kernel wants the mask's rows 16-element aligned
+
+
+def round_up(x: int, to: int) -> int:
+    return -(-x // to) * to
+
+
+class SharedPrefixKV:
+    """The static buffers of one (prompts, G, prefix_cap, response slots) shape."""
+
+    def __init__(
+        self,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        q_per_kv: int,
+        prompts: int,
+        group_size: int,
+        prefix_cap: int,
+        response_slots: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        if prefix_cap % ALIGN:
+            raise ValueError(f"prefix_cap={prefix_cap} must be a multiple of {ALIGN}")
+        self.prompts, self.group_size, self.prefix_cap = prompts, group_size, prefix_cap
+        self.length = round_up(prefix_cap + group_size * response_slots, ALIGN)
+        shape = (prompts, kv_heads, self.length, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.blocked = torch.finfo(dtype).min
+        q = q_per_kv * group_size
+        self.mask = torch.full(
+            (prompts, 1, q, self.length), self.blocked, dtype=dtype, device=device
+        )
+        self._query_row = torch.arange(q, device=device) % group_size  # query r*G+g -> row g
+        self._group = torch.arange(group_size, device=device)
+
+    def load(self, kv: list[tuple[torch.Tensor, torch.Tensor]], lengths: torch.Tensor) -> None:
+        """Copy each prompt's prefix K/V [B, kv_heads, P, head_dim] in (B <= prompts, P <=
+        prefix_cap) and reset the mask to its valid prefix positions (`lengths` [B])."""
+        b, p = kv[0][0].shape[0], kv[0][0].shape[2]
+        if b > self.prompts or p > self.prefix_cap:
+            raise ValueError(f"prefix of {b} prompts x {p} tokens exceeds the cache's shape")
+        for (k, v), kb, vb in zip(kv, self.keys, self.values, strict=True):
+            kb[:b, :, :p].copy_(k)
+            vb[:b, :, :p].copy_(v)
+        self.mask.fill_(self.blocked)
+        valid = torch.arange(p, device=lengths.device)[None, :] < lengths[:, None]
+        prefix = self.mask[:b, :, :, :p]
+        prefix.masked_fill_(valid.to(self.mask.device)[:, None, None, :], 0.0)
+
+    def slots(self, step: torch.Tensor) -> torch.Tensor:
+        """[G] buffer positions the rows write at response step `step` (a device tensor)."""
+        return self.prefix_cap + step * self.group_size + self._group
+
+    def open_step(self, step: torch.Tensor) -> None:
+        """Let each row see its own slot of response step `step`."""
+        cols = self.prefix_cap + step * self.group_size + self._query_row
+        rows = torch.arange(self._query_row.shape[0], device=cols.device)
+        self.mask[:, 0, rows, cols] = 0.0
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        """K/V [prompts, kv_heads, G, head_dim] of one step into `slots`."""
+        self.keys[layer].index_copy_(2, slots, k)
+        self.values[layer].index_copy_(2, slots, v)
+
+    def kv_len(self, steps_written: int) -> int:
+        """Buffer length covering the slots of response steps [0, steps_written)."""
+        return min(self.length, round_up(self.prefix_cap + steps_written * self.group_size, ALIGN))
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [*self.keys, *self.values, self.mask]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())

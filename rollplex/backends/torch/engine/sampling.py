@@ -1,0 +1,106 @@
+"""Sampling on the device, as a pure function of (row seed, step, logits).
+
+Each row gets one 62-bit seed when its decode starts, drawn from the step's generator (or
+from the row's own generator when the hooks give one per sample, as data-parallel ranks
+do), so a row's tokens are a function of (run seed, RL step, row) exactly as before. The
+uniform a row needs at decode step t is a counter-based hash of (seed, t): no generator
+state advances inside the step, so the step can be captured in a CUDA graph and replayed,
+and a row's draw never depends on which other rows (or padding rows) share its batch.
+
+A draw is the inverse CDF at that uniform over the temperature-scaled distribution
+(after the top-p cut when top_p < 1): the same distribution as `torch.multinomial`, not
+the same tokens for a given seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+SEED_BITS = 62
+_M32 = 0xFFFFFFFF
+
+
+def row_seeds(
+    generator: torch.Generator | Sequence[torch.Generator] | None,
+    rows: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """[rows] int64 seeds: one draw per row from `generator`, or one from each of a
+    sequence of per-row generators; the global RNG when None (unseeded, as before)."""
+    high = 1 << SEED_BITS
+    if isinstance(generator, list | tuple):
+        if len(generator) != rows:
+            raise ValueError(f"{len(generator)} row generators for {rows} rows")
+        parts = [torch.randint(0, high, (1,), generator=g, device=g.device) for g in generator]
+        seeds = torch.cat([p.to(device) for p in parts]) if parts else torch.zeros(0)
+    elif generator is None:
+        seeds = torch.randint(0, high, (rows,))
+    else:
+        seeds = torch.randint(0, high, (rows,), generator=generator, device=generator.device)
+    return seeds.to(device=device, dtype=torch.long)
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    # lowbias32 (C. Wellons) on uint32 values held in int64: an int64 product may wrap,
+    # and its low 32 bits are still the uint32 product's.
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def counter_uniform(seeds: torch.Tensor, step: torch.Tensor | int) -> torch.Tensor:
+    """[N] fp32 uniforms in [0, 1) (24 random bits) for `seeds` [N] at decode `step` (an int
+    or a device tensor, so a captured graph reads the step it is replayed at)."""
+    lo, hi = seeds & _M32, (seeds >> 32) & _M32
+    h = _mix32((torch.as_tensor(step, device=seeds.device) * 0x9E3779B9 + 1) & _M32)
+    h = _mix32(_mix32(h ^ hi) ^ lo)
+    return (h >> 8).float() * (1.0 / (1 << 24))
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index of the first entry whose cumulative mass exceeds u * total: zero-mass entries
+    are never drawn, and the total is the row's own sum (not assumed to be 1). `probs` is
+    overwritten by its running sum; a binary search reads log2(V) entries of it per row."""
+    cdf = probs.cumsum_(-1)
+    target = (u * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+
+
+def draw(
+    logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, top_p: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token [N], its logprob [N]) per row of `logits` [N, V]: argmax when temperature == 0,
+    else the inverse CDF at `uniforms` [N] of softmax(logits / T) cut to its top-p nucleus.
+    The logprob is log softmax(logits / T) of the token before the cut (raw logits when
+    greedy), as `token_logprobs` scores it; both share one fp32 copy of the logits and one
+    log-normaliser, since at a real vocabulary these passes cost as much as a layer."""
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+    scaled = logits.to(torch.float32, copy=True)
+    if temperature > 0 and temperature != 1.0:
+        scaled.div_(temperature)
+    lse = scaled.logsumexp(-1)
+    if temperature == 0:
+        token = logits.argmax(-1)
+    elif top_p >= 1:
+        token = _inverse_cdf((scaled - lse[:, None]).exp_(), uniforms)
+    else:
+        # Keep the smallest head of the sorted distribution whose mass reaches top_p (the
+        # most likely token always survives); a stable sort keeps ties deterministic.
+        probs = (scaled - lse[:, None]).exp_()
+        sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
+        drop = sorted_p.cumsum(-1) - sorted_p >= top_p
+        picked = _inverse_cdf(sorted_p.masked_fill_(drop, 0.0), uniforms)
+        token = order.gather(-1, picked[:, None]).squeeze(-1)
+    return token, scaled.gather(-1, token[:, None]).squeeze(-1) - lse
+
+
+def sample_rows(
+    logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, top_p: float
+) -> torch.Tensor:
+    """The tokens of `draw`."""
+    return draw(logits, uniforms, temperature, top_p)[0]

@@ -1,0 +1,233 @@
+"""The decode engine: static buffers, one step as a pure function of them, CUDA graphs.
+
+`DecodeEngine.start` returns a session with the contract of decode.py's `DecodeSession`
+(advance(k) / steps_left / result(), resumable between any two steps): token 0 of each row
+is drawn from the prefix's last logits, then each step feeds the last token through the
+model (step.py) and draws the next. A finished row (it emitted eos) rides along masked:
+its later tokens are pad, its logprobs 0, and its length stops growing.
+
+Everything a step reads or writes lives in a `Workspace` of static tensors (the cache, the
+current tokens and positions, the step counter, the outputs), so on CUDA the step is
+captured once per (rows bucket, kv_len) as a CUDA graph and replayed; on CPU the same
+function runs eagerly. Rows are padded to a bucket (8, 16, ... 256 by default) with dummy
+prompts; a row's tokens never depend on them (sampling.py draws per row). Graphs and
+buffers are kept for the next session of the same shape (one shape at a time) and are
+captured again whenever the model's weights are no longer the tensors they read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from rollplex.backends.torch.engine.cache import round_up
+from rollplex.backends.torch.engine.sampling import row_seeds
+from rollplex.backends.torch.engine.workspace import Shape, Workspace
+from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv
+
+ROW_BUCKETS = (8, 16, 32, 64, 128, 256)
+PREFIX_ALIGN = 64  # prefix capacity granularity: prompt lengths within 64 share graphs
+
+
+class DecodeEngine:
+    """Decode for one model. `use_graphs` defaults to True on CUDA; `kv_chunk` is how many
+    steps one graph's kv_len covers (more graphs, fewer masked slots read).
+    `keep_workspace` (default: when graphs are used) keeps the buffers and graphs after a
+    session finishes, for the next session of the same shape; otherwise they are freed with
+    the finished session, as the eager loop's cache was."""
+
+    def __init__(
+        self,
+        model: Model,
+        buckets: Sequence[int] = ROW_BUCKETS,
+        use_graphs: bool | None = None,
+        kv_chunk: int = 64,
+        sync_every: int = 16,
+        keep_workspace: bool | None = None,
+    ) -> None:
+        if model.config.text_config.layer_types.count("full_attention") != len(
+            model.config.text_config.layer_types
+        ):
+            raise ValueError("the decode engine supports full-attention layers only")
+        if kv_chunk < 1 or sync_every < 1 or not buckets:
+            raise ValueError(
+                f"need kv_chunk >= 1, sync_every >= 1 and row buckets; "
+                f"got {kv_chunk}, {sync_every}, {buckets}"
+            )
+        self.model, self.buckets, self.kv_chunk = model, sorted(buckets), kv_chunk
+        self.device = model.lm_head.weight.device
+        self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        self.sync_every = sync_every if self.device.type == "cuda" else 1
+        self.keep_workspace = self.use_graphs if keep_workspace is None else keep_workspace
+        self.workspace: Workspace | None = None
+        self._pool = None
+
+    def bucket_prompts(self, prompts: int, group_size: int) -> int:
+        rows = prompts * group_size
+        top = self.buckets[-1]
+        bucket = next((b for b in self.buckets if b >= rows), round_up(rows, top))
+        return max(prompts, -(-bucket // group_size))
+
+    def release(self) -> None:
+        """Drop the buffers and graphs (their memory returns to the allocator)."""
+        self.workspace = None
+        self._pool = None
+
+    def start(
+        self,
+        prefix: PrefixState,
+        group_size: int,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        generator: torch.Generator | Sequence[torch.Generator] | None,
+        eos_id: int,
+        pad_id: int | None = None,
+    ) -> EngineSession:
+        """Sample `group_size` responses per row of `prefix` (one row per prompt, as
+        prefix_forward returns it): rows b*G .. b*G+G-1 are prompt b's."""
+        if max_new_tokens < 1 or group_size < 1:
+            raise ValueError(
+                f"need max_new_tokens, group_size >= 1, got {max_new_tokens}, {group_size}"
+            )
+        if temperature < 0 or not 0 < top_p <= 1:
+            raise ValueError(
+                f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}"
+            )
+        if prefix.last_logits is None:
+            raise ValueError("decode needs the prefix's last_logits (the LM head was deferred)")
+        if pad_id is None:
+            pad_id = self.model.config.text_config.pad_token_id or 0
+        b, g = prefix.rows, group_size
+        kv = cache_kv(prefix.cache)
+        shape = Shape(
+            self.bucket_prompts(b, g),
+            g,
+            round_up(max(kv[0][0].shape[2], 1), PREFIX_ALIGN),
+            max_new_tokens,
+            float(temperature),
+            float(top_p),
+            int(eos_id),
+            int(pad_id),
+        )
+        ws = self._workspace(shape)
+        # Greedy draws nothing: leave every generator (the global one too) untouched.
+        seeds = row_seeds(generator, b * g, self.device) if temperature > 0 else 0
+        with torch.no_grad():
+            ws.cache.load(kv, prefix.lengths.to(self.device))
+            ws.seeds.zero_()
+            ws.seeds[: b * g] = seeds
+            ws.position.zero_()
+            ws.position[: b * g] = prefix.next_positions.to(self.device).repeat_interleave(g)
+            ws.step.zero_()
+            ws.done.zero_()
+            ws.done[b * g :] = True  # padding rows: masked from the start
+            ws.lengths.zero_()
+            ws.tokens.fill_(pad_id)
+            ws.logprobs.zero_()
+            logits = prefix.last_logits.to(self.device).repeat_interleave(g, 0)
+            pad_rows = ws.shape.rows - b * g
+            logits = torch.cat([logits, logits[:1].expand(pad_rows, -1)]) if pad_rows else logits
+            ws.record(ws.step, logits)
+        return EngineSession(self, ws, b * g)
+
+    def _workspace(self, shape: Shape) -> Workspace:
+        weights = tuple(p.data_ptr() for p in self.model.parameters())
+        ws = self.workspace
+        if ws is not None and ws.owner is not None and not ws.owner.finished:
+            # a session still in flight holds the cached buffers: this one gets its own
+            fresh = Workspace(self.model, shape, self.device)
+            fresh.weights = weights
+            return fresh
+        if ws is None or ws.shape != shape or ws.weights != weights:
+            self.release()  # free the old buffers before allocating new ones
+            ws = self.workspace = Workspace(self.model, shape, self.device)
+            ws.weights = weights
+        return ws
+
+    def kv_len(self, ws: Workspace, step: int) -> int:
+        """The kv_len of the graph that runs response step `step` (slots of steps <= step)."""
+        return ws.cache.kv_len(round_up(step + 1, self.kv_chunk))
+
+    def run_step(self, ws: Workspace, step: int) -> None:
+        kv_len = self.kv_len(ws, step)
+        if not self.use_graphs:
+            ws.body(self.model, kv_len)
+            return
+        graph = ws.graphs.get(kv_len)
+        if graph is None:
+            graph = ws.graphs[kv_len] = self._capture(ws, kv_len)
+        graph.replay()
+
+    def _capture(self, ws: Workspace, kv_len: int) -> torch.cuda.CUDAGraph:
+        """Warm up and capture `ws.body` at `kv_len`, leaving the workspace's state as it
+        was. The warm-up runs the current step for real; what it accumulates is restored
+        after, and what it overwrites (this step's K/V slots, mask slot and output column)
+        the replay that follows writes again with the same values."""
+        mutable = (ws.token, ws.position, ws.step, ws.done, ws.lengths)
+        saved = [t.clone() for t in mutable]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            ws.body(self.model, kv_len)  # warm-up: lazy inits and workspace allocations
+        torch.cuda.current_stream().wait_stream(stream)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            ws.body(self.model, kv_len)
+        for t, s in zip(mutable, saved, strict=True):
+            t.copy_(s)
+        return graph
+
+
+class EngineSession:
+    """One decode over a Workspace: advance(k) / steps_left / result(), as decode.py's."""
+
+    def __init__(self, engine: DecodeEngine, ws: Workspace, rows: int) -> None:
+        self.engine, self.ws, self.rows = engine, ws, rows
+        ws.owner = self
+        self.t = 1  # tokens drawn per row so far (token 0 came from the prefix logits)
+        self.finished = False
+        self._check_done()
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.ws.shape.max_new_tokens
+
+    @property
+    def steps_left(self) -> int:
+        return 0 if self.finished else self.max_new_tokens - self.t
+
+    def _check_done(self) -> None:
+        if self.t >= self.max_new_tokens or bool(self.ws.done.all()):
+            self.finished = True
+            if not self.engine.keep_workspace and self.engine.workspace is self.ws:
+                self.engine.workspace = None  # freed with this session
+
+    def advance(self, steps: int | None = None) -> bool:
+        """Run up to `steps` decode steps (all remaining when None); True once finished.
+        On CUDA, all-rows-finished is checked every `sync_every` steps (a host sync); the
+        extra steps only produce masked tokens."""
+        budget = self.steps_left if steps is None else min(steps, self.steps_left)
+        with torch.no_grad():
+            for i in range(budget):
+                self.engine.run_step(self.ws, self.t - 1)
+                self.t += 1
+                if self.t >= self.max_new_tokens or (i + 1) % self.engine.sync_every == 0:
+                    self._check_done()
+                    if self.finished:
+                        break
+        return self.finished
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(tokens [N, R] right-padded with pad, logprobs [N, R] 0 on padding, lengths [N])."""
+        if not self.finished:
+            raise RuntimeError(f"decode session still has {self.steps_left} steps to run")
+        n = self.rows
+        ws = self.ws
+        return ws.tokens[:n].clone(), ws.logprobs[:n].clone(), ws.lengths[:n].clone()
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        yield from self.ws.tensors()

@@ -1,0 +1,92 @@
+"""The static tensors one decode step reads and writes, and the step itself.
+
+Everything lives in preallocated tensors (the shared-prefix cache, the current tokens and
+positions, the step counter, the outputs), so the step (`Workspace.body`) can be captured
+as a CUDA graph and replayed: it reads the step it is at from a device tensor, never from
+Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rollplex.backends.torch.engine.cache import SharedPrefixKV
+from rollplex.backends.torch.engine.sampling import counter_uniform, draw
+from rollplex.backends.torch.engine.step import decode_logits
+from rollplex.backends.torch.prefix import Model
+
+
+@dataclass(slots=True, frozen=True)
+class Shape:
+    prompts: int  # padded prompt count
+    group_size: int
+    prefix_cap: int
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    eos_id: int
+    pad_id: int
+
+    @property
+    def rows(self) -> int:
+        return self.prompts * self.group_size
+
+
+class Workspace:
+    """The static tensors of one Shape, and its graphs by kv_len."""
+
+    def __init__(self, model: Model, shape: Shape, device: torch.device) -> None:
+        text = model.config.text_config
+        heads, kv_heads = text.num_attention_heads, text.num_key_value_heads
+        dtype = model.lm_head.weight.dtype
+        self.shape, n, r = shape, shape.rows, shape.max_new_tokens
+        self.cache = SharedPrefixKV(
+            text.num_hidden_layers,
+            kv_heads,
+            text.hidden_size // heads,
+            heads // kv_heads,
+            shape.prompts,
+            shape.group_size,
+            shape.prefix_cap,
+            max(r - 1, 1),
+            dtype,
+            device,
+        )
+        long = dict(dtype=torch.long, device=device)
+        self.token = torch.zeros(n, **long)  # the token each row feeds next
+        self.position = torch.zeros(n, **long)
+        self.step = torch.zeros(1, **long)  # response step of `token`
+        self.seeds = torch.zeros(n, **long)
+        self.done = torch.zeros(n, dtype=torch.bool, device=device)
+        self.lengths = torch.zeros(n, **long)
+        self.tokens = torch.full((n, r), shape.pad_id, **long)
+        self.logprobs = torch.zeros((n, r), dtype=torch.float32, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.weights: tuple[int, ...] = ()
+        self.owner: Any = None  # the EngineSession decoding in it now
+
+    def tensors(self) -> list[torch.Tensor]:
+        mine = [self.token, self.position, self.step, self.seeds, self.done, self.lengths]
+        return [*self.cache.tensors(), *mine, self.tokens, self.logprobs]
+
+    def record(self, column: torch.Tensor, logits: torch.Tensor) -> None:
+        """Draw response token `column` of every row from `logits` [rows, V]."""
+        s = self.shape
+        nxt, lp = draw(logits, counter_uniform(self.seeds, column), s.temperature, s.top_p)
+        live = ~self.done
+        self.tokens.index_copy_(1, column, torch.where(live, nxt, s.pad_id)[:, None])
+        self.logprobs.index_copy_(1, column, torch.where(live, lp, 0.0)[:, None])
+        self.lengths.add_(live.long())
+        self.done.logical_or_(live & (nxt == s.eos_id))
+        self.token.copy_(nxt)
+
+    def body(self, model: Model, kv_len: int) -> None:
+        """One decode step on the static tensors (what a graph captures)."""
+        self.cache.open_step(self.step)
+        logits = decode_logits(model, self.cache, self.token, self.position, self.step, kv_len)
+        self.record(self.step + 1, logits)
+        self.position.add_(1)
+        self.step.add_(1)

@@ -1,0 +1,85 @@
+"""Step indices in issue order: the last pass of planning.
+
+`Step.index` is documented as the plan-wide issue order, and the executor issues by it.
+Residency appends its copy steps (offload/onload) after every scheduled step's index,
+although earlier-numbered steps wait on them, so the numbering and the events disagree.
+This pass renumbers every step along one order that respects both: each stream's own
+order and every event wait. Among the steps free to go, the scheduled steps keep their
+old order, and a copy goes just before the first step that waits on it (a write-back, with
+no waiter, just after the step it follows). A plan whose numbering already agrees keeps it.
+Every reference to a step index (streams, events, slots, memory effects, transfers)
+follows.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from rollplex.planner.plan import Plan
+
+
+def renumber_in_issue_order(plan: Plan) -> None:
+    steps = {s.index: s for d in plan.devices for s in d.steps}
+    event_step = {e.id: e.step for e in plan.events}
+    before: dict[int, set[int]] = {i: set() for i in steps}
+    for d in plan.devices:
+        for st in d.streams:
+            for a, b in zip(st.steps, st.steps[1:], strict=False):
+                before[b].add(a)
+    for s in steps.values():
+        for ev in s.waits:
+            if event_step[ev] != s.index:
+                before[s.index].add(event_step[ev])
+    after: dict[int, list[int]] = {i: [] for i in steps}
+    for i, deps in before.items():
+        for j in deps:
+            after[j].append(i)
+    key = _keys(steps, before, after)
+    pending = {i: len(deps) for i, deps in before.items()}
+    ready = [(key[i], i) for i, n in pending.items() if n == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        order.append(i)
+        for j in after[i]:
+            pending[j] -= 1
+            if pending[j] == 0:
+                heapq.heappush(ready, (key[j], j))
+    if len(order) != len(steps):
+        return  # a cycle: leave the numbering to validate_plan, which names it
+    new = {old: k for k, old in enumerate(order)}
+    if all(old == k for old, k in new.items()):
+        return
+    for s in steps.values():
+        s.index = new[s.index]
+    for e in plan.events:
+        e.step = new[e.step]
+    for d in plan.devices:
+        d.steps.sort(key=lambda s: s.index)
+        for st in d.streams:
+            st.steps = [new[i] for i in st.steps]
+        for sl in d.slots:
+            sl.first, sl.last = new[sl.first], new[sl.last]
+        for eff in d.effects:
+            eff.at = new[eff.at]
+    for t in getattr(plan, "transfers", ()):
+        t.step = new[t.step]
+
+
+def _keys(steps, before, after) -> dict[int, float]:
+    """Issue priority: the old index; a copy's, next to the step it serves."""
+    key: dict[int, float] = {}
+    for i, s in steps.items():
+        if s.kind in ("offload", "onload"):
+            waiters = [j for j in after[i] if steps[j].stream != s.stream]
+            anchors = [j for j in before[i] if steps[j].stream != s.stream]
+            if waiters:
+                key[i] = min(waiters) - 0.5
+            elif anchors:
+                key[i] = max(anchors) + 0.5
+            else:
+                key[i] = float(i)
+        else:
+            key[i] = float(i)
+    return key
