@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--eval-prompts", type=int, default=512)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--seed", type=int, default=0, help="the run's seed (0: the demo's)")
+    ap.add_argument("overrides", nargs="*", help="more `rollplex train` overrides")
     args = ap.parse_args()
     suffix = "" if args.seed == 0 else f"_seed{args.seed}"
     overrides = [
@@ -43,6 +44,7 @@ def main() -> None:
         f"train.checkpoint_every={args.steps}",
         "train.threads=1",
         "train.progress=false",
+        *args.overrides,
     ]
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"

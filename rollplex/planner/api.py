@@ -25,6 +25,7 @@ from rollplex.planner.residency import (
     unshared_time,
 )
 from rollplex.planner.schedules import SCHEDULES, PlanningContext
+from rollplex.planner.shared_weights import sharing_note
 from rollplex.planner.validate import validate_plan
 from rollplex.specs import HardwareSpec, ModelSpec, ScheduleSpec, WorkloadSpec
 
@@ -75,6 +76,9 @@ def plan_graph(
     settle_memory(plan, memory(plan), ctx.interference)
     if grow_engine_pools(plan, caps):
         settle_memory(plan, memory(plan), ctx.interference)
+    note = sharing_note(graph, model, schedule.parallel.train_tp, plan.devices)
+    if note:
+        plan.notes.append(note)
     renumber_in_issue_order(plan)
     if enforce_budget:
         check_budget(plan)
@@ -88,7 +92,13 @@ def _sizers(plan: Plan, ctx: PlanningContext) -> dict[str, DeviceSizer]:
     )
     return {
         d.name: DeviceSizer(
-            ctx.graph, ctx.model, ctx.workload, d, train_gpus, ctx.schedule.train_micro_tokens
+            ctx.graph,
+            ctx.model,
+            ctx.workload,
+            d,
+            train_gpus,
+            ctx.schedule.train_micro_tokens,
+            ctx.schedule.parallel.train_tp,
         )
         for d in plan.devices
     }

@@ -16,6 +16,7 @@ from rollplex.ops.costs import CostContext, decode_steps, op_cost
 from rollplex.ops.formulas import Cost
 from rollplex.ops.formulas.llm import decoder_weight_bytes, lm_head_weight_bytes
 from rollplex.planner.cost_model import CostModel, Timing
+from rollplex.planner.shared_weights import alias_sync_bytes
 from rollplex.specs import HardwareSpec, ModelSpec, WorkloadSpec
 
 LOGPROB_KINDS = frozenset({"logprob", "logprob_prefix", "logprob_response"})
@@ -56,6 +57,7 @@ class OpTimer:
     rollout: RoleLayout
     train: RoleLayout
     micro_tokens: int = 16384
+    colocated: bool = True  # False: the roles run on two pools (disaggregated)
 
     def context(self, op: Op, chunks: int = 1) -> CostContext:
         """Chunks split a rank's rows further, like more data-parallel ranks would."""
@@ -206,12 +208,25 @@ class OpTimer:
 
     def sync_time(self, op: Op, cross_pool: bool = False) -> Timing:
         """Rebuild the rollout's TP shard from the trainer: a gather inside the pool, or a
-        transfer over the network between pools (disaggregated)."""
+        transfer over the network between pools (disaggregated).
+
+        Aliased (mode "alias", colocated): only the bytes the layout algebra says the
+        rollout shard lacks in training storage move (`shared_weights`): those other GPUs
+        hold cross the pool's links, those held locally but not readable in place are
+        copied at HBM speed (read + write). All GPUs rebuild at once, so the slowest GPU
+        sets the time; nothing to move costs only the launch."""
         w = self.graph.values[op.inputs["weights"]]
+        hw = self.hardware
+        cross_pool = cross_pool or not self.colocated
         per_gpu = w.nbytes / self.rollout.tp
-        gbps = self.hardware.internode_gbps if cross_pool else self.rollout.link_gbps(self.hardware)
+        gbps = hw.internode_gbps if cross_pool else self.rollout.link_gbps(hw)
         if not cross_pool and op.attrs.get("mode", "alias") == "alias":
-            per_gpu *= 1 - 1 / max(1, self.train.gpus)  # the local shard needs no copy
+            moves = alias_sync_bytes(self.model, w, self.train.gpus, self.train.tp, self.rollout.tp)
+            if moves is not None:
+                link, hbm = self.train.link_gbps(hw) * 1e9, hw.hbm_bandwidth_gbps * 1e9
+                s = max(r / link + 2 * c / hbm for r, c in moves) + self.cost_model.launch_s
+                return Timing(s, 0.0, 0.0, s, "copy")
+            per_gpu *= 1 - 1 / max(1, self.train.gpus)  # no algebra: all but the local shard
         # mode "load": an engine holds its own copy, every byte is copied into it
         s = self.cost_model.transfer_s(per_gpu, gbps)
         return Timing(s, 0.0, 0.0, s, "copy")

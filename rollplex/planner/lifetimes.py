@@ -6,7 +6,9 @@ that makes it to the last step that reads it; what must survive into the next RL
 - trained weights, frozen weights, gradients and optimizer state are FSDP-sharded over the
   training GPUs; a role that rolls out also holds a tensor-parallel copy of the weights it
   decodes with, dropped after its last rollout use and rebuilt by `weight_sync` (this is
-  the phase-aware part: nothing keeps it through training);
+  the phase-aware part: nothing keeps it through training). A colocated rollout that
+  aliases the trainer's weights holds only the bytes its training shard lacks
+  (`shared_weights.py`); an engine with its own copy, the whole TP shard;
 - rows split over the data-parallel ranks, KV heads over TP;
 - training activations are live one micro-batch at a time, except boundaries produced
   in the decode window, which wait whole for the backward;
@@ -25,6 +27,7 @@ from rollplex.ops.formulas import kv_fraction
 from rollplex.planner.happens_before import ordered_before
 from rollplex.planner.memory.records import UsageRecord
 from rollplex.planner.plan import CoRun, DevicePlan, Step
+from rollplex.planner.shared_weights import holds_own_copy, rollout_copy_bytes, rolls_out
 from rollplex.specs import ModelSpec, WorkloadSpec
 
 PERSISTENT = (ValueKind.WEIGHTS, ValueKind.OPTIMIZER_STATE)
@@ -50,25 +53,43 @@ class DeviceSizer:
     dev: DevicePlan
     train_gpus: int
     micro_tokens: int
+    train_tp: int = 1
     _micro: int = field(default=0, init=False, repr=False, compare=False)  # computed once
     # Sizes depend on a value's shape, dtype and kind only: the K copies of a step share them.
     _sizes: dict[tuple, int] = field(default_factory=dict, init=False, repr=False, compare=False)
     _bound: int = field(default=-1, init=False, repr=False, compare=False)
+    _copies: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _aliased: bool | None = field(default=None, init=False, repr=False, compare=False)
 
     def size_bound(self) -> int:
         """At least the summed size of every record `device_lifetimes` can emit for this
         device, less step scratch: each value at its larger (unsplit) size, weights with two
-        rollout copies. A plan whose bound plus scratch fits the budget fits unshared."""
+        rollout copies (each at least a TP shard: a replicated tensor's rebuild can exceed
+        it). A plan whose bound plus scratch fits the budget fits unshared."""
         if self._bound < 0:
             total = 0
             for v, phase, count in _value_shapes(self.graph):
                 # its maker may run on another device: try both sizings
                 size = max(self.value_bytes(v, phase, True), self.value_bytes(v, None, True))
                 if v.kind is ValueKind.WEIGHTS:
-                    size += 2 * math.ceil(v.nbytes / max(1, self.dev.tp))
+                    shard = math.ceil(v.nbytes / max(1, self.dev.tp))
+                    size += 2 * max(shard, self.rollout_copy_bytes(v))
                 total += count * size
             self._bound = total
         return self._bound
+
+    def rollout_copy_bytes(self, v: Value) -> int:
+        """Per GPU bytes of the rollout's copy of weights `v`: aliased only where the
+        rollout runs beside the trainer on these GPUs (not in a rollout or train pool)."""
+        size = self._copies.get(v.name)
+        if size is None:
+            if self._aliased is None:
+                colocated = self.dev.name != "rollout" and rolls_out(self.dev)
+                self._aliased = colocated and not holds_own_copy(self.graph)
+            size = self._copies[v.name] = rollout_copy_bytes(
+                self.model, v, self.train_gpus, self.train_tp, self.dev.tp, self._aliased
+            )
+        return size
 
     def micro_batches(self) -> int:
         if not self._micro:
@@ -225,7 +246,8 @@ def device_lifetimes(
         out.append(_life(name, _KINDS[v.kind], size, first, last, lane, first_step, last_step))
         if v.kind is ValueKind.WEIGHTS and rollout_tp_copy:
             drops = name in trained if engine_sleeps is None else engine_sleeps
-            out += _rollout_copy(v, consumers, until, begin, end, steps, syncs, dev, drops)
+            size = sizer.rollout_copy_bytes(v)
+            out += _rollout_copy(v, size, consumers, until, begin, end, steps, syncs, dev, drops)
     for s in steps:
         scratch, i = s.scratch_bytes, s.index
         if s.pool_bytes and not engine_sleeps:
@@ -294,6 +316,7 @@ def _end_s(step: Step) -> float:
 
 def _rollout_copy(
     v: Value,
+    size: int,
     consumers: list[Step],
     until: dict[int, int],
     begin: dict[int, int],
@@ -309,7 +332,6 @@ def _rollout_copy(
     roll = [s for s in consumers if s.phase == Phase.ROLLOUT.value]
     if not roll:
         return []
-    size = math.ceil(v.nbytes / dev.tp)
     if dev.name == "rollout" or not syncs or not drops:
         return [_life(f"{v.name}@rollout", "rollout_weights", size, 0, end, 0, steps[0], steps[-1])]
     last_roll = max(roll, key=lambda s: s.end_s)

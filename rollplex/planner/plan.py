@@ -145,6 +145,31 @@ class DevicePlan:
 
 
 @dataclass(slots=True)
+class Route:
+    """`nbytes` that GPU `src` sends to GPU `dst` (global ranks, as in `DevicePlan.ranks`)."""
+
+    src: int
+    dst: int
+    nbytes: int
+
+
+@dataclass(slots=True)
+class Transfer:
+    """What one cross-group step (plan-wide index `step`) moves, rank to rank: the weights
+    into the rollout pool (from the layout algebra: each rollout rank's TP shard, from
+    the training ranks whose FSDP shards hold it), or the rollout's outputs to the
+    trainers (rows of the batch, from the replica that made them)."""
+
+    step: int
+    what: str  # "weights" or "rollout outputs"
+    routes: list[Route] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(r.nbytes for r in self.routes)
+
+
+@dataclass(slots=True)
 class Plan:
     schedule: str
     graph_hash: str
@@ -153,6 +178,7 @@ class Plan:
     step_time_s: float = 0.0
     policy_version: str = "policy@0"  # what the update must train on
     notes: list[str] = field(default_factory=list)  # decisions, in words, for the summary
+    transfers: list[Transfer] = field(default_factory=list)  # cross-group steps, rank to rank
     meta: dict[str, Any] = field(default_factory=dict)
 
     def all_steps(self) -> list[Step]:

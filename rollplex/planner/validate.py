@@ -6,7 +6,9 @@
 3. each device group's predicted peak fits its HBM budget;
 4. on-policy: every step that reads trained weights reads the version the update trains
    (only the weight sync reads the next one);
-5. disaggregated: the weight transfer precedes every rollout step that reads the weights.
+5. disaggregated: the weight transfer precedes every rollout step that reads the weights;
+6. every listed transfer names a step of the plan and routes bytes between the ranks of
+   two different device groups.
 Each failure raises `PlanError` naming the step, slot or device at fault.
 """
 
@@ -40,7 +42,22 @@ def validate_plan(plan: Plan, graph: Graph, budget: bool = True) -> Plan:
     _check_policy(plan, graph, steps)
     if plan.schedule == "disaggregated":
         _check_transfer_first(plan, graph, steps, events)
+    _check_routes(plan, steps)
     return plan
+
+
+def _check_routes(plan: Plan, steps: dict[int, Step]) -> None:
+    group = {r: d.name for d in plan.devices for r in d.ranks}
+    for t in plan.transfers:
+        if t.step not in steps:
+            raise PlanError(f"transfer of {t.what}: step {t.step} is not in the plan")
+        for r in t.routes:
+            src, dst = group.get(r.src), group.get(r.dst)
+            if src is None or dst is None or src == dst or r.nbytes <= 0:
+                raise PlanError(
+                    f"transfer of {t.what} at '{steps[t.step].name}': route {r.src} -> "
+                    f"{r.dst} ({r.nbytes} B) must move bytes between ranks of two groups"
+                )
 
 
 _COPIES = ("offload", "onload", "transfer")

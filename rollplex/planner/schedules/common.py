@@ -51,7 +51,9 @@ class PlanningContext:
             raise ValueError(f"schedule.parallel.rollout_tp={tp} does not divide {gpus} GPUs")
         return tp
 
-    def timer(self, rollout_gpus: int, train_gpus: int, tp: int | None = None) -> CachedTimer:
+    def timer(
+        self, rollout_gpus: int, train_gpus: int, tp: int | None = None, colocated: bool = True
+    ) -> CachedTimer:
         return CachedTimer(
             OpTimer(
                 self.graph,
@@ -62,6 +64,7 @@ class PlanningContext:
                 rollout=RoleLayout(rollout_gpus, tp or self.rollout_tp(rollout_gpus)),
                 train=RoleLayout(train_gpus, self.schedule.parallel.train_tp),
                 micro_tokens=self.schedule.train_micro_tokens,
+                colocated=colocated,
             )
         )
 

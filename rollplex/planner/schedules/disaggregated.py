@@ -7,15 +7,20 @@ weights the previous step produced (the graph's `weight_sync`, across the networ
 the rollout, the hand-over of its outputs, and the training phases. R is searched over
 multiples of every sensible rollout TP degree for the shortest predicted step, so the
 baseline is as strong as the cost model can make it.
+
+Both cross-pool steps say rank to rank what they move (`Plan.transfers`, from
+planner/transfers.py: the weights from the layout algebra, each rollout rank's TP shard
+from the training ranks whose FSDP shards hold it; the outputs by rows), and take as long
+as the busiest GPU's sends or receives over the network.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from rollplex.graph.ir import Phase
+from rollplex.graph.ir import Phase, Value
 from rollplex.planner.placement import PlanBuilder
-from rollplex.planner.plan import Plan
+from rollplex.planner.plan import DevicePlan, Plan, Route, Transfer
 from rollplex.planner.schedules.common import (
     PlanningContext,
     ordered,
@@ -23,7 +28,9 @@ from rollplex.planner.schedules.common import (
     packed_order,
     serial_timings,
 )
+from rollplex.planner.shared_weights import towers_of
 from rollplex.planner.simulate import replay
+from rollplex.planner.transfers import busiest_bytes, output_routes, weight_bytes, weight_routes
 
 
 def plan_disaggregated(
@@ -71,7 +78,7 @@ def _pool_layouts(ctx: PlanningContext, n: int, fixed: int | None) -> list[tuple
 
 
 def _plan_pools(ctx: PlanningContext, r: int, t: int, tp: int) -> Plan:
-    timer = ctx.timer(r, t, tp)
+    timer = ctx.timer(r, t, tp, colocated=False)
     pb = PlanBuilder("disaggregated", ctx.graph, ctx.graph_hash)
     roll = pb.device("rollout", list(range(r)), tp=timer.rollout.tp, dp=timer.rollout.dp)
     train = pb.device("train", list(range(r, r + t)), tp=timer.train.tp, dp=timer.train.dp)
@@ -82,8 +89,15 @@ def _plan_pools(ctx: PlanningContext, r: int, t: int, tp: int) -> Plan:
     sync_ops = [op for op in order if op.kind == "weight_sync"]
     sync_steps = []
     for op in sync_ops:  # the previous step's update arrives first
-        s = timer.inner.sync_time(op, cross_pool=True).seconds
-        sync_steps.append(pb.add(roll, 1, op, s, "copy", previous_step=True))
+        routes = _weight_routes(ctx, ctx.graph.values[op.inputs["weights"]], roll, train)
+        if routes is None:  # the algebra does not answer: whole TP shards, unrouted
+            s = timer.inner.sync_time(op, cross_pool=True).seconds
+        else:
+            s = ctx.cost_model.transfer_s(busiest_bytes(routes), ctx.hardware.internode_gbps)
+        step = pb.add(roll, 1, op, s, "copy", previous_step=True)
+        sync_steps.append(step)
+        if routes is not None:
+            pb.plan.transfers.append(Transfer(step.index, "weights", routes))
     handed = False
     order, packed = packed_order(ctx, order)
     timings = serial_timings(timer, order, packed)
@@ -119,14 +133,25 @@ def _plan_pools(ctx: PlanningContext, r: int, t: int, tp: int) -> Plan:
     return pb.plan
 
 
+def _weight_routes(
+    ctx: PlanningContext, w: Value, roll: DevicePlan, train: DevicePlan
+) -> list[Route] | None:
+    towers = towers_of(ctx.model, w)
+    mats = weight_bytes(ctx.model, towers, len(train.ranks), train.tp, roll.tp) if towers else None
+    return None if mats is None else weight_routes(mats, train.ranks, roll.ranks, roll.tp)
+
+
 def _hand_over(ctx, pb: PlanBuilder, roll, train, timer) -> None:
     g = ctx.graph
     made = [op for op in g if op.phase is Phase.ROLLOUT]
     outs = {v for op in made for v in op.outputs.values()}
     used = {v for op in g if op.phase is not Phase.ROLLOUT for v in op.inputs.values()}
-    nbytes = sum(g.values[v].nbytes for v in outs & used) / max(1, len(train.ranks))
-    seconds = timer.inner.cost_model.transfer_s(nbytes, ctx.hardware.internode_gbps)
+    routes = output_routes(
+        sum(g.values[v].nbytes for v in outs & used), roll.ranks, roll.tp, train.ranks
+    )
+    seconds = timer.inner.cost_model.transfer_s(busiest_bytes(routes), ctx.hardware.internode_gbps)
     last = [s for op in made for s in pb.steps_of(op.name)]
     anchor = made[-1]
     step = pb.add(train, 1, anchor, seconds, "copy", after=last, op_name="rollout.handover")
     step.kind = "transfer"
+    pb.plan.transfers.append(Transfer(step.index, "rollout outputs", routes))

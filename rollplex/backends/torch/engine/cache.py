@@ -61,6 +61,8 @@ class SharedPrefixKV:
         )
         self._query_row = torch.arange(q, device=device) % group_size  # query r*G+g -> row g
         self._group = torch.arange(group_size, device=device)
+        # index_put_ of a Python scalar copies a host tensor in: not allowed in a CUDA graph
+        self._open = torch.zeros((), dtype=dtype, device=device)
 
     def load(self, kv: list[tuple[torch.Tensor, torch.Tensor]], lengths: torch.Tensor) -> None:
         """Copy each prompt's prefix K/V [B, kv_heads, P, head_dim] in (B <= prompts, P <=
@@ -84,7 +86,7 @@ class SharedPrefixKV:
         """Let each row see its own slot of response step `step`."""
         cols = self.prefix_cap + step * self.group_size + self._query_row
         rows = torch.arange(self._query_row.shape[0], device=cols.device)
-        self.mask[:, 0, rows, cols] = 0.0
+        self.mask[:, 0, rows, cols] = self._open
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         """K/V [prompts, kv_heads, G, head_dim] of one step into `slots`."""
