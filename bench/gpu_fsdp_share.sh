@@ -12,6 +12,7 @@
 # and prints a short table last. Budget: under 8 minutes (each train run is bounded;
 # runs that would start past the budget are skipped and reported as such).
 # Dry run on CPU (gloo, 2 processes, the tiny preset, no folder): DEVICE=cpu bash bench/gpu_fsdp_share.sh
+# Parts: SKIP_SYNC=1 skips the sync bench; ONLY=gpu2_share_tp2,gpu1 runs only those train runs.
 set -uo pipefail
 DEVICE=${DEVICE:-cuda}
 SHAPE=${SHAPE:-qwen2_5_vl_3b}
@@ -44,11 +45,13 @@ else
   SYNC=(--device cpu --shape tiny --repeats 2)
 fi
 
+if [ "${SKIP_SYNC:-0}" = 1 ]; then echo "== sync bench skipped (SKIP_SYNC=1)"; else
 echo "== weight_sync and memory: gather vs share TP 1 / TP 2 (2 ranks)"
 t0=$SECONDS
 timeout 180 $TORCHRUN bench/gpu_fsdp_share.py sync "${SYNC[@]}" --out "$OUT" 2>&1 \
   | grep -v "Loading weights" | tail -40
 echo "sync bench: $(( SECONDS - t0 )) s"
+fi
 
 # The same small GRPO job on 2 GPUs (gather, share TP 1, share TP 2) and on 1 GPU.
 JOB=(backend=fsdp train.deterministic=false workload.prompts_per_step=4 workload.group_size=4
@@ -60,6 +63,7 @@ RUNS=()
 train() {  # name, launcher words..., then overrides after --
   local name=$1; shift
   if (( SECONDS > BUDGET_S )); then echo "== $name: skipped (time budget)"; return; fi
+  if [ -n "${ONLY:-}" ] && [[ ",$ONLY," != *",$name,"* ]]; then echo "== $name: not in ONLY"; return; fi
   echo "== train $name"
   local t=$SECONDS
   rm -rf "$TMP/run_$name"

@@ -60,6 +60,8 @@ class CudaStreams:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(s):
             for t in reads:
+                if hasattr(t, "to_local"):  # a DTensor (FSDP2): its op dispatch has no
+                    t = t.to_local()  # record_stream rule; the local shard is the memory
                 if t.is_cuda:
                     t.record_stream(s)
             start.record(s)
