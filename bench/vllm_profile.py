@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import vllm_gpu as vg  # the engine set-up and roofline of the decode bench
 
+from rollplex.planner.simulate import union_length
+
 GROUPS = (  # first match wins: attention before GEMM (FlashAttention 3 is a cutlass kernel)
     ("attention", re.compile(r"flash|attn|attention|fmha|paged|reshape_and_cache|rotary", re.I)),
     ("gemm", re.compile(r"gemm|cutlass|nvjet|matmul|xmma|cublas|splitk|wgmma", re.I)),
@@ -43,17 +45,6 @@ GROUPS = (  # first match wins: attention before GEMM (FlashAttention 3 is a cut
 
 def group_of(name: str) -> str:
     return next((g for g, pat in GROUPS if pat.search(name)), "other")
-
-
-def busy_union(intervals: list[tuple[float, float]]) -> float:
-    """Length of the union of [start, end) intervals."""
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
 
 
 def kernels(prof: Any) -> list[tuple[str, float, float]]:
@@ -73,7 +64,7 @@ def summarize(ks: list[tuple[str, float, float]], wall_s: float, steps: int) -> 
     for name, a, b in ks:
         by_group[group_of(name)] = by_group.get(group_of(name), 0.0) + (b - a)
         by_name[name] = by_name.get(name, 0.0) + (b - a)
-    busy_us = busy_union([(a, b) for _, a, b in ks])
+    busy_us = union_length([(a, b) for _, a, b in ks])
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
     return dict(
         kernels=len(ks),

@@ -204,7 +204,8 @@ class SimReport:
     phase_time_s: dict[str, float] = field(default_factory=dict)  # summed solo time
 
 
-def _union_length(intervals: list[tuple[float, float]]) -> float:
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals."""
     total, end = 0.0, float("-inf")
     for a, b in sorted(intervals):
         if b <= end:
@@ -229,9 +230,9 @@ def report(plan: Plan) -> SimReport:
         by_index = {s.index: s for s in d.steps}
         for st in d.streams:
             spans = [(by_index[i].start_s, by_index[i].end_s) for i in st.steps]
-            busy[f"{d.name}/{names[st.stream]}"] = _union_length(spans) / step if step else 0.0
+            busy[f"{d.name}/{names[st.stream]}"] = union_length(spans) / step if step else 0.0
         all_spans = [(s.start_s, s.end_s) for s in d.steps]
-        bubbles[d.name] = step - _union_length(all_spans)
+        bubbles[d.name] = step - union_length(all_spans)
         for s in d.steps:
             phases[s.phase] = phases.get(s.phase, 0.0) + s.solo_s
     gpus = sum(len(d.ranks) for d in plan.devices)

@@ -19,7 +19,6 @@ import torch.distributed as dist
 from rollplex.backends.base import BackendError
 from rollplex.backends.torch.decode import DecodeSession as TorchDecodeSession
 from rollplex.backends.torch.engine.sampling import counter_uniform, draw, row_seeds
-from rollplex.backends.torch.prefix import embed_tokens, lm_hidden, response_positions
 from rollplex.backends.torch.roles import TorchDecode
 from rollplex.backends.torch.values import Features, Responses, TokenLogprobs
 
@@ -116,28 +115,8 @@ class GroupDecodeSession(TorchDecodeSession):
         zero = torch.zeros(rows, dtype=torch.long, device=dev)
         self.seeds = row_seeds(generator, rows, dev) if temperature > 0 else zero
 
-    def _step(self) -> None:
-        t, live = self.t, ~self._done
-        u = counter_uniform(self.seeds, t)
-        nxt, lp = draw(self.logits, u, self.temperature, self.top_p)
-        self.tokens[:, t] = torch.where(live, nxt, self.pad_id)
-        self.logprobs[:, t] = torch.where(live, lp, 0.0)
-        self.lengths += live.long()
-        self._done = self._done | (live & (nxt == self.eos_id))
-        self.t = t + 1
-        if self.t == self.max_new_tokens or bool(self._done.all()):
-            self.finished = True
-            self.logits = self.kv = None
-            return
-        self.mask = torch.cat([self.mask, live.to(self.mask.dtype).unsqueeze(1)], 1)
-        hidden = lm_hidden(
-            self.model,
-            embed_tokens(self.model, self.tokens[:, t : t + 1]),
-            response_positions(self.state, 1, offset=t),
-            self.mask,
-            self.kv,
-        )
-        self.logits = self.model.lm_head(hidden[:, -1])
+    def _draw(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return draw(self.logits, counter_uniform(self.seeds, self.t), self.temperature, self.top_p)
 
 
 class MemberDecode(TorchDecode):

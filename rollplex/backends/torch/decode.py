@@ -127,13 +127,16 @@ class DecodeSession:
                 self._step()
         return self.finished
 
+    def _draw(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token, its logprob) per row from the current logits."""
+        nxt = sample_next(self.logits, self.temperature, self.top_p, self.generator)
+        return nxt, token_logprobs(self.logits, nxt, self.temperature)
+
     def _step(self) -> None:
         t, live = self.t, ~self._done
-        nxt = sample_next(self.logits, self.temperature, self.top_p, self.generator)
+        nxt, lp = self._draw()
         self.tokens[:, t] = torch.where(live, nxt, self.pad_id)
-        self.logprobs[:, t] = torch.where(
-            live, token_logprobs(self.logits, nxt, self.temperature), 0.0
-        )
+        self.logprobs[:, t] = torch.where(live, lp, 0.0)
         self.lengths += live.long()
         self._done = self._done | (live & (nxt == self.eos_id))
         self.t = t + 1
