@@ -26,7 +26,7 @@ from rollplex.graph.passes import (
     run_passes,
 )
 from rollplex.planner.api import plan_graph
-from rollplex.planner.capabilities import role_capabilities_pass
+from rollplex.planner.capabilities import engine_can_sleep, role_capabilities_pass
 from rollplex.planner.cost_model import CostModel
 from rollplex.planner.gc_paused import cyclic_gc_paused
 from rollplex.planner.interference import InterferenceModel
@@ -144,7 +144,7 @@ def plan_step(
 
 def engine_sleeps_possible(graph: Graph) -> bool:
     """The graph's rollout is an engine that can drop its weights and KV (level 2)."""
-    return any(op.kind == "generate" and 2 in op.meta.get("sleep_levels", ()) for op in graph)
+    return any(engine_can_sleep(op) for op in graph)
 
 
 def engine_awake(graph: Graph) -> Graph:

@@ -96,3 +96,9 @@ def role_capabilities_pass(caps: RoleCapabilities):
         return apply_rollout_capabilities(graph, caps)
 
     return role_capabilities
+
+
+def engine_can_sleep(op: Op) -> bool:
+    """`op` is an engine rollout that can drop its weights and KV between rollouts (sleep
+    level 2), as the capabilities pass marked it."""
+    return op.kind == "generate" and 2 in op.meta.get("sleep_levels", ())

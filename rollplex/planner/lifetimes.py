@@ -24,6 +24,7 @@ from weakref import WeakKeyDictionary
 
 from rollplex.graph.ir import Graph, Phase, Value, ValueKind
 from rollplex.ops.formulas import kv_fraction
+from rollplex.planner.capabilities import engine_can_sleep
 from rollplex.planner.happens_before import ordered_before
 from rollplex.planner.memory.records import UsageRecord
 from rollplex.planner.plan import CoRun, DevicePlan, Step
@@ -270,7 +271,7 @@ def _engine_sleeps(graph: Graph, steps: list[Step], syncs: list[Step], dev: Devi
     gens = [graph.ops[s.op] for s in steps if s.kind == "generate" and s.op in graph.ops]
     if not gens:
         return None
-    return dev.name != "rollout" and bool(syncs) and 2 in gens[0].meta.get("sleep_levels", ())
+    return dev.name != "rollout" and bool(syncs) and engine_can_sleep(gens[0])
 
 
 class _Handover:

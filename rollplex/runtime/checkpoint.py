@@ -78,6 +78,18 @@ class Checkpoint:
         return self.folder / MODEL_DIR
 
 
+def verify_files(folder: Path, files: dict[str, str]) -> None:
+    """CheckpointError for a file of the manifest that is missing or whose sha256 differs."""
+    for rel, digest in files.items():
+        p = folder / rel
+        if not p.is_file():
+            raise CheckpointError(f"{p}: missing (listed in {STATE_FILE})")
+        if _sha256(p) != digest:
+            raise CheckpointError(
+                f"{p}: sha256 differs from {STATE_FILE}: the file is corrupt or was modified"
+            )
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
@@ -220,14 +232,7 @@ def read_checkpoint(path: str | Path, model: ModelSpec, seed: int) -> Checkpoint
             raise CheckpointError(f"{state_path}: 'files' lacks {rel!r}")
     if not {f"{MODEL_DIR}/{WEIGHTS_FILE}", f"{MODEL_DIR}/{INDEX_FILE}"} & set(state.files):
         raise CheckpointError(f"{state_path}: 'files' lacks {MODEL_DIR}/{WEIGHTS_FILE!r}")
-    for rel, digest in state.files.items():
-        p = folder / rel
-        if not p.is_file():
-            raise CheckpointError(f"{p}: missing (listed in {STATE_FILE})")
-        if _sha256(p) != digest:
-            raise CheckpointError(
-                f"{p}: sha256 differs from {STATE_FILE}: the file is corrupt or was modified"
-            )
+    verify_files(folder, state.files)
     optimizer = _load(folder / OPTIMIZER_FILE)
     rng = _load(folder / RNG_FILE)
     for key in ("state", "param_groups"):

@@ -40,6 +40,7 @@ from rollplex.runtime.checkpoint import (
     _fsync,
     _sha256,
     read_state_file,
+    verify_files,
 )
 from rollplex.runtime.distributed import barrier
 from rollplex.specs import ModelSpec
@@ -131,14 +132,7 @@ def read_dcp_checkpoint(path: str | Path, model: ModelSpec, seed: int) -> DcpChe
         )
     if f"{DCP_DIR}/.metadata" not in state.files:
         raise CheckpointError(f"{state_path}: 'files' lacks {DCP_DIR}/.metadata")
-    for rel, digest in state.files.items():
-        p = folder / rel
-        if not p.is_file():
-            raise CheckpointError(f"{p}: missing (listed in {STATE_FILE})")
-        if _sha256(p) != digest:
-            raise CheckpointError(
-                f"{p}: sha256 differs from {STATE_FILE}: the file is corrupt or was modified"
-            )
+    verify_files(folder, state.files)
     return DcpCheckpoint(folder, state)
 
 

@@ -12,8 +12,8 @@ through here; backends provide roles and their value types only. Per op:
   head deferred, and the last chunk merges all parts through the role's `merge_rows`.
   A row chunk runs matrix products with fewer rows, which may round differently from the
   whole batch, so chunked prefix results equal the unchunked ones to float rounding;
-- decode segments: segment k of n advances one `DecodeSession` by its share of
-  `max_new_tokens` steps, with the step's one generator: bit-identical to one decode;
+- the rollout side (decode segments, engine prompts, weight syncs, the engine's
+  sleep/wake, evaluation's generate): rollout_ops.py;
 - role-free ops (expand_group, reward, advantage, value_loss): role_free.py;
 - step hooks (hooks.py): which prompts this process runs, the decode's generators and the
   logged metrics; a data-parallel trainer (FSDP2) brings its own.
@@ -27,7 +27,6 @@ detached: exactly on-policy for one update per batch (ratio 1, the PPO clip inac
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -48,6 +47,7 @@ from rollplex.data.prompts import PromptBatch
 from rollplex.graph.ir import Graph, Op, Phase, version_model
 from rollplex.runtime.hooks import StepHooks, decode_seed
 from rollplex.runtime.role_free import RoleFreeOps, rewards
+from rollplex.runtime.rollout_ops import RolloutOps
 from rollplex.specs import AlgoSpec, ModelSpec
 
 log = logging.getLogger(__name__)
@@ -120,6 +120,7 @@ class RoleDispatch(Backend):
         self._inputs: StepInputs | None = None
         self.metrics: dict[str, torch.Tensor] = {}
         self.role_free = RoleFreeOps(self)
+        self.rollout_ops = RolloutOps(self)
         self.sync_seconds: list[float] = []
 
     # -- binding ------------------------------------------------------------------------
@@ -170,15 +171,7 @@ class RoleDispatch(Backend):
         return self.roles.externals.supply(self._externals, inputs, self)
 
     def residency(self, action: Any) -> None:
-        """The plan's sleep/wake of the rollout engine, for a role that can sleep; its
-        time is a step metric (`engine_sleep_s`, `engine_wake_s`)."""
-        if self.rollout.capabilities.sleep_levels:
-            t0 = time.perf_counter()
-            self.rollout.apply_residency(action)
-            seconds = time.perf_counter() - t0
-            key = f"engine_{action.kind}_s"
-            self.metrics[key] = self.metrics.get(key, 0.0) + seconds
-            log.debug("rollout engine: %s (%.3f s)", action, seconds)
+        self.rollout_ops.residency(action)
 
     def end_step(self) -> dict[str, float]:
         return self.roles.hooks.metrics({k: float(v) for k, v in self.metrics.items()})
@@ -189,7 +182,7 @@ class RoleDispatch(Backend):
     ) -> OpResult:
         reads = {p: w.check(op.name) for p, w in inputs.items() if hasattr(w, "check")}
         if op.kind in ("decode", "generate"):
-            return OpResult(self._decode(op, inputs, chunk, carry), reads)
+            return OpResult(self.rollout_ops.decode(op, inputs, chunk, carry), reads)
         if chunk.count > 1 and op.kind not in PREFIX_KINDS:
             raise BackendError(f"'{op.name}' ({op.kind}) cannot run in chunks")
         if op.kind in PREFIX_KINDS and chunk.count > 1:
@@ -202,7 +195,7 @@ class RoleDispatch(Backend):
         if op.kind in PREFIX_KINDS:
             return OpResult(self._prefix(op, inputs), reads)
         if op.kind == "weight_sync":
-            return OpResult(self._weight_sync(op, inputs), reads)
+            return OpResult(self.rollout_ops.weight_sync(op, inputs), reads)
         if op.kind in ROLE_FREE_KINDS:
             return OpResult(self.role_free.run(op, inputs), reads)
         return OpResult(self._role_op(op, inputs), reads)
@@ -227,83 +220,12 @@ class RoleDispatch(Backend):
         if op.kind == "vision_encode":
             return {"features": role.vision_encode(x["pixels"])}
         if op.kind == "prefix_prefill":
-            self._check_rollout(op, x["weights"])
+            self.rollout_ops.check_weights(op, x["weights"])
             return {"kv": role.prefix_prefill(x["features"], x["text"], **kw)}
         out = role.logprob_prefix(x["features"], x["text"], **kw)
         if op.phase is Phase.TRAIN:
             return {"kv": out[0], "saved": out[1]} if "saved" in op.outputs else {"kv": out[0]}
         return {"kv": out}
-
-    def _check_rollout(self, op: Op, weights: Any) -> None:
-        if self.rollout.weights_version != weights.name:
-            raise BackendError(
-                f"'{op.name}' reads {weights.name} but the rollout holds "
-                f"{self.rollout.weights_version}: a weight_sync is missing"
-            )
-
-    def _decode(self, op: Op, x: dict[str, Any], chunk: Chunk, carry: dict[str, Any]):
-        self._check_rollout(op, x["weights"])
-        if chunk.index == 0:
-            prefix = x["kv"] if op.kind == "decode" else self._engine_prompts(op, x)
-            carry["session"] = self.rollout.start_decode(
-                prefix, op.attrs["group_size"], self.sampling, self._generator
-            )
-        session = carry.get("session")
-        if session is None:
-            raise BackendError(f"'{op.name}' segment {chunk.index} has no session")
-        r = self.sampling.max_new_tokens
-        share = r * (chunk.index + 1) // chunk.count - r * chunk.index // chunk.count
-        session.advance(None if chunk.last else share)
-        if not chunk.last:
-            return {}
-        session = carry.pop("session")
-        responses, logprobs = session.result()
-        if op.kind == "generate":
-            self._check_engine_prompts(op, session, x["text"], op.attrs["group_size"])
-        self.metrics["response_length"] = responses.lengths.float().mean()
-        if logprobs is not None and not self.rollout.capabilities.scaled_logprobs:
-            logprobs = None  # not of the distribution the trainer scores: not old logprobs
-        return {"responses": responses, "logprobs": logprobs}
-
-    def _engine_prompts(self, op: Op, x: dict[str, Any]) -> Any:
-        """`generate`: the engine takes the prompts' raw media and token ids and runs vision
-        and prefill itself (cached across the G samples and across steps)."""
-        media = x["pixels"]
-        if self.rollout.capabilities.fused_prefix:
-            media = getattr(self._inputs, "media", None) or getattr(self._inputs, "samples", None)
-        if media is None:
-            raise BackendError(
-                f"'{op.name}': {type(self.rollout).__name__} reads the prompts' raw images, "
-                "but the step inputs carry no media (StepInputs.media)"
-            )
-        return self.rollout.prefix_prefill(self.rollout.vision_encode(media), x["text"])
-
-    def _check_engine_prompts(self, op: Op, session: Any, text: Any, group: int) -> None:
-        """The engine expands each image itself, with its folder's processor: its prompts
-        must be as long as the ones the trainer scores, or the samples answer other prompts."""
-        seen = getattr(session, "prompt_lengths", None)
-        if seen is None or not hasattr(text, "lengths"):
-            return
-        ours = text.lengths.repeat_interleave(group).tolist()
-        if list(seen) != ours:
-            raise BackendError(
-                f"'{op.name}': the engine's prompts have {list(seen)} tokens, the trainer's "
-                f"{ours}: its image processor resizes differently from the prompt renderer "
-                "(max_pixels); render prompts with the model folder's processor settings"
-            )
-
-    def _weight_sync(self, op: Op, x: dict[str, Any]) -> dict[str, Any]:
-        """The trainer's weights into the rollout: an alias for a colocated torch rollout,
-        an in-place engine load (checkpoint tensor names, caches reset) for vLLM."""
-        mode = op.attrs.get("mode", "alias")
-        caps = self.rollout.capabilities
-        if mode == "alias" and caps.fused_prefix:
-            raise BackendError(
-                f"'{op.name}' syncs by alias, but {type(self.rollout).__name__} holds its own "
-                "copy: plan with the rollout's capabilities (weight_sync mode 'load')"
-            )
-        self.rollout.load_weights(self.trainer.live_weights())
-        return {"weights": x["weights"]}
 
     def _role_op(self, op: Op, x: dict[str, Any]) -> dict[str, Any]:
         k, a = op.kind, op.attrs
@@ -340,35 +262,10 @@ class RoleDispatch(Backend):
     def _reward(self, responses: Any, answers: Any, group_size: int) -> torch.Tensor:
         return rewards(self, responses, answers, group_size)  # tests may patch this hook
 
-    @torch.no_grad()
-    def generate(
-        self,
-        batch: PromptBatch,
-        max_new_tokens: int,
-        temperature: float = 0.0,
-        samples: Any = None,
-    ):
-        """One response per prompt from the rollout's current weights, outside any plan
-        (evaluation): greedy by default. An engine rollout reads `samples`' raw media."""
-        st = self.config.model.special_tokens
-        sampling = Sampling(max_new_tokens, temperature, 1.0, st.eos_token_id, st.pad_token_id)
-        if self.rollout.capabilities.fused_prefix:
-            if samples is None:
-                raise BackendError(
-                    f"{type(self.rollout).__name__} generates from raw media: pass samples="
-                )
-            media = self.rollout.vision_encode(samples)
-            prefix = self.rollout.prefix_prefill(media, batch)
-            generator = 0
-        else:
-            batch = batch.to(self.device)
-            features = self.rollout.vision_encode(self.roles.externals.pixels(batch))
-            prefix = self.rollout.prefix_prefill(features, batch.text_only())
-            generator = None
-        session = self.rollout.start_decode(prefix, 1, sampling, generator)
-        session.advance(None)
-        responses, _ = session.result()
-        return responses
+    def generate(self, batch: PromptBatch, max_new_tokens: int, temperature: float = 0.0,
+                 samples: Any = None):  # fmt: skip
+        """One response per prompt outside any plan (evaluation): rollout_ops.generate."""
+        return self.rollout_ops.generate(batch, max_new_tokens, temperature, samples)
 
     # -- memory -------------------------------------------------------------------------
     def move(self, value: Any, to_host: bool) -> Any:

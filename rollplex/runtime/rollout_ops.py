@@ -1,0 +1,154 @@
+"""The dispatch's rollout side: decode sessions, engine prompts, weight syncs, residency.
+
+Whatever the rollout role (torch, vLLM, a shared FSDP2 rollout), these ops talk to it
+through `RolloutRole` alone:
+- `decode` / `generate`: segment k of n advances one decode session by its share of
+  `max_new_tokens` steps, with the step's generator (bit-identical to one decode); an
+  engine rollout (`fused_prefix`) is handed the prompts' raw media and token ids instead
+  of prefix KV, and its prompts must be as long as the ones the trainer scores;
+- `weight_sync`: the trainer's live weights into the rollout (an alias for a colocated
+  torch rollout, an in-place load for an engine);
+- `residency`: the plan's sleep/wake of an engine rollout (runtime/engine_residency.py);
+- `generate` outside any plan, for evaluation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rollplex.backends.base import BackendError, Chunk, Sampling
+from rollplex.data.prompts import PromptBatch
+from rollplex.graph.ir import Op
+
+if TYPE_CHECKING:
+    from rollplex.runtime.dispatch import RoleDispatch
+
+log = logging.getLogger(__name__)
+
+
+class RolloutOps:
+    def __init__(self, dispatch: RoleDispatch) -> None:
+        self.d = dispatch
+
+    @property
+    def rollout(self) -> Any:
+        return self.d.rollout
+
+    def check_weights(self, op: Op, weights: Any) -> None:
+        if self.rollout.weights_version != weights.name:
+            raise BackendError(
+                f"'{op.name}' reads {weights.name} but the rollout holds "
+                f"{self.rollout.weights_version}: a weight_sync is missing"
+            )
+
+    def decode(self, op: Op, x: dict[str, Any], chunk: Chunk, carry: dict[str, Any]):
+        d = self.d
+        self.check_weights(op, x["weights"])
+        if chunk.index == 0:
+            prefix = x["kv"] if op.kind == "decode" else self._engine_prompts(op, x)
+            carry["session"] = self.rollout.start_decode(
+                prefix, op.attrs["group_size"], d.sampling, d._generator
+            )
+        session = carry.get("session")
+        if session is None:
+            raise BackendError(f"'{op.name}' segment {chunk.index} has no session")
+        r = d.sampling.max_new_tokens
+        share = r * (chunk.index + 1) // chunk.count - r * chunk.index // chunk.count
+        session.advance(None if chunk.last else share)
+        if not chunk.last:
+            return {}
+        session = carry.pop("session")
+        responses, logprobs = session.result()
+        if op.kind == "generate":
+            self._check_engine_prompts(op, session, x["text"], op.attrs["group_size"])
+        d.metrics["response_length"] = responses.lengths.float().mean()
+        if logprobs is not None and not self.rollout.capabilities.scaled_logprobs:
+            logprobs = None  # not of the distribution the trainer scores: not old logprobs
+        return {"responses": responses, "logprobs": logprobs}
+
+    def _engine_prompts(self, op: Op, x: dict[str, Any]) -> Any:
+        """`generate`: the engine takes the prompts' raw media and token ids and runs vision
+        and prefill itself (cached across the G samples and across steps)."""
+        media = x["pixels"]
+        if self.rollout.capabilities.fused_prefix:
+            inputs = self.d._inputs
+            media = getattr(inputs, "media", None) or getattr(inputs, "samples", None)
+        if media is None:
+            raise BackendError(
+                f"'{op.name}': {type(self.rollout).__name__} reads the prompts' raw images, "
+                "but the step inputs carry no media (StepInputs.media)"
+            )
+        return self.rollout.prefix_prefill(self.rollout.vision_encode(media), x["text"])
+
+    def _check_engine_prompts(self, op: Op, session: Any, text: Any, group: int) -> None:
+        """The engine expands each image itself, with its folder's processor: its prompts
+        must be as long as the ones the trainer scores, or the samples answer other prompts."""
+        seen = getattr(session, "prompt_lengths", None)
+        if seen is None or not hasattr(text, "lengths"):
+            return
+        ours = text.lengths.repeat_interleave(group).tolist()
+        if list(seen) != ours:
+            raise BackendError(
+                f"'{op.name}': the engine's prompts have {list(seen)} tokens, the trainer's "
+                f"{ours}: its image processor resizes differently from the prompt renderer "
+                "(max_pixels); render prompts with the model folder's processor settings"
+            )
+
+    def weight_sync(self, op: Op, x: dict[str, Any]) -> dict[str, Any]:
+        """The trainer's weights into the rollout: an alias for a colocated torch rollout,
+        an in-place engine load (checkpoint tensor names, caches reset) for vLLM."""
+        mode = op.attrs.get("mode", "alias")
+        if mode == "alias" and self.rollout.capabilities.fused_prefix:
+            raise BackendError(
+                f"'{op.name}' syncs by alias, but {type(self.rollout).__name__} holds its own "
+                "copy: plan with the rollout's capabilities (weight_sync mode 'load')"
+            )
+        self.rollout.load_weights(self.d.trainer.live_weights())
+        return {"weights": x["weights"]}
+
+    def residency(self, action: Any) -> None:
+        """The plan's sleep/wake of the rollout engine, for a role that can sleep; its
+        time is a step metric (`engine_sleep_s`, `engine_wake_s`)."""
+        if not self.rollout.capabilities.sleep_levels:
+            return
+        t0 = time.perf_counter()
+        self.rollout.apply_residency(action)
+        seconds = time.perf_counter() - t0
+        key = f"engine_{action.kind}_s"
+        self.d.metrics[key] = self.d.metrics.get(key, 0.0) + seconds
+        log.debug("rollout engine: %s (%.3f s)", action, seconds)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        batch: PromptBatch,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        samples: Any = None,
+    ):
+        """One response per prompt from the rollout's current weights, outside any plan
+        (evaluation): greedy by default. An engine rollout reads `samples`' raw media."""
+        d = self.d
+        st = d.config.model.special_tokens
+        sampling = Sampling(max_new_tokens, temperature, 1.0, st.eos_token_id, st.pad_token_id)
+        if self.rollout.capabilities.fused_prefix:
+            if samples is None:
+                raise BackendError(
+                    f"{type(self.rollout).__name__} generates from raw media: pass samples="
+                )
+            media = self.rollout.vision_encode(samples)
+            prefix = self.rollout.prefix_prefill(media, batch)
+            generator = 0
+        else:
+            batch = batch.to(d.device)
+            features = self.rollout.vision_encode(d.roles.externals.pixels(batch))
+            prefix = self.rollout.prefix_prefill(features, batch.text_only())
+            generator = None
+        session = self.rollout.start_decode(prefix, 1, sampling, generator)
+        session.advance(None)
+        responses, _ = session.result()
+        return responses
