@@ -100,7 +100,8 @@ def test_checkpoint_every_0_writes_none_and_the_log_names_every_step(tmp_path):
     assert p.returncode == 0, p.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["last_checkpoint"] is None and not (run / "checkpoints").exists()
-    logged = re.findall(r"step (\d)/2: reward [\d.e-]+, kl .* s, peak resident", p.stdout + p.stderr)
+    line = r"step (\d)/2: reward [\d.e-]+, kl .* s, peak resident"
+    logged = re.findall(line, p.stdout + p.stderr)
     assert logged == ["1", "2"], p.stdout[-2000:]
 
 
