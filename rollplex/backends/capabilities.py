@@ -13,7 +13,7 @@ planner must not place a piggyback there, and its prefix caching stands in for a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(slots=True, frozen=True)
@@ -33,6 +33,9 @@ class RoleCapabilities:
     # trainer scores (backends/torch/logprob.py token_logprobs); otherwise the runtime does
     # not use them as old logprobs (runtime/dispatch.py)
     scaled_logprobs: bool = False
+    # it holds a weight copy of its own (an engine; `weight_sync` loads into it), rather than
+    # reading the trainer's storage (a torch rollout's alias, vLLM with weights=share)
+    own_weights: bool = False
 
 
 # -- what the built roles declare ------------------------------------------------------------
@@ -53,4 +56,7 @@ VLLM_ROLLOUT = RoleCapabilities(
     weights_sources=("live", "checkpoint"),
     fused_prefix=True,
     scaled_logprobs=False,  # logprobs_mode=raw_logprobs: before temperature (engine.py)
+    own_weights=True,
 )
+# backend.vllm.weights=share: its tensors are the trainer's storage, so it cannot sleep
+VLLM_SHARED_ROLLOUT = replace(VLLM_ROLLOUT, sleep_levels=(), own_weights=False)

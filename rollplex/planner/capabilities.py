@@ -10,8 +10,10 @@ rollout=caps)`), and it is all the planner needs to know about roles:
   stream (schedules/rollplex.py keeps them as candidates);
 - `piggyback_rows` false: the decode window op gets `meta["piggyback_rows"] = False`, and
   the rollplex schedule then offers no piggyback placement on it;
-- `in_place_weight_load` without an alias (an engine holding its own copy): `weight_sync`
-  becomes mode "load", priced as a full copy into the engine rather than a free alias;
+- `own_weights` (an engine holding its own copy): `weight_sync` becomes mode "load",
+  priced as a full copy into the engine rather than a free alias; an engine that reads the
+  trainer's storage (vLLM with `weights=share`) keeps the alias, and its `generate` op says
+  so (`meta["own_weights"]`), so the planner charges no second copy;
 - `sleep_levels` go on the `generate` op (`meta["sleep_levels"]`): an engine that can drop
   its weights and KV (level 2) lets the plan free its copy and its KV pool after the
   rollout and bring them back at the weight sync and the next rollout (lifetimes.py);
@@ -49,7 +51,10 @@ def apply_rollout_capabilities(graph: Graph, caps: RoleCapabilities) -> tuple[Gr
         if new.kind == "generate" and new.meta.get("sleep_levels") != list(caps.sleep_levels):
             new.meta["sleep_levels"] = list(caps.sleep_levels)
             changed = True
-        if new.kind == "weight_sync" and caps.fused_prefix and new.attrs.get("mode") == "alias":
+        if new.kind == "generate" and new.meta.get("own_weights") != caps.own_weights:
+            new.meta["own_weights"] = caps.own_weights
+            changed = True
+        if new.kind == "weight_sync" and caps.own_weights and new.attrs.get("mode") == "alias":
             new.attrs["mode"] = "load"
             changed = True
         changed |= new.name in fused

@@ -159,15 +159,17 @@ _OWN: WeakKeyDictionary[Graph, tuple[dict, bool]] = WeakKeyDictionary()
 
 
 def holds_own_copy(graph: Graph) -> bool:
-    """The rollout is an engine with its own weights: a fused `generate` rollout, or a
-    weight sync that loads into the engine instead of aliasing. Kept per graph while its
+    """The rollout is an engine with its own weights: a fused `generate` rollout (unless
+    it reads the trainer's storage, `meta["own_weights"]` False), or a weight sync that
+    loads into the engine instead of aliasing. Kept per graph while its
     producer index stands (every memory attempt of a search asks again)."""
     made = graph.producers()
     hit = _OWN.get(graph)
     if hit is not None and hit[0] is made:
         return hit[1]
     own = any(
-        op.kind == "generate" or (op.kind == "weight_sync" and op.attrs.get("mode") == "load")
+        (op.kind == "generate" and op.meta.get("own_weights", True))
+        or (op.kind == "weight_sync" and op.attrs.get("mode") == "load")
         for op in graph.ops.values()
     )
     _OWN[graph] = (made, own)

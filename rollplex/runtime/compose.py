@@ -19,7 +19,7 @@ from typing import Any
 
 from rollplex.backends import role_entry
 from rollplex.backends.base import RolloutRole
-from rollplex.backends.capabilities import RoleCapabilities
+from rollplex.backends.capabilities import VLLM_SHARED_ROLLOUT, RoleCapabilities
 from rollplex.runtime.dispatch import RoleDispatch, Roles, StepConfig
 from rollplex.specs.backend import BackendSpec
 
@@ -35,6 +35,8 @@ def rollout_capabilities(spec: BackendSpec) -> RoleCapabilities:
     """What the chosen rollout can do, for the planner (no engine is started, and vLLM
     need not be installed)."""
     caps = role_entry("rollout", spec.rollout).capabilities()
+    if spec.rollout == "vllm" and spec.vllm.weights == "share":
+        return VLLM_SHARED_ROLLOUT  # the trainer's storage: no copy, no sleep
     if spec.rollout == "vllm" and not spec.vllm.enable_sleep_mode:
         caps = replace(caps, sleep_levels=())  # the engine is started without sleep mode
     return caps
