@@ -211,17 +211,21 @@ class OpTimer:
         transfer over the network between pools (disaggregated).
 
         Aliased (mode "alias", colocated): only the bytes the layout algebra says the
-        rollout shard lacks in training storage move (`shared_weights`): those other GPUs
-        hold cross the pool's links, those held locally but not readable in place are
-        copied at HBM speed (read + write). All GPUs rebuild at once, so the slowest GPU
-        sets the time; nothing to move costs only the launch."""
+        rollout shard lacks in training storage move (`shared_weights`, in the rollout's
+        own layout: `attrs["layout"]`): those other GPUs hold cross the pool's links,
+        those held locally but not readable in place are copied at HBM speed (read +
+        write), as is the FSDP2 shared rollout's cast of the fp32 masters. All GPUs
+        rebuild at once, so the slowest GPU sets the time; nothing to move costs only the
+        launch."""
         w = self.graph.values[op.inputs["weights"]]
         hw = self.hardware
         cross_pool = cross_pool or not self.colocated
         per_gpu = w.nbytes / self.rollout.tp
         gbps = hw.internode_gbps if cross_pool else self.rollout.link_gbps(hw)
         if not cross_pool and op.attrs.get("mode", "alias") == "alias":
-            moves = alias_sync_bytes(self.model, w, self.train.gpus, self.train.tp, self.rollout.tp)
+            layout = op.attrs.get("layout", "algebra")  # the rollout's own (shared_weights)
+            tr, rt = self.train, self.rollout
+            moves = alias_sync_bytes(self.model, w, tr.gpus, tr.tp, rt.tp, layout)
             if moves is not None:
                 link, hbm = self.train.link_gbps(hw) * 1e9, hw.hbm_bandwidth_gbps * 1e9
                 s = max(r / link + 2 * c / hbm for r, c in moves) + self.cost_model.launch_s
