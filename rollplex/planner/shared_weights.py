@@ -13,6 +13,8 @@ planner/capabilities.py), never guessed from sizes:
   aliasing storage; rollout: TP t_r colocated on the same GPUs, fused qkv/gate_up, the
   best rank map, vision split when t_r divides it): the rebuild buffer
   (`shared_weights`);
+- "replica": its sync gathers the float32 masters and casts them in
+  (`replica_sync_bytes`);
 - "torch_tp": the FSDP2 trainer's shared torch rollout (`backend.fsdp.rollout_sync=share`,
   backends/fsdp/share.py): torch's Qwen2 TP plan, vision and norms replicated, strided
   rank map, and its own compute-dtype copy of the shards when that differs from the fp32
@@ -294,6 +296,16 @@ def alias_sync_bytes(
         towers = TOWERS
     shared = layout_weights(layout, model, train_gpus, train_tp, rollout_tp) if towers else None
     return None if shared is None or towers is None else shared.sync_bytes(towers)
+
+
+def replica_sync_bytes(model: ModelSpec, train_gpus: int) -> list[tuple[int, int]]:
+    """Per training GPU, (bytes from other GPUs, bytes moved within the GPU) of the FSDP2
+    gathered replica's weight_sync (`rollout_sync=gather`): every float32 master of both
+    towers is all-gathered (all but the local 1/N crosses the links) and cast into the
+    full model (read float32, write the model's dtype)."""
+    n = model.param_count()
+    remote = n * MASTER_ITEMSIZE * (train_gpus - 1) // train_gpus
+    return [(remote, n * (MASTER_ITEMSIZE + model.dtype_bytes) // 2)] * train_gpus
 
 
 def rolls_out(dev: DevicePlan) -> bool:

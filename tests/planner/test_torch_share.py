@@ -153,6 +153,24 @@ def test_shared_sync_is_priced_from_what_moves():
     assert sync == pytest.approx(want)
 
 
+def test_gathered_replica_sync_moves_every_master_and_casts_it():
+    """rollout_sync=gather: each rank all-gathers every float32 master (both towers: the
+    runtime refills the whole model) and casts it into its bf16 model; only the local 1/N
+    does not cross NVLink. Dearer than the shared rollout's sync, at any TP."""
+    spec, hw = MODEL_PRESETS["qwen2_5_vl_3b"], HARDWARE_PRESETS["h200x8"]
+    n = spec.param_count()
+    link, hbm = hw.nvlink_gbps * 1e9, hw.hbm_bandwidth_gbps * 1e9
+    want = n * 4 / 2 / link + 2 * n * (4 + 2) / 2 / hbm + CostModel(hw).launch_s
+
+    def sync_s(r: PlanResult) -> float:
+        return next(s.solo_s for d in r.plan.devices for s in d.steps if s.kind == "weight_sync")
+
+    gather = _plan("qwen2_5_vl_3b", "h200x8", 2, 1, GATHER)
+    assert sync_s(gather) == pytest.approx(want)
+    for tp in (1, 2):
+        assert sync_s(_plan("qwen2_5_vl_3b", "h200x8", 2, tp, SHARE)) < sync_s(gather)
+
+
 def test_the_fsdp_trainers_rollout_says_how_it_holds_the_weights():
     fsdp = {"trainer": "fsdp"}
     layouts = {
