@@ -108,11 +108,22 @@ def run(mode: str, args) -> dict:
         syncs.append(time.perf_counter() - t)
     after = tokens(rollout)
     shared = rollout.shared
+    # Can later work use what sharing freed? Allocate the trainer's size again in 256 MiB
+    # pieces (as gradients or AdamW state would be) and see how much the device grows.
+    probe_before = used()
+    pieces = [
+        torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        for _ in range(int(with_trainer[0] - base[0]) >> 28)
+    ]
+    probe_after = used()
+    pieces.clear()
     record = {
         "mode": mode,
         "trainer_bytes": with_trainer[0] - base[0],
         "engine_added_bytes": with_engine[0] - with_trainer[0],
         "engine_added_device_bytes": with_engine[1] - with_trainer[1],
+        "probe_allocated_bytes": probe_after[0] - probe_before[0],
+        "probe_device_growth_bytes": probe_after[1] - probe_before[1],
         "engine_start_s": start_s,
         "sync_s": syncs,
         "sync_s_median": statistics.median(syncs),
@@ -166,15 +177,18 @@ def main() -> None:
     (args.out / "vllm_share.json").write_text(json.dumps(result, indent=1))
     lines = [
         "| weights | trainer GiB | engine adds GiB (device-wide) | shared GiB "
-        "| sync ms (median of 3) | prompts whose tokens the updates changed |",
-        "|---|---|---|---|---|---|",
+        "| sync ms (median of 3) | prompts whose tokens the updates changed "
+        "| device grows when the trainer's size is allocated after |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in records:
         lines.append(
             f"| {r['mode']} | {r['trainer_bytes'] / GIB:.2f} | {r['engine_added_bytes'] / GIB:.2f}"
             f" ({r['engine_added_device_bytes'] / GIB:.2f}) | {r['shared_bytes'] / GIB:.2f}"
             f" | {r['sync_s_median'] * 1e3:.1f} | "
-            f"{r['tokens_changed_by_update']}/{args.prompts} |"
+            f"{r['tokens_changed_by_update']}/{args.prompts} | "
+            f"{r['probe_device_growth_bytes'] / GIB:.2f} of "
+            f"{r['probe_allocated_bytes'] / GIB:.2f} |"
         )
     lines.append(
         f"\nsaved {result['saved_bytes'] / GIB:.2f} GiB; greedy tokens after the same three "
