@@ -136,16 +136,26 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
         scorer=prepared.scorer,
     )
     engine_kv = engine_kv_budget(plan)  # the plan's KV pool for an engine rollout
-    backend = compose(
-        config, spec.backend, workdir=out, **({"kv_cache_bytes": engine_kv} if engine_kv else {})
-    )
     fsdp = spec.backend.trainer == "fsdp"
-    main = not fsdp or backend.trainer.dist.is_main  # only rank 0 writes the run folder
+    pools = _pools(plan, workload) if fsdp else None  # checked before any model loads
+    if pools is not None:
+        from rollplex.backends.fsdp.pools import build_pool_backend
+
+        backend = build_pool_backend(config, spec.backend, pools)
+    else:
+        backend = compose(
+            config,
+            spec.backend,
+            workdir=out,
+            **({"kv_cache_bytes": engine_kv} if engine_kv else {}),
+        )
+    info = backend.dist if pools is not None else getattr(backend.trainer, "dist", None)
+    main = not fsdp or info.is_main  # only rank 0 writes the run folder
     if fsdp:
         from rollplex.runtime.distributed import from_rank0, setup_rank_logging
 
         out = Path(from_rank0(str(out)))  # one run folder for all ranks
-        setup_rank_logging(out, backend.trainer.dist)
+        setup_rank_logging(out, info)
     if main:
         (out / "plan.json").write_text(dump_plan(plan))
     log.info(
@@ -170,15 +180,20 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     writer = open_writer(tb) if main else None
     progress = Progress(t.steps, initial=start, disable=not (t.progress and main))
     callbacks = [progress, _Scalars(writer)] if main else [progress]
-    executor = Executor(plan, graph, backend, callbacks, device=backend.device)
+    executor = Executor(plan, graph, backend, callbacks, device=backend.device, pools=pools)
     recent: deque = deque(maxlen=t.trace_steps)
     rows: list[dict[str, Any]] = []
     ckpt_root, last_ckpt = out / "checkpoints", None
     evals: list[tuple[int, Any]] = []
 
     def held_out(step: int) -> float | None:
-        # The rollout is a full local model on every rank: rank 0 evaluates alone.
-        if t.eval_every <= 0 or prepared.eval_source is None or not main:
+        # The rollout is a full local model on every rank: rank 0 evaluates alone. A
+        # rollout pool first takes the trainers' latest weights (all ranks, out of plan).
+        if t.eval_every <= 0 or prepared.eval_source is None:
+            return None
+        if executor.pooled is not None:
+            executor.pooled.sync_weights()
+        if not main:
             return None
         res = evaluate(
             backend, prepared.eval_source, prepared.renderer, t.eval_prompts, t.max_new_tokens
@@ -212,7 +227,7 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
                 row["eval_accuracy"] = held_out(k + 1)
             rows.append(row)
             if (k + 1) % t.checkpoint_every == 0 or k + 1 == t.steps:
-                last_ckpt = _save(fsdp, backend, ckpt_root, k + 1, model, spec.seed)
+                last_ckpt = _save(fsdp, backend, ckpt_root, k + 1, model, spec.seed, pools)
                 log.info("checkpoint %s (reward %.3f)", last_ckpt, res.metrics.get("reward", 0))
     finally:
         progress.close()
@@ -258,10 +273,26 @@ def _restore(fsdp: bool, backend, ckpt) -> None:
         restore(backend.trainer, ckpt)
 
 
-def _save(fsdp: bool, backend, root: Path, step: int, model, seed: int) -> Path:
+def _pools(plan, workload):
+    """This rank's pool of a plan of several device groups (schedule=disaggregated);
+    None for a colocated plan. PoolError (a ValueError) if the world cannot run it."""
+    from rollplex.runtime.pools import is_pooled, pools_for, torchrun_world
+
+    if not is_pooled(plan):
+        return None
+    rank, world = torchrun_world()
+    return pools_for(plan, rank, world, workload.prompts_per_step)
+
+
+def _save(fsdp: bool, backend, root: Path, step: int, model, seed: int, pools=None) -> Path:
     if fsdp:
         from rollplex.runtime.dcp_checkpoint import save_dcp_checkpoint
 
+        if pools is not None:  # the training pool writes it; the rollout pool holds no state
+            if backend.trainer is None:
+                return root / f"step-{step:06d}"
+            group = backend.trainer.mesh.get_group()
+            return save_dcp_checkpoint(root, step, backend.trainer, model, seed, group=group)
         return save_dcp_checkpoint(root, step, backend.trainer, model, seed)
     from rollplex.runtime.checkpoint import save_checkpoint
 
