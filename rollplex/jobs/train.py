@@ -234,6 +234,8 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
         shutdown = getattr(backend.rollout, "shutdown", None)
         if callable(shutdown):  # an engine: free it, another may start in this process
             shutdown()
+    # pools: the bytes and seconds every transfer moved, gathered from all ranks
+    transfers = executor.pooled.report() if executor.pooled is not None else None
     if not main:
         return _summary(spec, plan, rows, start, ckpt, ckpt_root, last_ckpt, recent)
     _write_csv(out / "metrics.csv", rows)
@@ -242,6 +244,8 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     writer.close()
     summary = _summary(spec, plan, rows, start, ckpt, ckpt_root, last_ckpt, recent)
     summary.update(_eval_summary(evals))
+    if transfers is not None:
+        summary["transfers"] = transfers
     summary["workload_measured"] = {
         "visual_tokens": prepared.shape.visual_tokens,
         "text_tokens": prepared.shape.text_tokens,

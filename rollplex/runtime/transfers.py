@@ -47,6 +47,7 @@ class Moved:
     seconds: float = 0.0
     routes: dict[tuple[int, int], int] = field(default_factory=dict)  # (src, dst) -> bytes
     header_bytes: int = 0
+    values: dict[str, int] = field(default_factory=dict)  # hand-over: bytes per graph value
 
     @property
     def nbytes(self) -> int:
@@ -150,7 +151,11 @@ def send_outputs(
     for dst in sorted({r.dst for r in transfer.routes if r.src == pools.rank}):
         lo, hi = prompt_rows(train.index(dst), len(train), prompts)
         lo, hi = max(lo, a) - a, min(hi, b) - a
-        header, tensors = _pack({k: _rows(v, lo, hi, b - a) for k, v in values.items()})
+        rows = {k: _rows(v, lo, hi, b - a) for k, v in values.items()}
+        for k, v in rows.items():
+            n = sum(t.numel() * t.element_size() for t in _tensors([v]))
+            moved.values[k] = moved.values.get(k, 0) + n
+        header, tensors = _pack(rows)
         box = [header]
         dist.send_object_list(box, dst)
         moved.header_bytes += len(repr(header))
@@ -335,7 +340,8 @@ class PoolSteps:
         )
         plan = {k: n for k, n in planned(t).items() if rank in k}
         note = (f"{'sent' if sends else 'received'} {t.what}: {m.nbytes} bytes in "
-                f"{m.seconds:.4f} s, routes {m.routes} (plan {plan})")  # fmt: skip
+                f"{m.seconds:.4f} s, routes {m.routes} (plan {plan})"
+                + (f"; by value {m.values}" if m.values else ""))  # fmt: skip
         log.info("rank %d, '%s': %s", rank, step.name, note)
         return reads, note
 
@@ -352,16 +358,42 @@ class PoolSteps:
             version, _ = recv_weights(self.pools, t, self.side.weight_params(), "sync")
             self.side.weights_received(version)
 
-
-def route_bytes(moved: Iterable[Moved]) -> dict[tuple[int, int], int]:
-    out: dict[tuple[int, int], int] = {}
-    for m in moved:
-        for k, n in m.routes.items():
-            out[k] = out.get(k, 0) + n
-    return out
+    def report(self) -> dict[str, Any]:
+        """Per transfer step, over all ranks (a collective: every rank calls it): the
+        planned and the measured bytes per route (`"src->dst"`) of the last RL step, the
+        hand-over's bytes per graph value, and the median over RL steps of the slowest
+        rank's seconds."""
+        every: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, self.moved)
+        out: dict[str, Any] = {}
+        for _, t in sorted(self.transfers.items()):
+            runs = [[m for m in ms if m.what == t.what and m.step != "sync"] for ms in every]
+            runs = [r for r in runs if r]
+            if not runs:
+                continue
+            steps = min(len(r) for r in runs)
+            last = [r[steps - 1] for r in runs]
+            measured = {k: n for m in last for k, n in m.routes.items()}
+            by_value: dict[str, int] = {}
+            for m in last:
+                for k, n in m.values.items():
+                    by_value[k] = by_value.get(k, 0) + n
+            seconds = sorted(max(r[i].seconds for r in runs) for i in range(steps))
+            out[last[0].step] = {
+                "what": t.what,
+                "planned": {f"{a}->{b}": n for (a, b), n in planned(t).items()},
+                "measured": {f"{a}->{b}": n for (a, b), n in sorted(measured.items())},
+                "planned_bytes": t.nbytes,
+                "measured_bytes": sum(measured.values()),
+                "by_value": by_value,
+                "median_s": seconds[len(seconds) // 2],
+                "steps": steps,
+            }
+        return out
 
 
 def planned(transfer: Transfer) -> dict[tuple[int, int], int]:
+    """The plan's bytes per (src, dst) route of `transfer`."""
     return {(r.src, r.dst): r.nbytes for r in transfer.routes}
 
 
@@ -375,7 +407,6 @@ __all__ = [
     "prompt_rows",
     "recv_outputs",
     "recv_weights",
-    "route_bytes",
     "send_outputs",
     "send_weights",
 ]

@@ -35,6 +35,7 @@ from rollplex.graph.ir import Graph, ValueKind, version_model
 from rollplex.runtime.dispatch import RoleDispatch, Roles
 from rollplex.runtime.distributed import DistInfo, init_distributed
 from rollplex.runtime.pools import Pools
+from rollplex.runtime.transfers import expected_chunk
 from rollplex.specs.backend import BackendSpec
 
 if TYPE_CHECKING:
@@ -141,7 +142,17 @@ class PoolSide:
     def weight_shards(self) -> tuple[list[torch.Tensor], int]:
         """Training rank: its shard of every trained parameter in the rollout's dtype."""
         t = self.d.trainer
-        shards = [local(p.detach()).to(self.wire).contiguous() for p in t.handle().params]
+        j, n = t.mesh.get_local_rank(), t.world
+        shards = []
+        for p in t.handle().params:
+            mine = local(p.detach())
+            if mine.shape != expected_chunk(p.shape, j, n):  # what the receiver assembles
+                raise BackendError(
+                    f"training shard {tuple(mine.shape)} of a {tuple(p.shape)} parameter is "
+                    f"not torch.chunk's dim-0 chunk {j} of {n}: the weights transfer cannot "
+                    "assemble it (a Shard(d>0) placement?)"
+                )
+            shards.append(mine.to(self.wire).contiguous())
         return shards, t.counter.n
 
     def weight_params(self) -> list[torch.Tensor]:
