@@ -156,6 +156,8 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
 
         out = Path(from_rank0(str(out)))  # one run folder for all ranks
         setup_rank_logging(out, info)
+        if pools is not None:
+            log.info("%s", pools.describe())
     if main:
         (out / "plan.json").write_text(dump_plan(plan))
     log.info(
@@ -237,6 +239,7 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     # pools: the bytes and seconds every transfer moved, gathered from all ranks
     transfers = executor.pooled.report() if executor.pooled is not None else None
     if not main:
+        _close(pools)
         return _summary(spec, plan, rows, start, ckpt, ckpt_root, last_ckpt, recent)
     _write_csv(out / "metrics.csv", rows)
     if recent:
@@ -263,7 +266,18 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
                 f"{summary['majority_accuracy']:.3f})"
             )
         print(f"{line}; run folder {out} (tensorboard --logdir {out})")
+    _close(pools)
     return summary
+
+
+def _close(pools) -> None:
+    """Pooled ranks leave together: a rank that exits while another still writes the run
+    folder must not tear down connections that rank's process group holds."""
+    if pools is not None:
+        from rollplex.runtime.distributed import barrier, shutdown
+
+        barrier()
+        shutdown()
 
 
 def _restore(fsdp: bool, backend, ckpt) -> None:

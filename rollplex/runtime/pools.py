@@ -88,6 +88,11 @@ class Pools:
     def pool_ranks(self, name: str) -> tuple[int, ...]:
         return self.groups[self.names.index(name)]
 
+    def describe(self) -> str:
+        pools = ", ".join(f"{n} {list(g)}" for n, g in zip(self.names, self.groups, strict=True))
+        return (f"rank {self.rank} of {self.world} runs the '{self.name}' pool (ranks "
+                f"{list(self.ranks)}); pools: {pools}")  # fmt: skip
+
     def in_transfer(self, t: Transfer) -> bool:
         return any(self.rank in (r.src, r.dst) for r in t.routes)
 
@@ -114,17 +119,8 @@ def pools_for(plan: Plan, rank: int, world: int, prompts: int) -> Pools:
                 f"ranks of the '{d.name}' pool: each takes an equal, contiguous slice"
             )
     device = next(i for i, g in enumerate(groups) if rank in g)
-    pools = Pools(rank, world, device, groups, tuple(d.name for d in plan.devices),
-                  tuple(d.tp for d in plan.devices))  # fmt: skip
-    log.info(
-        "rank %d of %d runs the '%s' pool (ranks %s); pools: %s",
-        rank,
-        world,
-        pools.name,
-        list(pools.ranks),
-        ", ".join(f"{n} {list(g)}" for n, g in zip(pools.names, groups, strict=True)),
-    )
-    return pools
+    return Pools(rank, world, device, groups, tuple(d.name for d in plan.devices),
+                 tuple(d.tp for d in plan.devices))  # fmt: skip
 
 
 def is_pooled(plan: Plan) -> bool:
