@@ -12,9 +12,9 @@ Per RL step:
    (a real copy, on CPU too); a `transfer` between device groups of one process moves
    nothing. With `pools` (one process per rank, runtime/pools.py) the executor issues only
    its own group's steps and its side of every cross-group transfer the plan routes
-   through its rank (runtime/transfers.py: the weights into the rollout pool, the
-   rollout's outputs to the trainers), for real. Any other step runs its op, or its
-   chunk, through the backend;
+   through its rank, for real (runtime/pool_steps.py, runtime/transfers.py: the weights
+   into the rollout pool, the rollout's outputs to the trainers). Any other step runs its
+   op, or its chunk, through the backend;
 3. the plan's residency of an engine-held rollout (its copies freed after the rollout,
    allocated again at the weight sync) becomes sleep and wake calls around those steps
    (`engine_residency.py`);
@@ -50,9 +50,9 @@ from rollplex.runtime.callbacks import Callback, Callbacks
 from rollplex.runtime.engine_residency import engine_schedule
 from rollplex.runtime.memory import Env, iter_tensors
 from rollplex.runtime.order import plan_order
+from rollplex.runtime.pool_steps import PoolSteps
 from rollplex.runtime.pools import Pools
 from rollplex.runtime.record import MeasuredStep, StepResult
-from rollplex.runtime.transfers import PoolSteps
 from rollplex.trace.timeline import MemoryEvent
 
 log = logging.getLogger(__name__)
