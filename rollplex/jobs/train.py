@@ -12,7 +12,13 @@ piggybacked on it); after every optimizer step the plan's `weight_sync` loads th
 weights into it in place, and its measured time lands in calibration.json.
 `backend.trainer=fsdp` (`backend=fsdp`, under torchrun) shards the trainer with FSDP2:
 checkpoints are DCP (runtime/dcp_checkpoint.py, resumable on any rank count) and only rank
-0 writes the run folder and evaluates. The run folder gets:
+0 writes the run folder and evaluates. With `schedule=disaggregated` the plan's device
+groups become pools of ranks (runtime/pools.py; the plan must be made for the world:
+`hardware.num_gpus` = WORLD_SIZE, else the run is refused before any model loads): each
+rank runs only its pool's steps and its side of the plan's transfers (the weights into the
+rollout pool, the rollout's outputs to the trainers; backends/fsdp/pools.py builds each
+pool's roles), the training pool writes the checkpoints, and summary.json gets the bytes
+and seconds of every transfer against the plan's routes. The run folder gets:
 - `tb/`: TensorBoard scalars (reward, KL, loss, step time, resident bytes) and the planned
   and measured timelines side by side (workers `planned0` and `measured0`, the last
   `train.trace_steps` steps; with `train.profile=true` the measured one is torch.profiler's),
