@@ -55,9 +55,9 @@ fi
 
 # The same small GRPO job on 2 GPUs (gather, share TP 1, share TP 2) and on 1 GPU.
 JOB=(backend=fsdp train.deterministic=false workload.prompts_per_step=4 workload.group_size=4
-  train.max_new_tokens=32 workload.response_length.distribution=fixed
+  train.max_new_tokens=32 workload.response_length.distribution=fixed train.checkpoint_every=0
   workload.response_length.min=1 workload.response_length.mean=32
-  workload.response_length.max=32 train.steps=3 train.checkpoint_every=1000
+  workload.response_length.max=32 train.steps=3
   train.eval_every=0 train.trace_steps=1 train.progress=false)
 RUNS=()
 train() {  # name, launcher words..., then overrides after --
@@ -70,6 +70,7 @@ train() {  # name, launcher words..., then overrides after --
   timeout "$RUN_S" "$@" "${MODEL[@]}" "${JOB[@]}" hydra.run.dir="$TMP/run_$name" \
     > "$TMP/$name.log" 2>&1 || { echo "   failed or timed out (exit $?):"; tail -5 "$TMP/$name.log"; }
   echo "   $(( SECONDS - t )) s"
+  mkdir -p "$OUT/logs" && grep -v "Loading weights" "$TMP/$name.log" | tail -200 > "$OUT/logs/$name.log"
   RUNS+=("$name=$TMP/run_$name")
 }
 train gpu2_share_tp2 $TORCHRUN -m rollplex.cli train backend.fsdp.rollout_sync=share backend.fsdp.rollout_tp=2

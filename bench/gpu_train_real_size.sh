@@ -27,6 +27,6 @@ python3 -m rollplex.cli train model="$SHAPE" model.path="/tmp/$SHAPE" hardware=h
   workload.prompts_per_step=8 workload.group_size=8 train.max_new_tokens=256 \
   workload.response_length.distribution=fixed workload.response_length.min=1 \
   workload.response_length.mean=256 workload.response_length.max=256 \
-  train.steps="$STEPS" train.checkpoint_every=1000 train.eval_every=0 train.trace_steps=3 \
+  train.steps="$STEPS" train.checkpoint_every=0 train.eval_every=0 train.trace_steps=3 \
   train.progress=false hydra.run.dir="/tmp/run_$SHAPE"
 python3 bench/gpu_train_report.py "/tmp/run_$SHAPE" "$SHAPE" "$OUT"

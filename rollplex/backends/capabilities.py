@@ -13,7 +13,12 @@ planner must not place a piggyback there, and its prefix caching stands in for a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
+
+# How a rollout's weights relate to the trainer's storage: the planner charges each its own
+# rollout copy and weight_sync (planner/shared_weights.py).
+WeightsLayout = Literal["algebra", "torch_tp", "replica", "engine"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -33,6 +38,17 @@ class RoleCapabilities:
     # trainer scores (backends/torch/logprob.py token_logprobs); otherwise the runtime does
     # not use them as old logprobs (runtime/dispatch.py)
     scaled_logprobs: bool = False
+    # how it holds the weights it decodes with (WeightsLayout), priced by the planner:
+    # "algebra": reads the trainer's storage where the layout algebra's best rollout layout
+    #   allows (fused qkv/gate_up, vision split when it can be, best rank map: what
+    #   `rollplex weights` reports) and rebuilds the rest;
+    # "torch_tp": the FSDP2 trainer's shared torch rollout (rollout_sync=share): torch's
+    #   Qwen2 TP plan, vision and norms replicated, strided ranks, its own compute-dtype
+    #   copy of the shards when that differs from the fp32 masters (weights/torch_rollout.py);
+    # "replica": a full model of its own on every rank, refilled by a gather
+    #   (rollout_sync=gather);
+    # "engine": an engine that holds its own TP shard and loads into it in place (vLLM).
+    weights_layout: WeightsLayout = "algebra"
 
 
 # -- what the built roles declare ------------------------------------------------------------
@@ -53,4 +69,16 @@ VLLM_ROLLOUT = RoleCapabilities(
     weights_sources=("live", "checkpoint"),
     fused_prefix=True,
     scaled_logprobs=False,  # logprobs_mode=raw_logprobs: before temperature (engine.py)
+    weights_layout="engine",
 )
+# backend.vllm.weights=share: the trainer's parameters are views of its tensors (the
+# algebra's layout at TP 1, backends/vllm/share.py), so it holds no copy and cannot sleep
+VLLM_SHARED_ROLLOUT = replace(VLLM_ROLLOUT, sleep_levels=(), weights_layout="algebra")
+# The FSDP2 trainer's torch rollout, by backend.fsdp.rollout_sync: the same decode as
+# TORCH_ROLLOUT, its weights held as that mode holds them ("alias": one float32 rank, whose
+# shard is the whole parameter: nothing added, as the algebra says on one GPU).
+FSDP_ROLLOUTS = {
+    "gather": replace(TORCH_ROLLOUT, weights_layout="replica"),
+    "alias": TORCH_ROLLOUT,
+    "share": replace(TORCH_ROLLOUT, weights_layout="torch_tp"),
+}

@@ -70,10 +70,11 @@ def _baselines(spec: RunSpec) -> dict[str, PlanResult | None]:
 
 
 def rollout_capabilities(backend):
-    """What the chosen rollout declares (the registry's copy: no torch, no engine)."""
-    from rollplex.backends import role_entry
+    """What the chosen rollout declares, as the backend configures it (the registry's
+    copy: no torch, no engine; the train job plans with the same)."""
+    from rollplex.backends import rollout_capabilities as planned
 
-    return role_entry("rollout", backend.rollout).capabilities()
+    return planned(backend)
 
 
 def naive_colocation_bytes(verl_serial: PlanResult | None) -> int | None:

@@ -23,7 +23,8 @@ and seconds of every transfer against the plan's routes. The run folder gets:
   and measured timelines side by side (workers `planned0` and `measured0`, the last
   `train.trace_steps` steps; with `train.profile=true` the measured one is torch.profiler's),
   with the planned-vs-measured table per step as text and as `tb/planned_vs_measured.md`;
-- `checkpoints/step-NNNNNN/` every `train.checkpoint_every` steps and after the last;
+- `checkpoints/step-NNNNNN/` every `train.checkpoint_every` steps and after the last (none
+  with 0);
 - `metrics.csv` (one row per step), `calibration.json` (measured op times in the cost
   model's format), `plan.json` and `summary.json`.
 A `train.resume` checkpoint is validated before the model is built: a corrupt one, or one
@@ -234,7 +235,8 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
             if t.eval_every > 0 and ((k + 1) % t.eval_every == 0 or k + 1 == t.steps):
                 row["eval_accuracy"] = held_out(k + 1)
             rows.append(row)
-            if (k + 1) % t.checkpoint_every == 0 or k + 1 == t.steps:
+            log.info("step %d/%d: %s", k + 1, t.steps, _step_line(row))
+            if t.checkpoint_every and ((k + 1) % t.checkpoint_every == 0 or k + 1 == t.steps):
                 last_ckpt = _save(fsdp, backend, ckpt_root, k + 1, model, spec.seed, pools)
                 log.info("checkpoint %s (reward %.3f)", last_ckpt, res.metrics.get("reward", 0))
     finally:
@@ -369,6 +371,14 @@ def _row(res) -> dict[str, Any]:
         "peak_resident_bytes": max(res.peak_resident_bytes.values()),
         **{k: m.get(k, "") for k in CSV_FIELDS[-2:]},
     }
+
+
+def _step_line(row: dict[str, Any]) -> str:
+    """One step's metrics for the run log (reward, KL, loss, time, peak)."""
+    parts = [f"{k} {row[k]:.4g}" for k in ("reward", "kl", "loss") if isinstance(row[k], float)]
+    parts.append(f"{row['step_time_s']:.2f} s")
+    parts.append(f"peak resident {row['peak_resident_bytes'] / 2**30:.2f} GiB")
+    return ", ".join(parts)
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:

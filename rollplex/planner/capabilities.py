@@ -10,14 +10,18 @@ rollout=caps)`), and it is all the planner needs to know about roles:
   stream (schedules/rollplex.py keeps them as candidates);
 - `piggyback_rows` false: the decode window op gets `meta["piggyback_rows"] = False`, and
   the rollplex schedule then offers no piggyback placement on it;
-- `in_place_weight_load` without an alias (an engine holding its own copy): `weight_sync`
-  becomes mode "load", priced as a full copy into the engine rather than a free alias;
+- `weights_layout`: "engine" and "replica" (a copy of its own) make `weight_sync` mode
+  "load", priced as a full copy rather than a free alias; an engine that reads the
+  trainer's storage (vLLM with `weights=share`: "algebra") keeps the alias, and its
+  `generate` op says so (`meta["own_weights"]`); "torch_tp" (the FSDP2 shared rollout) and
+  "replica" also go on the sync as `attrs["layout"]`, so the planner charges that rollout's
+  own layout (planner/shared_weights.py) instead of the algebra's best one;
 - `sleep_levels` go on the `generate` op (`meta["sleep_levels"]`): an engine that can drop
   its weights and KV (level 2) lets the plan free its copy and its KV pool after the
   rollout and bring them back at the weight sync and the next rollout (lifetimes.py);
   one that cannot holds both all step.
 A torch rollout (prefix KV exported, rows piggybacked, weights aliased) leaves the graph as
-it is, apart from the meta flag.
+it is, apart from the meta flag (and, under the FSDP2 trainer, the weight_sync's layout).
 """
 
 from __future__ import annotations
@@ -49,14 +53,34 @@ def apply_rollout_capabilities(graph: Graph, caps: RoleCapabilities) -> tuple[Gr
         if new.kind == "generate" and new.meta.get("sleep_levels") != list(caps.sleep_levels):
             new.meta["sleep_levels"] = list(caps.sleep_levels)
             changed = True
-        if new.kind == "weight_sync" and caps.fused_prefix and new.attrs.get("mode") == "alias":
-            new.attrs["mode"] = "load"
+        own = caps.weights_layout in ("engine", "replica")
+        if new.kind == "generate" and new.meta.get("own_weights") != own:
+            new.meta["own_weights"] = own  # False: it reads the trainer's storage
             changed = True
+        if new.kind == "weight_sync":
+            changed |= _sync_attrs(new, caps)
         changed |= new.name in fused
         ops.append(new)
     live = {v for op in ops for v in (*op.inputs.values(), *op.outputs.values())}
     values = [v for v in graph.values.values() if v.name in live]
     return Graph(values, ops), changed
+
+
+def _sync_attrs(op: Op, caps: RoleCapabilities) -> bool:
+    """Mark a weight_sync with how the rollout holds its weights; True if changed. An
+    engine or a replica has a copy of its own (mode "load"); the FSDP2 shared rollout and
+    the replica name their layout (attrs["layout"]), which planner/shared_weights.py
+    prices; the algebra's layout is the default and leaves no mark."""
+    attrs = dict(op.attrs)
+    own = caps.weights_layout in ("engine", "replica")
+    if own and attrs.get("mode") == "alias":
+        attrs["mode"] = "load"
+    if caps.weights_layout in ("torch_tp", "replica"):
+        attrs["layout"] = caps.weights_layout
+    if attrs == op.attrs:
+        return False
+    op.attrs = attrs
+    return True
 
 
 def _fuse(graph: Graph, decode: Op) -> tuple[Op, set[str]]:

@@ -16,7 +16,7 @@ from rollplex.ops.costs import CostContext, decode_steps, op_cost
 from rollplex.ops.formulas import Cost
 from rollplex.ops.formulas.llm import decoder_weight_bytes, lm_head_weight_bytes
 from rollplex.planner.cost_model import CostModel, Timing
-from rollplex.planner.shared_weights import alias_sync_bytes
+from rollplex.planner.shared_weights import alias_sync_bytes, replica_sync_bytes
 from rollplex.specs import HardwareSpec, ModelSpec, WorkloadSpec
 
 LOGPROB_KINDS = frozenset({"logprob", "logprob_prefix", "logprob_response"})
@@ -211,22 +211,31 @@ class OpTimer:
         transfer over the network between pools (disaggregated).
 
         Aliased (mode "alias", colocated): only the bytes the layout algebra says the
-        rollout shard lacks in training storage move (`shared_weights`): those other GPUs
-        hold cross the pool's links, those held locally but not readable in place are
-        copied at HBM speed (read + write). All GPUs rebuild at once, so the slowest GPU
-        sets the time; nothing to move costs only the launch."""
+        rollout shard lacks in training storage move (`shared_weights`, in the rollout's
+        own layout: `attrs["layout"]`): those other GPUs hold cross the pool's links,
+        those held locally but not readable in place are copied at HBM speed (read +
+        write), as is the FSDP2 shared rollout's cast of the fp32 masters. The FSDP2
+        gathered replica (attrs["layout"] "replica") gathers every fp32 master and casts
+        it in. All GPUs rebuild at once, so the slowest GPU sets the time; nothing to move
+        costs only the launch."""
         w = self.graph.values[op.inputs["weights"]]
         hw = self.hardware
         cross_pool = cross_pool or not self.colocated
         per_gpu = w.nbytes / self.rollout.tp
         gbps = hw.internode_gbps if cross_pool else self.rollout.link_gbps(hw)
-        if not cross_pool and op.attrs.get("mode", "alias") == "alias":
-            moves = alias_sync_bytes(self.model, w, self.train.gpus, self.train.tp, self.rollout.tp)
-            if moves is not None:
-                link, hbm = self.train.link_gbps(hw) * 1e9, hw.hbm_bandwidth_gbps * 1e9
-                s = max(r / link + 2 * c / hbm for r, c in moves) + self.cost_model.launch_s
-                return Timing(s, 0.0, 0.0, s, "copy")
-            per_gpu *= 1 - 1 / max(1, self.train.gpus)  # no algebra: all but the local shard
+        layout = op.attrs.get("layout", "algebra")  # the rollout's own (shared_weights)
+        moves = None
+        if not cross_pool and layout == "replica":  # the FSDP2 gather: masters in, cast
+            moves = replica_sync_bytes(self.model, self.train.gpus)
+        elif not cross_pool and op.attrs.get("mode", "alias") == "alias":
+            tr, rt = self.train, self.rollout
+            moves = alias_sync_bytes(self.model, w, tr.gpus, tr.tp, rt.tp, layout)
+            if moves is None:
+                per_gpu *= 1 - 1 / max(1, self.train.gpus)  # no algebra: all but the local shard
+        if moves is not None:
+            link, hbm = self.train.link_gbps(hw) * 1e9, hw.hbm_bandwidth_gbps * 1e9
+            s = max(r / link + 2 * c / hbm for r, c in moves) + self.cost_model.launch_s
+            return Timing(s, 0.0, 0.0, s, "copy")
         # mode "load": an engine holds its own copy, every byte is copied into it
         s = self.cost_model.transfer_s(per_gpu, gbps)
         return Timing(s, 0.0, 0.0, s, "copy")

@@ -7,8 +7,10 @@ that makes it to the last step that reads it; what must survive into the next RL
   training GPUs; a role that rolls out also holds a tensor-parallel copy of the weights it
   decodes with, dropped after its last rollout use and rebuilt by `weight_sync` (this is
   the phase-aware part: nothing keeps it through training). A colocated rollout that
-  aliases the trainer's weights holds only the bytes its training shard lacks
-  (`shared_weights.py`); an engine with its own copy, the whole TP shard;
+  aliases the trainer's weights holds only the bytes its training shard lacks, in its
+  own layout (`shared_weights.py`: the algebra's, or the FSDP2 shared torch rollout's,
+  whose rebuild buffer and compute-dtype shard copy are held all step, as is the FSDP2
+  gathered replica); an engine with its own copy, the whole TP shard;
 - rows split over the data-parallel ranks, KV heads over TP;
 - training activations are live one micro-batch at a time, except boundaries produced
   in the decode window, which wait whole for the backward;
@@ -28,7 +30,13 @@ from rollplex.planner.capabilities import engine_can_sleep
 from rollplex.planner.happens_before import ordered_before
 from rollplex.planner.memory.records import UsageRecord
 from rollplex.planner.plan import CoRun, DevicePlan, Step
-from rollplex.planner.shared_weights import holds_own_copy, rollout_copy_bytes, rolls_out
+from rollplex.planner.shared_weights import (
+    HELD_LAYOUTS,
+    holds_own_copy,
+    rollout_copy_bytes,
+    rolls_out,
+    weights_layout,
+)
 from rollplex.specs import ModelSpec, WorkloadSpec
 
 PERSISTENT = (ValueKind.WEIGHTS, ValueKind.OPTIMIZER_STATE)
@@ -88,7 +96,13 @@ class DeviceSizer:
                 colocated = self.dev.name != "rollout" and rolls_out(self.dev)
                 self._aliased = colocated and not holds_own_copy(self.graph)
             size = self._copies[v.name] = rollout_copy_bytes(
-                self.model, v, self.train_gpus, self.train_tp, self.dev.tp, self._aliased
+                self.model,
+                v,
+                self.train_gpus,
+                self.train_tp,
+                self.dev.tp,
+                self._aliased,
+                weights_layout(self.graph),
             )
         return size
 
@@ -197,6 +211,7 @@ def device_lifetimes(
     no_steps: list[Step] = []
     any_corun = any(s.corun is not CoRun.NONE for s in steps)
     engine_sleeps = _engine_sleeps(graph, steps, syncs, dev)
+    held = weights_layout(graph) in HELD_LAYOUTS  # the FSDP2 rollouts never drop theirs
     handover = _Handover(dev, until) if len({s.stream for s in steps}) > 1 else None
     for name in dict.fromkeys([*made, *used]):
         v = graph.values[name]
@@ -246,7 +261,7 @@ def device_lifetimes(
             lane, first = handover.lane(producers[0], consumers, lane, first)
         out.append(_life(name, _KINDS[v.kind], size, first, last, lane, first_step, last_step))
         if v.kind is ValueKind.WEIGHTS and rollout_tp_copy:
-            drops = name in trained if engine_sleeps is None else engine_sleeps
+            drops = not held and (name in trained if engine_sleeps is None else engine_sleeps)
             size = sizer.rollout_copy_bytes(v)
             out += _rollout_copy(v, size, consumers, until, begin, end, steps, syncs, dev, drops)
     for s in steps:

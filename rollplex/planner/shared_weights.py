@@ -1,23 +1,37 @@
 """Shared weights: what a colocated rollout's weight copy costs beyond training storage.
 
-A rollout that aliases the trainer's weights (a torch rollout: `weight_sync` mode
-"alias") reads, on every GPU, the bytes of its tensor-parallel shard that the GPU's FSDP
-shard already holds in place, and needs its own memory only for the rest: the rebuild
-buffer of `rollplex.weights` (the layout algebra). An engine that holds its own copy
+A rollout that aliases the trainer's weights (`weight_sync` mode "alias") reads, on every
+GPU, the bytes of its tensor-parallel shard that the GPU's FSDP shard already holds in
+place, and needs its own memory only for the rest. An engine that holds its own copy
 (weight_sync mode "load", or a fused `generate` rollout such as vLLM's) pays the whole
-shard. Per GPU and per tower (LLM, vision) this module gives, from the algebra for the
-plan's layouts (training: FSDP over the training GPUs / train TP, with the aliasing
-storage layout; rollout: TP t_r colocated on the same GPUs, the best rank map, vision
-split when t_r divides it), the most any GPU rebuilds, and what a rebuild moves: bytes
-from other GPUs and bytes copied from local storage that cannot be read in place.
+shard; so does the FSDP2 trainer's gathered replica (`attrs["layout"] == "replica"`,
+TP 1: the whole model). Which rollout layout the aliasing one has is explicit, on the
+weight_sync (`attrs["layout"]`, from the rollout's `RoleCapabilities.weights_layout`,
+planner/capabilities.py), never guessed from sizes:
+- "algebra" (default): the layout algebra's (`rollplex.weights`) best rollout layout,
+  as `rollplex weights` reports it (training: FSDP over the training GPUs / train TP,
+  aliasing storage; rollout: TP t_r colocated on the same GPUs, fused qkv/gate_up, the
+  best rank map, vision split when t_r divides it): the rebuild buffer
+  (`shared_weights`);
+- "replica": its sync gathers the float32 masters and casts them in
+  (`replica_sync_bytes`);
+- "torch_tp": the FSDP2 trainer's shared torch rollout (`backend.fsdp.rollout_sync=share`,
+  backends/fsdp/share.py): torch's Qwen2 TP plan, vision and norms replicated, strided
+  rank map, and its own compute-dtype copy of the shards when that differs from the fp32
+  masters (bf16 on GPU): `weights.torch_rollout.torch_rollout_bytes`'s `extra_bytes`,
+  what `SharedRollout.stats()` measures (`torch_shared_weights`). Training TP must be 1
+  (the FSDP2 trainer has none); otherwise the whole shard is charged.
+Per GPU and per tower (LLM, vision) this module gives the most any GPU adds, and what a
+weight_sync moves: bytes from other GPUs and bytes moved within the GPU (local copies
+into rebuilt tensors; for the torch rollout also the cast of the fp32 masters).
 
-The algebra costs O(GPUs x parameter classes) per layout, so it is computed once per
-(model, layouts) and kept (the planner tries several rollout TP degrees per plan, and
-plans many times per sweep). Above `MAX_EXACT_GPUS` training GPUs it is not computed
-and the whole TP shard (v.nbytes / t_r) is charged, as for an engine: a GPU then holds at
-most t_r / GPUs of an LLM shard, so that is within a few percent of the algebra (a vision
-tower that vLLM replicates, when t_r does not divide it, is undercounted there). So is a
-layout the algebra cannot serve, and weights whose size matches no tower.
+The algebra costs O(GPUs x parameter classes) per layout, so it is computed on one layer
+per class and kept per (model, layouts) (the planner tries several rollout TP degrees per
+plan, and plans many times per sweep). Above `MAX_EXACT_GPUS` training GPUs it is not
+computed and the whole TP shard (v.nbytes / t_r) is charged, as for an engine: a GPU then
+holds at most t_r / GPUs of an LLM shard, so that is within a few percent of the algebra
+(a vision tower that the rollout replicates is undercounted there). So is a layout the
+algebra cannot serve, and weights whose size matches no tower.
 """
 
 from __future__ import annotations
@@ -33,20 +47,30 @@ from rollplex.specs import ModelSpec
 from rollplex.weights.build import aligned_ranks, vision_fits_tp
 from rollplex.weights.layouts import LayoutError, RolloutPlacement, TrainPlacement
 from rollplex.weights.sharing import WeightSharing, contiguous_ranks, strided_ranks
+from rollplex.weights.torch_rollout import rollout_sharing, torch_rollout_bytes
 
 MAX_EXACT_GPUS = 64
 COPY_KIND = "rollout_weights"  # the lifetimes' kind of a rollout copy's records
 TOWERS = ("llm", "vision")
+MASTER_ITEMSIZE = 4  # the FSDP2 trainer's float32 master shards, cast for the torch rollout
+# The FSDP2 trainer's rollouts allocate their storage once (share.py's rebuild buffer and
+# compute-dtype shard copy; the gathered full model): held all step, not dropped after
+# the rollout as the algebra's rebuild buffer is.
+HELD_LAYOUTS = ("torch_tp", "replica")
 
 
 @dataclass(slots=True, frozen=True)
 class GpuShare:
     """One tower's rollout shard on one GPU, in bytes."""
 
-    full: int  # the shard: what a separate copy costs
-    rebuild: int  # beyond training storage: the rebuild buffer
-    remote: int  # of the rebuild, what comes from other GPUs on each sync
-    local_copy: int  # of the rebuild, what local training storage holds (copied, not aliased)
+    full: int  # the shard: what a separate copy in this layout costs
+    # beyond training storage: the rebuild buffer (the torch rollout's own compute-dtype
+    # shard copy too)
+    rebuild: int
+    remote: int  # what each sync brings from other GPUs
+    # what each sync moves within the GPU, counted so that twice it is the HBM traffic
+    # (read + write): local bytes copied into rebuilt tensors, the masters' cast
+    local_copy: int
 
 
 @dataclass(slots=True, frozen=True)
@@ -122,6 +146,51 @@ def one_layer(model: ModelSpec) -> tuple[ModelSpec, dict[str, int]]:
     return one, {"layers": model.num_layers, "blocks": model.vision.depth}
 
 
+@functools.lru_cache(maxsize=128)
+def torch_shared_weights(
+    model: ModelSpec, train_gpus: int, train_tp: int, rollout_tp: int
+) -> SharedWeights | None:
+    """The FSDP2 shared torch rollout's per-GPU bytes (`rollout_sharing`: FSDP2 over
+    `train_gpus` ranks, torch's TP plan of degree `rollout_tp`, in `model.dtype`, cast from
+    float32 masters unless that is float32), each tower's `torch_rollout_bytes` evaluated
+    on one decoder layer and one vision block, counted per class as `shared_weights`
+    does. None when not computed: training TP, too many GPUs, or a TP degree torch's plan
+    cannot split evenly (`LayoutError`)."""
+    if train_tp != 1 or train_gpus > MAX_EXACT_GPUS or train_gpus % rollout_tp:
+        return None
+    one, layers = one_layer(model)
+    try:
+        sharing = rollout_sharing(one, train_gpus, rollout_tp, model.dtype)
+    except LayoutError:
+        return None
+    cast, item = model.dtype != "float32", sharing.itemsize
+    count = functools.partial(layer_count, layers)
+    per_gpu: dict[str, list[GpuShare]] = {t: [] for t in TOWERS}
+    for g in range(train_gpus):
+        for t in TOWERS:
+            b = torch_rollout_bytes(sharing, g, cast, count, (t,))
+            shards = b["compute_copy_bytes"] + b["placed_bytes"]  # its compute copy (cast)
+            recast = shards // item * (MASTER_ITEMSIZE + item) // 2  # read fp32, write it
+            per_gpu[t].append(
+                GpuShare(
+                    full=b["shared_bytes"] + b["rebuild_bytes"],
+                    rebuild=b["extra_bytes"],
+                    remote=b["received_bytes"],
+                    local_copy=b["local_copy_bytes"] + recast,
+                )
+            )
+    return SharedWeights(sharing.layouts, {t: tuple(v) for t, v in per_gpu.items()})
+
+
+def layout_weights(
+    layout: str, model: ModelSpec, train_gpus: int, train_tp: int, rollout_tp: int
+) -> SharedWeights | None:
+    """`shared_weights` or `torch_shared_weights`, as the weight_sync's layout says."""
+    if layout == "torch_tp":
+        return torch_shared_weights(model, train_gpus, train_tp, rollout_tp)
+    return shared_weights(model, train_gpus, train_tp, rollout_tp)
+
+
 def layer_count(layers: dict[str, int], tensor: str) -> int:
     return next((k for key, k in layers.items() if f".{key}." in tensor), 1)
 
@@ -155,47 +224,89 @@ def towers_of(model: ModelSpec, v: Value) -> tuple[str, ...] | None:
     return {llm: ("llm",), vision: ("vision",), llm + vision: TOWERS}.get(v.shape[0])
 
 
-_OWN: WeakKeyDictionary[Graph, tuple[dict, bool]] = WeakKeyDictionary()
+_LAYOUT: WeakKeyDictionary[Graph, tuple[dict, str]] = WeakKeyDictionary()
+
+
+def weights_layout(graph: Graph) -> str:
+    """How the graph's rollout holds its weights: "engine" (a fused `generate` rollout
+    unless it reads the trainer's storage, `meta["own_weights"]` False, or a weight sync
+    that loads into a copy of its own), "replica" (the FSDP2 trainer's
+    gathered full model), else the aliasing layout its weight_sync names ("torch_tp", or
+    the default "algebra"). Kept per graph while its producer index stands (every memory
+    attempt of a search asks again)."""
+    made = graph.producers()
+    hit = _LAYOUT.get(graph)
+    if hit is not None and hit[0] is made:
+        return hit[1]
+    layout = "algebra"
+    for op in graph.ops.values():
+        if op.kind == "generate" and op.meta.get("own_weights", True):
+            layout = "engine"
+            break
+        if op.kind == "weight_sync":
+            named = op.attrs.get("layout", "algebra")
+            layout = named if op.attrs.get("mode") != "load" or named == "replica" else "engine"
+            if layout != "algebra":
+                break
+    _LAYOUT[graph] = (made, layout)
+    return layout
 
 
 def holds_own_copy(graph: Graph) -> bool:
-    """The rollout is an engine with its own weights: a fused `generate` rollout, or a
-    weight sync that loads into the engine instead of aliasing. Kept per graph while its
-    producer index stands (every memory attempt of a search asks again)."""
-    made = graph.producers()
-    hit = _OWN.get(graph)
-    if hit is not None and hit[0] is made:
-        return hit[1]
-    own = any(
-        op.kind == "generate" or (op.kind == "weight_sync" and op.attrs.get("mode") == "load")
-        for op in graph.ops.values()
-    )
-    _OWN[graph] = (made, own)
-    return own
+    """The rollout holds a copy of its own: an engine, or the gathered replica."""
+    return weights_layout(graph) in ("engine", "replica")
 
 
 def rollout_copy_bytes(
-    model: ModelSpec, v: Value, train_gpus: int, train_tp: int, rollout_tp: int, aliased: bool
+    model: ModelSpec,
+    v: Value,
+    train_gpus: int,
+    train_tp: int,
+    rollout_tp: int,
+    aliased: bool,
+    layout: str = "algebra",
 ) -> int:
-    """Bytes per GPU of the rollout's copy of weights `v`: the algebra's rebuild bytes when
-    `aliased`, else (or when the algebra does not answer) the whole TP shard."""
+    """Bytes per GPU of the rollout's copy of weights `v`: what the aliasing `layout` adds
+    beyond training storage when `aliased`, else (or when that is not computed) the whole
+    TP shard; the whole of `v` for a "replica" (a full model on every rank, whatever TP
+    the plan decodes at)."""
+    if layout == "replica":
+        return v.nbytes
     full = math.ceil(v.nbytes / max(1, rollout_tp))
     if not aliased:
         return full
     towers = towers_of(model, v)
-    shared = shared_weights(model, train_gpus, train_tp, rollout_tp) if towers else None
+    shared = layout_weights(layout, model, train_gpus, train_tp, rollout_tp) if towers else None
     return full if shared is None or towers is None else shared.rebuild_bytes(towers)
 
 
 def alias_sync_bytes(
-    model: ModelSpec, v: Value, train_gpus: int, train_tp: int, rollout_tp: int
+    model: ModelSpec,
+    v: Value,
+    train_gpus: int,
+    train_tp: int,
+    rollout_tp: int,
+    layout: str = "algebra",
 ) -> list[tuple[int, int]] | None:
-    """Per training GPU, (bytes from other GPUs, bytes copied from local storage) that an
-    aliasing `weight_sync` of weights `v` moves into the rebuild buffer; None when the
-    algebra does not answer."""
+    """Per training GPU, (bytes from other GPUs, bytes moved within the GPU) of one
+    aliasing `weight_sync` of weights `v` in `layout`; None when that is not computed.
+    The FSDP2 shared rollout refills every rebuilt tensor and recasts every shard at each
+    sync, a frozen tower's too: "torch_tp" moves both towers whichever `v` holds."""
     towers = towers_of(model, v)
-    shared = shared_weights(model, train_gpus, train_tp, rollout_tp) if towers else None
+    if towers and layout == "torch_tp":
+        towers = TOWERS
+    shared = layout_weights(layout, model, train_gpus, train_tp, rollout_tp) if towers else None
     return None if shared is None or towers is None else shared.sync_bytes(towers)
+
+
+def replica_sync_bytes(model: ModelSpec, train_gpus: int) -> list[tuple[int, int]]:
+    """Per training GPU, (bytes from other GPUs, bytes moved within the GPU) of the FSDP2
+    gathered replica's weight_sync (`rollout_sync=gather`): every float32 master of both
+    towers is all-gathered (all but the local 1/N crosses the links) and cast into the
+    full model (read float32, write the model's dtype)."""
+    n = model.param_count()
+    remote = n * MASTER_ITEMSIZE * (train_gpus - 1) // train_gpus
+    return [(remote, n * (MASTER_ITEMSIZE + model.dtype_bytes) // 2)] * train_gpus
 
 
 def rolls_out(dev: DevicePlan) -> bool:
@@ -208,7 +319,8 @@ def sharing_note(
 ) -> str | None:
     """The plan's note on the rollout copy of a colocated aliasing rollout, in words (from
     the settled plan's rollout-copy slots)."""
-    if holds_own_copy(graph):
+    layout = weights_layout(graph)
+    if layout in ("engine", "replica"):
         return None
     for dev in devices:
         if dev.name == "rollout" or not rolls_out(dev):
@@ -220,13 +332,22 @@ def sharing_note(
         if not towers:
             continue
         n = len(dev.ranks)
-        shared = shared_weights(model, n, train_tp, dev.tp)
+        shared = layout_weights(layout, model, n, train_tp, dev.tp)
         if shared is None:
             continue
+        added = shared.rebuild_bytes(towers) / 2**30
+        if layout == "torch_tp":
+            replica = sum(graph.values[v].nbytes for v in read) / 2**30
+            return (
+                f"rollout weights read from the FSDP2 shards (torch TP plan, FSDP {n} vs "
+                f"rollout TP {dev.tp}, {model.dtype}): {added:.2f} GiB per GPU added (rebuilt "
+                f"tensors and the rollout's own shard copy), against {replica:.2f} GiB for a "
+                "full replica (rollout_sync=gather)"
+            )
         return (
             f"rollout weights aliased in training storage (FSDP {n // train_tp} x TP "
             f"{train_tp} vs rollout TP {dev.tp}, {shared.layouts.rsplit(' ', 1)[-1]}): "
-            f"{shared.rebuild_bytes(towers) / 2**30:.2f} GiB per GPU rebuilt, against "
+            f"{added:.2f} GiB per GPU rebuilt, against "
             f"{shared.full_bytes(towers) / 2**30:.2f} GiB for a separate copy in that layout"
         )
     return None

@@ -13,11 +13,11 @@ load.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rollplex.backends import role_entry
+from rollplex.backends import rollout_capabilities as planned_rollout
 from rollplex.backends.base import RolloutRole
 from rollplex.backends.capabilities import RoleCapabilities
 from rollplex.runtime.dispatch import RoleDispatch, Roles, StepConfig
@@ -33,11 +33,8 @@ def check_roles(spec: BackendSpec) -> None:
 
 def rollout_capabilities(spec: BackendSpec) -> RoleCapabilities:
     """What the chosen rollout can do, for the planner (no engine is started, and vLLM
-    need not be installed)."""
-    caps = role_entry("rollout", spec.rollout).capabilities()
-    if spec.rollout == "vllm" and not spec.vllm.enable_sleep_mode:
-        caps = replace(caps, sleep_levels=())  # the engine is started without sleep mode
-    return caps
+    need not be installed): `rollplex.backends.rollout_capabilities`."""
+    return planned_rollout(spec)
 
 
 def compose(

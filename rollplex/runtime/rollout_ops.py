@@ -102,7 +102,7 @@ class RolloutOps:
         """The trainer's weights into the rollout: an alias for a colocated torch rollout,
         an in-place engine load (checkpoint tensor names, caches reset) for vLLM."""
         mode = op.attrs.get("mode", "alias")
-        if mode == "alias" and self.rollout.capabilities.fused_prefix:
+        if mode == "alias" and self.rollout.capabilities.weights_layout in ("engine", "replica"):
             raise BackendError(
                 f"'{op.name}' syncs by alias, but {type(self.rollout).__name__} holds its own "
                 "copy: plan with the rollout's capabilities (weight_sync mode 'load')"

@@ -68,8 +68,22 @@ class VllmSpec(Spec):
         "and wake time), 'always' frees its weights and KV for the training phase every step.",
     )
 
+    weights: Literal["load", "share"] = Field(
+        "load",
+        description="'load': the engine holds its own copy, loaded in place after every "
+        "optimizer step. 'share' (CUDA, torch trainer in the engine's dtype): the trainer's "
+        "parameters become views of the engine's tensors (q/k/v rows of its fused qkv_proj, "
+        "gate/up of gate_up_proj...), so no second copy exists and a weight sync only resets "
+        "the engine's caches; such an engine never sleeps (its weights are training storage).",
+    )
+
     @model_validator(mode="after")
     def _check(self) -> VllmSpec:
         if self.cuda_graph_sizes is not None and any(s < 1 for s in self.cuda_graph_sizes):
             raise ValueError(f"cuda_graph_sizes must be >= 1, got {self.cuda_graph_sizes}")
+        if self.weights == "share" and self.sleep == "always":
+            raise ValueError(
+                "weights='share' with sleep='always': a sharing engine's weights are the "
+                "trainer's parameters, which sleeping would drop; use sleep='auto' or 'never'"
+            )
         return self

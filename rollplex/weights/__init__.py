@@ -52,7 +52,8 @@ which GPU); `report.tally(sharing) -> SharingReport` for the totals.
 The torch rollout (`backend.fsdp.rollout_sync=share`) uses the same algebra with its own
 tensors (`torch_rollout_tensors`: transformers' parameters, unfused, torch's TP plan);
 `torch_rollout.py` builds that pair of layouts and predicts each rank's aliased, rebuilt
-and received bytes (`torch_rollout_bytes`), which backends/fsdp/share.py then holds.
+and received bytes (`torch_rollout_bytes`), which backends/fsdp/share.py then holds and
+the planner charges that rollout (planner/shared_weights.py `torch_shared_weights`).
 """
 
 from rollplex.weights.build import aligned_ranks, build_sharing, vision_fits_tp

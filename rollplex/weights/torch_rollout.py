@@ -10,18 +10,20 @@ the bytes each rank aliases, rebuilds and receives per weight_sync.
 - Bytes (`torch_rollout_bytes`): what `SharedRollout.stats()` measures, predicted.
   With a cast (bf16 compute over fp32 masters) the rollout's own bf16 copy of the shards
   is placed inside the rebuilt tensors where the algebra allows (PARTIAL); without one
-  (float32) the masters belong to FSDP2 and nothing can be placed.
+  (float32) the masters belong to FSDP2 and nothing can be placed. `count` and `towers`
+  let the planner (planner/shared_weights.py) evaluate one layer per class and charge
+  each tower's weights value on its own; the defaults give one rank's whole model.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Collection
 
 from rollplex.specs.model import ModelSpec
 from rollplex.weights import algebra
 from rollplex.weights.layouts import RolloutPlacement, TrainPlacement
 from rollplex.weights.params import torch_rollout_tensors
-from rollplex.weights.rebuild import rebuild_plan
 from rollplex.weights.sharing import Kind, WeightSharing, strided_ranks
 
 
@@ -54,25 +56,44 @@ def aliased(sharing: WeightSharing, tensor: str, gpu: int) -> bool:
     return sh.kind in (Kind.IDENTICAL, Kind.VIEW) and sh.host is not None
 
 
-def torch_rollout_bytes(sharing: WeightSharing, gpu: int, cast: bool) -> dict[str, int]:
-    """Per-rank bytes of the shared rollout (the keys of `SharedRollout.stats`)."""
+def _once(_: str) -> int:
+    return 1
+
+
+def torch_rollout_bytes(
+    sharing: WeightSharing,
+    gpu: int,
+    cast: bool,
+    count: Callable[[str], int] = _once,
+    towers: Collection[str] | None = None,
+) -> dict[str, int]:
+    """Per-rank bytes of the shared rollout (the keys of `SharedRollout.stats`): each
+    rollout tensor and training parameter counted `count(name)` times, only those of
+    `towers` (default: all). `local_copy_bytes`: what a sync copies from the rank's own
+    shards into rebuilt tensors (the exchange's local runs). Equal to summing
+    `rebuild_plan` (tests/planner/test_torch_share.py checks it), without its per-row runs."""
     item = sharing.itemsize
-    shared = rebuilt = placed = received = 0
-    for name in sharing.tensors:
-        sh = sharing.share(name, gpu)
-        if aliased(sharing, name, gpu):
-            shared += sh.nbytes
+    shared = rebuilt = placed = received = copied = 0
+    for name, t in sharing.tensors.items():
+        if towers is not None and t.tower not in towers:
             continue
-        rebuilt += sh.nbytes
-        if cast:
-            placed += sum(p.nbytes for p in sh.placements)
-        plan = rebuild_plan(sharing, name, gpu, in_place=cast)
-        received += sum(c.nbytes for c in plan if c.gpu != gpu)
-    shards = sum(algebra.numel(sharing.train_shard(p, gpu)[0]) for p in sharing.params) * item
-    copy = shards - placed if cast else 0
-    full = sum(math.prod(p.shape) for p in sharing.params.values()) * item
+        n, sh = count(name), sharing.share(name, gpu)
+        if aliased(sharing, name, gpu):
+            shared += sh.nbytes * n
+            continue
+        # What `rebuild_plan(in_place=cast)` copies, by arithmetic (it takes every byte the
+        # rank holds from its own shards first): the placed shards are already in place.
+        inside = sum(p.nbytes for p in sh.placements) if cast else 0
+        rebuilt += sh.nbytes * n
+        placed += inside * n
+        received += sh.remote_bytes * n
+        copied += (sh.local_bytes - inside) * n
+    params = [p for p in sharing.params.values() if towers is None or p.tower in towers]
+    shards = sum(algebra.numel(sharing.train_shard(p.name, gpu)[0]) * count(p.name) for p in params)
+    copy = shards * item - placed if cast else 0
+    full = sum(math.prod(p.shape) * count(p.name) for p in params) * item
     return {
         "shared_bytes": shared + placed, "rebuild_bytes": rebuilt - placed,
-        "received_bytes": received, "placed_bytes": placed, "compute_copy_bytes": copy,
-        "full_copy_bytes": full, "extra_bytes": rebuilt + copy,
+        "received_bytes": received, "local_copy_bytes": copied, "placed_bytes": placed,
+        "compute_copy_bytes": copy, "full_copy_bytes": full, "extra_bytes": rebuilt + copy,
     }  # fmt: skip

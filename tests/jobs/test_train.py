@@ -94,6 +94,17 @@ def test_a_run_folder_holds_metrics_traces_checkpoints_and_summary(uninterrupted
     assert json.loads((uninterrupted / "calibration.json").read_text())["entries"]
 
 
+def test_checkpoint_every_0_writes_none_and_the_log_names_every_step(tmp_path):
+    run = tmp_path / "bench"
+    p = train(run, "train.checkpoint_every=0", "train.steps=2")
+    assert p.returncode == 0, p.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["last_checkpoint"] is None and not (run / "checkpoints").exists()
+    line = r"step (\d)/2: reward [\d.e-]+, kl .* s, peak resident"
+    logged = re.findall(line, p.stdout + p.stderr)
+    assert logged == ["1", "2"], p.stdout[-2000:]
+
+
 def test_kill_9_then_resume_ends_on_the_same_parameters(uninterrupted, tmp_path):
     killed = tmp_path / "killed"
     proc = subprocess.Popen(

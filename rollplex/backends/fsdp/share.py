@@ -61,7 +61,10 @@ EMBED = "model.language_model.embed_tokens.weight"
 # TP rows are a union over the group: no other role can read its prefix state, and no
 # other phase's rows can ride on its decode.
 SHARED_ROLLOUT = RoleCapabilities(
-    segmented_decode=True, in_place_weight_load=True, scaled_logprobs=True
+    segmented_decode=True,
+    in_place_weight_load=True,
+    scaled_logprobs=True,
+    weights_layout="torch_tp",
 )
 TP_PLAN = {
     "embed_tokens": RowwiseParallel(input_layouts=Replicate()),

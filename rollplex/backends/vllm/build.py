@@ -4,6 +4,8 @@ With `model.path` set the engine starts on that folder (the trainer loaded the s
 weights from it). Otherwise the trainer's weights, the tokenizer and the image processor
 the run's prompts were encoded with are written once as a Hub-format folder, and the
 engine starts on it; every later update goes in place (`weight_sync`), never through disk.
+With `backend.vllm.weights=share` (CUDA) the trainer's parameters then become views of the
+engine's tensors (share.py), checked possible before the engine starts.
 """
 
 from __future__ import annotations
@@ -80,4 +82,34 @@ def build_rollout(
         folder = write_start_folder(config, trainer, root / "vllm-start", max_pixels)
     live = trainer.live_weights()
     kv = kv_budget(config.model, spec.vllm, kv_cache_bytes)
-    return VllmRollout(folder, spec.vllm, kv, model=live.model, version=live.version)
+    if spec.vllm.weights == "share":
+        check_shareable(trainer, spec.vllm)  # before the engine starts
+    rollout = VllmRollout(folder, spec.vllm, kv, model=live.model, version=live.version)
+    if spec.vllm.weights == "share":
+        rollout.share_storage(trainer.model, config.model)
+    return rollout
+
+
+def check_shareable(trainer: Any, spec: VllmSpec) -> None:
+    """What `weights=share` needs of the trainer and the engine, checked before it starts."""
+    import torch
+
+    from rollplex.backends.base import BackendError
+    from rollplex.backends.vllm.engine import on_cpu, require_vllm
+
+    require_vllm()
+    if on_cpu():
+        raise BackendError(
+            "backend.vllm.weights=share needs vLLM on CUDA: its CPU backend repacks linear "
+            "weights into its own GEMM format, so they cannot be the trainer's; use "
+            "backend.vllm.weights=load"
+        )
+    model = getattr(trainer, "model", None)
+    first = next(model.parameters()) if model is not None else None
+    want = getattr(torch, spec.dtype)
+    if first is None or first.dtype != want or first.device.type != "cuda":
+        raise BackendError(
+            f"backend.vllm.weights=share needs the trainer's parameters on CUDA in "
+            f"backend.vllm.dtype={spec.dtype}; they are "
+            f"{'absent' if first is None else f'{first.dtype} on {first.device}'}"
+        )

@@ -23,17 +23,19 @@ from typing import Any, ClassVar
 
 from rollplex.backends.base import (
     BackendError,
+    LiveWeights,
     RolloutRole,
     Sampling,
     WeightsSource,
     version_name,
 )
-from rollplex.backends.capabilities import VLLM_ROLLOUT, RoleCapabilities
+from rollplex.backends.capabilities import VLLM_ROLLOUT, VLLM_SHARED_ROLLOUT, RoleCapabilities
 from rollplex.backends.vllm.decode import VllmDecode, step_seed
 from rollplex.backends.vllm.engine import on_cpu, require_vllm, start_engine
 from rollplex.backends.vllm.folder import check_model_folder, placeholder_ids
 from rollplex.backends.vllm.prompts import Media, VllmPrompts, build_prompts
-from rollplex.backends.vllm.weights import reload_in_place, reset_caches, tensors_of
+from rollplex.backends.vllm.share import SharedStorage
+from rollplex.backends.vllm.weights import live_tensors, reload_in_place, reset_caches, tensors_of
 from rollplex.specs.vllm import VllmSpec
 
 log = logging.getLogger(__name__)
@@ -67,16 +69,39 @@ class VllmRollout(RolloutRole):
         self._session: VllmDecode | None = None
         self._cpu_sleep_logged = False
         self.last_update_seconds = 0.0
+        self.shared: SharedStorage | None = None  # backend.vllm.weights=share
 
     # -- weights ----------------------------------------------------------------------------
+    def share_storage(self, trainer: Any, spec: Any) -> SharedStorage:
+        """Make `trainer`'s parameters views of the engine's tensors (`share.py`); from
+        then on a live weight sync only loads the rebuilt tensors and resets the caches."""
+        if self.cpu:
+            raise BackendError(
+                "backend.vllm.weights=share needs vLLM on CUDA: its CPU backend repacks "
+                "linear weights into its own GEMM format, so they cannot be the trainer's"
+            )
+        (engine,) = self.llm.apply_model(lambda m: m)  # in-process: the model itself
+        self.shared = SharedStorage(engine, trainer, spec)
+        self.capabilities = VLLM_SHARED_ROLLOUT
+        return self.shared
+
     def load_weights(self, source: WeightsSource, *, reset: bool = True) -> str:
         """Load `source` into the running engine in place (no disk round trip for live
         weights), then reset the prefix, multimodal and encoder caches. `reset=False` only
-        serves the test that shows why the resets are needed."""
+        serves the test that shows why the resets are needed. An engine sharing the
+        trainer's storage loads only the rebuilt tensors of live weights."""
         self._awake("load weights", "weights")
         self._check_idle("load weights")
         t0 = time.perf_counter()
-        reload_in_place(self.llm, tensors_of(source), reset=reset)
+        if self.shared is not None and isinstance(source, LiveWeights):
+            self.shared.sync()
+            rebuilt = self.shared.rebuilt_tensors()
+            if rebuilt:
+                reload_in_place(self.llm, live_tensors(dict(rebuilt)), reset=False)
+            if reset:
+                reset_caches(self.llm)
+        else:
+            reload_in_place(self.llm, tensors_of(source), reset=reset)
         self.last_update_seconds = time.perf_counter() - t0
         self._version = version_name(source.model, source.version)
         return self._version

@@ -26,14 +26,16 @@ CHAT_TEMPLATE = (
 )
 
 
-def write_folder(folder: Path, model: torch.nn.Module | None = None, seed: int = 0) -> Path:
-    """save_pretrained-style folder of `model` (a fresh seeded one when None)."""
-    model = build_model(SPEC, seed=seed) if model is None else model
-    save_model(model, SPEC, folder)
-    tok = build_tokenizer(SPEC)
+def write_folder(
+    folder: Path, model: torch.nn.Module | None = None, seed: int = 0, spec: ModelSpec = SPEC
+) -> Path:
+    """save_pretrained-style folder of `model` (a fresh seeded one of `spec` when None)."""
+    model = build_model(spec, seed=seed) if model is None else model
+    save_model(model, spec, folder)
+    tok = build_tokenizer(spec)
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(folder)
-    build_image_processor(SPEC).save_pretrained(folder)
+    build_image_processor(spec).save_pretrained(folder)
     return folder
 
 
