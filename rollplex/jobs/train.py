@@ -17,8 +17,9 @@ groups become pools of ranks (runtime/pools.py; the plan must be made for the wo
 `hardware.num_gpus` = WORLD_SIZE, else the run is refused before any model loads): each
 rank runs only its pool's steps and its side of the plan's transfers (the weights into the
 rollout pool, the rollout's outputs to the trainers; backends/fsdp/pools.py builds each
-pool's roles), the training pool writes the checkpoints, and summary.json gets the bytes
-and seconds of every transfer against the plan's routes. The run folder gets:
+pool's roles), the training pool writes and restores the checkpoints (a resumed rollout
+pool gets the weights by the first step's transfer), and summary.json gets the bytes and
+seconds of every transfer against the plan's routes. The run folder gets:
 - `tb/`: TensorBoard scalars (reward, KL, loss, step time, resident bytes) and the planned
   and measured timelines side by side (workers `planned0` and `measured0`, the last
   `train.trace_steps` steps; with `train.profile=true` the measured one is torch.profiler's),
@@ -178,8 +179,9 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     )
     start = 0
     if ckpt is not None:
-        _restore(fsdp, backend, ckpt)
-        backend.rollout.load_weights(backend.trainer.live_weights())
+        _restore(fsdp, backend, ckpt, pools)
+        if pools is None:  # a rollout pool gets them from the first step's weights transfer
+            backend.rollout.load_weights(backend.trainer.live_weights())
         start = ckpt.state.step
         log.info("resumed from %s at step %d", ckpt.folder, start)
         if start >= t.steps:
@@ -288,10 +290,14 @@ def _close(pools) -> None:
         shutdown()
 
 
-def _restore(fsdp: bool, backend, ckpt) -> None:
+def _restore(fsdp: bool, backend, ckpt, pools=None) -> None:
     if fsdp:
         from rollplex.runtime.dcp_checkpoint import restore_dcp
 
+        if pools is not None:  # the training pool holds the state; the rollout pool none
+            if backend.trainer is not None:
+                restore_dcp(backend.trainer, ckpt, group=backend.trainer.mesh.get_group())
+            return
         restore_dcp(backend.trainer, ckpt)
     else:
         from rollplex.runtime.checkpoint import restore

@@ -150,10 +150,11 @@ def read_dcp_checkpoint(path: str | Path, model: ModelSpec, seed: int) -> DcpChe
     return DcpCheckpoint(folder, state)
 
 
-def restore_dcp(trainer, ckpt: DcpCheckpoint) -> None:
-    """Load the shards into the trainer, resharded to this run's ranks (a collective)."""
+def restore_dcp(trainer, ckpt: DcpCheckpoint, group: dist.ProcessGroup | None = None) -> None:
+    """Load the shards into the trainer, resharded to this run's ranks (a collective over
+    `group`, default all ranks)."""
     state = trainer.sharded_state()
-    dcp.load(state, checkpoint_id=ckpt.folder / DCP_DIR)
+    dcp.load(state, checkpoint_id=ckpt.folder / DCP_DIR, process_group=group)
     trainer.load_sharded_state(state)
     trainer.load_state_dict({"version": ckpt.state.version})
 

@@ -1,6 +1,7 @@
 """schedule=disaggregated on torchrun: a rollout pool and a training pool on their own ranks,
 the weights and the rollout's outputs moved by the plan's transfers, end where the same
-GRPO job ends on one process with the serial schedule.
+GRPO job ends on one process with the serial schedule, and a pooled run resumed from its
+checkpoint goes on as that job does.
 
 Tolerance, and why: every run is float32 and draws the same tokens (each sample decodes
 from a generator seeded by (seed, step, global sample index), whichever rollout rank
@@ -60,12 +61,18 @@ def pooled(out: Path, world: int, rollout: int) -> Path:
 
 @pytest.fixture(scope="module")
 def serial(tmp_path_factory) -> Path:
-    """The same job on one process, serial schedule."""
-    return train(1, tmp_path_factory.mktemp("disagg") / "serial", STEPS, "schedule=serial")
+    """The same job on one process, serial schedule (2 more steps: the resumed run's)."""
+    return train(1, tmp_path_factory.mktemp("disagg") / "serial", 2 * STEPS, "schedule=serial")
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory) -> Path:
+    """1 rollout rank + 1 training rank."""
+    return pooled(tmp_path_factory.mktemp("disagg") / "two", 2, 1)
 
 
 def _check_run(run: Path, serial: Path, world: int, rollout: int) -> None:
-    one, many = _rows(serial), _rows(run)
+    one, many = _rows(serial)[:STEPS], _rows(run)
     assert [r["reward"] for r in one] == [r["reward"] for r in many]
     assert [r["response_length"] for r in one] == [r["response_length"] for r in many]
     for a, b in zip(one, many, strict=True):
@@ -105,8 +112,21 @@ def _check_bytes(run: Path, world: int, rollout: int) -> None:
     assert out["measured_bytes"] == fixed + responses
 
 
-def test_one_rollout_rank_one_trainer_train_what_one_process_trains(serial, tmp_path):
-    _check_run(pooled(tmp_path / "two", 2, 1), serial, 2, 1)
+def test_one_rollout_rank_one_trainer_train_what_one_process_trains(serial, two):
+    _check_run(two, serial, 2, 1)
+
+
+def test_pooled_ranks_resume_where_one_process_goes_on(serial, two, tmp_path):
+    """Resumed from its step-2 checkpoint (the training pool restores it, the first weights
+    transfer hands it to the rollout pool), the 1+1 run's steps 3-4 are the serial run's."""
+    ckpt = two / "checkpoints" / f"step-{STEPS:06d}"
+    run = train(2, tmp_path / "resumed", 2 * STEPS, "schedule=disaggregated",
+                "hardware.num_gpus=2", f"train.resume={ckpt}")  # fmt: skip
+    rows, ref = _rows(run), _rows(serial)[STEPS:]
+    assert [r["step"] for r in rows] == ["3", "4"]
+    assert [r["reward"] for r in rows] == [r["reward"] for r in ref]
+    _assert_close(weights(run, 2 * STEPS), weights(serial, 2 * STEPS))
+    assert json.loads((run / "summary.json").read_text())["resumed_from"] == str(ckpt)
 
 
 @pytest.mark.parametrize("rollout", [1, 2])

@@ -89,8 +89,3 @@ def check_pooled_spec(spec: RunSpec, world: int) -> None:
             f"rollout_tp={f.rollout_tp}: the rollout pool holds its own full copy, which the "
             "plan's weights transfer fills; use rollout_sync=gather rollout_tp=1"
         )
-    if spec.train.resume:
-        raise ValueError(
-            "train.resume with schedule=disaggregated: resuming pooled ranks is not "
-            "implemented yet; resume with a colocated schedule (serial or rollplex)"
-        )
