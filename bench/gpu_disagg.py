@@ -70,8 +70,8 @@ def main() -> None:
         t = r["step_time_median_s"]
         ratio = f"{t / base:.2f}x" if base else "-"
         lines.append(f"| {name} | {r['schedule']} | {t:.3f} s | {ratio} |")
-    lines += ["", "| run | transfer | bytes/step (plan) | routes = plan | send s | recv s |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
+    head = "| run | transfer | bytes/step (plan) | bytes per route = plan | send s | recv s |"
+    lines += ["", head, "|---|---|---|---|---|---|"]
     for name, r in records.items():
         for step, t in r.get("transfers", {}).items():
             lines.append(
@@ -83,7 +83,11 @@ def main() -> None:
     (args.out / "gpu_disagg.md").write_text(
         "# Disaggregated (1 rollout + 1 training GPU) vs colocated FSDP2 (2 GPUs)\n\n"
         + table
-        + "\n"
+        + "\n\nThe weights move exactly the plan's routes. The hand-over differs from the plan "
+        "by what the plan does not size: it counts responses and old logprobs at "
+        "`workload.response_length.max` tokens (8 B ids + 4 B logprobs) while the run sends "
+        "`train.max_new_tokens` columns of ids, logprobs and the 1-byte mask, plus an 8-byte "
+        "length per sample (per value: gpu_disagg.json `by_value`).\n"
     )
     print(table)
 

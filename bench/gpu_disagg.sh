@@ -43,11 +43,11 @@ else
   MODEL=()  # conf/train.yaml: the tiny demo folder, hardware=cpu
 fi
 
-# gpu_fsdp_share.sh's JOB: 4 prompts x 4 samples, 32 new tokens, 3 steps.
+# gpu_fsdp_share.sh's JOB: 4 prompts x 4 samples, 32 new tokens, 3 steps, no checkpoint.
 JOB=(backend=fsdp train.deterministic=false workload.prompts_per_step=4 workload.group_size=4
   train.max_new_tokens=32 workload.response_length.distribution=fixed
   workload.response_length.min=1 workload.response_length.mean=32
-  workload.response_length.max=32 train.steps=3 train.checkpoint_every=1000
+  workload.response_length.max=32 train.steps=3 train.checkpoint_every=0
   train.eval_every=0 train.trace_steps=1 train.progress=false)
 RUNS=()
 train() {  # name, then the train job's own overrides
