@@ -112,8 +112,12 @@ class PoolSteps:
             shards, version = self.side.weight_shards()
             send_weights(self.pools, t, shards, version, "sync")
         else:
-            version, _ = recv_weights(self.pools, t, self.side.weight_params(), "sync")
+            version, m = recv_weights(self.pools, t, self.side.weight_params(), "sync")
             self.side.weights_received(version)
+            log.info(
+                "rank %d: %s@%d received out of plan (%d bytes, %.4f s)",
+                self.pools.rank, self.model, version, m.nbytes, m.seconds,
+            )  # fmt: skip
 
     def report(self) -> dict[str, Any]:
         """Per transfer step, over all ranks (a collective: every rank calls it): the

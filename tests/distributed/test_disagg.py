@@ -54,21 +54,25 @@ def _rows(run: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def pooled(out: Path, world: int, rollout: int) -> Path:
+def pooled(out: Path, world: int, rollout: int, *extra: str) -> Path:
     return train(world, out, STEPS, "schedule=disaggregated", f"hardware.num_gpus={world}",
-                 f"schedule.rollout_gpus={rollout}")  # fmt: skip
+                 f"schedule.rollout_gpus={rollout}", *extra)  # fmt: skip
+
+
+EVAL = ("train.eval_every=1", "train.eval_prompts=4")  # held-out accuracy after every step
 
 
 @pytest.fixture(scope="module")
 def serial(tmp_path_factory) -> Path:
     """The same job on one process, serial schedule (2 more steps: the resumed run's)."""
-    return train(1, tmp_path_factory.mktemp("disagg") / "serial", 2 * STEPS, "schedule=serial")
+    root = tmp_path_factory.mktemp("disagg")
+    return train(1, root / "serial", 2 * STEPS, "schedule=serial", *EVAL)
 
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory) -> Path:
     """1 rollout rank + 1 training rank."""
-    return pooled(tmp_path_factory.mktemp("disagg") / "two", 2, 1)
+    return pooled(tmp_path_factory.mktemp("disagg") / "two", 2, 1, *EVAL)
 
 
 def _check_run(run: Path, serial: Path, world: int, rollout: int) -> None:
@@ -114,6 +118,17 @@ def _check_bytes(run: Path, world: int, rollout: int) -> None:
 
 def test_one_rollout_rank_one_trainer_train_what_one_process_trains(serial, two):
     _check_run(two, serial, 2, 1)
+
+
+def test_the_rollout_rank_evaluates_the_latest_update(serial, two):
+    """Before each held-out evaluation (rank 0, a rollout rank) the trainers' weights are
+    sent out of plan: policy@k after step k, as the one-process run evaluates them."""
+    log = (two / "ranks" / "rank0.log").read_text()
+    for k in range(STEPS + 1):
+        assert f"rank 0: policy@{k} received out of plan" in log
+    ours = [r["eval_accuracy"] for r in _rows(two)]
+    assert ours == [r["eval_accuracy"] for r in _rows(serial)[:STEPS]]
+    assert all(x != "" for x in ours)
 
 
 def test_pooled_ranks_resume_where_one_process_goes_on(serial, two, tmp_path):
