@@ -5,7 +5,9 @@ For each mode: a torch trainer (bf16, AdamW) on a model folder, an in-process vL
 on the same folder (no sleep, a fixed KV pool), then three rounds of (an AdamW step on
 seeded random gradients, the weight sync the plan's `weight_sync` runs) and greedy tokens
 for a fixed batch of prompts. Records the device memory the engine adds beyond the
-trainer (`cuda.mem_get_info`, so vLLM's own allocations count too, after `empty_cache`),
+trainer (live tensor bytes, `memory_allocated`: vLLM allocates through torch's caching
+allocator without sleep mode; and the device-wide use, `mem_get_info` after `empty_cache`),
+each mode in a process of its own,
 the sync time, and whether both modes produce the same tokens after the same updates.
 
     python bench/gpu_vllm_share.py --folder /tmp/qwen2_5_vl_3b --shape qwen2_5_vl_3b --out $OUT
@@ -20,6 +22,8 @@ import argparse
 import gc
 import json
 import statistics
+import subprocess
+import sys
 import time
 from datetime import date
 from pathlib import Path
@@ -29,12 +33,14 @@ import torch
 GIB = 1 << 30
 
 
-def used() -> int:
+def used() -> tuple[int, int]:
+    """(bytes of live tensors, bytes the device has in use): vLLM allocates through torch's
+    caching allocator here (no sleep mode), so the first counts its weights and KV too."""
     torch.cuda.synchronize()
     gc.collect()
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info()
-    return total - free
+    return torch.cuda.memory_allocated(), total - free
 
 
 def run(mode: str, args) -> dict:
@@ -102,10 +108,22 @@ def run(mode: str, args) -> dict:
         syncs.append(time.perf_counter() - t)
     after = tokens(rollout)
     shared = rollout.shared
+    # Can later work use what sharing freed? Allocate the trainer's size again in 256 MiB
+    # pieces (as gradients or AdamW state would be) and see how much the device grows.
+    probe_before = used()
+    pieces = [
+        torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        for _ in range(int(with_trainer[0] - base[0]) >> 28)
+    ]
+    probe_after = used()
+    pieces.clear()
     record = {
         "mode": mode,
-        "trainer_bytes": with_trainer - base,
-        "engine_added_bytes": with_engine - with_trainer,
+        "trainer_bytes": with_trainer[0] - base[0],
+        "engine_added_bytes": with_engine[0] - with_trainer[0],
+        "engine_added_device_bytes": with_engine[1] - with_trainer[1],
+        "probe_allocated_bytes": probe_after[0] - probe_before[0],
+        "probe_device_growth_bytes": probe_after[1] - probe_before[1],
         "engine_start_s": start_s,
         "sync_s": syncs,
         "sync_s_median": statistics.median(syncs),
@@ -128,8 +146,20 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--kv-gib", type=int, default=4)
     ap.add_argument("--out", type=Path, default=Path("bench/results/vllm_share"))
+    ap.add_argument("--one", choices=["load", "share"], help=argparse.SUPPRESS)
     args = ap.parse_args()
-    records = [run(mode, args) for mode in ("load", "share")]
+    if args.one:  # one mode in this process, its record to stdout's last line
+        print("RECORD " + json.dumps(run(args.one, args)))
+        return
+    records = []
+    for mode in ("load", "share"):  # one process each: nothing of one run stays for the next
+        cmd = [sys.executable, __file__, *sys.argv[1:], "--one", mode]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("RECORD ")]
+        if proc.returncode or not lines:
+            print(proc.stdout[-3000:], proc.stderr[-3000:])
+            raise SystemExit(f"{mode} run failed ({proc.returncode})")
+        records.append(json.loads(lines[-1][7:]))
     load, share = records
     same = sum(a == b for a, b in zip(load["tokens_after"], share["tokens_after"], strict=True))
     result = {
@@ -146,15 +176,19 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "vllm_share.json").write_text(json.dumps(result, indent=1))
     lines = [
-        "| weights | trainer GiB | engine adds GiB | shared GiB | sync ms (median of 3) "
-        "| prompts whose tokens the updates changed |",
-        "|---|---|---|---|---|---|",
+        "| weights | trainer GiB | engine adds GiB (device-wide) | shared GiB "
+        "| sync ms (median of 3) | prompts whose tokens the updates changed "
+        "| device grows when the trainer's size is allocated after |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in records:
         lines.append(
             f"| {r['mode']} | {r['trainer_bytes'] / GIB:.2f} | {r['engine_added_bytes'] / GIB:.2f}"
-            f" | {r['shared_bytes'] / GIB:.2f} | {r['sync_s_median'] * 1e3:.1f} | "
-            f"{r['tokens_changed_by_update']}/{args.prompts} |"
+            f" ({r['engine_added_device_bytes'] / GIB:.2f}) | {r['shared_bytes'] / GIB:.2f}"
+            f" | {r['sync_s_median'] * 1e3:.1f} | "
+            f"{r['tokens_changed_by_update']}/{args.prompts} | "
+            f"{r['probe_device_growth_bytes'] / GIB:.2f} of "
+            f"{r['probe_allocated_bytes'] / GIB:.2f} |"
         )
     lines.append(
         f"\nsaved {result['saved_bytes'] / GIB:.2f} GiB; greedy tokens after the same three "

@@ -8,10 +8,11 @@ import sys
 
 import pytest
 
-from rollplex.backends.base import BackendUnavailable
+from rollplex.backends.base import BackendError, BackendUnavailable
 from rollplex.backends.vllm import ModelFolderError, VllmRollout, check_model_folder
 from rollplex.backends.vllm import rollout as rollout_module
 from rollplex.specs.vllm import VllmSpec
+from tests.backends.vllm.conftest import needs_vllm
 
 
 @pytest.fixture
@@ -75,3 +76,19 @@ def test_spec_rejects_bad_knobs():
         VllmSpec(kv_cache_bytes=0)
     with pytest.raises(ValueError, match="extra"):
         VllmSpec(kv_cache=1)
+
+
+@needs_vllm
+def test_sharing_on_a_cpu_engine_is_refused_before_it_starts(no_engine, monkeypatch):
+    from rollplex.backends.torch.model import build_model
+    from rollplex.backends.torch.trainer import TorchTrainer
+    from rollplex.backends.vllm.build import build_rollout
+    from rollplex.runtime.dispatch import StepConfig
+    from rollplex.specs import AlgoSpec
+    from rollplex.specs.backend import BackendSpec
+    from tests.backends.vllm.tiny_folder import SPEC
+
+    trainer = TorchTrainer(build_model(SPEC, seed=0), SPEC, AlgoSpec())
+    spec = BackendSpec(rollout="vllm", vllm=VllmSpec(dtype="float32", weights="share"))
+    with pytest.raises(BackendError, match="weights=share needs vLLM on CUDA"):
+        build_rollout(StepConfig(SPEC, AlgoSpec(), 0, 8), trainer, spec)
