@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
+from rollplex.backends.torch.vision_attention import use_varlen_vision
 from rollplex.models.files import ModelFolderError, read_config
 from rollplex.models.io import load_pretrained, save_hub_folder
 from rollplex.specs.model import ModelSpec
@@ -91,7 +92,12 @@ def build_model(
         model = Qwen2_5_VLForConditionalGeneration._from_config(
             spec.to_hf_config(), attn_implementation=attn_implementation, dtype=dtype
         )
-    return model.eval()
+    return _vision_varlen(model, attn_implementation).eval()
+
+
+def _vision_varlen(model: Any, attn_implementation: str) -> Any:
+    """SDPA models run their vision windows in one varlen call (vision_attention.py)."""
+    return use_varlen_vision(model) if attn_implementation == "sdpa" else model
 
 
 def set_trainable(model: Qwen2_5_VLForConditionalGeneration, spec: ModelSpec) -> None:
@@ -133,7 +139,9 @@ def load_model(
         expected = arch_fields(spec.to_hf_config())
         if mismatch := _diff(arch_fields(config), expected, CONFIG_FILE, f"spec {spec.name!r}"):
             raise CheckpointError(f"{folder}: not spec {spec.name!r}: {mismatch}")
-    return load_pretrained(folder, device, dtype, attn_implementation)
+    return _vision_varlen(
+        load_pretrained(folder, device, dtype, attn_implementation), attn_implementation
+    )
 
 
 def model_for(

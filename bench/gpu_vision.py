@@ -1,0 +1,122 @@
+"""Vision encode on one GPU: transformers' per-window SDPA against one varlen call over
+`cu_seqlens` (`rollplex/backends/torch/vision_attention.py`), side by side in one process.
+
+The Qwen2.5-VL-7B vision tower (the 3B's differs only in the merger's output width) with
+random bf16 weights, on videos of 8 frames at 448x448 (grid 4 x 32 x 32: 4,096 patches
+each) and on 448x448 images; per batch the median time of `--repeats` forwards after two
+warm-ups, the tower's FLOPs from the cost model (`ops/formulas/vision.py`), achieved
+TFLOP/s against the H200's dense bf16 peak, and the largest difference between the two
+modes' outputs.
+
+    python bench/gpu_vision.py --out bench/results/gpu_vision
+
+Writes vision.json / vision.md under --out and prints the table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
+    Qwen2_5_VisionTransformerPretrainedModel,
+)
+
+from rollplex.backends.torch.vision_attention import VARLEN
+from rollplex.ops.formulas import vision as F
+from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS
+
+CASES = {  # name: (grid_t, grid_h, grid_w) of one input
+    "video 8f 448x448": (4, 32, 32),
+    "image 448x448": (1, 32, 32),
+}
+
+
+def timed(fn, repeats: int) -> float:
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="qwen2_5_vl_7b")
+    ap.add_argument("--batches", default="1,4,8")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=Path("bench/results/gpu_vision"))
+    args = ap.parse_args()
+    spec = MODEL_PRESETS[args.shape]
+    peak = HARDWARE_PRESETS["h200"].bf16_tflops
+    cfg = spec.to_hf_config().vision_config
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    tower = Qwen2_5_VisionTransformerPretrainedModel._from_config(cfg, dtype=torch.bfloat16)
+    tower = tower.cuda().eval()
+    rows = []
+    for case, (t, h, w) in CASES.items():
+        for b in map(int, args.batches.split(",")):
+            grid = torch.tensor([[t, h, w]] * b, device="cuda")
+            n = b * t * h * w
+            pixels = torch.randn(n, spec.vision.patch_dim, device="cuda", dtype=torch.bfloat16)
+            flops = F.vision_encode(spec, b, t * h * w, temporal_patches=t, grid_hw=(h, w)).flops
+            out, row = {}, {"case": case, "batch": b, "patches": n, "tflop": flops / 1e12}
+            for mode in ("sdpa", VARLEN):
+                tower.config._attn_implementation = mode
+
+                def run(pixels=pixels, grid=grid) -> torch.Tensor:
+                    with torch.no_grad():
+                        res = tower(pixels, grid_thw=grid)
+                    return getattr(res, "pooler_output", res)
+
+                out[mode] = run()
+                s = timed(run, args.repeats)
+                key = "varlen" if mode == VARLEN else "sdpa"
+                row[f"{key}_ms"] = s * 1e3
+                row[f"{key}_bf16_peak_share"] = flops / s / (peak * 1e12)
+            row["speedup"] = row["sdpa_ms"] / row["varlen_ms"]
+            diff = (out["sdpa"].float() - out[VARLEN].float()).abs().max().item()
+            row["max_abs_diff"] = diff
+            row["output_abs_max"] = out["sdpa"].float().abs().max().item()
+            rows.append(row)
+            print(row, flush=True)
+    result = {
+        "date": datetime.now(UTC).date().isoformat(),
+        "device": torch.cuda.get_device_name(),
+        "command": f"python bench/gpu_vision.py --shape {args.shape} --batches "
+        f"{args.batches} --repeats {args.repeats}",
+        "torch": torch.__version__,
+        "bf16_peak_tflops": peak,
+        "rows": rows,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "vision.json").write_text(json.dumps(result, indent=1))
+    lines = [
+        "| input | batch | TFLOP | per-window SDPA ms (of peak) | varlen ms (of peak) | "
+        "speedup | max abs diff |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['case']} | {r['batch']} | {r['tflop']:.2f} | {r['sdpa_ms']:.1f} "
+            f"({r['sdpa_bf16_peak_share']:.0%}) | {r['varlen_ms']:.1f} "
+            f"({r['varlen_bf16_peak_share']:.0%}) | {r['speedup']:.2f}x | "
+            f"{r['max_abs_diff']:.3g} (of {r['output_abs_max']:.3g}) |"
+        )
+    (args.out / "vision.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

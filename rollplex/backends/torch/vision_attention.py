@@ -1,0 +1,87 @@
+"""The vision tower's attention over all windows in one varlen call.
+
+transformers' Qwen2.5-VL vision attention issues one SDPA launch per window (and per
+full-attention image) unless a flash attention implementation is configured; then it
+passes `cu_seqlens` and expects one variable-length call. Flash-attn is not a dependency
+here, but torch has a varlen flash kernel (`torch.nn.attention.varlen.varlen_attn`, CUDA,
+bf16/fp16). `VARLEN` registers it with transformers' AttentionInterface under a name
+containing "flash" (what routes the tower through `cu_seqlens`), for the vision config
+only: the language model keeps SDPA.
+
+Where the kernel cannot run (CPU, float32), the same function attends window by window
+with SDPA, exactly as transformers' own non-flash path does, so CPU results do not change.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+
+VARLEN = "flash_varlen_torch"  # "flash" in the name: transformers then passes cu_seqlens
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _kernel() -> Any | None:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # torch older than the varlen API
+        return None
+    return varlen_attn
+
+
+def uses_kernel(x: torch.Tensor) -> bool:
+    """The one-call kernel serves `x` (else windows are attended one SDPA call each)."""
+    return x.is_cuda and x.dtype in _KERNEL_DTYPES and _kernel() is not None
+
+
+def varlen_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    cu_seq_lens_k: torch.Tensor | None = None,
+    max_length_q: int | None = None,
+    max_length_k: int | None = None,
+    **_: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention of (1, heads, tokens, dim) q/k/v within the windows `cu_seq_lens_q`
+    bounds; returns (1, tokens, heads, dim), as transformers' flash path expects."""
+    if cu_seq_lens_q is None or attention_mask is not None or dropout:
+        raise ValueError(
+            f"{VARLEN} serves the vision tower's windows only (cu_seqlens, no mask, no "
+            "dropout); the language model must use another attention implementation"
+        )
+    cu_k = cu_seq_lens_q if cu_seq_lens_k is None else cu_seq_lens_k
+    if uses_kernel(query):
+        q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
+        cu_q, cu_k = cu_seq_lens_q.to(torch.int32), cu_k.to(torch.int32)
+        if max_length_q is None:
+            max_length_q = int((cu_q[1:] - cu_q[:-1]).max())
+        max_k = max_length_q if max_length_k is None else max_length_k
+        out = _kernel()(q, k, v, cu_q, cu_k, max_length_q, max_k, scale=scaling)
+        return out.unsqueeze(0), None
+    bounds = cu_seq_lens_q.tolist()
+    outs = [
+        F.scaled_dot_product_attention(
+            query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], scale=scaling
+        ).transpose(1, 2)
+        for a, b in itertools.pairwise(bounds)
+    ]
+    return torch.cat(outs, dim=1), None
+
+
+AttentionInterface.register(VARLEN, varlen_attention)
+
+
+def use_varlen_vision(model: torch.nn.Module) -> torch.nn.Module:
+    """Route `model`'s vision tower through `varlen_attention` (the LLM keeps its own)."""
+    model.config.vision_config._attn_implementation = VARLEN
+    return model

@@ -1,0 +1,70 @@
+"""The vision tower's windows in one varlen call (vision_attention.py): on CPU exactly
+transformers' per-window SDPA; on CUDA bf16 the varlen kernel, close to it, backward too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rollplex.backends.torch.model import build_model
+from rollplex.backends.torch.vision_attention import VARLEN, uses_kernel, varlen_attention
+from rollplex.specs.model import MODEL_PRESETS
+
+SPEC = MODEL_PRESETS["tiny"]
+# images of 8x8 and 4x6 patches, and a 4-frame video of 8x8 (window and full blocks both)
+GRID = torch.tensor([[1, 8, 8], [1, 4, 6], [2, 8, 8]])
+
+
+def _pixels(device: str = "cpu", dtype=torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    n = int(GRID.prod(-1).sum())
+    return torch.randn(n, SPEC.vision.patch_dim, generator=g).to(device, dtype)
+
+
+def _features(model, pixels):
+    out = model.model.visual(pixels, grid_thw=GRID.to(pixels.device))
+    return getattr(out, "pooler_output", out)
+
+
+def test_models_route_their_vision_tower_through_it_and_the_llm_keeps_sdpa():
+    model = build_model(SPEC, 0)
+    assert model.config.vision_config._attn_implementation == VARLEN
+    assert model.config.text_config._attn_implementation == "sdpa"
+
+
+def test_on_cpu_it_equals_transformers_per_window_sdpa():
+    model = build_model(SPEC, 0)
+    pixels = _pixels()
+    assert not uses_kernel(pixels)
+    ours = _features(model, pixels)
+    model.config.vision_config._attn_implementation = "sdpa"
+    theirs = _features(model, pixels)
+    assert torch.equal(ours, theirs)
+
+
+def test_it_refuses_masks_and_missing_windows():
+    q = torch.zeros(1, 2, 4, 8)
+    with pytest.raises(ValueError, match="vision tower's windows only"):
+        varlen_attention(None, q, q, q, attention_mask=torch.ones(4, 4))
+    with pytest.raises(ValueError, match="vision tower's windows only"):
+        varlen_attention(None, q, q, q)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_bf16_the_kernel_matches_the_window_loop_forward_and_backward():
+    spec = SPEC.model_copy(update={"trainable_vision": True})
+    results = []
+    for impl in (VARLEN, "sdpa"):
+        model = build_model(spec, 0, dtype=torch.bfloat16).cuda()
+        model.config.vision_config._attn_implementation = impl
+        pixels = _pixels("cuda", torch.bfloat16)
+        assert uses_kernel(pixels)
+        out = _features(model, pixels)
+        out.float().square().mean().backward()
+        grads = {n: p.grad.float() for n, p in model.model.visual.named_parameters()}
+        results.append((out.float(), grads))
+    (a, ga), (b, gb) = results
+    assert (a - b).abs().max() <= 0.02 * b.abs().max()
+    for name, g in gb.items():
+        assert (ga[name] - g).abs().max() <= 0.05 * g.abs().max() + 1e-6, name
