@@ -12,7 +12,14 @@ piggybacked on it); after every optimizer step the plan's `weight_sync` loads th
 weights into it in place, and its measured time lands in calibration.json.
 `backend.trainer=fsdp` (`backend=fsdp`, under torchrun) shards the trainer with FSDP2:
 checkpoints are DCP (runtime/dcp_checkpoint.py, resumable on any rank count) and only rank
-0 writes the run folder and evaluates. The run folder gets:
+0 writes the run folder and evaluates. With `schedule=disaggregated` the plan's device
+groups become pools of ranks (runtime/pools.py; the plan must be made for the world:
+`hardware.num_gpus` = WORLD_SIZE, else the run is refused before any model loads): each
+rank runs only its pool's steps and its side of the plan's transfers (the weights into the
+rollout pool, the rollout's outputs to the trainers; backends/fsdp/pools.py builds each
+pool's roles), the training pool writes and restores the checkpoints (a resumed rollout
+pool gets the weights by the first step's transfer), and summary.json gets the bytes and
+seconds of every transfer against the plan's routes. The run folder gets:
 - `tb/`: TensorBoard scalars (reward, KL, loss, step time, resident bytes) and the planned
   and measured timelines side by side (workers `planned0` and `measured0`, the last
   `train.trace_steps` steps; with `train.profile=true` the measured one is torch.profiler's),
@@ -137,16 +144,28 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
         scorer=prepared.scorer,
     )
     engine_kv = engine_kv_budget(plan)  # the plan's KV pool for an engine rollout
-    backend = compose(
-        config, spec.backend, workdir=out, **({"kv_cache_bytes": engine_kv} if engine_kv else {})
-    )
     fsdp = spec.backend.trainer == "fsdp"
-    main = not fsdp or backend.trainer.dist.is_main  # only rank 0 writes the run folder
+    pools = _pools(plan, workload) if fsdp else None  # checked before any model loads
+    if pools is not None:
+        from rollplex.backends.fsdp.pools import build_pool_backend
+
+        backend = build_pool_backend(config, spec.backend, pools)
+    else:
+        backend = compose(
+            config,
+            spec.backend,
+            workdir=out,
+            **({"kv_cache_bytes": engine_kv} if engine_kv else {}),
+        )
+    info = backend.dist if pools is not None else getattr(backend.trainer, "dist", None)
+    main = not fsdp or info.is_main  # only rank 0 writes the run folder
     if fsdp:
         from rollplex.runtime.distributed import from_rank0, setup_rank_logging
 
         out = Path(from_rank0(str(out)))  # one run folder for all ranks
-        setup_rank_logging(out, backend.trainer.dist)
+        setup_rank_logging(out, info)
+        if pools is not None:
+            log.info("%s", pools.describe())
     if main:
         (out / "plan.json").write_text(dump_plan(plan))
     log.info(
@@ -160,8 +179,9 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     )
     start = 0
     if ckpt is not None:
-        _restore(fsdp, backend, ckpt)
-        backend.rollout.load_weights(backend.trainer.live_weights())
+        _restore(fsdp, backend, ckpt, pools)
+        if pools is None:  # a rollout pool gets them from the first step's weights transfer
+            backend.rollout.load_weights(backend.trainer.live_weights())
         start = ckpt.state.step
         log.info("resumed from %s at step %d", ckpt.folder, start)
         if start >= t.steps:
@@ -171,15 +191,20 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     writer = open_writer(tb) if main else None
     progress = Progress(t.steps, initial=start, disable=not (t.progress and main))
     callbacks = [progress, _Scalars(writer)] if main else [progress]
-    executor = Executor(plan, graph, backend, callbacks, device=backend.device)
+    executor = Executor(plan, graph, backend, callbacks, device=backend.device, pools=pools)
     recent: deque = deque(maxlen=t.trace_steps)
     rows: list[dict[str, Any]] = []
     ckpt_root, last_ckpt = out / "checkpoints", None
     evals: list[tuple[int, Any]] = []
 
     def held_out(step: int) -> float | None:
-        # The rollout is a full local model on every rank: rank 0 evaluates alone.
-        if t.eval_every <= 0 or prepared.eval_source is None or not main:
+        # The rollout is a full local model on every rank: rank 0 evaluates alone. A
+        # rollout pool first takes the trainers' latest weights (all ranks, out of plan).
+        if t.eval_every <= 0 or prepared.eval_source is None:
+            return None
+        if executor.pooled is not None:
+            executor.pooled.sync_weights()
+        if not main:
             return None
         res = evaluate(
             backend, prepared.eval_source, prepared.renderer, t.eval_prompts, t.max_new_tokens
@@ -214,14 +239,17 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
             rows.append(row)
             log.info("step %d/%d: %s", k + 1, t.steps, _step_line(row))
             if t.checkpoint_every and ((k + 1) % t.checkpoint_every == 0 or k + 1 == t.steps):
-                last_ckpt = _save(fsdp, backend, ckpt_root, k + 1, model, spec.seed)
+                last_ckpt = _save(fsdp, backend, ckpt_root, k + 1, model, spec.seed, pools)
                 log.info("checkpoint %s (reward %.3f)", last_ckpt, res.metrics.get("reward", 0))
     finally:
         progress.close()
         shutdown = getattr(backend.rollout, "shutdown", None)
         if callable(shutdown):  # an engine: free it, another may start in this process
             shutdown()
+    # pools: the bytes and seconds every transfer moved, gathered from all ranks
+    transfers = executor.pooled.report() if executor.pooled is not None else None
     if not main:
+        _close(pools)
         return _summary(spec, plan, rows, start, ckpt, ckpt_root, last_ckpt, recent)
     _write_csv(out / "metrics.csv", rows)
     if recent:
@@ -229,6 +257,8 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     writer.close()
     summary = _summary(spec, plan, rows, start, ckpt, ckpt_root, last_ckpt, recent)
     summary.update(_eval_summary(evals))
+    if transfers is not None:
+        summary["transfers"] = transfers
     summary["workload_measured"] = {
         "visual_tokens": prepared.shape.visual_tokens,
         "text_tokens": prepared.shape.text_tokens,
@@ -246,13 +276,28 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
                 f"{summary['majority_accuracy']:.3f})"
             )
         print(f"{line}; run folder {out} (tensorboard --logdir {out})")
+    _close(pools)
     return summary
 
 
-def _restore(fsdp: bool, backend, ckpt) -> None:
+def _close(pools) -> None:
+    """Pooled ranks leave together: a rank that exits while another still writes the run
+    folder must not tear down connections that rank's process group holds."""
+    if pools is not None:
+        from rollplex.runtime.distributed import barrier, shutdown
+
+        barrier()
+        shutdown()
+
+
+def _restore(fsdp: bool, backend, ckpt, pools=None) -> None:
     if fsdp:
         from rollplex.runtime.dcp_checkpoint import restore_dcp
 
+        if pools is not None:  # the training pool holds the state; the rollout pool none
+            if backend.trainer is not None:
+                restore_dcp(backend.trainer, ckpt, group=backend.trainer.mesh.get_group())
+            return
         restore_dcp(backend.trainer, ckpt)
     else:
         from rollplex.runtime.checkpoint import restore
@@ -260,10 +305,26 @@ def _restore(fsdp: bool, backend, ckpt) -> None:
         restore(backend.trainer, ckpt)
 
 
-def _save(fsdp: bool, backend, root: Path, step: int, model, seed: int) -> Path:
+def _pools(plan, workload):
+    """This rank's pool of a plan of several device groups (schedule=disaggregated);
+    None for a colocated plan. PoolError (a ValueError) if the world cannot run it."""
+    from rollplex.runtime.pools import is_pooled, pools_for, torchrun_world
+
+    if not is_pooled(plan):
+        return None
+    rank, world = torchrun_world()
+    return pools_for(plan, rank, world, workload.prompts_per_step)
+
+
+def _save(fsdp: bool, backend, root: Path, step: int, model, seed: int, pools=None) -> Path:
     if fsdp:
         from rollplex.runtime.dcp_checkpoint import save_dcp_checkpoint
 
+        if pools is not None:  # the training pool writes it; the rollout pool holds no state
+            if backend.trainer is None:
+                return root / f"step-{step:06d}"
+            group = backend.trainer.mesh.get_group()
+            return save_dcp_checkpoint(root, step, backend.trainer, model, seed, group=group)
         return save_dcp_checkpoint(root, step, backend.trainer, model, seed)
     from rollplex.runtime.checkpoint import save_checkpoint
 

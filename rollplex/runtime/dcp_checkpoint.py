@@ -15,7 +15,9 @@ resumed run draws what an uninterrupted one would without any saved RNG state.
 
 Every rank writes its shards into one hidden temporary folder; rank 0 then writes the
 export and the state file and renames the folder, so a kill -9 at any moment leaves every
-`step-*` folder complete (`latest_checkpoint` skips temporaries).
+`step-*` folder complete (`latest_checkpoint` skips temporaries). With `group` (the
+training pool of a disaggregated run) only that group's ranks take part, and "rank 0" is
+the group's first rank.
 """
 
 from __future__ import annotations
@@ -67,18 +69,30 @@ class DcpCheckpoint:
 
 
 def save_dcp_checkpoint(
-    root: Path, step: int, trainer, model: ModelSpec, seed: int, export: bool = True
+    root: Path,
+    step: int,
+    trainer,
+    model: ModelSpec,
+    seed: int,
+    export: bool = True,
+    group: dist.ProcessGroup | None = None,
 ) -> Path:
-    """Write `root/step-NNNNNN` from every rank (a collective); returns its folder."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    """Write `root/step-NNNNNN` from every rank of `group` (a collective; default: all
+    ranks); returns its folder."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+
+    def sync() -> None:
+        if world > 1:
+            dist.barrier(group=group)
+
     final = root / f"step-{step:06d}"
     tmp = root / f".{final.name}.tmp"
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-    barrier()
-    dcp.save(trainer.sharded_state(), checkpoint_id=tmp / DCP_DIR)
+    sync()
+    dcp.save(trainer.sharded_state(), checkpoint_id=tmp / DCP_DIR, process_group=group)
     if export:
         trainer.save_weights(tmp / MODEL_DIR)  # gathers on all ranks, rank 0 writes
     if rank == 0:
@@ -106,7 +120,7 @@ def save_dcp_checkpoint(
         else:
             os.replace(tmp, final)
         _fsync(root)
-    barrier()
+    sync()
     return final
 
 
@@ -136,10 +150,11 @@ def read_dcp_checkpoint(path: str | Path, model: ModelSpec, seed: int) -> DcpChe
     return DcpCheckpoint(folder, state)
 
 
-def restore_dcp(trainer, ckpt: DcpCheckpoint) -> None:
-    """Load the shards into the trainer, resharded to this run's ranks (a collective)."""
+def restore_dcp(trainer, ckpt: DcpCheckpoint, group: dist.ProcessGroup | None = None) -> None:
+    """Load the shards into the trainer, resharded to this run's ranks (a collective over
+    `group`, default all ranks)."""
     state = trainer.sharded_state()
-    dcp.load(state, checkpoint_id=ckpt.folder / DCP_DIR)
+    dcp.load(state, checkpoint_id=ckpt.folder / DCP_DIR, process_group=group)
     trainer.load_sharded_state(state)
     trainer.load_state_dict({"version": ckpt.state.version})
 

@@ -133,7 +133,8 @@ class RoleDispatch(Backend):
         ]
         if missing:
             raise BackendError(f"no role runs: {', '.join(missing)}")
-        fused = self.rollout.capabilities.fused_prefix
+        # A training pool (backends/fsdp/pools.py) has no rollout: it runs no rollout op.
+        fused = self.rollout is not None and self.rollout.capabilities.fused_prefix
         split = [op.name for op in graph if op.kind == "prefix_prefill"]
         if fused and split:
             raise BackendError(

@@ -10,7 +10,11 @@ Per RL step:
    host load them (host data reaching the device);
    `offload` / `onload` steps move their value between the stores through the backend
    (a real copy, on CPU too); a `transfer` between device groups of one process moves
-   nothing. Any other step runs its op, or its chunk, through the backend;
+   nothing. With `pools` (one process per rank, runtime/pools.py) the executor issues only
+   its own group's steps and its side of every cross-group transfer the plan routes
+   through its rank, for real (runtime/pool_steps.py, runtime/transfers.py: the weights
+   into the rollout pool, the rollout's outputs to the trainers). Any other step runs its
+   op, or its chunk, through the backend;
 3. the plan's residency of an engine-held rollout (its copies freed after the rollout,
    allocated again at the weight sync) becomes sleep and wake calls around those steps
    (`engine_residency.py`);
@@ -46,6 +50,8 @@ from rollplex.runtime.callbacks import Callback, Callbacks
 from rollplex.runtime.engine_residency import engine_schedule
 from rollplex.runtime.memory import Env, iter_tensors
 from rollplex.runtime.order import plan_order
+from rollplex.runtime.pool_steps import PoolSteps
+from rollplex.runtime.pools import Pools
 from rollplex.runtime.record import MeasuredStep, StepResult
 from rollplex.trace.timeline import MemoryEvent
 
@@ -65,12 +71,18 @@ class Executor:
         backend: Backend,
         callbacks: Sequence[Callback] = (),
         device: str | torch.device = "cpu",
+        pools: Pools | None = None,
     ) -> None:
         self.plan, self.graph, self.backend = plan, graph, backend
         self.callbacks = Callbacks(callbacks)
         self.device = torch.device(device)
         self.order, order_deviations = plan_order(plan)
         self.dev_of = {s.index: i for i, d in enumerate(plan.devices) for s in d.steps}
+        self.pooled = None if pools is None else PoolSteps(plan, graph, pools, backend)
+        if self.pooled is not None:  # this rank's group's steps and its transfers only
+            mine = self.pooled.issues
+            order_deviations = [d for d in order_deviations if mine(d.step)]
+            self.order = [s for s in self.order if mine(s)]
         self.notes: list[str] = []
         # issue position -> where the runtime could not follow the plan there, and why
         self.deviations: dict[int, list[str]] = {}
@@ -122,13 +134,17 @@ class Executor:
             names = [s.op] if s.kind == "offload" else []
             if op is not None and s.kind not in COPY_KINDS:
                 names = list(op.inputs.values())
+            if self.pooled is not None and s.index in self.pooled.transfers:
+                names = self.pooled.sends(s)  # a hand-over reads what it sends
             for v in names:
                 first.setdefault(v, k)
                 last[v] = k
         allocs: dict[int, list[str]] = {}
         frees: dict[int, list[str]] = {}
         copied = {s.op for s in self.order if s.kind in ("offload", "onload")}
-        for d in self.plan.devices:
+        for i, d in enumerate(self.plan.devices):
+            if self.pooled is not None and i != self.pooled.pools.device:
+                continue  # another pool's memory, in another process
             for e in d.effects:
                 if e.value not in self.graph.values or e.at not in pos:
                     continue  # scratch, a rollout TP copy (aliased here): nothing to hold
@@ -224,6 +240,7 @@ class Executor:
     ) -> MeasuredStep:
         """Step `k` of the order: its loads, its op, its frees, and what that left resident."""
         dev = self.dev_of[step.index]
+        own = dev if self.pooled is None else self.pooled.pools.device  # whose memory
         # CUDA: the step's loads and its op are issued on its stream, after its waits.
         issue = (
             nullcontext()
@@ -239,14 +256,14 @@ class Executor:
                     env.device[v] = self.backend.move(env.host.pop(v), to_host=False)
             reads, note = self._run(step, env)
         t1 = self._now()
-        resident = env.resident_bytes(self._owned[dev])
-        memory += self._memory(env, attributed[dev], t1, step.name, dev)
+        resident = env.resident_bytes(self._owned[own])
+        memory += self._memory(env, attributed[own], t1, step.name, own)
         freed = [v for v in self._frees.get(k, ()) if self._free(env, v)]
         for a in self._engine.after.get(k, ()):
             self.backend.residency(a)
-        after = env.resident_bytes(self._owned[dev])
-        memory += self._memory(env, attributed[dev], t1, step.name, dev)
-        m = MeasuredStep(step, dev, rl_step, t0, t1, resident, after, env.host_bytes(), reads, note)
+        after = env.resident_bytes(self._owned[own])
+        memory += self._memory(env, attributed[own], t1, step.name, own)
+        m = MeasuredStep(step, own, rl_step, t0, t1, resident, after, env.host_bytes(), reads, note)
         m.freed, m.deviations = freed, list(self.deviations.get(k, ()))
         return m
 
@@ -276,6 +293,8 @@ class Executor:
                 raise ExecutionError(f"'{step.name}' onloads '{step.op}', which is not on host")
             env.device[step.op] = self.backend.move(env.host.pop(step.op), to_host=False)
             return {}, ""
+        if self.pooled is not None and step.index in self.pooled.transfers:
+            return self.pooled.run(step, env)
         if step.kind == "transfer":
             return {}, "one process: the values are already shared"
         op = self.graph.ops[step.op]
@@ -338,11 +357,13 @@ class Executor:
     def _check_versions(self, m: MeasuredStep, offsets: dict[str, int]) -> None:
         """The plan's version for a step is relative to the RL step (`policy@0`); what the
         backend read is absolute. Within one RL step the difference must be the same for
-        every step reading a model, or some step read weights the plan did not promise."""
+        every step reading a model, or some step read weights the plan did not promise. A
+        `previous_step` step's version is relative to the previous RL step (the
+        disaggregated sync ships its update), so it is one less relative to this one."""
         planned = m.step.weights_version
         if planned is None:
             return
-        model, rel = version_model(planned), int(planned.split("@")[1])
+        model, rel = version_model(planned), int(planned.split("@")[1]) - m.step.previous_step
         for read in m.reads.values():
             if version_model(read) != model:
                 continue

@@ -17,7 +17,7 @@ One process per rank (torchrun); every rank runs the same plan on its slice of t
 - **trainer**: `FsdpTrainer` (sharded, AdamW on DTensors, loss over the global batch).
 Step metrics are averaged over the ranks (`FsdpHooks.metrics`), so rank 0 logs the whole
 step's numbers. Sharded trainer state is never moved between host and device
-(`FsdpValues`).
+(`FsdpValues`). A disaggregated plan builds each pool's own roles instead: pools.py.
 """
 
 from __future__ import annotations

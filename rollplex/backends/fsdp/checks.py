@@ -30,6 +30,8 @@ def check_fsdp_spec(spec: RunSpec, world: int | None = None) -> None:
             f"{b.reference}: the FSDP2 trainer brings its own torch rollout and reference "
             "(full models on every rank); use backend.rollout=torch backend.reference=torch"
         )
+    if spec.schedule.name == "disaggregated":
+        return check_pooled_spec(spec, world)
     if prompts % world:
         raise ValueError(
             f"workload.prompts_per_step={prompts} does not divide over {world} torchrun "
@@ -72,3 +74,18 @@ def check_rollout_tp(spec: RunSpec, world: int) -> None:
                 f"backend.fsdp.rollout_tp={t} does not divide the model's {n} {what} "
                 f"({param}): torch's TP plan gives each rank an equal share"
             )
+
+
+def check_pooled_spec(spec: RunSpec, world: int) -> None:
+    """schedule=disaggregated: the pools split torchrun's ranks (runtime/pools.py), each
+    rollout rank holds a full model loaded by the plan's weights transfer."""
+    from rollplex.runtime.pools import check_pool_spec
+
+    check_pool_spec(spec.hardware.num_gpus, spec.schedule.rollout_gpus, world)
+    f = spec.backend.fsdp
+    if f.rollout_sync != "gather" or f.rollout_tp != 1:
+        raise ValueError(
+            f"schedule=disaggregated with backend.fsdp.rollout_sync={f.rollout_sync} "
+            f"rollout_tp={f.rollout_tp}: the rollout pool holds its own full copy, which the "
+            "plan's weights transfer fills; use rollout_sync=gather rollout_tp=1"
+        )

@@ -150,8 +150,13 @@ class FsdpTrainer(TorchTrainer):
             yield name, full(p.detach())
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The whole model's state dict on CPU, gathered on every rank."""
-        return get_model_state_dict(self.model, options=FULL)
+        """The whole model's state dict on CPU, gathered on every rank of the mesh (torch's
+        cpu_offload keeps it on global rank 0 only: a training pool without rank 0 gathers
+        on device and copies)."""
+        if dist.get_rank() == dist.get_rank(self.mesh.get_group()):
+            return get_model_state_dict(self.model, options=FULL)
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        return {k: v.cpu() for k, v in sd.items()}
 
     # -- checkpoint state (DCP: sharded, resharded on load) ---------------------------------
     def sharded_state(self) -> dict[str, Any]:
@@ -172,10 +177,14 @@ class FsdpTrainer(TorchTrainer):
         self.counter.n = int(state["version"])
 
     def save_weights(self, folder: Path) -> None:
-        """A Hub-format folder: every rank gathers (collective), rank 0 writes."""
+        """A Hub-format folder: every rank gathers (collective), the mesh's rank 0 writes."""
         sd = self.full_state_dict()
-        if dist.get_rank() == 0:
-            save_model(_unsharded_copy(self.spec, sd), self.spec, folder)
+        if dist.get_rank(self.mesh.get_group()) == 0:
+            copy = _unsharded_copy(self.spec, sd)
+            # transformers writes only on global rank 0 once a process group exists; this
+            # copy is a plain model and this rank writes it (a training pool without rank 0)
+            copy.should_save_on_this_rank = lambda is_main_process: is_main_process
+            save_model(copy, self.spec, folder)
 
     def load_weights(self, folder: Path) -> None:
         """Every rank reads the folder and keeps its own shards."""
