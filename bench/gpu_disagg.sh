@@ -47,7 +47,7 @@ fi
 JOB=(backend=fsdp train.deterministic=false workload.prompts_per_step=4 workload.group_size=4
   train.max_new_tokens=32 workload.response_length.distribution=fixed
   workload.response_length.min=1 workload.response_length.mean=32
-  workload.response_length.max=32 train.steps=3 train.checkpoint_every=0
+  workload.response_length.max=32 train.steps=${STEPS:-3} train.checkpoint_every=0
   train.eval_every=0 train.trace_steps=1 train.progress=false)
 RUNS=()
 train() {  # name, then the train job's own overrides
