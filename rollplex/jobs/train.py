@@ -12,9 +12,11 @@ piggybacked on it); after every optimizer step the plan's `weight_sync` loads th
 weights into it in place, and its measured time lands in calibration.json.
 `backend.trainer=fsdp` (`backend=fsdp`, under torchrun) shards the trainer with FSDP2:
 checkpoints are DCP (runtime/dcp_checkpoint.py, resumable on any rank count) and only rank
-0 writes the run folder and evaluates. With `schedule=disaggregated` the plan's device
-groups become pools of ranks (runtime/pools.py; the plan must be made for the world:
-`hardware.num_gpus` = WORLD_SIZE, else the run is refused before any model loads): each
+0 writes the run folder and evaluates. Every torchrun job plans for its world: a
+single-GPU hardware preset grows to WORLD_SIZE GPUs, any other `hardware.num_gpus` must
+equal it (refused before any model loads), and a colocated run plans the rollout TP its
+rollout uses (`backends/fsdp/checks.world_spec`). With `schedule=disaggregated` the plan's device
+groups become pools of ranks (runtime/pools.py): each
 rank runs only its pool's steps and its side of the plan's transfers (the weights into the
 rollout pool, the rollout's outputs to the trainers; backends/fsdp/pools.py builds each
 pool's roles), the training pool writes and restores the checkpoints (a resumed rollout
@@ -93,6 +95,10 @@ def check_spec(spec: RunSpec) -> None:
 
 
 def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
+    if spec.backend.trainer == "fsdp":
+        from rollplex.backends.fsdp.checks import world_spec
+
+        spec = world_spec(spec)  # the plan is made for torchrun's world
     check_spec(spec)
     t = spec.train
     from rollplex.jobs.prepare import prepare  # validates folder, data and reward first

@@ -31,7 +31,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rollplex.backends.fsdp.checks import check_fsdp_spec
+from rollplex.backends.fsdp.checks import check_fsdp_spec, world_spec
 from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime.pools import PoolError, pools_for
 from rollplex.specs import MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec
@@ -167,11 +167,13 @@ def test_a_disaggregated_plan_runs_in_one_process(tmp_path):
 
 # -- bad input: refused from the spec and the plan, before any model loads -------------------
 def test_the_world_must_be_the_plans_gpus():
-    with pytest.raises(ValueError, match=r"hardware.num_gpus=1 but torchrun's WORLD_SIZE=2"):
-        check_fsdp_spec(spec("schedule=disaggregated"), world=2)
+    with pytest.raises(ValueError, match=r"hardware.num_gpus=4 but torchrun's WORLD_SIZE=2"):
+        check_fsdp_spec(spec("schedule=disaggregated", "hardware.num_gpus=4"), world=2)
     with pytest.raises(ValueError, match=r"at least 2 ranks \(WORLD_SIZE=1\)"):
         check_fsdp_spec(spec("schedule=disaggregated"), world=1)
     check_fsdp_spec(spec("schedule=disaggregated", "hardware.num_gpus=2"), world=2)
+    # a single-GPU preset is planned for the world (world_spec), then passes
+    check_fsdp_spec(world_spec(spec("schedule=disaggregated"), world=2), world=2)
 
 
 def test_rollout_gpus_must_leave_a_trainer():
@@ -200,9 +202,20 @@ def test_pools_must_cover_the_world_and_split_the_prompts():
 def test_cli_refuses_a_world_the_plan_was_not_made_for():
     import subprocess
 
-    args = ["train", *TRAIN, "schedule=disaggregated", "train.steps=1"]
+    args = ["train", *TRAIN, "schedule=disaggregated", "hardware.num_gpus=4", "train.steps=1"]
     p = subprocess.run(command(2, "rollplex.cli", args), cwd=ROOT, env=env(),
                        capture_output=True, text=True, timeout=120)  # fmt: skip
     assert p.returncode != 0
-    assert "hardware.num_gpus=1 but torchrun's WORLD_SIZE=2" in p.stderr
+    assert "hardware.num_gpus=4 but torchrun's WORLD_SIZE=2" in p.stderr
     assert "Loading weights" not in p.stderr + p.stdout  # refused before any model loads
+
+
+def test_a_colocated_torchrun_job_plans_for_its_world_and_rollout_tp():
+    s = world_spec(spec("backend.fsdp.rollout_sync=share", "backend.fsdp.rollout_tp=2"), world=2)
+    assert s.hardware.num_gpus == 2 and s.schedule.parallel.rollout_tp == 2
+    one = world_spec(spec(), world=1)
+    assert one.hardware.num_gpus == 1 and one.schedule.parallel.rollout_tp == 1
+    clash = spec("backend.fsdp.rollout_sync=share", "backend.fsdp.rollout_tp=2",
+                 "schedule.parallel.rollout_tp=1")  # fmt: skip
+    with pytest.raises(ValueError, match=r"schedule.parallel.rollout_tp=1 but .*rollout_tp=2"):
+        world_spec(clash, world=2)

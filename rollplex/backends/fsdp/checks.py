@@ -3,9 +3,12 @@ any model is built (no torch import): each failure is a ValueError naming the fi
 
 from __future__ import annotations
 
+import logging
 import os
 
 from rollplex.specs.run import RunSpec
+
+log = logging.getLogger(__name__)
 
 
 def torchrun_world() -> int:
@@ -14,6 +17,37 @@ def torchrun_world() -> int:
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"environment variable WORLD_SIZE={raw!r} is not a positive integer")
     return int(raw)
+
+
+def world_spec(spec: RunSpec, world: int | None = None) -> RunSpec:
+    """The spec a torchrun job plans with: the plan is made for the GPUs it runs on, so a
+    single-GPU hardware preset grows to WORLD_SIZE GPUs (logged; any other
+    `hardware.num_gpus` must equal WORLD_SIZE, checked by `check_fsdp_spec`), and a
+    colocated run's rollout TP is the one its rollout uses (`backend.fsdp.rollout_tp`), so
+    the plan charges that layout's bytes."""
+    world = torchrun_world() if world is None else world
+    hardware, schedule = spec.hardware, spec.schedule
+    if world > 1 and hardware.num_gpus == 1:
+        log.info(
+            "planning for torchrun's %d ranks: hardware '%s' num_gpus 1 -> %d",
+            world,
+            hardware.name,
+            world,
+        )
+        hardware = hardware.model_copy(
+            update={"num_gpus": world, "gpus_per_node": max(hardware.gpus_per_node, world)}
+        )
+    tp = spec.backend.fsdp.rollout_tp
+    if schedule.name != "disaggregated" and schedule.parallel.rollout_tp != tp:
+        if schedule.parallel.rollout_tp is not None:
+            raise ValueError(
+                f"schedule.parallel.rollout_tp={schedule.parallel.rollout_tp} but the FSDP2 "
+                f"trainer's rollout runs at backend.fsdp.rollout_tp={tp}: leave the first "
+                "unset or make them equal"
+            )
+        parallel = schedule.parallel.model_copy(update={"rollout_tp": tp})
+        schedule = schedule.model_copy(update={"parallel": parallel})
+    return spec.model_copy(update={"hardware": hardware, "schedule": schedule})
 
 
 def check_fsdp_spec(spec: RunSpec, world: int | None = None) -> None:
