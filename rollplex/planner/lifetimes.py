@@ -21,7 +21,7 @@ that makes it to the last step that reads it; what must survive into the next RL
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from weakref import WeakKeyDictionary
 
 from rollplex.graph.ir import Graph, Phase, Value, ValueKind
@@ -276,6 +276,41 @@ def device_lifetimes(
             name = f"{s.name}.scratch"
             out.append(_life(name, "scratch", scratch, begin[i], until[i], s.stream, s, s))
     return out
+
+
+def hold_for_handover(
+    graph: Graph, dev: DevicePlan, steps: dict[int, Step], transfers, lives: list[Lifetime]
+) -> list[Lifetime]:
+    """The rollout's outputs that the hand-over moves to the trainers (a transfer step of
+    the training pool): in the rollout pool they live until that step, which its ranks
+    issue after all of their own; in the training pool from that step, where they arrive,
+    not only from their first reader. `steps`: every step of the plan by index;
+    `transfers`: the plan's Transfer records."""
+    hand = [t.step for t in transfers if t.what == "rollout outputs"]
+    if not hand or not lives:
+        return lives
+    at = steps[hand[0]]
+    made = {v for op in graph if op.phase is Phase.ROLLOUT for v in op.outputs.values()}
+    read = {v for op in graph if op.phase is not Phase.ROLLOUT for v in op.inputs.values()}
+    sent = made & read
+    if any(s.index == at.index for s in dev.steps):  # the receiving pool
+        _, begin, _, _ = positions(dev)
+        arrive = begin[at.index]
+        return [
+            _arrives(lf, arrive, at.index) if lf.value in sent and lf.record.first > arrive else lf
+            for lf in lives
+        ]
+    end = max(lf.record.last for lf in lives)
+    return [
+        Lifetime(replace(lf.record, last=end), lf.value, lf.kind, lf.first_step, at.index)
+        if lf.value in sent
+        else lf
+        for lf in lives
+    ]
+
+
+def _arrives(lf: Lifetime, first: int, step: int) -> Lifetime:
+    return Lifetime(replace(lf.record, first=first), lf.value, lf.kind, step, lf.last_step)
 
 
 def _engine_sleeps(graph: Graph, steps: list[Step], syncs: list[Step], dev: DevicePlan):

@@ -24,6 +24,7 @@ from rollplex.planner.lifetimes import (
     DeviceSizer,
     Lifetime,
     device_lifetimes,
+    hold_for_handover,
     positions,
 )
 from rollplex.planner.memory import MemoryAssignment, assign
@@ -153,6 +154,9 @@ def check_budget(plan: Plan) -> None:
 
 def _lifetimes(plan: Plan, dev: DevicePlan, mem: Memory) -> list[Lifetime]:
     lives = device_lifetimes(mem.graph, dev, mem.sizers[dev.name], mem.rollout_copies)
+    if plan.transfers:
+        steps = {s.index: s for d in plan.devices for s in d.steps}
+        lives = hold_for_handover(mem.graph, dev, steps, plan.transfers, lives)
     return _apply_offloads(dev, lives)
 
 
