@@ -22,10 +22,11 @@ def plan_timeline(
     memory: list[MemoryEvent] = []
     names: dict[tuple[int, int], str] = {}
     period = plan.step_time_s * _US
+    # plan-wide: a slot can end at another group's step (a hand-over's transfer)
+    by_index = {s.index: s for d in plan.devices for s in d.steps}
     for dev_id, dev in enumerate(plan.devices):
         for st in dev.streams:
             names[(dev_id, st.stream)] = f"{dev.name}:{st.name}"
-        by_index = {s.index: s for s in dev.steps}
         base, lane_base = 0, {}
         for lane in sorted(dev.arena_bytes):
             lane_base[lane] = base
