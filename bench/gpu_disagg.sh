@@ -21,27 +21,7 @@ BUDGET_S=${BUDGET_S:-240}   # start no train run past this
 RUN_S=${RUN_S:-120}         # each train run's limit
 TMP=${TMPDIR:-/tmp}/gpu_disagg
 mkdir -p "$OUT" "$TMP"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
-PY=${PY:-python3}
-TORCHRUN="$PY -m torch.distributed.run --standalone --nproc-per-node 2"
-
-if [ "$DEVICE" = cuda ]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$TMP/site" .whl/*.whl || echo "wheel install failed (continuing)"
-  export PYTHONPATH=$TMP/site:$PWD PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-  mkdir -p "$TMP/qtok" && tar -C "$TMP/qtok" -xJf .gpu/qwen_tokenizer.tar.xz
-  $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.device_count(), 'GPUs', torch.cuda.get_device_name())"
-  t0=$SECONDS
-  FOLDER=$TMP/$SHAPE
-  [ -f "$FOLDER/config.json" ] || $PY -m rollplex.models.make_folder --shape "$SHAPE" \
-    --tokenizer-dir "$TMP/qtok" --out "$FOLDER" --device cuda
-  echo "make_folder: $(( SECONDS - t0 )) s"
-  MODEL=(model="$SHAPE" model.path="$FOLDER" hardware=h200 train.device=cuda data=easyvqa)
-else
-  export PYTHONPATH=$PWD
-  MODEL=()  # conf/train.yaml: the tiny demo folder, hardware=cpu
-fi
+. bench/gpu_env.sh
 
 # gpu_fsdp_share.sh's JOB: 4 prompts x 4 samples, 32 new tokens, 3 steps, no checkpoint.
 JOB=(backend=fsdp train.deterministic=false workload.prompts_per_step=4 workload.group_size=4
