@@ -1,0 +1,140 @@
+"""What a `rollplex train` run writes into its run folder besides checkpoints: one metrics
+row per RL step (`metrics.csv`, and a line in the run log), TensorBoard scalars, the
+planned and measured timelines with their planned-vs-measured table, `calibration.json`
+(measured op times in the cost model's format) and the numbers `summary.json` holds."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from pathlib import Path
+from typing import Any
+
+from rollplex.runtime.callbacks import Callback
+from rollplex.specs.run import RunSpec
+from rollplex.trace import write_scalars
+
+CSV_FIELDS = (
+    "step",
+    "reward",
+    "kl",
+    "loss",
+    "pg_loss",
+    "clip_frac",
+    "response_length",
+    "eval_accuracy",
+    "step_time_s",
+    "peak_resident_bytes",
+    "engine_sleep_s",  # an engine rollout's plan-driven sleep and wake-ups (else empty)
+    "engine_wake_s",
+)
+
+
+class Scalars(Callback):
+    """Per RL step scalars into TensorBoard."""
+
+    def __init__(self, writer) -> None:
+        self.writer = writer
+
+    def on_rl_step_end(self, result) -> None:
+        values = {f"train/{k}": v for k, v in result.metrics.items()}
+        values["train/step_time_s"] = result.seconds
+        values["memory/peak_resident_bytes"] = max(result.peak_resident_bytes.values())
+        write_scalars(self.writer, values, step=result.rl_step + 1)
+
+
+def cuda_peak(device: str) -> int | None:
+    """What the CUDA caching allocator held at most (None on CPU)."""
+    import torch
+
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.max_memory_allocated(torch.device(device)))
+
+
+def eval_summary(evals: list[tuple[int, Any]]) -> dict[str, Any]:
+    if not evals:
+        return {}
+    first, last = evals[0][1], evals[-1][1]
+    return {
+        "eval_accuracy_first": first.accuracy,
+        "eval_accuracy_last": last.accuracy,
+        "eval_prompts": last.prompts,
+        "majority_answer": last.majority_answer,
+        "majority_accuracy": last.majority_accuracy,
+        "eval_examples": [list(e) for e in last.examples],
+    }
+
+
+def metrics_row(res) -> dict[str, Any]:
+    m = res.metrics
+    return {
+        "step": res.rl_step + 1,
+        **{k: m.get(k, "") for k in CSV_FIELDS[1:7]},
+        "eval_accuracy": "",
+        "step_time_s": res.seconds,
+        "peak_resident_bytes": max(res.peak_resident_bytes.values()),
+        **{k: m.get(k, "") for k in CSV_FIELDS[-2:]},
+    }
+
+
+def step_line(row: dict[str, Any]) -> str:
+    """One step's metrics for the run log (reward, KL, loss, time, peak)."""
+    parts = [f"{k} {row[k]:.4g}" for k in ("reward", "kl", "loss") if isinstance(row[k], float)]
+    parts.append(f"{row['step_time_s']:.2f} s")
+    parts.append(f"peak resident {row['peak_resident_bytes'] / 2**30:.2f} GiB")
+    return ", ".join(parts)
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def export_traces(
+    out: Path, tb: Path, writer, spec: RunSpec, plan, graph, recent: list, prof=None
+) -> None:
+    """Planned and measured timelines into one TensorBoard run, and the calibration file."""
+    from rollplex.ops.costs import CostContext, op_cost
+    from rollplex.runtime import write_measured_calibration
+    from rollplex.runtime.profile import TABLE, export_run
+    from rollplex.trace import write_text
+
+    device = spec.train.device
+    export_run(tb, plan, recent, prof, device_name=device, planned_device_name=spec.hardware.gpu)
+    write_text(writer, "timeline/planned_vs_measured", (tb / TABLE).read_text())
+
+    def cost(step) -> tuple[float, float]:
+        op = graph.ops[step.op]
+        c = op_cost(graph, op, CostContext(spec.model, spec.workload, dp=step.chunks))
+        return c.flops, c.bytes
+
+    write_measured_calibration(out / "calibration.json", device, recent, cost)
+
+
+def run_summary(spec: RunSpec, plan, rows, start, ckpt, ckpt_root, last_ckpt, recent) -> dict:
+    rewards = [r["reward"] for r in rows if r["reward"] != ""]
+    tail = rewards[-10:]
+    measured_peak = max((max(r.peak_resident_bytes.values()) for r in recent), default=0)
+    return {
+        "steps": spec.train.steps,
+        "start_step": start,
+        "steps_run": len(rows),
+        "final_mean_reward": statistics.fmean(tail) if tail else None,
+        "final_mean_reward_over": len(tail),
+        "first_mean_reward": statistics.fmean(rewards[:10]) if rewards else None,
+        "checkpoint_dir": str(ckpt_root),
+        "last_checkpoint": str(last_ckpt) if last_ckpt else None,
+        "resumed_from": str(ckpt.folder) if ckpt else None,
+        "schedule": plan.schedule,
+        "dedup": spec.schedule.dedup,
+        "overlap": spec.schedule.overlap,
+        "median_step_time_s": statistics.median(r["step_time_s"] for r in rows) if rows else None,
+        "plan_peak_bytes": plan.peak_bytes_per_gpu,
+        "plan_step_time_s": plan.step_time_s,
+        "cuda_max_memory_allocated": cuda_peak(spec.train.device),
+        "measured_peak_resident_bytes": measured_peak,
+        "decisions": plan.notes,
+    }
