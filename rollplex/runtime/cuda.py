@@ -7,7 +7,8 @@ host issues steps in `issue_order`, so an event is always recorded before a wait
 issued. Tensors that a step reads are marked with `record_stream` for the step's stream,
 so the caching allocator does not hand their memory to another stream while the step may
 still read it. SM partitions (green contexts) are not set up here: a partitioned plan
-stream runs as a plain stream, and the executor notes it.
+stream runs as a plain stream, and the executor reports it as a deviation at the stream's
+first step (run log warning, the step's deviations, a trace instant).
 
 The host is never blocked except by ops that read a device value on the host (decode's
 stop test does); times are resolved with one synchronize at the end of the RL step.

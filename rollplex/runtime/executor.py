@@ -106,10 +106,7 @@ class Executor:
             from rollplex.runtime.cuda import CudaStreams
 
             self.cuda = CudaStreams(plan, self.device)
-            if self.cuda.partitioned:
-                self.notes.append(
-                    f"SM partitions not set up; plain streams for {self.cuda.partitioned}"
-                )
+            self._unpartitioned(pos)
         deviations = {m for ms in self.deviations.values() for m in ms}
         for note in self.notes:
             if note not in deviations:
@@ -119,6 +116,22 @@ class Executor:
                 log.warning("executor: at '%s': %s", self.order[k].name, msg)
 
     # -- static preparation --------------------------------------------------------------
+    def _unpartitioned(self, pos: dict[int, int]) -> None:
+        """A stream the plan puts on an SM partition runs as a plain CUDA stream (green
+        contexts are not set up): said at its first step, in the log and the trace."""
+        for d in self.plan.devices:
+            for st in d.streams:
+                if st.partition is None or not st.steps:
+                    continue
+                first = min((pos[i] for i in st.steps if i in pos), default=None)
+                if first is not None:
+                    self._deviate(
+                        first,
+                        f"stream '{d.name}:{st.name}' is planned on an SM partition "
+                        f"({st.partition:.0%} of the SMs) but runs as a plain CUDA stream: "
+                        "green contexts are not set up",
+                    )
+
     def _deviate(self, k: int, msg: str) -> None:
         self.deviations.setdefault(k, []).append(msg)
         self.notes.append(msg)

@@ -234,3 +234,17 @@ def test_a_free_planned_before_a_read_waits_for_it_and_says_so(monkeypatch, capl
     marks = [e for e in trace["traceEvents"] if e["ph"] == "i" and e["name"] != "[memory]"]
     assert [m["args"]["text"] for m in marks] == step.deviations
     assert marks[0]["tid"] == maker.stream
+
+
+def test_an_sm_partition_the_runtime_cannot_set_up_is_reported_at_its_first_step():
+    r = plan_step(MODEL, WORKLOAD, ALGO, CPU, ScheduleSpec(name="rollplex", overlap="sm_partition"))
+    parts = [(d.name, st) for d in r.plan.devices for st in d.streams if st.partition]
+    assert parts  # the plan does ask for partitions
+    ex = Executor(r.plan, r.graph, compose(StepConfig(MODEL, ALGO, seed=0, max_new_tokens=4)))
+    assert not any("SM partition" in m for ms in ex.deviations.values() for m in ms)  # CPU
+    pos = {s.index: k for k, s in enumerate(ex.order)}
+    ex._unpartitioned(pos)  # what a CUDA executor does when it builds its streams
+    for name, st in parts:
+        first = min(pos[i] for i in st.steps)
+        assert any(f"'{name}:{st.name}' is planned on an SM partition" in m
+                   for m in ex.deviations[first])  # fmt: skip
