@@ -188,6 +188,7 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     tb = out / "tb"
     writer = open_writer(tb) if main else None
     progress = Progress(t.steps, initial=start, disable=not (t.progress and main))
+    step_level = logging.DEBUG if t.progress and main else logging.INFO
     callbacks = [progress, Scalars(writer)] if main else [progress]
     executor = Executor(plan, graph, backend, callbacks, device=backend.device, pools=pools)
     recent: deque = deque(maxlen=t.trace_steps)
@@ -235,7 +236,8 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
             if t.eval_every > 0 and ((k + 1) % t.eval_every == 0 or k + 1 == t.steps):
                 row["eval_accuracy"] = held_out(k + 1)
             rows.append(row)
-            log.info("step %d/%d: %s", k + 1, t.steps, step_line(row))
+            # a line per step where no progress bar shows the metrics (benchmarks, ranks)
+            log.log(step_level, "step %d/%d: %s", k + 1, t.steps, step_line(row))
             if t.checkpoint_every and ((k + 1) % t.checkpoint_every == 0 or k + 1 == t.steps):
                 last_ckpt = _save(fsdp, backend, ckpt_root, k + 1, model, spec.seed, pools)
                 log.info("checkpoint %s (reward %.3f)", last_ckpt, res.metrics.get("reward", 0))

@@ -1,7 +1,8 @@
 """What a `rollplex train` run writes into its run folder besides checkpoints: one metrics
-row per RL step (`metrics.csv`, and a line in the run log), TensorBoard scalars, the
-planned and measured timelines with their planned-vs-measured table, `calibration.json`
-(measured op times in the cost model's format) and the numbers `summary.json` holds."""
+row per RL step (`metrics.csv`; a run-log line where no progress bar shows it),
+TensorBoard scalars, the planned and measured timelines with their planned-vs-measured
+table, `calibration.json` (measured op times in the cost model's format) and the numbers
+`summary.json` holds."""
 
 from __future__ import annotations
 
