@@ -14,7 +14,6 @@ from rollplex.ops.costs import CostContext, engine_kv_pool
 from rollplex.planner.cost_model import CostModel
 from rollplex.planner.gc_paused import cyclic_gc_paused
 from rollplex.planner.interference import InterferenceModel
-from rollplex.planner.lifetimes import DeviceSizer
 from rollplex.planner.plan import Plan
 from rollplex.planner.renumber import renumber_in_issue_order
 from rollplex.planner.residency import (
@@ -26,6 +25,7 @@ from rollplex.planner.residency import (
 )
 from rollplex.planner.schedules import SCHEDULES, PlanningContext
 from rollplex.planner.shared_weights import sharing_note
+from rollplex.planner.sizing import DeviceSizer
 from rollplex.planner.validate import validate_plan
 from rollplex.specs import HardwareSpec, ModelSpec, ScheduleSpec, WorkloadSpec
 

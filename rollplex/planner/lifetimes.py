@@ -2,44 +2,28 @@
 
 Positions are the device's steps sorted by predicted start. A value lives from the step
 that makes it to the last step that reads it; what must survive into the next RL step
-(weights, optimizer state, the rollout's weight copy) lives to the end. Sizes are per GPU:
-- trained weights, frozen weights, gradients and optimizer state are FSDP-sharded over the
-  training GPUs; a role that rolls out also holds a tensor-parallel copy of the weights it
-  decodes with, dropped after its last rollout use and rebuilt by `weight_sync` (this is
-  the phase-aware part: nothing keeps it through training). A colocated rollout that
-  aliases the trainer's weights holds only the bytes its training shard lacks, in its
-  own layout (`shared_weights.py`: the algebra's, or the FSDP2 shared torch rollout's,
-  whose rebuild buffer and compute-dtype shard copy are held all step, as is the FSDP2
-  gathered replica); an engine with its own copy, the whole TP shard;
-- rows split over the data-parallel ranks, KV heads over TP;
-- training activations are live one micro-batch at a time, except boundaries produced
-  in the decode window, which wait whole for the backward;
-- response-length axes count the expected length, not the padded maximum;
-- every step adds its own scratch for its duration.
+(weights, optimizer state, the rollout's weight copy) lives to the end; every step adds
+its own scratch for its duration. Sizes per GPU come from `sizing.DeviceSizer`. The
+phase-aware part: a role that rolls out holds a tensor-parallel copy of the weights it
+decodes with, dropped after its last rollout use and rebuilt by `weight_sync` (nothing
+keeps it through training), except where the layout holds it all step (the FSDP2
+rollouts) or an engine cannot sleep; a disaggregated hand-over's values live across it
+(`hold_for_handover`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from weakref import WeakKeyDictionary
+from dataclasses import dataclass, replace
 
 from rollplex.graph.ir import Graph, Phase, Value, ValueKind
-from rollplex.ops.formulas import kv_fraction
 from rollplex.planner.capabilities import engine_can_sleep
 from rollplex.planner.happens_before import ordered_before
 from rollplex.planner.memory.records import UsageRecord
 from rollplex.planner.plan import CoRun, DevicePlan, Step
-from rollplex.planner.shared_weights import (
-    HELD_LAYOUTS,
-    holds_own_copy,
-    rollout_copy_bytes,
-    rolls_out,
-    weights_layout,
-)
-from rollplex.specs import ModelSpec, WorkloadSpec
+from rollplex.planner.shared_weights import HELD_LAYOUTS, weights_layout
+from rollplex.planner.sizing import PERSISTENT, DeviceSizer
 
-PERSISTENT = (ValueKind.WEIGHTS, ValueKind.OPTIMIZER_STATE)
 MAIN_LANE = 0  # every schedule's first stream: compute, where the step's own state lives
 
 
@@ -52,120 +36,6 @@ class Lifetime:
     kind: str  # value kind, or "rollout_weights" / "scratch"
     first_step: int  # plan-wide step index
     last_step: int
-
-
-@dataclass(slots=True)
-class DeviceSizer:
-    graph: Graph
-    model: ModelSpec
-    workload: WorkloadSpec
-    dev: DevicePlan
-    train_gpus: int
-    micro_tokens: int
-    train_tp: int = 1
-    _micro: int = field(default=0, init=False, repr=False, compare=False)  # computed once
-    # Sizes depend on a value's shape, dtype and kind only: the K copies of a step share them.
-    _sizes: dict[tuple, int] = field(default_factory=dict, init=False, repr=False, compare=False)
-    _bound: int = field(default=-1, init=False, repr=False, compare=False)
-    _copies: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
-    _aliased: bool | None = field(default=None, init=False, repr=False, compare=False)
-
-    def size_bound(self) -> int:
-        """At least the summed size of every record `device_lifetimes` can emit for this
-        device, less step scratch: each value at its larger (unsplit) size, weights with two
-        rollout copies (each at least a TP shard: a replicated tensor's rebuild can exceed
-        it). A plan whose bound plus scratch fits the budget fits unshared."""
-        if self._bound < 0:
-            total = 0
-            for v, phase, count in _value_shapes(self.graph):
-                # its maker may run on another device: try both sizings
-                size = max(self.value_bytes(v, phase, True), self.value_bytes(v, None, True))
-                if v.kind is ValueKind.WEIGHTS:
-                    shard = math.ceil(v.nbytes / max(1, self.dev.tp))
-                    size += 2 * max(shard, self.rollout_copy_bytes(v))
-                total += count * size
-            self._bound = total
-        return self._bound
-
-    def rollout_copy_bytes(self, v: Value) -> int:
-        """Per GPU bytes of the rollout's copy of weights `v`: aliased only where the
-        rollout runs beside the trainer on these GPUs (not in a rollout or train pool)."""
-        size = self._copies.get(v.name)
-        if size is None:
-            if self._aliased is None:
-                colocated = self.dev.name != "rollout" and rolls_out(self.dev)
-                self._aliased = colocated and not holds_own_copy(self.graph)
-            size = self._copies[v.name] = rollout_copy_bytes(
-                self.model,
-                v,
-                self.train_gpus,
-                self.train_tp,
-                self.dev.tp,
-                self._aliased,
-                weights_layout(self.graph),
-            )
-        return size
-
-    def micro_batches(self) -> int:
-        if not self._micro:
-            samples = self.workload.samples_per_step / max(1, self.train_gpus)
-            tokens = samples * (
-                self.workload.prefix_tokens(self.model.vision) + self.workload.response_length.mean
-            )
-            self._micro = max(1, math.ceil(tokens / self.micro_tokens))
-        return self._micro
-
-    def value_bytes(self, v: Value, producer_phase: Phase | None, overlapped: bool) -> int:
-        key = (v.shape, v.dtype, v.kind, producer_phase, overlapped)
-        size = self._sizes.get(key)
-        if size is None:
-            size = self._sizes[key] = self._value_bytes(v, producer_phase, overlapped)
-        return size
-
-    def _value_bytes(self, v: Value, producer_phase: Phase | None, overlapped: bool) -> int:
-        if v.kind in PERSISTENT or v.kind is ValueKind.GRAD:
-            return math.ceil(v.nbytes / self.train_gpus)
-        rollout = producer_phase is Phase.ROLLOUT or (
-            producer_phase is None and self.dev.name == "rollout"
-        )
-        dp = self.dev.dp if rollout else self.train_gpus
-        size = v.nbytes / dp
-        if v.kind is ValueKind.KV_CACHE and rollout:
-            size *= kv_fraction(self.model.num_kv_heads, self.dev.tp)  # heads per TP rank
-        if self._has_response_axis(v):
-            size *= self.workload.response_length.mean / self.workload.response_length.max
-        rowwise = len(v.shape) >= 2
-        if not rollout and rowwise and not overlapped and v.kind is not ValueKind.HOST_DATA:
-            size /= self.micro_batches()
-        return math.ceil(size)
-
-    def _has_response_axis(self, v: Value) -> bool:
-        r = self.workload.response_length.max
-        return v.kind is ValueKind.ACTIVATION and len(v.shape) >= 2 and r in v.shape[1:3]
-
-
-_SHAPES: WeakKeyDictionary[Graph, tuple[dict, list[tuple[Value, Phase | None, int]]]] = (
-    WeakKeyDictionary()
-)
-
-
-def _value_shapes(graph: Graph) -> list[tuple[Value, Phase | None, int]]:
-    """(value, maker's phase, count): one value per (shape, dtype, kind, phase), since
-    sizes depend on nothing else and the K copies of a step share them. Kept while the
-    graph's producer index stands (a search sizes the same graph once per attempt)."""
-    made = graph.producers()
-    cached = _SHAPES.get(graph)
-    if cached is not None and cached[0] is made:
-        return cached[1]
-    groups: dict[tuple, list] = {}
-    for v in graph.values.values():
-        op = made.get(v.name)
-        phase = op.phase if op else None
-        entry = groups.setdefault((v.shape, v.dtype, v.kind, phase, v.nbytes), [v, phase, 0])
-        entry[2] += 1
-    out = [(v, phase, n) for v, phase, n in groups.values()]
-    _SHAPES[graph] = (made, out)
-    return out
 
 
 def positions(dev: DevicePlan) -> tuple[list[Step], dict[int, int], dict[int, int], int]:

@@ -20,8 +20,6 @@ from rollplex.graph.ir import Graph
 from rollplex.planner.happens_before import side_windows
 from rollplex.planner.lifetimes import (
     MAIN_LANE,
-    PERSISTENT,
-    DeviceSizer,
     Lifetime,
     device_lifetimes,
     hold_for_handover,
@@ -40,6 +38,7 @@ from rollplex.planner.plan import (
     Step,
 )
 from rollplex.planner.simulate import replay
+from rollplex.planner.sizing import PERSISTENT, DeviceSizer
 
 GIB = 1 << 30
 

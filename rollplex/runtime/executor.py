@@ -22,7 +22,7 @@ Per RL step:
    a value holds, e.g. gradients), exactly there. A planned free that precedes a read in
    the order executed (a plan defect, or streams the plan overlaps issued one after
    another) cannot be applied there: it waits for that read, and the run log (warning),
-   the step's `deviations` and the measured trace (an instant) say so;
+   the step's `deviations` and the measured trace (an instant) say so (plan_effects.py);
 5. resident bytes are accounted per device group after every step, before and after its
    frees; weights versions read are checked against the plan (see `_check_versions`).
 On CUDA each step goes to its own stream (`cuda.CudaStreams`); on CPU the order above is
@@ -45,18 +45,18 @@ from torch.profiler import record_function
 
 from rollplex.backends.base import Backend, Chunk
 from rollplex.graph.ir import Graph, ValueKind, version_model
-from rollplex.planner.plan import MemAction, Plan, Step
+from rollplex.planner.plan import Plan, Step
 from rollplex.runtime.callbacks import Callback, Callbacks
 from rollplex.runtime.engine_residency import engine_schedule
 from rollplex.runtime.memory import Env, iter_tensors
 from rollplex.runtime.order import plan_order
+from rollplex.runtime.plan_effects import COPY_KINDS, plan_effects, unpartitioned_streams
 from rollplex.runtime.pool_steps import PoolSteps
 from rollplex.runtime.pools import Pools
 from rollplex.runtime.record import MeasuredStep, StepResult
 from rollplex.trace.timeline import MemoryEvent
 
 log = logging.getLogger(__name__)
-COPY_KINDS = frozenset({"offload", "onload", "transfer"})
 
 
 class ExecutionError(RuntimeError):
@@ -117,73 +117,17 @@ class Executor:
 
     # -- static preparation --------------------------------------------------------------
     def _unpartitioned(self, pos: dict[int, int]) -> None:
-        """A stream the plan puts on an SM partition runs as a plain CUDA stream (green
-        contexts are not set up): said at its first step, in the log and the trace."""
-        for d in self.plan.devices:
-            for st in d.streams:
-                if st.partition is None or not st.steps:
-                    continue
-                first = min((pos[i] for i in st.steps if i in pos), default=None)
-                if first is not None:
-                    self._deviate(
-                        first,
-                        f"stream '{d.name}:{st.name}' is planned on an SM partition "
-                        f"({st.partition:.0%} of the SMs) but runs as a plain CUDA stream: "
-                        "green contexts are not set up",
-                    )
+        for k, msg in unpartitioned_streams(self.plan, pos):
+            self._deviate(k, msg)
 
     def _deviate(self, k: int, msg: str) -> None:
         self.deviations.setdefault(k, []).append(msg)
         self.notes.append(msg)
 
     def _effects(self) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
-        """alloc-before and free-after lists keyed by issue position: the plan's own, save
-        where a read in the executed order forbids it (then moved to that read, and said)."""
-        pos = {s.index: k for k, s in enumerate(self.order)}
-        first: dict[str, int] = {}  # value -> first / last issue position that reads it
-        last: dict[str, int] = {}
-        for k, s in enumerate(self.order):
-            op = self.graph.ops.get(s.op)
-            names = [s.op] if s.kind == "offload" else []
-            if op is not None and s.kind not in COPY_KINDS:
-                names = list(op.inputs.values())
-            if self.pooled is not None and s.index in self.pooled.transfers:
-                names = self.pooled.sends(s)  # a hand-over reads what it sends
-            for v in names:
-                first.setdefault(v, k)
-                last[v] = k
-        allocs: dict[int, list[str]] = {}
-        frees: dict[int, list[str]] = {}
-        copied = {s.op for s in self.order if s.kind in ("offload", "onload")}
-        for i, d in enumerate(self.plan.devices):
-            if self.pooled is not None and i != self.pooled.pools.device:
-                continue  # another pool's memory, in another process
-            for e in d.effects:
-                if e.value not in self.graph.values or e.at not in pos:
-                    continue  # scratch, a rollout TP copy (aliased here): nothing to hold
-                k = pos[e.at]
-                if e.action is MemAction.ALLOC and e.value not in copied:  # else: its onload
-                    at = k
-                    if self.graph.values[e.value].external and first.get(e.value, k) < k:
-                        at = first[e.value]
-                        self._deviate(
-                            k,
-                            f"alloc of '{e.value}' planned before '{self.order[k].name}' "
-                            f"moved before '{self.order[at].name}', which reads it earlier "
-                            "in the order executed",
-                        )
-                    allocs.setdefault(at, []).append(e.value)
-                elif e.action is MemAction.FREE:
-                    at = max(k, last.get(e.value, k))
-                    if at != k:
-                        self._deviate(
-                            k,
-                            f"free of '{e.value}' planned after '{self.order[k].name}' "
-                            f"moved after '{self.order[at].name}', which reads it later in "
-                            "the order executed (a plan defect, or streams the plan overlaps "
-                            "issued one after another)",
-                        )
-                    frees.setdefault(at, []).append(e.value)
+        allocs, frees, moved = plan_effects(self.plan, self.graph, self.order, self.pooled)
+        for k, msg in moved:
+            self._deviate(k, msg)
         return allocs, frees
 
     def _ownership(self) -> dict[int, set[str]]:

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 from rollplex.planner.cost_model import write_calibration
 from rollplex.planner.plan import CoRun, Plan, Step
+from rollplex.runtime.plan_effects import COPY_KINDS
 from rollplex.trace.timeline import Mark, MemoryEvent, Span, Timeline
 
 _US = 1e6
-COPY_KINDS = frozenset({"offload", "onload", "transfer"})
 
 
 @dataclass(slots=True)

@@ -1,0 +1,88 @@
+"""What the executor takes from a plan before it runs it: the memory effects keyed by issue
+position, and where it cannot follow the plan (each as (issue position, message), which
+the executor logs, puts on the step and in the trace).
+
+- `plan_effects`: alloc-before and free-after lists per issue position. The plan's own,
+  save where a read in the order executed forbids it: an external value read before its
+  planned alloc is allocated before that read, a value read after its planned free is
+  freed after that read; each move is reported. A pooled rank (runtime/pools.py) takes
+  only its own group's effects, and a hand-over reads what it sends.
+- `unpartitioned_streams`: a stream the plan puts on an SM partition runs as a plain CUDA
+  stream (green contexts are not set up): reported at its first step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rollplex.graph.ir import Graph
+from rollplex.planner.plan import MemAction, Plan, Step
+
+COPY_KINDS = frozenset({"offload", "onload", "transfer"})
+Moved = list[tuple[int, str]]  # (issue position, what the runtime did instead, and why)
+
+
+def plan_effects(
+    plan: Plan, graph: Graph, order: list[Step], pooled: Any = None
+) -> tuple[dict[int, list[str]], dict[int, list[str]], Moved]:
+    """(allocs, frees, moves) for steps issued in `order`; `pooled`: this rank's PoolSteps."""
+    pos = {s.index: k for k, s in enumerate(order)}
+    first: dict[str, int] = {}  # value -> first / last issue position that reads it
+    last: dict[str, int] = {}
+    for k, s in enumerate(order):
+        op = graph.ops.get(s.op)
+        names = [s.op] if s.kind == "offload" else []
+        if op is not None and s.kind not in COPY_KINDS:
+            names = list(op.inputs.values())
+        if pooled is not None and s.index in pooled.transfers:
+            names = pooled.sends(s)  # a hand-over reads what it sends
+        for v in names:
+            first.setdefault(v, k)
+            last[v] = k
+    allocs: dict[int, list[str]] = {}
+    frees: dict[int, list[str]] = {}
+    moved: Moved = []
+    copied = {s.op for s in order if s.kind in ("offload", "onload")}
+    for i, d in enumerate(plan.devices):
+        if pooled is not None and i != pooled.pools.device:
+            continue  # another pool's memory, in another process
+        for e in d.effects:
+            if e.value not in graph.values or e.at not in pos:
+                continue  # scratch, a rollout TP copy (aliased here): nothing to hold
+            k = pos[e.at]
+            if e.action is MemAction.ALLOC and e.value not in copied:  # else: its onload
+                at = k
+                if graph.values[e.value].external and first.get(e.value, k) < k:
+                    at = first[e.value]
+                    moved.append((k, (
+                        f"alloc of '{e.value}' planned before '{order[k].name}' moved before "
+                        f"'{order[at].name}', which reads it earlier in the order executed"
+                    )))  # fmt: skip
+                allocs.setdefault(at, []).append(e.value)
+            elif e.action is MemAction.FREE:
+                at = max(k, last.get(e.value, k))
+                if at != k:
+                    moved.append((k, (
+                        f"free of '{e.value}' planned after '{order[k].name}' moved after "
+                        f"'{order[at].name}', which reads it later in the order executed (a "
+                        "plan defect, or streams the plan overlaps issued one after another)"
+                    )))  # fmt: skip
+                frees.setdefault(at, []).append(e.value)
+    return allocs, frees, moved
+
+
+def unpartitioned_streams(plan: Plan, pos: dict[int, int]) -> Moved:
+    """Each SM-partitioned stream with a step issued here, at its first issue position."""
+    out: Moved = []
+    for d in plan.devices:
+        for st in d.streams:
+            if st.partition is None:
+                continue
+            first = min((pos[i] for i in st.steps if i in pos), default=None)
+            if first is not None:
+                out.append((first, (
+                    f"stream '{d.name}:{st.name}' is planned on an SM partition "
+                    f"({st.partition:.0%} of the SMs) but runs as a plain CUDA stream: "
+                    "green contexts are not set up"
+                )))  # fmt: skip
+    return out
