@@ -96,14 +96,11 @@ def check_shareable(trainer: Any, spec: VllmSpec) -> None:
 
     from rollplex.backends.base import BackendError
     from rollplex.backends.vllm.engine import on_cpu, require_vllm
+    from rollplex.backends.vllm.share import ON_CPU
 
     require_vllm()
     if on_cpu():
-        raise BackendError(
-            "backend.vllm.weights=share needs vLLM on CUDA: its CPU backend repacks linear "
-            "weights into its own GEMM format, so they cannot be the trainer's; use "
-            "backend.vllm.weights=load"
-        )
+        raise BackendError(ON_CPU)
     model = getattr(trainer, "model", None)
     first = next(model.parameters()) if model is not None else None
     want = getattr(torch, spec.dtype)

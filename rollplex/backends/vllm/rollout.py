@@ -34,7 +34,7 @@ from rollplex.backends.vllm.decode import VllmDecode, step_seed
 from rollplex.backends.vllm.engine import on_cpu, require_vllm, start_engine
 from rollplex.backends.vllm.folder import check_model_folder, placeholder_ids
 from rollplex.backends.vllm.prompts import Media, VllmPrompts, build_prompts
-from rollplex.backends.vllm.share import SharedStorage
+from rollplex.backends.vllm.share import ON_CPU, SharedStorage
 from rollplex.backends.vllm.weights import live_tensors, reload_in_place, reset_caches, tensors_of
 from rollplex.specs.vllm import VllmSpec
 
@@ -76,10 +76,7 @@ class VllmRollout(RolloutRole):
         """Make `trainer`'s parameters views of the engine's tensors (`share.py`); from
         then on a live weight sync only loads the rebuilt tensors and resets the caches."""
         if self.cpu:
-            raise BackendError(
-                "backend.vllm.weights=share needs vLLM on CUDA: its CPU backend repacks "
-                "linear weights into its own GEMM format, so they cannot be the trainer's"
-            )
+            raise BackendError(ON_CPU)
         (engine,) = self.llm.apply_model(lambda m: m)  # in-process: the model itself
         self.shared = SharedStorage(engine, trainer, spec)
         self.capabilities = VLLM_SHARED_ROLLOUT

@@ -35,6 +35,10 @@ from rollplex.weights.layouts import rollout_blocks
 from rollplex.weights.params import param_table, rollout_tensors
 
 log = logging.getLogger(__name__)
+ON_CPU = (
+    "backend.vllm.weights=share needs vLLM on CUDA: its CPU backend repacks linear weights "
+    "into its own GEMM format, so they cannot be the trainer's; use backend.vllm.weights=load"
+)
 
 
 @dataclass(slots=True, frozen=True)

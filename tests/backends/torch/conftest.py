@@ -52,3 +52,13 @@ def batch(tokenizer, processor, spec) -> PromptBatch:
     out = collate_prompts(prompts, pad_id=spec.special_tokens.pad_token_id)
     assert out.lengths[0] != out.lengths[1]  # the batch really is padded
     return out
+
+
+@pytest.fixture
+def prefix(model, batch):
+    """The batch's prompts prefilled once (no grad): one prefix state per prompt."""
+    from rollplex.backends.torch.prefix import prefix_forward, vision_encode
+
+    with torch.no_grad():
+        feats = vision_encode(model, batch.pixel_values, batch.image_grid_thw)
+        return prefix_forward(model, batch, feats, grad=False)

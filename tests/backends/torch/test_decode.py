@@ -10,11 +10,9 @@ from rollplex.backends.torch.engine import (
     decode,
     expand_prefix,
     full_logits,
-    prefix_forward,
     response_logprobs,
     response_mask,
     sample_next,
-    vision_encode,
 )
 
 G = 2
@@ -22,10 +20,8 @@ R = 6
 
 
 @pytest.fixture
-def state(model, batch):
-    with torch.no_grad():
-        feats = vision_encode(model, batch.pixel_values, batch.image_grid_thw)
-        return expand_prefix(prefix_forward(model, batch, feats, grad=False), G)
+def state(prefix):
+    return expand_prefix(prefix, G)
 
 
 def _sample(model, state, seed: int, eos: int, temperature: float = 1.0, top_p: float = 0.9):

@@ -30,13 +30,6 @@ G = 3
 R = 7
 
 
-@pytest.fixture
-def prefix(model, batch):
-    with torch.no_grad():
-        feats = vision_encode(model, batch.pixel_values, batch.image_grid_thw)
-        return prefix_forward(model, batch, feats, grad=False)
-
-
 def _engine_decode(model, prefix, temperature=0.0, top_p=1.0, gen=None, eos=-1, **kw):
     session = DecodeEngine(model, **kw).start(prefix, G, R, temperature, top_p, gen, eos)
     session.advance()
