@@ -23,6 +23,7 @@ from rollplex.planner.memory.records import UsageRecord
 from rollplex.planner.plan import CoRun, DevicePlan, Step
 from rollplex.planner.shared_weights import HELD_LAYOUTS, weights_layout
 from rollplex.planner.sizing import PERSISTENT, DeviceSizer
+from rollplex.planner.transfers import handover_values
 
 MAIN_LANE = 0  # every schedule's first stream: compute, where the step's own state lives
 
@@ -160,9 +161,7 @@ def hold_for_handover(
     if not hand or not lives:
         return lives
     at = steps[hand[0]]
-    made = {v for op in graph if op.phase is Phase.ROLLOUT for v in op.outputs.values()}
-    read = {v for op in graph if op.phase is not Phase.ROLLOUT for v in op.inputs.values()}
-    sent = made & read
+    sent = set(handover_values(graph))
     if any(s.index == at.index for s in dev.steps):  # the receiving pool
         _, begin, _, _ = positions(dev)
         arrive = begin[at.index]

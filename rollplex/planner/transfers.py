@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 
+from rollplex.graph.ir import Graph, Phase
 from rollplex.planner.plan import Route
 from rollplex.planner.shared_weights import MAX_EXACT_GPUS, layer_count, one_layer
 from rollplex.specs import ModelSpec
@@ -142,3 +143,11 @@ def busiest_bytes(routes: list[Route]) -> int:
         load[("send", r.src)] = load.get(("send", r.src), 0) + r.nbytes
         load[("recv", r.dst)] = load.get(("recv", r.dst), 0) + r.nbytes
     return max(load.values(), default=0)
+
+
+def handover_values(graph: Graph) -> list[str]:
+    """Values rollout ops make that later phases read: what a disaggregated hand-over moves
+    from the rollout pool to the trainers (sized, held and sent alike)."""
+    made = {v for op in graph if op.phase is Phase.ROLLOUT for v in op.outputs.values()}
+    used = {v for op in graph if op.phase is not Phase.ROLLOUT for v in op.inputs.values()}
+    return sorted(made & used)

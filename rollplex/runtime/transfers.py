@@ -30,8 +30,8 @@ import torch
 import torch.distributed as dist
 
 from rollplex.backends.torch.values import Features, Responses, TokenLogprobs
-from rollplex.graph.ir import Graph, Phase
 from rollplex.planner.plan import Transfer
+from rollplex.planner.transfers import handover_values
 from rollplex.runtime.pools import Pools
 
 log = logging.getLogger(__name__)
@@ -52,14 +52,6 @@ class Moved:
     @property
     def nbytes(self) -> int:
         return sum(self.routes.values())
-
-
-def handover_values(graph: Graph) -> list[str]:
-    """Values rollout ops make that later phases read: what the hand-over moves (the same
-    set the schedule sizes its routes from)."""
-    made = {v for op in graph if op.phase is Phase.ROLLOUT for v in op.outputs.values()}
-    used = {v for op in graph if op.phase is not Phase.ROLLOUT for v in op.inputs.values()}
-    return sorted(made & used)
 
 
 def _post(ops: list[dist.P2POp]) -> None:

@@ -30,7 +30,13 @@ from rollplex.planner.schedules.common import (
 )
 from rollplex.planner.shared_weights import towers_of
 from rollplex.planner.simulate import replay
-from rollplex.planner.transfers import busiest_bytes, output_routes, weight_bytes, weight_routes
+from rollplex.planner.transfers import (
+    busiest_bytes,
+    handover_values,
+    output_routes,
+    weight_bytes,
+    weight_routes,
+)
 
 
 def plan_disaggregated(
@@ -144,10 +150,8 @@ def _weight_routes(
 def _hand_over(ctx, pb: PlanBuilder, roll, train, timer) -> None:
     g = ctx.graph
     made = [op for op in g if op.phase is Phase.ROLLOUT]
-    outs = {v for op in made for v in op.outputs.values()}
-    used = {v for op in g if op.phase is not Phase.ROLLOUT for v in op.inputs.values()}
     routes = output_routes(
-        sum(g.values[v].nbytes for v in outs & used), roll.ranks, roll.tp, train.ranks
+        sum(g.values[v].nbytes for v in handover_values(g)), roll.ranks, roll.tp, train.ranks
     )
     seconds = timer.inner.cost_model.transfer_s(busiest_bytes(routes), ctx.hardware.internode_gbps)
     last = [s for op in made for s in pb.steps_of(op.name)]
