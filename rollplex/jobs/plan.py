@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from rollplex.backends import rollout_capabilities  # torch-free: the registry's copy
 from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.planner.cost_model import CostModel
 from rollplex.planner.plan import Plan, dump_plan
@@ -67,14 +68,6 @@ def _baselines(spec: RunSpec) -> dict[str, PlanResult | None]:
             log.warning("baseline %s could not be planned: %s", key, err)
             out[key] = None
     return out
-
-
-def rollout_capabilities(backend):
-    """What the chosen rollout declares, as the backend configures it (the registry's
-    copy: no torch, no engine; the train job plans with the same)."""
-    from rollplex.backends import rollout_capabilities as planned
-
-    return planned(backend)
 
 
 def naive_colocation_bytes(verl_serial: PlanResult | None) -> int | None:

@@ -116,10 +116,11 @@ def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
 
 
 def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
+    from rollplex.backends import rollout_capabilities
     from rollplex.jobs.pipeline import plan_step
     from rollplex.planner.plan import dump_plan
     from rollplex.runtime import Executor, Progress
-    from rollplex.runtime.compose import compose, rollout_capabilities
+    from rollplex.runtime.compose import compose
     from rollplex.runtime.dispatch import StepConfig
     from rollplex.runtime.engine_residency import engine_kv_budget
     from rollplex.runtime.profile import step_profiler

@@ -17,9 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rollplex.backends import role_entry
-from rollplex.backends import rollout_capabilities as planned_rollout
 from rollplex.backends.base import RolloutRole
-from rollplex.backends.capabilities import RoleCapabilities
 from rollplex.runtime.dispatch import RoleDispatch, Roles, StepConfig
 from rollplex.specs.backend import BackendSpec
 
@@ -29,12 +27,6 @@ def check_roles(spec: BackendSpec) -> None:
     cannot run here. Imports no model code."""
     for role in ("rollout", "reference", "trainer"):
         role_entry(role, getattr(spec, role)).check()
-
-
-def rollout_capabilities(spec: BackendSpec) -> RoleCapabilities:
-    """What the chosen rollout can do, for the planner (no engine is started, and vLLM
-    need not be installed): `rollplex.backends.rollout_capabilities`."""
-    return planned_rollout(spec)
 
 
 def compose(

@@ -9,10 +9,16 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from rollplex.backends import ROLES, BackendUnavailable, available_roles, role_entry
+from rollplex.backends import (
+    ROLES,
+    BackendUnavailable,
+    available_roles,
+    role_entry,
+    rollout_capabilities,
+)
 from rollplex.backends.base import RolloutRole, Trainer
 from rollplex.backends.capabilities import RoleCapabilities
-from rollplex.runtime.compose import check_roles, rollout_capabilities
+from rollplex.runtime.compose import check_roles
 from rollplex.specs.backend import BackendSpec
 
 
