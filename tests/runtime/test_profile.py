@@ -39,7 +39,8 @@ def profiled(tmp_path_factory):
     prof = step_profiler("cpu")
     with prof:
         results = [ex.run_step(k, data.step(k)) for k in (1, 2)]
-    run = tmp_path_factory.mktemp("run")
+    run = tmp_path_factory.mktemp("profiled") / "run"  # alone in its folder: the server's logdir
+    run.mkdir()
     paths = export_run(run, planned.plan, results, prof, device_name="cpu")
     return planned.plan, results, run, paths
 
