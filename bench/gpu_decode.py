@@ -77,7 +77,8 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
     weights = lm_weight_bytes(model)
     gen = torch.Generator().manual_seed(0)
     g, r = args.group, args.new
-    engine = DecodeEngine(model, keep_workspace=True)
+    engine = DecodeEngine(model, keep_workspace=True)  # attention: flex on CUDA
+    others = {a: DecodeEngine(model, keep_workspace=True, attention=a) for a in args.compare}
     rows_out = []
     for rows in args.batches:
         if time.perf_counter() > deadline:
@@ -118,13 +119,22 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
             "engine_ms_per_step": 1e3 * rep.step_seconds,
             "engine_tokens_per_s": prompts * g / rep.step_seconds,
             "engine_hbm_share": rep.efficiency,
+            "decode_bw_efficiency": rep.efficiency,
+            "engine_attention": engine.attention,
             "bytes_per_step": rep.bytes_per_step,
             "cuda_graphs": engine.use_graphs,
             "graph_error": graph_error,
             "warmup_capture_s": warm,
-            "sdpa_backend": sdpa_backend(model, engine),
             "workspace_bytes": engine.workspace.cache.nbytes() if engine.workspace else 0,
         }
+        for attention, other in others.items():  # the same engine, another attention kernel
+            _, t = engine_runs(other, prefix, g, r, dev, args.repeats)
+            o = roofline(weights, reads, kv_tok, steps, statistics.median(t), hw.hbm_bandwidth)
+            entry[f"{attention}_ms_per_step"] = 1e3 * o.step_seconds
+            entry[f"{attention}_hbm_share"] = o.efficiency
+            if attention == "sdpa":
+                entry["sdpa_backend"] = sdpa_backend(model, other)
+            other.release()
         if prompts * g <= args.eager_max_batch and time.perf_counter() < deadline:
             guarded(entry, eager_loop, model, prefix, g, args, dev, weights, kv_tok, lengths, hw)
             guarded(entry, greedy_agreement, model, engine, prefix, g, args.check_steps)
@@ -133,7 +143,7 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
         print(json.dumps(entry), flush=True)
         rows_out.append(entry)
     engine.release()
-    del model
+    del model, others
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return rows_out
@@ -243,19 +253,22 @@ def _formatter(e: dict):
 
 def table(rows: list[dict], hw_name: str) -> str:
     head = (
-        f"| model | batch | engine ms/step | tokens/s | HBM share ({hw_name}) | eager ms/step "
-        "| eager HBM share | greedy rows equal |\n|---|---|---|---|---|---|---|---|"
+        f"| model | batch | engine ms/step | tokens/s | HBM share ({hw_name}) | SDPA engine "
+        "ms/step | SDPA share | eager ms/step | eager HBM share | greedy rows equal |\n"
+        "|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for e in rows:
         if "skipped" in e:
-            lines.append(f"| {e['model']} | {e['batch']} | skipped | | | | | |")
+            lines.append(f"| {e['model']} | {e['batch']} | skipped | | | | | | | |")
             continue
         f = _formatter(e)
         lines.append(
             f"| {e['model']} | {e['batch']} | {f('engine_ms_per_step', '.2f')} "
             f"| {f('engine_tokens_per_s', ',.0f')} | {100 * e['engine_hbm_share']:.0f}% "
-            f"| {f('eager_ms_per_step', '.1f')} | "
+            f"| {f('sdpa_ms_per_step', '.2f')} | "
+            + (f"{100 * e['sdpa_hbm_share']:.0f}%" if "sdpa_hbm_share" in e else "-")
+            + f" | {f('eager_ms_per_step', '.1f')} | "
             + (f"{100 * e['eager_hbm_share']:.0f}%" if "eager_hbm_share" in e else "-")
             + f" | {f('greedy_rows_equal', '.2f')} |"
         )
@@ -272,6 +285,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=600, help="prompt tokens (image + text)")
     ap.add_argument("--new", type=int, default=256, help="new tokens per row")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--compare", default="sdpa", help="other engine attentions, side by side")
     ap.add_argument("--eager-max-batch", type=int, default=8, help="eager loop up to this batch")
     ap.add_argument("--eager-steps", type=int, default=16)
     ap.add_argument("--check-steps", type=int, default=32, help="greedy agreement steps")
@@ -281,6 +295,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     args.batches = [int(x) for x in args.batches.split(",")]
+    args.compare = [a for a in args.compare.split(",") if a]
     dev = torch.device(args.device)
     if dev.type == "cpu":
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))

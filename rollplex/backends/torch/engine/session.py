@@ -18,10 +18,11 @@ captured again whenever the model's weights are no longer the tensors they read.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Literal
 
 import torch
 
-from rollplex.backends.torch.engine.cache import round_up
+from rollplex.backends.torch.engine.cache import Attention, round_up
 from rollplex.backends.torch.engine.sampling import row_seeds
 from rollplex.backends.torch.engine.workspace import Shape, Workspace
 from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv
@@ -31,8 +32,10 @@ PREFIX_ALIGN = 64  # prefix capacity granularity: prompt lengths within 64 share
 
 
 class DecodeEngine:
-    """Decode for one model. `use_graphs` defaults to True on CUDA; `kv_chunk` is how many
-    steps one graph's kv_len covers (more graphs, fewer masked slots read).
+    """Decode for one model. `use_graphs` defaults to True on CUDA; `attention` "auto" is
+    FlexAttention's split-KV kernel on CUDA (one graph for every step: its BlockMask skips
+    unwritten blocks) and SDPA elsewhere; under SDPA `kv_chunk` is how many steps one
+    graph's kv_len covers (more graphs, fewer masked slots read).
     `keep_workspace` (default: when graphs are used) keeps the buffers and graphs after a
     session finishes, for the next session of the same shape; otherwise they are freed with
     the finished session, as the eager loop's cache was."""
@@ -45,6 +48,7 @@ class DecodeEngine:
         kv_chunk: int = 64,
         sync_every: int = 16,
         keep_workspace: bool | None = None,
+        attention: Literal["auto"] | Attention = "auto",
     ) -> None:
         if model.config.text_config.layer_types.count("full_attention") != len(
             model.config.text_config.layer_types
@@ -60,6 +64,11 @@ class DecodeEngine:
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         self.sync_every = sync_every if self.device.type == "cuda" else 1
         self.keep_workspace = self.use_graphs if keep_workspace is None else keep_workspace
+        if attention not in ("auto", "sdpa", "flex"):
+            raise ValueError(f"attention must be auto, sdpa or flex, got {attention!r}")
+        if attention == "auto":
+            attention = "flex" if self.device.type == "cuda" else "sdpa"
+        self.attention: Attention = attention
         self.workspace: Workspace | None = None
         self._pool = None
 
@@ -110,6 +119,7 @@ class DecodeEngine:
             float(top_p),
             int(eos_id),
             int(pad_id),
+            self.attention,
         )
         ws = self._workspace(shape)
         # Greedy draws nothing: leave every generator (the global one too) untouched.

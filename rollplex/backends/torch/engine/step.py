@@ -4,10 +4,11 @@ The G rows of a prompt enter the decoder as one sequence of G tokens (batch = pr
 so every projection, norm, MLP, the rotary embedding and the LM head are transformers'
 module calls on [prompts, G, hidden]. Only the attention call differs from
 `Qwen2_5_VLAttention.forward`: its K/V go into the shared-prefix cache (cache.py) instead
-of a transformers Cache, and SDPA runs over the whole group at once, with the query heads
-of each K/V head folded into the query length. transformers' own SDPA path would
-`repeat_kv` the whole cache for GQA whenever a mask is given (on CUDA), reading it
-`heads / kv_heads` times over; the fold reads it once.
+of a transformers Cache, and attention runs over the whole group at once:
+- "flex" (the CUDA default): FlexAttention's split-KV decoding kernel (flex.py);
+- "sdpa": SDPA with the query heads of each K/V head folded into the query length.
+  transformers' own SDPA path would `repeat_kv` the whole cache for GQA whenever a mask is
+  given (on CUDA), reading it `heads / kv_heads` times over; the fold reads it once.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from rollplex.backends.torch.engine import flex
 from rollplex.backends.torch.engine.cache import SharedPrefixKV
 
 
@@ -51,6 +53,10 @@ def _attention(
     q, k = _rotary(attn, q, k, cos, sin)
     cache.write(layer, k, v, slots)
     heads, kv_heads = q.shape[1], k.shape[1]
+    scale = getattr(attn, "scaling", d**-0.5)
+    if cache.flex is not None:
+        out = flex.attend(q, cache.keys[layer], cache.values[layer], cache.flex, scale)
+        return attn.o_proj(out.transpose(1, 2).reshape(b, g, heads * d))
     # Query head j * rep + r reads K/V head j (transformers' repeat_kv order): fold r into
     # the query length, as rows r * G + g.
     q = q.reshape(b, kv_heads, (heads // kv_heads) * g, d)
@@ -59,7 +65,7 @@ def _attention(
         cache.keys[layer][:, :, :kv_len],
         cache.values[layer][:, :, :kv_len],
         attn_mask=cache.mask[..., :kv_len],
-        scale=getattr(attn, "scaling", d**-0.5),
+        scale=scale,
     )
     # reshape, not view: a CUDA kernel may return the heads strided inside the query dim
     out = out.reshape(b, heads, g, d).transpose(1, 2).reshape(b, g, heads * d)

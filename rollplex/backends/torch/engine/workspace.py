@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from rollplex.backends.torch.engine.cache import SharedPrefixKV
+from rollplex.backends.torch.engine.cache import Attention, SharedPrefixKV
 from rollplex.backends.torch.engine.sampling import counter_uniform, draw
 from rollplex.backends.torch.engine.step import decode_logits
 from rollplex.backends.torch.prefix import Model
@@ -29,6 +29,7 @@ class Shape:
     top_p: float
     eos_id: int
     pad_id: int
+    attention: Attention = "sdpa"
 
     @property
     def rows(self) -> int:
@@ -54,6 +55,7 @@ class Workspace:
             max(r - 1, 1),
             dtype,
             device,
+            shape.attention,
         )
         long = dict(dtype=torch.long, device=device)
         self.token = torch.zeros(n, **long)  # the token each row feeds next
