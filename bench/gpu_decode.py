@@ -78,7 +78,7 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
     gen = torch.Generator().manual_seed(0)
     g, r = args.group, args.new
     engine = DecodeEngine(model, keep_workspace=True)  # attention: flex on CUDA
-    others = {a: DecodeEngine(model, keep_workspace=True, attention=a) for a in args.compare}
+    others = {a: DecodeEngine(model, keep_workspace=True, **VARIANTS[a]) for a in args.compare}
     rows_out = []
     for rows in args.batches:
         if time.perf_counter() > deadline:
@@ -134,7 +134,13 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
             entry[f"{attention}_hbm_share"] = o.efficiency
             if attention == "sdpa":
                 entry["sdpa_backend"] = sdpa_backend(model, other)
-            other.release()
+            if prompts * g not in args.profile:
+                other.release()
+        if prompts * g in args.profile and dev.type == "cuda":
+            guarded(entry, kernel_profile, engine, prefix, g, dev)
+            for name, other in others.items():
+                entry[f"{name}_profile"] = {}
+                guarded(entry[f"{name}_profile"], kernel_profile, other, prefix, g, dev)
         if prompts * g <= args.eager_max_batch and time.perf_counter() < deadline:
             guarded(entry, eager_loop, model, prefix, g, args, dev, weights, kv_tok, lengths, hw)
             guarded(entry, greedy_agreement, model, engine, prefix, g, args.check_steps)
@@ -147,6 +153,37 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return rows_out
+
+
+# Engines compared side by side with the default one (flex attention, compiled layers).
+VARIANTS = {
+    "sdpa": {"attention": "sdpa"},
+    "uncompiled": {"compile": False},
+    "sdpa_uncompiled": {"attention": "sdpa", "compile": False},  # the engine before flex
+}
+
+
+def kernel_profile(engine, prefix, g: int, dev, steps: int = 4, top: int = 8) -> dict:
+    """Kernels per decode step and the busiest kernels, from torch.profiler over `steps`
+    graph replays (or eager steps)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    s = engine.start(prefix, g, steps + 8, 1.0, 1.0, torch.Generator(dev).manual_seed(1), -1)
+    s.advance(2)  # graphs captured outside the profile
+    sync(dev)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        s.advance(steps)
+        sync(dev)
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    busy: dict[str, float] = {}
+    for e in kernels:
+        busy[e.name[:60]] = busy.get(e.name[:60], 0.0) + e.device_time / steps
+    total = sum(busy.values())
+    return {
+        "kernels_per_step": len(kernels) / steps,
+        "kernel_us_per_step": total,
+        "top_kernels_us": dict(sorted(busy.items(), key=lambda kv: -kv[1])[:top]),
+    }
 
 
 def guarded(entry: dict, fn, *args) -> None:
@@ -285,7 +322,8 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=600, help="prompt tokens (image + text)")
     ap.add_argument("--new", type=int, default=256, help="new tokens per row")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--compare", default="sdpa", help="other engine attentions, side by side")
+    ap.add_argument("--compare", default="sdpa", help=f"engine variants too: {list(VARIANTS)}")
+    ap.add_argument("--profile", default="", help="batches whose kernels are profiled")
     ap.add_argument("--eager-max-batch", type=int, default=8, help="eager loop up to this batch")
     ap.add_argument("--eager-steps", type=int, default=16)
     ap.add_argument("--check-steps", type=int, default=32, help="greedy agreement steps")
@@ -296,6 +334,7 @@ def main() -> None:
     args = ap.parse_args()
     args.batches = [int(x) for x in args.batches.split(",")]
     args.compare = [a for a in args.compare.split(",") if a]
+    args.profile = [int(x) for x in args.profile.split(",") if x]
     dev = torch.device(args.device)
     if dev.type == "cpu":
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))

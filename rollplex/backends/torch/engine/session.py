@@ -24,6 +24,7 @@ import torch
 
 from rollplex.backends.torch.engine.cache import Attention, round_up
 from rollplex.backends.torch.engine.sampling import row_seeds
+from rollplex.backends.torch.engine.step import DecodeStep
 from rollplex.backends.torch.engine.workspace import Shape, Workspace
 from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv
 
@@ -35,7 +36,8 @@ class DecodeEngine:
     """Decode for one model. `use_graphs` defaults to True on CUDA; `attention` "auto" is
     FlexAttention's split-KV kernel on CUDA (one graph for every step: its BlockMask skips
     unwritten blocks) and SDPA elsewhere; under SDPA `kv_chunk` is how many steps one
-    graph's kv_len covers (more graphs, fewer masked slots read).
+    graph's kv_len covers (more graphs, fewer masked slots read). `compile` (default: on
+    CUDA) fuses each layer's small kernels (step.py).
     `keep_workspace` (default: when graphs are used) keeps the buffers and graphs after a
     session finishes, for the next session of the same shape; otherwise they are freed with
     the finished session, as the eager loop's cache was."""
@@ -49,6 +51,7 @@ class DecodeEngine:
         sync_every: int = 16,
         keep_workspace: bool | None = None,
         attention: Literal["auto"] | Attention = "auto",
+        compile: bool | None = None,
     ) -> None:
         if model.config.text_config.layer_types.count("full_attention") != len(
             model.config.text_config.layer_types
@@ -69,6 +72,8 @@ class DecodeEngine:
         if attention == "auto":
             attention = "flex" if self.device.type == "cuda" else "sdpa"
         self.attention: Attention = attention
+        # compiled layer pieces (step.py) on CUDA; CPU runs transformers' modules eagerly
+        self.forward = DecodeStep(model, self.device.type == "cuda" if compile is None else compile)
         self.workspace: Workspace | None = None
         self._pool = None
 
@@ -163,7 +168,7 @@ class DecodeEngine:
     def run_step(self, ws: Workspace, step: int) -> None:
         kv_len = self.kv_len(ws, step)
         if not self.use_graphs:
-            ws.body(self.model, kv_len)
+            ws.body(self.forward, kv_len)
             return
         graph = ws.graphs.get(kv_len)
         if graph is None:
@@ -180,13 +185,13 @@ class DecodeEngine:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            ws.body(self.model, kv_len)  # warm-up: lazy inits and workspace allocations
+            ws.body(self.forward, kv_len)  # warm-up: lazy inits and workspace allocations
         torch.cuda.current_stream().wait_stream(stream)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            ws.body(self.model, kv_len)
+            ws.body(self.forward, kv_len)
         for t, s in zip(mutable, saved, strict=True):
             t.copy_(s)
         return graph

@@ -15,7 +15,7 @@ import torch
 
 from rollplex.backends.torch.engine.cache import Attention, SharedPrefixKV
 from rollplex.backends.torch.engine.sampling import counter_uniform, draw
-from rollplex.backends.torch.engine.step import decode_logits
+from rollplex.backends.torch.engine.step import DecodeStep
 from rollplex.backends.torch.prefix import Model
 
 
@@ -85,10 +85,10 @@ class Workspace:
         self.done.logical_or_(live & (nxt == s.eos_id))
         self.token.copy_(nxt)
 
-    def body(self, model: Model, kv_len: int) -> None:
+    def body(self, forward: DecodeStep, kv_len: int) -> None:
         """One decode step on the static tensors (what a graph captures)."""
         self.cache.open_step(self.step)
-        logits = decode_logits(model, self.cache, self.token, self.position, self.step, kv_len)
+        logits = forward(self.cache, self.token, self.position, self.step, kv_len)
         self.record(self.step + 1, logits)
         self.position.add_(1)
         self.step.add_(1)
