@@ -77,7 +77,7 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
     weights = lm_weight_bytes(model)
     gen = torch.Generator().manual_seed(0)
     g, r = args.group, args.new
-    engine = DecodeEngine(model, keep_workspace=True)  # attention: flex on CUDA
+    engine = DecodeEngine(model, keep_workspace=True)  # SDPA, compiled layers on CUDA
     others = {a: DecodeEngine(model, keep_workspace=True, **VARIANTS[a]) for a in args.compare}
     rows_out = []
     for rows in args.batches:
@@ -132,15 +132,15 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
             o = roofline(weights, reads, kv_tok, steps, statistics.median(t), hw.hbm_bandwidth)
             entry[f"{attention}_ms_per_step"] = 1e3 * o.step_seconds
             entry[f"{attention}_hbm_share"] = o.efficiency
-            if attention == "sdpa":
+            if other.attention == "sdpa":
                 entry["sdpa_backend"] = sdpa_backend(model, other)
             if prompts * g not in args.profile:
                 other.release()
         if prompts * g in args.profile and dev.type == "cuda":
             guarded(entry, kernel_profile, engine, prefix, g, dev)
-            for name, other in others.items():
-                entry[f"{name}_profile"] = {}
-                guarded(entry[f"{name}_profile"], kernel_profile, other, prefix, g, dev)
+            for variant, other in others.items():
+                entry[f"{variant}_profile"] = {}
+                guarded(entry[f"{variant}_profile"], kernel_profile, other, prefix, g, dev)
         if prompts * g <= args.eager_max_batch and time.perf_counter() < deadline:
             guarded(entry, eager_loop, model, prefix, g, args, dev, weights, kv_tok, lengths, hw)
             guarded(entry, greedy_agreement, model, engine, prefix, g, args.check_steps)
@@ -155,9 +155,9 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
     return rows_out
 
 
-# Engines compared side by side with the default one (flex attention, compiled layers).
+# Engines compared side by side with the default one (SDPA, compiled layers).
 VARIANTS = {
-    "sdpa": {"attention": "sdpa"},
+    "flex": {"attention": "flex"},
     "uncompiled": {"compile": False},
     "sdpa_uncompiled": {"attention": "sdpa", "compile": False},  # the engine before flex
 }
@@ -288,26 +288,26 @@ def _formatter(e: dict):
     return f
 
 
-def table(rows: list[dict], hw_name: str) -> str:
-    head = (
-        f"| model | batch | engine ms/step | tokens/s | HBM share ({hw_name}) | SDPA engine "
-        "ms/step | SDPA share | eager ms/step | eager HBM share | greedy rows equal |\n"
-        "|---|---|---|---|---|---|---|---|---|---|"
+def table(rows: list[dict], hw_name: str, variants: list[str]) -> str:
+    """Engine (default) ms/step and HBM share, each variant's, the eager loop's."""
+    cols = ["engine", *variants, "eager"]
+    head = "| model | batch | tokens/s | " + " | ".join(
+        f"{c} ms/step | {c} HBM share ({hw_name})" for c in cols
     )
-    lines = [head]
+    lines = [head + " |", "|---|---|---|" + "---|---|" * len(cols)]
     for e in rows:
         if "skipped" in e:
-            lines.append(f"| {e['model']} | {e['batch']} | skipped | | | | | | | |")
+            lines.append(f"| {e['model']} | {e['batch']} | skipped |" + " | |" * len(cols))
             continue
         f = _formatter(e)
+        cells = []
+        for c in cols:
+            share = e.get(f"{c}_hbm_share")
+            cells += [f(f"{c}_ms_per_step", ".2f"), f"{100 * share:.0f}%" if share else "-"]
         lines.append(
-            f"| {e['model']} | {e['batch']} | {f('engine_ms_per_step', '.2f')} "
-            f"| {f('engine_tokens_per_s', ',.0f')} | {100 * e['engine_hbm_share']:.0f}% "
-            f"| {f('sdpa_ms_per_step', '.2f')} | "
-            + (f"{100 * e['sdpa_hbm_share']:.0f}%" if "sdpa_hbm_share" in e else "-")
-            + f" | {f('eager_ms_per_step', '.1f')} | "
-            + (f"{100 * e['eager_hbm_share']:.0f}%" if "eager_hbm_share" in e else "-")
-            + f" | {f('greedy_rows_equal', '.2f')} |"
+            f"| {e['model']} | {e['batch']} | {f('engine_tokens_per_s', ',.0f')} | "
+            + " | ".join(cells)
+            + " |"
         )
     return "\n".join(lines)
 
@@ -322,7 +322,9 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=600, help="prompt tokens (image + text)")
     ap.add_argument("--new", type=int, default=256, help="new tokens per row")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--compare", default="sdpa", help=f"engine variants too: {list(VARIANTS)}")
+    ap.add_argument(
+        "--compare", default="flex,sdpa_uncompiled", help=f"engine variants: {list(VARIANTS)}"
+    )
     ap.add_argument("--profile", default="", help="batches whose kernels are profiled")
     ap.add_argument("--eager-max-batch", type=int, default=8, help="eager loop up to this batch")
     ap.add_argument("--eager-steps", type=int, default=16)
@@ -362,7 +364,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"\nwrote {out} ({result['wall_s']:.0f} s, {device}, torch {torch.__version__})")
-    print(table(rows, args.hardware))
+    print(table(rows, args.hardware, args.compare))
 
 
 if __name__ == "__main__":

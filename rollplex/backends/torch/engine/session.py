@@ -33,10 +33,10 @@ PREFIX_ALIGN = 64  # prefix capacity granularity: prompt lengths within 64 share
 
 
 class DecodeEngine:
-    """Decode for one model. `use_graphs` defaults to True on CUDA; `attention` "auto" is
-    FlexAttention's split-KV kernel on CUDA (one graph for every step: its BlockMask skips
-    unwritten blocks) and SDPA elsewhere; under SDPA `kv_chunk` is how many steps one
-    graph's kv_len covers (more graphs, fewer masked slots read). `compile` (default: on
+    """Decode for one model. `use_graphs` defaults to True on CUDA; `attention` is "sdpa"
+    (the default, "auto") or "flex", FlexAttention's split-KV kernel (one graph for every
+    step: its BlockMask skips unwritten blocks); under SDPA `kv_chunk` is how many steps
+    one graph's kv_len covers (more graphs, fewer masked slots read). `compile` (default: on
     CUDA) fuses each layer's small kernels (step.py).
     `keep_workspace` (default: when graphs are used) keeps the buffers and graphs after a
     session finishes, for the next session of the same shape; otherwise they are freed with
@@ -70,7 +70,10 @@ class DecodeEngine:
         if attention not in ("auto", "sdpa", "flex"):
             raise ValueError(f"attention must be auto, sdpa or flex, got {attention!r}")
         if attention == "auto":
-            attention = "flex" if self.device.type == "cuda" else "sdpa"
+            # SDPA (cuDNN's kernel on an H200) measured faster than flex at the 7B shape at
+            # every batch and at 3B from 256 rows (bench/results/gpu_decode/); flex wins at
+            # 3B's small batches (2 K/V heads leave SDPA few thread blocks).
+            attention = "sdpa"
         self.attention: Attention = attention
         # compiled layer pieces (step.py) on CUDA; CPU runs transformers' modules eagerly
         self.forward = DecodeStep(model, self.device.type == "cuda" if compile is None else compile)

@@ -5,8 +5,8 @@ so every projection, norm, MLP, the rotary embedding and the LM head are transfo
 module calls on [prompts, G, hidden]. Only the attention call differs from
 `Qwen2_5_VLAttention.forward`: its K/V go into the shared-prefix cache (cache.py) instead
 of a transformers Cache, and attention runs over the whole group at once:
-- "flex" (the CUDA default): FlexAttention's split-KV decoding kernel (flex.py);
-- "sdpa": SDPA with the query heads of each K/V head folded into the query length.
+- "flex": FlexAttention's split-KV decoding kernel (flex.py);
+- "sdpa" (the default): SDPA with the query heads of each K/V head folded into the query length.
   transformers' own SDPA path would `repeat_kv` the whole cache for GQA whenever a mask is
   given (on CUDA), reading it `heads / kv_heads` times over; the fold reads it once.
 """
