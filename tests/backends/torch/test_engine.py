@@ -229,3 +229,31 @@ def test_flex_mask_visits_only_written_blocks(model, prefix):
             assert full.tolist() == list(range(p // BLOCK))
             want = sorted({*([p // BLOCK] if p % BLOCK else []), *range(cap // BLOCK, last + 1)})
             assert visited == want, (b, step)
+
+
+@pytest.mark.parametrize("engine", [True, False])
+def test_forced_lengths_end_each_row_exactly(model, prefix, engine):
+    """Forced lengths (benchmarks): row r stops after exactly lengths[r] tokens, eos ignored
+    (an eos the free run draws at step 1 does not end any row), in the engine and in the
+    eager loop alike; the tokens before the end are the free run's."""
+    from rollplex.backends.torch.decode import DecodeSession
+
+    rows = prefix.rows * G
+    lengths = [1 + (3 * r) % R for r in range(rows)]
+    free = _engine_decode(model, prefix)[0]
+    eos = int(free[0, 1])
+    if engine:
+        s = DecodeEngine(model).start(prefix, G, R, 0.0, 1.0, None, eos, lengths=lengths)
+        s.advance(2)
+        s.advance()
+        tokens, _, got = s.result()
+    else:
+        s = DecodeSession(model, expand_prefix(prefix, G), R, 0.0, 1.0, None, eos, 0, lengths)
+        s.advance()
+        tokens, got = s.result().tokens, s.result().lengths
+    assert got.tolist() == lengths
+    for r, n in enumerate(lengths):
+        assert torch.equal(tokens[r, :n], free[r, :n])
+        assert (tokens[r, n:] == 0).all()
+    with pytest.raises(ValueError, match="forced lengths"):
+        DecodeEngine(model).start(prefix, G, R, 0.0, 1.0, None, eos, lengths=[R + 1] * rows)

@@ -101,9 +101,11 @@ class DecodeEngine:
         generator: torch.Generator | Sequence[torch.Generator] | None,
         eos_id: int,
         pad_id: int | None = None,
+        lengths: Sequence[int] | None = None,
     ) -> EngineSession:
         """Sample `group_size` responses per row of `prefix` (one row per prompt, as
-        prefix_forward returns it): rows b*G .. b*G+G-1 are prompt b's."""
+        prefix_forward returns it): rows b*G .. b*G+G-1 are prompt b's. `lengths` forces
+        row r to end after exactly lengths[r] tokens, eos ignored (see Sampling)."""
         if max_new_tokens < 1 or group_size < 1:
             raise ValueError(
                 f"need max_new_tokens, group_size >= 1, got {max_new_tokens}, {group_size}"
@@ -117,6 +119,7 @@ class DecodeEngine:
         if pad_id is None:
             pad_id = self.model.config.text_config.pad_token_id or 0
         b, g = prefix.rows, group_size
+        caps = check_lengths(lengths, b * g, max_new_tokens)
         kv = cache_kv(prefix.cache)
         shape = Shape(
             self.bucket_prompts(b, g),
@@ -141,6 +144,11 @@ class DecodeEngine:
             ws.step.zero_()
             ws.done.zero_()
             ws.done[b * g :] = True  # padding rows: masked from the start
+            ws.caps.fill_(max_new_tokens)
+            ws.eos.fill_(eos_id)
+            if caps is not None:
+                ws.caps[: b * g] = torch.tensor(caps, device=self.device)
+                ws.eos.fill_(-1)
             ws.lengths.zero_()
             ws.tokens.fill_(pad_id)
             ws.logprobs.zero_()
@@ -198,6 +206,16 @@ class DecodeEngine:
         for t, s in zip(mutable, saved, strict=True):
             t.copy_(s)
         return graph
+
+
+def check_lengths(lengths: Sequence[int] | None, rows: int, cap: int) -> list[int] | None:
+    """Forced lengths, one per row, each in [1, cap]; raises ValueError otherwise."""
+    if lengths is None:
+        return None
+    out = [int(x) for x in lengths]
+    if len(out) != rows or not all(1 <= x <= cap for x in out):
+        raise ValueError(f"forced lengths need {rows} values in [1, {cap}], got {out[:8]}...")
+    return out
 
 
 class EngineSession:

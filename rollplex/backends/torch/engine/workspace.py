@@ -63,6 +63,8 @@ class Workspace:
         self.step = torch.zeros(1, **long)  # response step of `token`
         self.seeds = torch.zeros(n, **long)
         self.done = torch.zeros(n, dtype=torch.bool, device=device)
+        self.caps = torch.full((n,), r, **long)  # forced length per row (else the cap)
+        self.eos = torch.full((), shape.eos_id, **long)  # -1 while lengths are forced
         self.lengths = torch.zeros(n, **long)
         self.tokens = torch.full((n, r), shape.pad_id, **long)
         self.logprobs = torch.zeros((n, r), dtype=torch.float32, device=device)
@@ -72,6 +74,7 @@ class Workspace:
 
     def tensors(self) -> list[torch.Tensor]:
         mine = [self.token, self.position, self.step, self.seeds, self.done, self.lengths]
+        mine += [self.caps, self.eos]
         return [*self.cache.tensors(), *mine, self.tokens, self.logprobs]
 
     def record(self, column: torch.Tensor, logits: torch.Tensor) -> None:
@@ -82,7 +85,7 @@ class Workspace:
         self.tokens.index_copy_(1, column, torch.where(live, nxt, s.pad_id)[:, None])
         self.logprobs.index_copy_(1, column, torch.where(live, lp, 0.0)[:, None])
         self.lengths.add_(live.long())
-        self.done.logical_or_(live & (nxt == s.eos_id))
+        self.done.logical_or_(live & ((nxt == self.eos) | (column + 1 >= self.caps)))
         self.token.copy_(nxt)
 
     def body(self, forward: DecodeStep, kv_len: int) -> None:
