@@ -152,8 +152,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--print-job", action="store_true", help="print the workload overrides")
     ap.add_argument("extra", nargs="*", help="more Hydra overrides for every schedule")
     args = ap.parse_args()
+    if args.print_job:  # for bench/gpu_disagg.sh's JOB_EXTRA: the same workload on 2 GPUs
+        skip = ("model", "hardware", "train.device", "schedule")
+        print(" ".join(o for o in overrides(args, "rollplex") if not o.startswith(skip)))
+        return
     out = args.out or Path(os.environ.get("OUT") or "bench/results/gpu_step")
     root = out / f"runs_{args.shape}"
     start = time.perf_counter()
@@ -211,6 +216,7 @@ def summarize(args, runs: dict, ok: dict, wall: float) -> dict:
         "speedup_vs_serial_dedup": ratio("serial_dedup"),
         "speedup_vs_serial_verl": ratio("verl"),
         "speedup_vs_disaggregated": None,  # two GPUs: bench/gpu_disagg.sh
+        "decode_bw_efficiency": None,  # bench/gpu_step.sh adds gpu_decode.py's, same call
         "peak_measured_over_planned": {k: v["peak_measured_over_planned"] for k, v in ok.items()},
         # planned with serial_dedup's measured op times (serial_dedup itself: the cost
         # model's own times, uncalibrated)
