@@ -164,6 +164,10 @@ class RoleDispatch(Backend):
         self._externals = self.roles.externals.bind(graph)
         self.roles.hooks.bind(graph)
 
+    def train_micro_batches(self, count: int) -> None:
+        if self.trainer is not None:
+            self.trainer.micro_batches = count
+
     def begin_step(self, step: int, inputs: StepInputs) -> dict[str, Any]:
         hooks = self.roles.hooks
         self.metrics = {}

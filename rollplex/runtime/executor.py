@@ -63,6 +63,18 @@ class ExecutionError(RuntimeError):
     """The plan and what the backend holds disagree (a value missing, a stale version)."""
 
 
+def plan_micro_batches(plan: Plan) -> int:
+    """The training micro-batch count the plan was sized with (1 for a plan that has
+    none: the whole step in one forward and backward)."""
+    count = plan.meta.get("train_micro_batches", 1)
+    if not isinstance(count, int) or count < 1:
+        raise ExecutionError(
+            f"plan meta train_micro_batches={count!r}: expected an integer >= 1 "
+            "(planned from schedule.train_micro_tokens)"
+        )
+    return count
+
+
 class Executor:
     def __init__(
         self,
@@ -93,6 +105,7 @@ class Executor:
             if s.kind not in COPY_KINDS and s.op not in graph.ops:
                 raise ExecutionError(f"plan step '{s.name}' names op '{s.op}', not in the graph")
         backend.bind(graph)
+        backend.train_micro_batches(plan_micro_batches(plan))
         self._allocs, self._frees = self._effects()
         self._engine = engine_schedule(plan, self.order)
         self._owned = self._ownership()
