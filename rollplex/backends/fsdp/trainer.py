@@ -30,6 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from rollplex.backends.base import LiveWeights
 from rollplex.backends.fsdp.shard import full, local, shard_model
+from rollplex.backends.torch.loss import agg_units
 from rollplex.backends.torch.model import load_model, save_model
 from rollplex.backends.torch.prefix import Model
 from rollplex.backends.torch.roles import weights_params
@@ -41,6 +42,7 @@ from rollplex.specs.fsdp import FsdpSpec
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 AGGREGATED = frozenset({"loss", "pg_loss", "kl"})  # aggregated by loss_agg_mode
+UNSCALED = frozenset({"tokens", "train_micro_batches"})  # the same on every rank
 
 
 class ShardedWeightsHandle(WeightsHandle):
@@ -115,13 +117,15 @@ class FsdpTrainer(TorchTrainer):
         tokens = self._share(mask.sum())
         loss_share = tokens if self.algo.loss_agg_mode == "token-mean" else None
         if loss_share is None:  # the seq-mean modes average over sequences with a token
-            loss_share = self._share(mask.any(-1).sum())
+            loss_share = self._share(agg_units(mask, self.algo.loss_agg_mode))
         # Metrics too, so their mean over ranks (end_step) is the global batch's.
         metrics = {
-            k: v * (loss_share if k in AGGREGATED else tokens) if k != "tokens" else v
+            k: v * (loss_share if k in AGGREGATED else tokens) if k not in UNSCALED else v
             for k, v in out.metrics.items()
         }
-        return Loss(out.value * loss_share.to(out.value.dtype), metrics)
+        scaled = out.scaled(loss_share)  # every micro-batch's term too
+        scaled.metrics = metrics
+        return scaled
 
     def _share(self, n_local: torch.Tensor) -> torch.Tensor:
         """world * n_local / n_global: the factor that turns this rank's mean over its
