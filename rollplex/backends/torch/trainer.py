@@ -5,6 +5,7 @@ layer checkpointed, with one optimizer step after all of them."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,6 +48,8 @@ from rollplex.backends.torch.values import (
 from rollplex.data.prompts import PromptBatch
 from rollplex.specs import AlgoSpec, ModelSpec
 
+log = logging.getLogger(__name__)
+
 
 class TorchTrainer(Trainer):
     """AdamW on the graph's trained parameters, clipped to `algo.max_grad_norm`."""
@@ -61,6 +64,7 @@ class TorchTrainer(Trainer):
             self.params, lr=algo.lr, betas=tuple(algo.adam_betas), weight_decay=algo.weight_decay
         )
         self.counter = VersionCounter(version)
+        self._clamped: set[tuple[int, int]] = set()  # (units, count) already warned about
 
     def handle(self) -> WeightsHandle:
         return WeightsHandle(
@@ -96,7 +100,7 @@ class TorchTrainer(Trainer):
     ) -> tuple[TokenLogprobs, SavedActivations]:
         """Response logprobs in micro-batches of whole prompts' groups."""
         micro = MicroBatches()
-        for lo, hi in micro_ranges(prefix.rows, self.micro_batches):
+        for lo, hi in self._ranges(prefix.rows, "prompts (a group shares its prefix)"):
             rows = slice(lo * group_size, hi * group_size)
             with self._micro_batch(micro, (rows.start, rows.stop)) as out:
                 state = expand_prefix(prefix_rows(prefix, lo, hi, micro.boundary), group_size)
@@ -116,7 +120,7 @@ class TorchTrainer(Trainer):
     ) -> tuple[TokenLogprobs, SavedActivations]:
         """The per-sample forward (verl's) in micro-batches of whole samples."""
         micro = MicroBatches()
-        for lo, hi in micro_ranges(features.rows, self.micro_batches):
+        for lo, hi in self._ranges(features.rows, "samples"):
             a, b = sum(features.tokens[:lo]), sum(features.tokens[:hi])
             with self._micro_batch(micro, (lo, hi)) as out:
                 out.append(
@@ -130,6 +134,18 @@ class TorchTrainer(Trainer):
                     )
                 )
         return self._logprobs(micro, responses)
+
+    def _ranges(self, units: int, what: str) -> list[tuple[int, int]]:
+        if self.micro_batches > units and (units, self.micro_batches) not in self._clamped:
+            self._clamped.add((units, self.micro_batches))
+            log.warning(
+                "the plan's %d training micro-batches exceed this step's %d %s: running %d",
+                self.micro_batches,
+                units,
+                what,
+                units,
+            )
+        return micro_ranges(units, self.micro_batches)
 
     @contextmanager
     def _micro_batch(
