@@ -8,6 +8,11 @@ loss with AlgoSpec's settings, clipping, AdamW); this class only
   prompts, so its local token-mean is rescaled by (local count / global count) * world.
   FSDP averages gradients over the world, which gives the gradient of the global
   token-mean (or sequence-mean) — the update a one-process run of the whole batch makes;
+  in micro-batches (the torch trainer's, micro.py) every micro-batch's loss term gets the
+  same factor. Each micro-batch's backward reduce-scatters its gradients, which FSDP2 sums
+  into the sharded gradients: M reduce-scatters a step instead of one, but the gradients
+  stay sharded, as the plan sizes them (`set_requires_gradient_sync(False)` would hold
+  whole unsharded gradients on every rank until the last micro-batch);
 - gathers full parameters where a whole model is needed (rollout sync, Hub export).
 """
 
