@@ -165,8 +165,9 @@ class RoleDispatch(Backend):
         self.roles.hooks.bind(graph)
 
     def train_micro_batches(self, count: int) -> None:
-        if self.trainer is not None:
-            self.trainer.micro_batches = count
+        for owner in (self.trainer, self.critic):
+            if owner is not None:
+                owner.micro_batches = count
 
     def begin_step(self, step: int, inputs: StepInputs) -> dict[str, Any]:
         hooks = self.roles.hooks

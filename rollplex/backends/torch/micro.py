@@ -25,7 +25,8 @@ where the plan keeps its activations whole until the backward).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -35,7 +36,12 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv, fork_cache
-from rollplex.backends.torch.values import SavedActivations
+from rollplex.backends.torch.roles import capture_saved, masked_logprobs
+from rollplex.backends.torch.values import Responses, SavedActivations, TokenLogprobs
+
+log = logging.getLogger(__name__)
+_WARNED: set[tuple[int, int, str]] = set()
+GROUPS = "prompts (a group shares its prefix)"
 
 
 def micro_ranges(units: int, count: int) -> list[tuple[int, int]]:
@@ -47,6 +53,21 @@ def micro_ranges(units: int, count: int) -> list[tuple[int, int]]:
         raise ValueError(f"no rows to cut into micro-batches ({units})")
     n = min(count, units)
     return [(units * i // n, units * (i + 1) // n) for i in range(n)]
+
+
+def planned_ranges(units: int, count: int, what: str) -> list[tuple[int, int]]:
+    """`micro_ranges`, saying once in the run log when the plan's count exceeds the units
+    (the plan counts tokens; a micro-batch holds at least one of `what`)."""
+    if count > units and (units, count, what) not in _WARNED:
+        _WARNED.add((units, count, what))
+        log.warning(
+            "the plan's %d training micro-batches exceed this step's %d %s: running %d",
+            count,
+            units,
+            what,
+            units,
+        )
+    return micro_ranges(units, count)
 
 
 @dataclass(slots=True, eq=False)
@@ -109,6 +130,34 @@ class MicroBatches:
 
     def values(self) -> torch.Tensor:
         return torch.cat([x.detach() for x in self.logprobs])
+
+
+def forward_micro_batches(
+    model: Model,
+    ranges: list[tuple[int, int]],
+    rows_per_unit: int,
+    forward: Callable[[int, int, Boundary], torch.Tensor],
+) -> MicroBatches:
+    """`forward(lo, hi, boundary)` with grad over each range of units (prompts or samples),
+    every decoder layer checkpointed; it returns the [rows, R] outputs of units [lo, hi),
+    which are sample rows [lo * rows_per_unit, hi * rows_per_unit)."""
+    micro = MicroBatches()
+    for lo, hi in ranges:
+        saved = SavedActivations()
+        with torch.enable_grad(), capture_saved(saved), checkpointed_layers(model, saved):
+            out = forward(lo, hi, micro.boundary)
+        micro.add((lo * rows_per_unit, hi * rows_per_unit), out, saved)
+    return micro
+
+
+def micro_logprobs(
+    micro: MicroBatches, responses: Responses
+) -> tuple[TokenLogprobs, SavedActivations]:
+    """The micro-batches' outputs as one value (detached; the graphs stay in `micro`) and
+    what they keep for backward, as the graph's `logprobs` and `saved` values."""
+    out = masked_logprobs(micro.values(), responses)
+    out.micro = micro
+    return out, SavedActivations(parts=list(micro.saved))
 
 
 def backward_micro_batches(terms: list[torch.Tensor | None], micro: MicroBatches) -> None:
@@ -184,7 +233,8 @@ def _checkpointed(
         return inner(h, *rest, **{**kwargs, key: _ReplayCache(before)})
 
     saved.saved.append(hidden)  # what the checkpoint keeps: the layer's input
-    return checkpoint(run, hidden, use_reentrant=False)
+    # A decoder layer draws no random numbers (no dropout): no RNG state to save per call.
+    return checkpoint(run, hidden, use_reentrant=False, preserve_rng_state=False)
 
 
 @contextmanager

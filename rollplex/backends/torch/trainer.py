@@ -5,9 +5,7 @@ layer checkpointed, with one optimizer step after all of them."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -18,10 +16,13 @@ from rollplex.backends.capabilities import TORCH_SCORER, RoleCapabilities
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs
 from rollplex.backends.torch.loss import micro_batch_weights, policy_loss
 from rollplex.backends.torch.micro import (
-    MicroBatches,
+    GROUPS,
+    Boundary,
     backward_micro_batches,
     checkpointed_layers,
-    micro_ranges,
+    forward_micro_batches,
+    micro_logprobs,
+    planned_ranges,
     prefix_rows,
 )
 from rollplex.backends.torch.model import load_model, save_model
@@ -30,7 +31,6 @@ from rollplex.backends.torch.roles import (
     capture_saved,
     features_of,
     freeze_for_graph,
-    masked_logprobs,
     weights_params,
 )
 from rollplex.backends.torch.rows import merge_chunks
@@ -48,8 +48,6 @@ from rollplex.backends.torch.values import (
 from rollplex.data.prompts import PromptBatch
 from rollplex.specs import AlgoSpec, ModelSpec
 
-log = logging.getLogger(__name__)
-
 
 class TorchTrainer(Trainer):
     """AdamW on the graph's trained parameters, clipped to `algo.max_grad_norm`."""
@@ -64,7 +62,6 @@ class TorchTrainer(Trainer):
             self.params, lr=algo.lr, betas=tuple(algo.adam_betas), weight_decay=algo.weight_decay
         )
         self.counter = VersionCounter(version)
-        self._clamped: set[tuple[int, int]] = set()  # (units, count) already warned about
 
     def handle(self) -> WeightsHandle:
         return WeightsHandle(
@@ -99,70 +96,36 @@ class TorchTrainer(Trainer):
         self, prefix: PrefixState, responses: Responses, group_size: int
     ) -> tuple[TokenLogprobs, SavedActivations]:
         """Response logprobs in micro-batches of whole prompts' groups."""
-        micro = MicroBatches()
-        for lo, hi in self._ranges(prefix.rows, "prompts (a group shares its prefix)"):
+
+        def forward(lo: int, hi: int, boundary: Boundary) -> torch.Tensor:
             rows = slice(lo * group_size, hi * group_size)
-            with self._micro_batch(micro, (rows.start, rows.stop)) as out:
-                state = expand_prefix(prefix_rows(prefix, lo, hi, micro.boundary), group_size)
-                out.append(
-                    response_logprobs(
-                        self.model,
-                        state,
-                        responses.tokens[rows],
-                        responses.lengths[rows],
-                        self.algo.temperature,
-                    )
-                )
-        return self._logprobs(micro, responses)
+            state = expand_prefix(prefix_rows(prefix, lo, hi, boundary), group_size)
+            tokens, lengths = responses.tokens[rows], responses.lengths[rows]
+            return response_logprobs(self.model, state, tokens, lengths, self.algo.temperature)
+
+        ranges = planned_ranges(prefix.rows, self.micro_batches, GROUPS)
+        return micro_logprobs(
+            forward_micro_batches(self.model, ranges, group_size, forward), responses
+        )
 
     def logprob(
         self, features: Features, text: PromptBatch, responses: Responses
     ) -> tuple[TokenLogprobs, SavedActivations]:
         """The per-sample forward (verl's) in micro-batches of whole samples."""
-        micro = MicroBatches()
-        for lo, hi in self._ranges(features.rows, "samples"):
+
+        def forward(lo: int, hi: int, boundary: Boundary) -> torch.Tensor:
             a, b = sum(features.tokens[:lo]), sum(features.tokens[:hi])
-            with self._micro_batch(micro, (lo, hi)) as out:
-                out.append(
-                    features_full_logprobs(
-                        self.model,
-                        text.select(lo, hi),
-                        micro.boundary.cut(features.values, a, b),
-                        responses.tokens[lo:hi],
-                        responses.lengths[lo:hi],
-                        self.algo.temperature,
-                    )
-                )
-        return self._logprobs(micro, responses)
-
-    def _ranges(self, units: int, what: str) -> list[tuple[int, int]]:
-        if self.micro_batches > units and (units, self.micro_batches) not in self._clamped:
-            self._clamped.add((units, self.micro_batches))
-            log.warning(
-                "the plan's %d training micro-batches exceed this step's %d %s: running %d",
-                self.micro_batches,
-                units,
-                what,
-                units,
+            return features_full_logprobs(
+                self.model,
+                text.select(lo, hi),
+                boundary.cut(features.values, a, b),
+                responses.tokens[lo:hi],
+                responses.lengths[lo:hi],
+                self.algo.temperature,
             )
-        return micro_ranges(units, self.micro_batches)
 
-    @contextmanager
-    def _micro_batch(
-        self, micro: MicroBatches, rows: tuple[int, int]
-    ) -> Iterator[list[torch.Tensor]]:
-        """One micro-batch's forward with grad: the block appends its logprobs."""
-        saved, out = SavedActivations(), []
-        with torch.enable_grad(), capture_saved(saved), checkpointed_layers(self.model, saved):
-            yield out
-        micro.add(rows, out[0], saved)
-
-    def _logprobs(
-        self, micro: MicroBatches, responses: Responses
-    ) -> tuple[TokenLogprobs, SavedActivations]:
-        out = masked_logprobs(micro.values(), responses)
-        out.micro = micro
-        return out, SavedActivations(parts=list(micro.saved))
+        ranges = planned_ranges(features.rows, self.micro_batches, "samples")
+        return micro_logprobs(forward_micro_batches(self.model, ranges, 1, forward), responses)
 
     def loss(
         self,

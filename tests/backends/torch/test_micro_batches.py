@@ -11,12 +11,19 @@ import itertools
 import pytest
 import torch
 
-from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs
+from rollplex.backends.torch.critic import TorchCritic, build_critic_model
+from rollplex.backends.torch.logprob import (
+    features_full_head_outputs,
+    features_full_logprobs,
+    response_head_outputs,
+    response_logprobs,
+)
 from rollplex.backends.torch.loss import (
     group_advantages,
     leave_one_out_advantages,
     micro_batch_weights,
     policy_loss,
+    value_loss,
 )
 from rollplex.backends.torch.micro import micro_ranges
 from rollplex.backends.torch.model import build_model
@@ -68,21 +75,22 @@ def _rollout(spec, estimator: str, seed: int = 0):
     return Responses(tokens, lengths), mask, adv, gen
 
 
-def _reference(model, spec, batch, responses, shared: bool):
-    """One forward with grad over every sample, no micro-batches, no checkpointing."""
+def _reference(model, spec, batch, responses, shared: bool, head: bool = False):
+    """One forward with grad over every sample, no micro-batches, no checkpointing:
+    logprobs, or with `head` the head's outputs (a critic's values) [S, R]."""
     with torch.set_grad_enabled(spec.trainable_vision):
         feats = features_of(model, Pixels.of(batch))
     if shared:
         state = prefix_forward(model, batch.text_only(), feats.values, grad=True)
         state = expand_prefix(state, G)
+        if head:
+            first, rest = response_head_outputs(model, state, responses.tokens, responses.lengths)
+            return torch.cat([first.float(), rest.squeeze(-1).float()], 1)
         return response_logprobs(model, state, responses.tokens, responses.lengths)
-    return features_full_logprobs(
-        model,
-        batch.text_only().repeat(G),
-        feats.repeat(G).values,
-        responses.tokens,
-        responses.lengths,
-    )
+    args = (batch.text_only().repeat(G), feats.repeat(G).values, responses.tokens)
+    if head:
+        return features_full_head_outputs(model, *args, responses.lengths).squeeze(-1).float()
+    return features_full_logprobs(model, *args, responses.lengths)
 
 
 def _old_and_ref(spec, batch, responses, mask, gen):
@@ -199,3 +207,38 @@ def test_micro_batch_weights_sum_the_whole_batch_loss():
         assert torch.allclose(sum(parts), aggregate(x, mask, mode), rtol=1e-6)
     with pytest.raises(ValueError, match="loss_agg_mode"):
         micro_batch_weights(mask, rows, "sum")
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_critic_micro_batches_equal_one_batch(spec, prompts, shared):
+    """PPO's critic trains in the same micro-batches: value loss and gradients match one
+    plain forward and backward."""
+    responses, mask, _, gen = _rollout(spec, "ppo")
+    returns = torch.randn(mask.shape, generator=gen)
+    old = TokenLogprobs(torch.where(mask, 0.1 * torch.randn(mask.shape, generator=gen), 0.0), mask)
+
+    def critic():
+        policy = build_model(spec, seed=0)
+        return TorchCritic(build_critic_model(policy, spec, seed=0), spec, AlgoSpec(name="ppo"))
+
+    plain = critic()
+    head = _reference(plain.model, spec, prompts, responses, shared, head=True)
+    loss, _ = value_loss(torch.where(mask, head, 0.0), returns, old.values, mask, 0.2)
+    loss.backward()
+    grads = {n: p.grad for n, p in plain.model.named_parameters() if p.grad is not None}
+    for micro in (2, 3):
+        c = critic()
+        c.micro_batches = micro
+        feats, text = features_of(c.model, Pixels.of(prompts)), prompts.text_only()
+        if shared:
+            state, _ = c.trainer.logprob_prefix(feats, text)
+            values, _ = c.trainer.logprob_response(state, responses, G)
+        else:
+            values, _ = c.trainer.logprob(feats.repeat(G), text.repeat(G), responses)
+        out = c.loss(values, returns, old, clip=0.2)
+        c.backward(out)
+        assert len(values.micro.rows) == micro
+        assert torch.allclose(out.value, loss, rtol=1e-5, atol=0)
+        got = {n: p.grad for n, p in c.model.named_parameters() if p.grad is not None}
+        assert got.keys() == grads.keys()
+        assert all(_close(got[n], g) for n, g in grads.items())
