@@ -77,7 +77,8 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
     weights = lm_weight_bytes(model)
     gen = torch.Generator().manual_seed(0)
     g, r = args.group, args.new
-    engine = DecodeEngine(model, keep_workspace=True)
+    engine = DecodeEngine(model, keep_workspace=True)  # SDPA, compiled layers on CUDA
+    others = {a: DecodeEngine(model, keep_workspace=True, **VARIANTS[a]) for a in args.compare}
     rows_out = []
     for rows in args.batches:
         if time.perf_counter() > deadline:
@@ -118,13 +119,28 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
             "engine_ms_per_step": 1e3 * rep.step_seconds,
             "engine_tokens_per_s": prompts * g / rep.step_seconds,
             "engine_hbm_share": rep.efficiency,
+            "decode_bw_efficiency": rep.efficiency,
+            "engine_attention": engine.attention,
             "bytes_per_step": rep.bytes_per_step,
             "cuda_graphs": engine.use_graphs,
             "graph_error": graph_error,
             "warmup_capture_s": warm,
-            "sdpa_backend": sdpa_backend(model, engine),
             "workspace_bytes": engine.workspace.cache.nbytes() if engine.workspace else 0,
         }
+        for attention, other in others.items():  # the same engine, another attention kernel
+            _, t = engine_runs(other, prefix, g, r, dev, args.repeats)
+            o = roofline(weights, reads, kv_tok, steps, statistics.median(t), hw.hbm_bandwidth)
+            entry[f"{attention}_ms_per_step"] = 1e3 * o.step_seconds
+            entry[f"{attention}_hbm_share"] = o.efficiency
+            if other.attention == "sdpa":
+                entry["sdpa_backend"] = sdpa_backend(model, other)
+            if prompts * g not in args.profile:
+                other.release()
+        if prompts * g in args.profile and dev.type == "cuda":
+            guarded(entry, kernel_profile, engine, prefix, g, dev)
+            for variant, other in others.items():
+                entry[f"{variant}_profile"] = {}
+                guarded(entry[f"{variant}_profile"], kernel_profile, other, prefix, g, dev)
         if prompts * g <= args.eager_max_batch and time.perf_counter() < deadline:
             guarded(entry, eager_loop, model, prefix, g, args, dev, weights, kv_tok, lengths, hw)
             guarded(entry, greedy_agreement, model, engine, prefix, g, args.check_steps)
@@ -133,10 +149,41 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
         print(json.dumps(entry), flush=True)
         rows_out.append(entry)
     engine.release()
-    del model
+    del model, others
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return rows_out
+
+
+# Engines compared side by side with the default one (SDPA, compiled layers).
+VARIANTS = {
+    "flex": {"attention": "flex"},
+    "uncompiled": {"compile": False},
+    "sdpa_uncompiled": {"attention": "sdpa", "compile": False},  # the engine before flex
+}
+
+
+def kernel_profile(engine, prefix, g: int, dev, steps: int = 4, top: int = 8) -> dict:
+    """Kernels per decode step and the busiest kernels, from torch.profiler over `steps`
+    graph replays (or eager steps)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    s = engine.start(prefix, g, steps + 8, 1.0, 1.0, torch.Generator(dev).manual_seed(1), -1)
+    s.advance(2)  # graphs captured outside the profile
+    sync(dev)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        s.advance(steps)
+        sync(dev)
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    busy: dict[str, float] = {}
+    for e in kernels:
+        busy[e.name[:60]] = busy.get(e.name[:60], 0.0) + e.device_time / steps
+    total = sum(busy.values())
+    return {
+        "kernels_per_step": len(kernels) / steps,
+        "kernel_us_per_step": total,
+        "top_kernels_us": dict(sorted(busy.items(), key=lambda kv: -kv[1])[:top]),
+    }
 
 
 def guarded(entry: dict, fn, *args) -> None:
@@ -241,23 +288,26 @@ def _formatter(e: dict):
     return f
 
 
-def table(rows: list[dict], hw_name: str) -> str:
-    head = (
-        f"| model | batch | engine ms/step | tokens/s | HBM share ({hw_name}) | eager ms/step "
-        "| eager HBM share | greedy rows equal |\n|---|---|---|---|---|---|---|---|"
+def table(rows: list[dict], hw_name: str, variants: list[str]) -> str:
+    """Engine (default) ms/step and HBM share, each variant's, the eager loop's."""
+    cols = ["engine", *variants, "eager"]
+    head = "| model | batch | tokens/s | " + " | ".join(
+        f"{c} ms/step | {c} HBM share ({hw_name})" for c in cols
     )
-    lines = [head]
+    lines = [head + " |", "|---|---|---|" + "---|---|" * len(cols)]
     for e in rows:
         if "skipped" in e:
-            lines.append(f"| {e['model']} | {e['batch']} | skipped | | | | | |")
+            lines.append(f"| {e['model']} | {e['batch']} | skipped |" + " | |" * len(cols))
             continue
         f = _formatter(e)
+        cells = []
+        for c in cols:
+            share = e.get(f"{c}_hbm_share")
+            cells += [f(f"{c}_ms_per_step", ".2f"), f"{100 * share:.0f}%" if share else "-"]
         lines.append(
-            f"| {e['model']} | {e['batch']} | {f('engine_ms_per_step', '.2f')} "
-            f"| {f('engine_tokens_per_s', ',.0f')} | {100 * e['engine_hbm_share']:.0f}% "
-            f"| {f('eager_ms_per_step', '.1f')} | "
-            + (f"{100 * e['eager_hbm_share']:.0f}%" if "eager_hbm_share" in e else "-")
-            + f" | {f('greedy_rows_equal', '.2f')} |"
+            f"| {e['model']} | {e['batch']} | {f('engine_tokens_per_s', ',.0f')} | "
+            + " | ".join(cells)
+            + " |"
         )
     return "\n".join(lines)
 
@@ -272,6 +322,10 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=600, help="prompt tokens (image + text)")
     ap.add_argument("--new", type=int, default=256, help="new tokens per row")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--compare", default="flex,sdpa_uncompiled", help=f"engine variants: {list(VARIANTS)}"
+    )
+    ap.add_argument("--profile", default="", help="batches whose kernels are profiled")
     ap.add_argument("--eager-max-batch", type=int, default=8, help="eager loop up to this batch")
     ap.add_argument("--eager-steps", type=int, default=16)
     ap.add_argument("--check-steps", type=int, default=32, help="greedy agreement steps")
@@ -281,6 +335,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     args.batches = [int(x) for x in args.batches.split(",")]
+    args.compare = [a for a in args.compare.split(",") if a]
+    args.profile = [int(x) for x in args.profile.split(",") if x]
     dev = torch.device(args.device)
     if dev.type == "cpu":
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
@@ -308,7 +364,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"\nwrote {out} ({result['wall_s']:.0f} s, {device}, torch {torch.__version__})")
-    print(table(rows, args.hardware))
+    print(table(rows, args.hardware, args.compare))
 
 
 if __name__ == "__main__":

@@ -79,6 +79,10 @@ class Sampling:
     top_p: float
     eos_id: int
     pad_id: int
+    # Forced response lengths, one per row (prompt-major): row r ends after exactly
+    # lengths[r] tokens and eos is ignored. Benchmarks give random-weight models (which
+    # never stop) the workload's length distribution; None: rows end at eos or the cap.
+    lengths: tuple[int, ...] | None = None
 
 
 class DecodeSession(ABC):

@@ -61,6 +61,12 @@ log = logging.getLogger(__name__)
 def check_spec(spec: RunSpec) -> None:
     """What the torch backend and the synthetic task can run; raises ValueError."""
     t, w = spec.train, spec.workload
+    fsdp_tp = spec.backend.trainer == "fsdp" and spec.backend.fsdp.rollout_tp > 1
+    if t.response_lengths == "workload" and fsdp_tp:
+        raise ValueError(
+            "train.response_lengths=workload with backend.fsdp.rollout_tp > 1: a TP group "
+            "decodes its members' rows together; use rollout_tp=1"
+        )
     if spec.algo.kl_in_reward and spec.backend.rollout == "vllm":
         raise ValueError(
             "algo.kl_in_reward with backend.rollout=vllm: the KL penalty in the reward needs "
@@ -141,6 +147,7 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
         t.max_new_tokens,
         device=t.device,
         scorer=prepared.scorer,
+        forced_lengths=workload.response_length if t.response_lengths == "workload" else None,
     )
     engine_kv = engine_kv_budget(plan)  # the plan's KV pool for an engine rollout
     fsdp = spec.backend.trainer == "fsdp"

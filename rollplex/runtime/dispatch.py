@@ -74,6 +74,9 @@ class StepConfig:
     # Scores decoded responses against their samples (rollplex.runtime.scoring); None:
     # the built-in task's token-id `reward`.
     scorer: Any = None
+    # Draw each response's length from this distribution (a ResponseLengthSpec), eos
+    # ignored: benchmarks of random-weight models, which never stop (train.response_lengths)
+    forced_lengths: Any = None
 
 
 @dataclass(slots=True)
@@ -117,6 +120,7 @@ class RoleDispatch(Backend):
         self._critic_ops: frozenset[str] = frozenset()
         self._externals: dict[str, str] = {}
         self._generator: Any = None  # a torch.Generator, or one per row (StepHooks)
+        self._step = 0
         self._inputs: StepInputs | None = None
         self.metrics: dict[str, torch.Tensor] = {}
         self.role_free = RoleFreeOps(self)
@@ -174,6 +178,7 @@ class RoleDispatch(Backend):
         self.metrics = {}
         self._inputs = inputs = hooks.inputs(step, inputs)
         self._generator = hooks.generator(step, self.config.seed, self.device)
+        self._step = step
         return self.roles.externals.supply(self._externals, inputs, self)
 
     def residency(self, action: Any) -> None:

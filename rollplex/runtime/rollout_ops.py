@@ -14,6 +14,7 @@ through `RolloutRole` alone:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,14 @@ if TYPE_CHECKING:
     from rollplex.runtime.dispatch import RoleDispatch
 
 log = logging.getLogger(__name__)
+
+
+def forced_lengths(dist: Any, rows: int, cap: int, seed: int, step: int) -> tuple[int, ...]:
+    """One length per row drawn from `dist` (a ResponseLengthSpec) by its quantiles, capped
+    at `cap`: a function of (seed, step, row), so every schedule of a run sees the same."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    u = torch.rand(rows, generator=gen, dtype=torch.float64).clamp(1e-6, 1 - 1e-6)
+    return tuple(min(cap, max(1, round(dist.quantile(float(q))))) for q in u)
 
 
 class RolloutOps:
@@ -50,8 +59,9 @@ class RolloutOps:
         self.check_weights(op, x["weights"])
         if chunk.index == 0:
             prefix = x["kv"] if op.kind == "decode" else self._engine_prompts(op, x)
+            group = op.attrs["group_size"]
             carry["session"] = self.rollout.start_decode(
-                prefix, op.attrs["group_size"], d.sampling, d._generator
+                prefix, group, self._sampling(prefix.rows * group), d._generator
             )
         session = carry.get("session")
         if session is None:
@@ -69,6 +79,17 @@ class RolloutOps:
         if logprobs is not None and not self.rollout.capabilities.scaled_logprobs:
             logprobs = None  # not of the distribution the trainer scores: not old logprobs
         return {"responses": responses, "logprobs": logprobs}
+
+    def _sampling(self, rows: int) -> Sampling:
+        """The step's sampling, with forced lengths when the run asks for them."""
+        d = self.d
+        dist = d.config.forced_lengths
+        if dist is None:
+            return d.sampling
+        cap = d.sampling.max_new_tokens
+        return dataclasses.replace(
+            d.sampling, lengths=forced_lengths(dist, rows, cap, d.config.seed, d._step)
+        )
 
     def _engine_prompts(self, op: Op, x: dict[str, Any]) -> Any:
         """`generate`: the engine takes the prompts' raw media and token ids and runs vision

@@ -44,6 +44,13 @@ class TrainSpec(Spec):
         description="Generation cap of the tiny task (at most "
         "workload.response_length.max, which the plan is sized for).",
     )
+    response_lengths: Literal["model", "workload"] = Field(
+        "model",
+        description="model: a response ends at eos or train.max_new_tokens; workload: each "
+        "response runs (eos ignored) to a length drawn from workload.response_length, "
+        "capped by train.max_new_tokens, the same for every schedule of one seed "
+        "(benchmarks: random-weight models never stop).",
+    )
     device: str = Field("cpu", description="torch device: cpu or cuda.")
     deterministic: bool = Field(True, description="torch deterministic algorithms.")
     eval_every: int = Field(

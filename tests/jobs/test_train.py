@@ -219,3 +219,37 @@ def test_kl_in_reward_with_a_vllm_rollout_is_refused_before_any_work(tmp_path):
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "kl_in_reward with backend.rollout=vllm" in p.stderr
     assert not (tmp_path / "out" / "plan.json").exists()
+
+
+def test_forced_response_lengths_are_the_workloads_and_shared_by_schedules(tmp_path):
+    """train.response_lengths=workload: each response runs to a length drawn from
+    workload.response_length (eos ignored), the same draws under every schedule."""
+    from rollplex.runtime.rollout_ops import forced_lengths
+    from rollplex.specs import WORKLOAD_PRESETS
+
+    over = ("train.response_lengths=workload", "train.max_new_tokens=16", "train.steps=2")
+    over += ("train.checkpoint_every=0",)
+    means = {}
+    for schedule in ("serial", "rollplex"):
+        run = tmp_path / schedule
+        p = train(run, *over, f"schedule={schedule}")
+        assert p.returncode == 0, p.stderr[-3000:]
+        rows = (run / "metrics.csv").read_text().splitlines()
+        col = rows[0].split(",").index("response_length")
+        means[schedule] = [float(r.split(",")[col]) for r in rows[1:]]
+    w = WORKLOAD_PRESETS["tiny"]
+    rows = w.prompts_per_step * 16  # conf/train.yaml's group size
+    want = [sum(forced_lengths(w.response_length, rows, 16, 0, s)) / rows for s in (0, 1)]
+    assert means["serial"] == means["rollplex"]
+    assert means["serial"] == pytest.approx(want, abs=1e-4)
+    assert len(set(want)) == 2 and all(1 < m < 16 for m in want)
+
+
+def test_forced_lengths_with_a_tp_rollout_are_refused_before_any_work(tmp_path):
+    p = train(
+        tmp_path / "out", "backend=fsdp", "backend.fsdp.rollout_tp=2",
+        "backend.fsdp.rollout_sync=share", "train.response_lengths=workload",
+    )  # fmt: skip
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "train.response_lengths=workload" in p.stderr
+    assert not (tmp_path / "out" / "plan.json").exists()

@@ -269,6 +269,12 @@ class SharedRollout(TorchRollout):
     def start_decode(self, prefix, group_size, sampling, generator):
         if self.group is None:
             return super().start_decode(prefix, group_size, sampling, generator)
+        if sampling.lengths is not None:
+            raise BackendError(
+                f"forced response lengths (train.response_lengths=workload) with "
+                f"backend.fsdp.rollout_tp={self.tp}: the TP group decodes its members' rows "
+                "together; use rollout_tp=1"
+            )
         mine = len(generator) if isinstance(generator, list | tuple) else None
         generator = gather_generators(generator, self.group, self.device, sampling.temperature)
         with torch.no_grad():

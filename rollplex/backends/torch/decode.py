@@ -95,9 +95,13 @@ class DecodeSession:
         generator: torch.Generator | None,
         eos_id: int,
         pad_id: int | None = None,
+        lengths: Sequence[int] | None = None,
     ) -> None:
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
+        from rollplex.backends.torch.engine.session import check_lengths
+
+        caps = check_lengths(lengths, state.rows, max_new_tokens)
         if pad_id is None:
             pad_id = model.config.text_config.pad_token_id or 0
         n, dev = state.rows, state.lengths.device
@@ -108,6 +112,10 @@ class DecodeSession:
         self.logprobs = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=dev)
         self.lengths = torch.zeros(n, dtype=torch.long, device=dev)
         self._done = torch.zeros(n, dtype=torch.bool, device=dev)
+        # forced lengths (eos ignored) or the cap for every row
+        self._caps = torch.tensor(caps or [max_new_tokens] * n, device=dev)
+        if caps is not None:
+            self.eos_id = -1
         with torch.no_grad():
             self.kv = fork_cache(cache_kv(state.cache))
         self.mask = state.attention_mask
@@ -138,7 +146,7 @@ class DecodeSession:
         self.tokens[:, t] = torch.where(live, nxt, self.pad_id)
         self.logprobs[:, t] = torch.where(live, lp, 0.0)
         self.lengths += live.long()
-        self._done = self._done | (live & (nxt == self.eos_id))
+        self._done = self._done | (live & ((nxt == self.eos_id) | (self._caps <= t + 1)))
         self.t = t + 1
         if self.t == self.max_new_tokens or bool(self._done.all()):
             self.finished = True

@@ -192,6 +192,7 @@ class TorchRollout(RolloutRole):
                 generator,
                 s.eos_id,
                 s.pad_id,
+                s.lengths,
             )
         )
 

@@ -78,10 +78,15 @@ class VllmDecode(DecodeSession):
         vocab = llm.llm_engine.model_config.get_vocab_size()
         # an eos outside the vocabulary (e.g. -1) never occurs: no stop, as in the torch role
         stop = [sampling.eos_id] if 0 <= sampling.eos_id < vocab else []
+        forced = sampling.lengths
+        if forced is not None:
+            if len(forced) != self.rows:
+                raise ValueError(f"{len(forced)} forced lengths for {self.rows} rows")
+            stop = []  # a forced length ignores eos, as the torch rollout does
         for r, rid in enumerate(self._ids):
             params = SamplingParams(
                 n=1,
-                max_tokens=sampling.max_new_tokens,
+                max_tokens=sampling.max_new_tokens if forced is None else forced[r],
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 seed=row_seed(engine_seed, seed, r),

@@ -192,3 +192,68 @@ def test_greedy_on_video_prompts_matches_transformers(model, renderer, kind):  #
         logits = hf_logits(model, batch, tokens, lengths)
     torch.testing.assert_close(logprobs, token_logprobs(logits, tokens), atol=1e-5, rtol=0)
     assert torch.equal(tokens, logits.argmax(-1))
+
+
+@pytest.mark.parametrize("buckets", [(G * 2,), (64,)])
+def test_flex_attention_equals_sdpa(model, prefix, buckets):
+    """The split-KV FlexAttention path (CUDA's default; eager reference here) sees exactly
+    the keys the SDPA mask lets through: same greedy tokens and logprobs, prompts of unequal
+    prefix length, rows stopping at different steps, padding prompts included (64 rows)."""
+    free = _engine_decode(model, prefix, attention="sdpa")[0]
+    eos = int(free[0, 2])
+    sdpa = _engine_decode(model, prefix, eos=eos, attention="sdpa", buckets=buckets)
+    flex = _engine_decode(model, prefix, eos=eos, attention="flex", buckets=buckets)
+    assert prefix.lengths.unique().numel() > 1
+    assert torch.equal(flex[0], sdpa[0]) and torch.equal(flex[2], sdpa[2])
+    assert sdpa[2].unique().numel() > 1
+    torch.testing.assert_close(flex[1], sdpa[1], atol=1e-5, rtol=0)
+
+
+def test_flex_mask_visits_only_written_blocks(model, prefix):
+    """The BlockMask reads no block past the slots written so far, and a block every key of
+    which is valid prefix is marked full (no per-element mask)."""
+    from rollplex.backends.torch.engine.flex import BLOCK
+
+    engine = DecodeEngine(model, attention="flex", keep_workspace=True)
+    session = engine.start(prefix, 40, 4, 0.0, 1.0, None, -1)
+    fm = session.ws.cache.flex
+    cap, lengths = fm.prefix_cap, fm.prefix_lengths
+    for step in range(3):
+        fm.open_through(torch.tensor(step))
+        for b in range(lengths.shape[0]):
+            n = int(fm.mask.kv_num_blocks[b, 0, 0])
+            visited = fm.mask.kv_indices[b, 0, 0, :n].tolist()
+            full = fm.mask.full_kv_indices[b, 0, 0, : int(fm.mask.full_kv_num_blocks[b, 0, 0])]
+            last = (cap + (step + 1) * 40 - 1) // BLOCK
+            p = int(lengths[b])
+            assert full.tolist() == list(range(p // BLOCK))
+            want = sorted({*([p // BLOCK] if p % BLOCK else []), *range(cap // BLOCK, last + 1)})
+            assert visited == want, (b, step)
+
+
+@pytest.mark.parametrize("engine", [True, False])
+def test_forced_lengths_end_each_row_exactly(model, prefix, engine):
+    """Forced lengths (benchmarks): row r stops after exactly lengths[r] tokens, eos ignored
+    (an eos the free run draws at step 1 does not end any row), in the engine and in the
+    eager loop alike; the tokens before the end are the free run's."""
+    from rollplex.backends.torch.decode import DecodeSession
+
+    rows = prefix.rows * G
+    lengths = [1 + (3 * r) % R for r in range(rows)]
+    free = _engine_decode(model, prefix)[0]
+    eos = int(free[0, 1])
+    if engine:
+        s = DecodeEngine(model).start(prefix, G, R, 0.0, 1.0, None, eos, lengths=lengths)
+        s.advance(2)
+        s.advance()
+        tokens, _, got = s.result()
+    else:
+        s = DecodeSession(model, expand_prefix(prefix, G), R, 0.0, 1.0, None, eos, 0, lengths)
+        s.advance()
+        tokens, got = s.result().tokens, s.result().lengths
+    assert got.tolist() == lengths
+    for r, n in enumerate(lengths):
+        assert torch.equal(tokens[r, :n], free[r, :n])
+        assert (tokens[r, n:] == 0).all()
+    with pytest.raises(ValueError, match="forced lengths"):
+        DecodeEngine(model).start(prefix, G, R, 0.0, 1.0, None, eos, lengths=[R + 1] * rows)

@@ -1,5 +1,6 @@
 """The engine on CUDA: the CUDA-graph replay draws exactly what the same step run eagerly
-draws, across kv_len chunks and buckets (skipped without CUDA)."""
+draws, across kv_len chunks and buckets, and the compiled split-KV FlexAttention kernel
+(the default) sees the keys the SDPA mask lets through (skipped without CUDA)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ def cuda_prefix(model, batch):
         return model, prefix_forward(model, b, feats, grad=False)
 
 
-def _run(model, prefix, graphs: bool, temperature: float, seed: int = 7):
+def _run(model, prefix, graphs: bool, temperature: float, seed: int = 7, attention="auto"):
     torch.use_deterministic_algorithms(False)  # index_put_/cumsum on CUDA
-    engine = DecodeEngine(model, use_graphs=graphs, kv_chunk=16, sync_every=4)
+    engine = DecodeEngine(model, use_graphs=graphs, kv_chunk=16, sync_every=4, attention=attention)
     gen = torch.Generator("cuda").manual_seed(seed)
     s = engine.start(prefix, G, R, temperature, 1.0, gen, -1)
     s.advance(5)  # a segment boundary inside the first graph's chunk
@@ -49,3 +50,13 @@ def test_graph_greedy_equals_eager_loop(cuda_prefix):
     # fp32 on CUDA (TF32 off by default): near-ties aside, the same greedy path
     assert (tokens == ref[0]).float().mean() > 0.95
     torch.testing.assert_close(logprobs[:, :4], ref[1][:, :4], atol=1e-4, rtol=0)
+
+
+def test_flex_kernel_equals_sdpa(cuda_prefix):
+    """G x R = 160 response slots: the BlockMask opens a second KV block mid-decode, which
+    the eager reference on CPU cannot check (it ignores block sparsity)."""
+    model, prefix = cuda_prefix
+    flex = _run(model, prefix, True, 1.0, attention="flex")
+    sdpa = _run(model, prefix, True, 1.0, attention="sdpa")
+    assert (flex[0] == sdpa[0]).float().mean() > 0.95  # fp32: reduction order differs
+    torch.testing.assert_close(flex[1][:, :8], sdpa[1][:, :8], atol=1e-4, rtol=0)

@@ -189,3 +189,17 @@ def test_vllm_logprobs_are_raw_not_temperature_scaled(engine, folder):
     torch.testing.assert_close(lp.values[mask], raw[mask], atol=1e-4, rtol=0)
     assert (lp.values[mask] - scaled[mask]).abs().max() > 1e-2
     assert not engine.capabilities.scaled_logprobs
+
+
+def test_forced_lengths_match_the_torch_rollout(folder, engine):
+    """Forced lengths (benchmarks): each row runs to its own length, eos ignored, with the
+    torch rollout's greedy tokens up to there."""
+    import dataclasses
+
+    batch, media = image_prompts(2)
+    lengths = tuple(1 + (3 * r) % 8 for r in range(2 * G))
+    forced = dataclasses.replace(greedy(), lengths=lengths)
+    ours, _ = engine.generate(media, batch, G, forced, 0)
+    ref, _ = torch_generate(folder, batch, forced)
+    assert ours.lengths.tolist() == ref.lengths.tolist() == list(lengths)
+    assert torch.equal(ours.tokens, ref.tokens)

@@ -13,17 +13,25 @@ then its G rows' response K/V step-major: row g's token at response step s sits 
 - the entries written by step s end at `prefix_cap + (s + 1) * G`, so a step attends to a
   prefix of the buffer: `kv_len` slices off the slots no row has written yet.
 
-The additive mask [prompts, 1, q_heads_per_kv * G, length] lets query row r*G + g (row g,
-r-th query head of a K/V head) see the prompt's valid prefix and row g's own slots. It is
-opened one slot per row at each step (`open_step`), in place, so a captured graph replays
-it. Masked entries hold finfo.min (not -inf): a padding prompt with no valid key then
-averages finite values instead of producing NaN.
+Two ways to attend over it (`attention`):
+- "sdpa": an additive mask [prompts, 1, q_heads_per_kv * G, length] lets query row r*G + g
+  (row g, r-th query head of a K/V head) see the prompt's valid prefix and row g's own
+  slots. It is opened one slot per row at each step (`open_step`), in place, so a captured
+  graph replays it. Masked entries hold finfo.min (not -inf): a padding prompt with no
+  valid key then averages finite values instead of producing NaN.
+- "flex": FlexAttention's split-KV decoding kernel with a BlockMask of the same
+  visibility (flex.py); the step opens its blocks (`open_step`) the same way.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
+from rollplex.backends.torch.engine.flex import BLOCK, FlexMask
+
+Attention = Literal["sdpa", "flex"]
 ALIGN = 16  # SDPA's memory-efficient kernel wants the mask's rows 16-element aligned
 
 
@@ -46,19 +54,27 @@ class SharedPrefixKV:
         response_slots: int,
         dtype: torch.dtype,
         device: torch.device,
+        attention: Attention = "sdpa",
     ) -> None:
         if prefix_cap % ALIGN:
             raise ValueError(f"prefix_cap={prefix_cap} must be a multiple of {ALIGN}")
         self.prompts, self.group_size, self.prefix_cap = prompts, group_size, prefix_cap
-        self.length = round_up(prefix_cap + group_size * response_slots, ALIGN)
+        self.attention = attention
+        align = BLOCK if attention == "flex" else ALIGN
+        self.length = round_up(prefix_cap + group_size * response_slots, align)
         shape = (prompts, kv_heads, self.length, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.blocked = torch.finfo(dtype).min
         q = q_per_kv * group_size
-        self.mask = torch.full(
-            (prompts, 1, q, self.length), self.blocked, dtype=dtype, device=device
-        )
+        self.flex: FlexMask | None = None
+        self.mask: torch.Tensor | None = None
+        if attention == "flex":
+            self.flex = FlexMask(prompts, group_size, prefix_cap, self.length, device)
+        else:
+            self.mask = torch.full(
+                (prompts, 1, q, self.length), self.blocked, dtype=dtype, device=device
+            )
         self._query_row = torch.arange(q, device=device) % group_size  # query r*G+g -> row g
         self._group = torch.arange(group_size, device=device)
         # index_put_ of a Python scalar copies a host tensor in: not allowed in a CUDA graph
@@ -73,6 +89,9 @@ class SharedPrefixKV:
         for (k, v), kb, vb in zip(kv, self.keys, self.values, strict=True):
             kb[:b, :, :p].copy_(k)
             vb[:b, :, :p].copy_(v)
+        if self.flex is not None:
+            self.flex.load(lengths)
+            return
         self.mask.fill_(self.blocked)
         valid = torch.arange(p, device=lengths.device)[None, :] < lengths[:, None]
         prefix = self.mask[:b, :, :, :p]
@@ -84,6 +103,9 @@ class SharedPrefixKV:
 
     def open_step(self, step: torch.Tensor) -> None:
         """Let each row see its own slot of response step `step`."""
+        if self.flex is not None:
+            self.flex.open_through(step)
+            return
         cols = self.prefix_cap + step * self.group_size + self._query_row
         rows = torch.arange(self._query_row.shape[0], device=cols.device)
         self.mask[:, 0, rows, cols] = self._open
@@ -94,11 +116,15 @@ class SharedPrefixKV:
         self.values[layer].index_copy_(2, slots, v)
 
     def kv_len(self, steps_written: int) -> int:
-        """Buffer length covering the slots of response steps [0, steps_written)."""
+        """Buffer length covering the slots of response steps [0, steps_written); the whole
+        buffer under flex, whose BlockMask skips the unwritten blocks instead."""
+        if self.flex is not None:
+            return self.length
         return min(self.length, round_up(self.prefix_cap + steps_written * self.group_size, ALIGN))
 
     def tensors(self) -> list[torch.Tensor]:
-        return [*self.keys, *self.values, self.mask]
+        mask = [self.mask] if self.mask is not None else []
+        return [*self.keys, *self.values, *mask]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())

@@ -18,11 +18,13 @@ captured again whenever the model's weights are no longer the tensors they read.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Literal
 
 import torch
 
-from rollplex.backends.torch.engine.cache import round_up
+from rollplex.backends.torch.engine.cache import Attention, round_up
 from rollplex.backends.torch.engine.sampling import row_seeds
+from rollplex.backends.torch.engine.step import DecodeStep
 from rollplex.backends.torch.engine.workspace import Shape, Workspace
 from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv
 
@@ -31,8 +33,11 @@ PREFIX_ALIGN = 64  # prefix capacity granularity: prompt lengths within 64 share
 
 
 class DecodeEngine:
-    """Decode for one model. `use_graphs` defaults to True on CUDA; `kv_chunk` is how many
-    steps one graph's kv_len covers (more graphs, fewer masked slots read).
+    """Decode for one model. `use_graphs` defaults to True on CUDA; `attention` is "sdpa"
+    (the default, "auto") or "flex", FlexAttention's split-KV kernel (one graph for every
+    step: its BlockMask skips unwritten blocks); under SDPA `kv_chunk` is how many steps
+    one graph's kv_len covers (more graphs, fewer masked slots read). `compile` (default: on
+    CUDA) fuses each layer's small kernels (step.py).
     `keep_workspace` (default: when graphs are used) keeps the buffers and graphs after a
     session finishes, for the next session of the same shape; otherwise they are freed with
     the finished session, as the eager loop's cache was."""
@@ -45,6 +50,8 @@ class DecodeEngine:
         kv_chunk: int = 64,
         sync_every: int = 16,
         keep_workspace: bool | None = None,
+        attention: Literal["auto"] | Attention = "auto",
+        compile: bool | None = None,
     ) -> None:
         if model.config.text_config.layer_types.count("full_attention") != len(
             model.config.text_config.layer_types
@@ -60,6 +67,16 @@ class DecodeEngine:
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         self.sync_every = sync_every if self.device.type == "cuda" else 1
         self.keep_workspace = self.use_graphs if keep_workspace is None else keep_workspace
+        if attention not in ("auto", "sdpa", "flex"):
+            raise ValueError(f"attention must be auto, sdpa or flex, got {attention!r}")
+        if attention == "auto":
+            # SDPA (cuDNN's kernel on an H200) measured faster than flex at the 7B shape at
+            # every batch and at 3B from 256 rows (bench/results/gpu_decode/); flex wins at
+            # 3B's small batches (2 K/V heads leave SDPA few thread blocks).
+            attention = "sdpa"
+        self.attention: Attention = attention
+        # compiled layer pieces (step.py) on CUDA; CPU runs transformers' modules eagerly
+        self.forward = DecodeStep(model, self.device.type == "cuda" if compile is None else compile)
         self.workspace: Workspace | None = None
         self._pool = None
 
@@ -84,9 +101,11 @@ class DecodeEngine:
         generator: torch.Generator | Sequence[torch.Generator] | None,
         eos_id: int,
         pad_id: int | None = None,
+        lengths: Sequence[int] | None = None,
     ) -> EngineSession:
         """Sample `group_size` responses per row of `prefix` (one row per prompt, as
-        prefix_forward returns it): rows b*G .. b*G+G-1 are prompt b's."""
+        prefix_forward returns it): rows b*G .. b*G+G-1 are prompt b's. `lengths` forces
+        row r to end after exactly lengths[r] tokens, eos ignored (see Sampling)."""
         if max_new_tokens < 1 or group_size < 1:
             raise ValueError(
                 f"need max_new_tokens, group_size >= 1, got {max_new_tokens}, {group_size}"
@@ -100,6 +119,7 @@ class DecodeEngine:
         if pad_id is None:
             pad_id = self.model.config.text_config.pad_token_id or 0
         b, g = prefix.rows, group_size
+        caps = check_lengths(lengths, b * g, max_new_tokens)
         kv = cache_kv(prefix.cache)
         shape = Shape(
             self.bucket_prompts(b, g),
@@ -110,6 +130,7 @@ class DecodeEngine:
             float(top_p),
             int(eos_id),
             int(pad_id),
+            self.attention,
         )
         ws = self._workspace(shape)
         # Greedy draws nothing: leave every generator (the global one too) untouched.
@@ -123,6 +144,11 @@ class DecodeEngine:
             ws.step.zero_()
             ws.done.zero_()
             ws.done[b * g :] = True  # padding rows: masked from the start
+            ws.caps.fill_(max_new_tokens)
+            ws.eos.fill_(eos_id)
+            if caps is not None:
+                ws.caps[: b * g] = torch.tensor(caps, device=self.device)
+                ws.eos.fill_(-1)
             ws.lengths.zero_()
             ws.tokens.fill_(pad_id)
             ws.logprobs.zero_()
@@ -153,7 +179,7 @@ class DecodeEngine:
     def run_step(self, ws: Workspace, step: int) -> None:
         kv_len = self.kv_len(ws, step)
         if not self.use_graphs:
-            ws.body(self.model, kv_len)
+            ws.body(self.forward, kv_len)
             return
         graph = ws.graphs.get(kv_len)
         if graph is None:
@@ -170,16 +196,26 @@ class DecodeEngine:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            ws.body(self.model, kv_len)  # warm-up: lazy inits and workspace allocations
+            ws.body(self.forward, kv_len)  # warm-up: lazy inits and workspace allocations
         torch.cuda.current_stream().wait_stream(stream)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            ws.body(self.model, kv_len)
+            ws.body(self.forward, kv_len)
         for t, s in zip(mutable, saved, strict=True):
             t.copy_(s)
         return graph
+
+
+def check_lengths(lengths: Sequence[int] | None, rows: int, cap: int) -> list[int] | None:
+    """Forced lengths, one per row, each in [1, cap]; raises ValueError otherwise."""
+    if lengths is None:
+        return None
+    out = [int(x) for x in lengths]
+    if len(out) != rows or not all(1 <= x <= cap for x in out):
+        raise ValueError(f"forced lengths need {rows} values in [1, {cap}], got {out[:8]}...")
+    return out
 
 
 class EngineSession:

@@ -4,23 +4,27 @@ The G rows of a prompt enter the decoder as one sequence of G tokens (batch = pr
 so every projection, norm, MLP, the rotary embedding and the LM head are transformers'
 module calls on [prompts, G, hidden]. Only the attention call differs from
 `Qwen2_5_VLAttention.forward`: its K/V go into the shared-prefix cache (cache.py) instead
-of a transformers Cache, and SDPA runs over the whole group at once, with the query heads
-of each K/V head folded into the query length. transformers' own SDPA path would
-`repeat_kv` the whole cache for GQA whenever a mask is given (on CUDA), reading it
-`heads / kv_heads` times over; the fold reads it once.
+of a transformers Cache, and attention runs over the whole group at once:
+- "flex": FlexAttention's split-KV decoding kernel (flex.py);
+- "sdpa" (the default): SDPA with the query heads of each K/V head folded into the query length.
+  transformers' own SDPA path would `repeat_kv` the whole cache for GQA whenever a mask is
+  given (on CUDA), reading it `heads / kv_heads` times over; the fold reads it once.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from rollplex.backends.torch.engine import flex
 from rollplex.backends.torch.engine.cache import SharedPrefixKV
 
 
-def _rotary(attn: torch.nn.Module, q, k, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_fn(attn: torch.nn.Module) -> Callable:
     """transformers' rotary application, from the module that defines this attention class.
     Releases that select the M-RoPE sections inside the rotary embedding (5.19) export
     `apply_rotary_pos_emb`; those that select them at application time export
@@ -28,29 +32,86 @@ def _rotary(attn: torch.nn.Module, q, k, cos, sin) -> tuple[torch.Tensor, torch.
     module = sys.modules[type(attn).__module__]
     multimodal = getattr(module, "apply_multimodal_rotary_pos_emb", None)
     if multimodal is None:
-        return module.apply_rotary_pos_emb(q, k, cos, sin)
+        return module.apply_rotary_pos_emb
     rope = getattr(attn.config, "rope_parameters", None) or attn.config.rope_scaling
-    return multimodal(q, k, cos, sin, rope["mrope_section"])
+    return functools.partial(multimodal, mrope_section=rope["mrope_section"])
 
 
-def _attention(
-    attn: torch.nn.Module,
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    cache: SharedPrefixKV,
-    layer: int,
-    slots: torch.Tensor,
-    kv_len: int,
+class DecodeStep:
+    """One decode forward of `model` over a shared-prefix cache.
+
+    Each decoder layer runs as three pieces: `before` (input norm, q/k/v projections,
+    rotary), the cache write and the attention, `after` (output projection, residual, post
+    norm, MLP, residual). With `compile` (the CUDA default) `before` and `after` are
+    torch.compile'd: a decode step is bound by per-kernel latency more than by bandwidth
+    once it is a CUDA graph (eager norms, rotary and activations are ~30 small kernels a
+    layer), and fusing them leaves the GEMMs and a few fused kernels. One compilation
+    serves every layer (transformers' layers are the same code over other parameters) and,
+    compiled with dynamic shapes, every row bucket. The cache write stays outside: an
+    in-place scatter into a graph input is the one thing not to leave to the compiler."""
+
+    def __init__(self, model: torch.nn.Module, compile: bool) -> None:
+        self.model = model
+        lm = model.model.language_model
+        rotary = rotary_fn(lm.layers[0].self_attn)
+
+        def before(layer, x, cos, sin):
+            attn = layer.self_attn
+            x = layer.input_layernorm(x)
+            b, g, _ = x.shape
+            d = attn.head_dim
+            q = attn.q_proj(x).view(b, g, -1, d).transpose(1, 2)  # [B, H, G, D]
+            k = attn.k_proj(x).view(b, g, -1, d).transpose(1, 2)  # [B, Hkv, G, D]
+            v = attn.v_proj(x).view(b, g, -1, d).transpose(1, 2)
+            q, k = rotary(q, k, cos, sin)
+            return q, k, v
+
+        def after(layer, h, out):
+            h = h + layer.self_attn.o_proj(out)
+            return h + layer.mlp(layer.post_attention_layernorm(h))
+
+        self.compiled = compile
+        if compile:
+            before = torch.compile(before, dynamic=True)
+            after = torch.compile(after, dynamic=True)
+        self.before, self.after = before, after
+
+    def __call__(
+        self,
+        cache: SharedPrefixKV,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        step: torch.Tensor,
+        kv_len: int,
+    ) -> torch.Tensor:
+        """Logits [rows, V] of `tokens` [rows] (rows = prompts * G, prompt-major) at text
+        positions `positions` [rows], as response step `step` (a device tensor [1]); their
+        K/V are written into `cache`, whose mask must already have this step open."""
+        model = self.model
+        lm = model.model.language_model
+        b, g = cache.prompts, cache.group_size
+        h = lm.embed_tokens(tokens).view(b, g, -1)
+        # Response tokens are text: the same position on all three M-RoPE axes.
+        cos, sin = lm.rotary_emb(h, positions.view(1, b, g).expand(3, b, g))
+        slots = cache.slots(step)
+        for i, layer in enumerate(lm.layers):
+            q, k, v = self.before(layer, h, cos, sin)
+            cache.write(i, k, v, slots)
+            out = _attend(layer.self_attn, q, cache, i, kv_len)
+            h = self.after(layer, h, out)
+        return model.lm_head(lm.norm(h)).view(b * g, -1)
+
+
+def _attend(
+    attn: torch.nn.Module, q: torch.Tensor, cache: SharedPrefixKV, layer: int, kv_len: int
 ) -> torch.Tensor:
-    b, g, _ = x.shape
-    d = attn.head_dim
-    q = attn.q_proj(x).view(b, g, -1, d).transpose(1, 2)  # [B, H, G, D]
-    k = attn.k_proj(x).view(b, g, -1, d).transpose(1, 2)  # [B, Hkv, G, D]
-    v = attn.v_proj(x).view(b, g, -1, d).transpose(1, 2)
-    q, k = _rotary(attn, q, k, cos, sin)
-    cache.write(layer, k, v, slots)
-    heads, kv_heads = q.shape[1], k.shape[1]
+    """Attention of q [B, H, G, D] over the cache: [B, G, H * D]."""
+    b, heads, g, d = q.shape
+    kv_heads = cache.keys[layer].shape[1]
+    scale = getattr(attn, "scaling", d**-0.5)
+    if cache.flex is not None:
+        out = flex.attend(q, cache.keys[layer], cache.values[layer], cache.flex, scale)
+        return out.transpose(1, 2).reshape(b, g, heads * d)
     # Query head j * rep + r reads K/V head j (transformers' repeat_kv order): fold r into
     # the query length, as rows r * G + g.
     q = q.reshape(b, kv_heads, (heads // kv_heads) * g, d)
@@ -59,33 +120,7 @@ def _attention(
         cache.keys[layer][:, :, :kv_len],
         cache.values[layer][:, :, :kv_len],
         attn_mask=cache.mask[..., :kv_len],
-        scale=getattr(attn, "scaling", d**-0.5),
+        scale=scale,
     )
     # reshape, not view: a CUDA kernel may return the heads strided inside the query dim
-    out = out.reshape(b, heads, g, d).transpose(1, 2).reshape(b, g, heads * d)
-    return attn.o_proj(out)
-
-
-def decode_logits(
-    model: torch.nn.Module,
-    cache: SharedPrefixKV,
-    tokens: torch.Tensor,
-    positions: torch.Tensor,
-    step: torch.Tensor,
-    kv_len: int,
-) -> torch.Tensor:
-    """Logits [rows, V] of `tokens` [rows] (rows = prompts * G, prompt-major) at text
-    positions `positions` [rows], as response step `step` (a device tensor [1]); their K/V
-    are written into `cache`, whose mask must already have this step open."""
-    lm = model.model.language_model
-    b, g = cache.prompts, cache.group_size
-    h = lm.embed_tokens(tokens).view(b, g, -1)
-    # Response tokens are text: the same position on all three M-RoPE axes.
-    cos, sin = lm.rotary_emb(h, positions.view(1, b, g).expand(3, b, g))
-    slots = cache.slots(step)
-    for i, layer in enumerate(lm.layers):
-        h = h + _attention(
-            layer.self_attn, layer.input_layernorm(h), cos, sin, cache, i, slots, kv_len
-        )
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return model.lm_head(lm.norm(h)).view(b * g, -1)
+    return out.reshape(b, heads, g, d).transpose(1, 2).reshape(b, g, heads * d)

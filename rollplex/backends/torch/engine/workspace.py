@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from rollplex.backends.torch.engine.cache import SharedPrefixKV
+from rollplex.backends.torch.engine.cache import Attention, SharedPrefixKV
 from rollplex.backends.torch.engine.sampling import counter_uniform, draw
-from rollplex.backends.torch.engine.step import decode_logits
+from rollplex.backends.torch.engine.step import DecodeStep
 from rollplex.backends.torch.prefix import Model
 
 
@@ -29,6 +29,7 @@ class Shape:
     top_p: float
     eos_id: int
     pad_id: int
+    attention: Attention = "sdpa"
 
     @property
     def rows(self) -> int:
@@ -54,6 +55,7 @@ class Workspace:
             max(r - 1, 1),
             dtype,
             device,
+            shape.attention,
         )
         long = dict(dtype=torch.long, device=device)
         self.token = torch.zeros(n, **long)  # the token each row feeds next
@@ -61,6 +63,8 @@ class Workspace:
         self.step = torch.zeros(1, **long)  # response step of `token`
         self.seeds = torch.zeros(n, **long)
         self.done = torch.zeros(n, dtype=torch.bool, device=device)
+        self.caps = torch.full((n,), r, **long)  # forced length per row (else the cap)
+        self.eos = torch.full((), shape.eos_id, **long)  # -1 while lengths are forced
         self.lengths = torch.zeros(n, **long)
         self.tokens = torch.full((n, r), shape.pad_id, **long)
         self.logprobs = torch.zeros((n, r), dtype=torch.float32, device=device)
@@ -70,6 +74,7 @@ class Workspace:
 
     def tensors(self) -> list[torch.Tensor]:
         mine = [self.token, self.position, self.step, self.seeds, self.done, self.lengths]
+        mine += [self.caps, self.eos]
         return [*self.cache.tensors(), *mine, self.tokens, self.logprobs]
 
     def record(self, column: torch.Tensor, logits: torch.Tensor) -> None:
@@ -80,13 +85,13 @@ class Workspace:
         self.tokens.index_copy_(1, column, torch.where(live, nxt, s.pad_id)[:, None])
         self.logprobs.index_copy_(1, column, torch.where(live, lp, 0.0)[:, None])
         self.lengths.add_(live.long())
-        self.done.logical_or_(live & (nxt == s.eos_id))
+        self.done.logical_or_(live & ((nxt == self.eos) | (column + 1 >= self.caps)))
         self.token.copy_(nxt)
 
-    def body(self, model: Model, kv_len: int) -> None:
+    def body(self, forward: DecodeStep, kv_len: int) -> None:
         """One decode step on the static tensors (what a graph captures)."""
         self.cache.open_step(self.step)
-        logits = decode_logits(model, self.cache, self.token, self.position, self.step, kv_len)
+        logits = forward(self.cache, self.token, self.position, self.step, kv_len)
         self.record(self.step + 1, logits)
         self.position.add_(1)
         self.step.add_(1)
