@@ -21,6 +21,13 @@ and backward as separate steps, so here:
 
 The prefix forward itself runs whole, as planned (it may run inside the decode window,
 where the plan keeps its activations whole until the backward).
+
+Where this departs from the plan: the forward step runs every micro-batch before the
+backward step runs any, so every micro-batch's checkpointed layer inputs (L x tokens x
+hidden) live from one step to the other, where the planner sizes that `saved` value as one
+micro-batch's (1/M). Only interleaving forward and backward per micro-batch (one executor
+step, or a second forward in the backward: 5 forward-equivalents instead of the planned 4)
+would match it; the excess is (1 - 1/M) of those inputs, not of the activations.
 """
 
 from __future__ import annotations
@@ -45,8 +52,8 @@ GROUPS = "prompts (a group shares its prefix)"
 
 
 def micro_ranges(units: int, count: int) -> list[tuple[int, int]]:
-    """`count` contiguous, near-equal ranges of `units` (at most one unit each: a count
-    above the units gives one per unit)."""
+    """`count` contiguous, near-equal ranges of `units`, each at least one unit (a count
+    above the units gives one unit each)."""
     if count < 1:
         raise ValueError(f"train micro-batch count must be >= 1, got {count}")
     if units < 1:
