@@ -156,7 +156,7 @@ class TorchCritic:
             c = clip if old is not None else float("inf")
             return value_loss(v, returns[rows], old_values[rows], values.mask[rows], c, mode)
 
-        micro = values.micro
+        micro = getattr(values, "micro", None)
         if micro is None:
             with torch.enable_grad():
                 return Loss(*run(values.values))

@@ -44,7 +44,7 @@ from torch.utils.checkpoint import checkpoint
 
 from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv, fork_cache
 from rollplex.backends.torch.roles import capture_saved, masked_logprobs
-from rollplex.backends.torch.values import Responses, SavedActivations, TokenLogprobs
+from rollplex.backends.torch.values import MicroLogprobs, Responses, SavedActivations
 
 log = logging.getLogger(__name__)
 _WARNED: set[tuple[int, int, str]] = set()
@@ -159,12 +159,11 @@ def forward_micro_batches(
 
 def micro_logprobs(
     micro: MicroBatches, responses: Responses
-) -> tuple[TokenLogprobs, SavedActivations]:
+) -> tuple[MicroLogprobs, SavedActivations]:
     """The micro-batches' outputs as one value (detached; the graphs stay in `micro`) and
     what they keep for backward, as the graph's `logprobs` and `saved` values."""
     out = masked_logprobs(micro.values(), responses)
-    out.micro = micro
-    return out, SavedActivations(parts=list(micro.saved))
+    return MicroLogprobs(out.values, out.mask, micro), SavedActivations(parts=list(micro.saved))
 
 
 def backward_micro_batches(terms: list[torch.Tensor | None], micro: MicroBatches) -> None:

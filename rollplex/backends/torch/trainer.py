@@ -159,7 +159,7 @@ class TorchTrainer(Trainer):
                 kl_clamp=a.kl_clamp,
             )
 
-        micro = logprobs.micro
+        micro = getattr(logprobs, "micro", None)
         if micro is None:  # logprobs with grad of one forward
             with torch.enable_grad():
                 return Loss(*run(logprobs.values))

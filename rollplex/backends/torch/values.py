@@ -101,10 +101,22 @@ class Responses:
 
 @dataclass(slots=True)
 class TokenLogprobs:
-    values: torch.Tensor  # [S, R] fp32, 0 on padding; with grad in training, unless `micro`
+    values: torch.Tensor  # [S, R] fp32, 0 on padding; with grad in training
     mask: torch.Tensor  # [S, R] bool, True on response tokens
-    # training in micro-batches (micro.py): each one's logprobs with grad; `values` detached
-    micro: MicroBatches | None = None
+
+
+class MicroLogprobs(TokenLogprobs):
+    """A training forward's logprobs run in micro-batches (micro.py): `values` detached,
+    each micro-batch's logprobs with grad in `micro`. Not a dataclass field, so whatever
+    treats logprobs as rows of their fields (hand-overs, row cuts) sees values and mask."""
+
+    __slots__ = ("micro",)
+
+    def __init__(
+        self, values: torch.Tensor, mask: torch.Tensor, micro: MicroBatches | None = None
+    ) -> None:
+        super().__init__(values, mask)
+        self.micro = micro
 
     def tensors(self) -> Iterator[torch.Tensor]:
         """Its own tensors (the micro-batches' kept activations are the `saved` value's)."""
