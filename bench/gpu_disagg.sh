@@ -13,6 +13,8 @@
 # Budget: under 6 minutes (folder ~1 min, each run bounded by RUN_S; a run that would
 # start past BUDGET_S is skipped and reported as such).
 # Dry run on CPU (gloo, 2 processes, the tiny demo model): DEVICE=cpu bash bench/gpu_disagg.sh
+# JOB_EXTRA="..." appends overrides to every run (bench/gpu_step.py's video workload:
+# JOB_EXTRA="$(python bench/gpu_step.py --print-job)").
 set -uo pipefail
 DEVICE=${DEVICE:-cuda}
 SHAPE=${SHAPE:-qwen2_5_vl_3b}
@@ -36,7 +38,8 @@ train() {  # name, then the train job's own overrides
   echo "== train $name"
   local t=$SECONDS
   rm -rf "$TMP/run_$name"
-  timeout "$RUN_S" $TORCHRUN -m rollplex.cli train "${MODEL[@]}" "${JOB[@]}" "$@" \
+  # shellcheck disable=SC2086  # JOB_EXTRA: more overrides, split on spaces (later wins)
+  timeout "$RUN_S" $TORCHRUN -m rollplex.cli train "${MODEL[@]}" "${JOB[@]}" ${JOB_EXTRA:-} "$@" \
     hydra.run.dir="$TMP/run_$name" > "$TMP/$name.log" 2>&1 \
     || { echo "   failed or timed out (exit $?):"; tail -5 "$TMP/$name.log"; }
   echo "   $(( SECONDS - t )) s"

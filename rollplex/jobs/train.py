@@ -136,8 +136,17 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     model, workload = prepared.model, prepared.workload
     caps = rollout_capabilities(spec.backend)  # the planner plans only what it can do
     sleep = {"auto": None, "always": True, "never": False}[spec.backend.vllm.sleep]
+    from rollplex.jobs.plan import cost_model_for
+
     result = plan_step(
-        model, workload, spec.algo, spec.hardware, spec.schedule, rollout=caps, engine_sleep=sleep
+        model,
+        workload,
+        spec.algo,
+        spec.hardware,
+        spec.schedule,
+        cost_model=cost_model_for(spec),  # measured op times when `calibration` is given
+        rollout=caps,
+        engine_sleep=sleep,
     )
     plan, graph = result.plan, result.graph
     config = StepConfig(

@@ -85,3 +85,15 @@ def use_varlen_vision(model: torch.nn.Module) -> torch.nn.Module:
     """Route `model`'s vision tower through `varlen_attention` (the LLM keeps its own)."""
     model.config.vision_config._attn_implementation = VARLEN
     return model
+
+
+def compile_vision_blocks(model: torch.nn.Module) -> torch.nn.Module:
+    """torch.compile each vision block in place (parameter names unchanged): with attention
+    in one varlen call per block, the rest of a block (rotary, RMSNorm, SwiGLU, residuals at
+    1,280 wide) is eager elementwise kernels around small GEMMs; compiled, they fuse. One
+    compilation serves all blocks (same code over other parameters) and, with dynamic
+    shapes, every batch; the varlen call itself stays an opaque op."""
+    tower = getattr(getattr(model, "model", model), "visual", model)
+    for block in tower.blocks:
+        block.compile(dynamic=True)
+    return model

@@ -1,5 +1,6 @@
 """The vision tower's windows in one varlen call (vision_attention.py): on CPU exactly
-transformers' per-window SDPA; on CUDA bf16 the varlen kernel, close to it, backward too."""
+transformers' per-window SDPA; on CUDA bf16 the varlen kernel with torch.compile'd blocks,
+close to it, backward too."""
 
 from __future__ import annotations
 
@@ -7,7 +8,12 @@ import pytest
 import torch
 
 from rollplex.backends.torch.model import build_model
-from rollplex.backends.torch.vision_attention import VARLEN, uses_kernel, varlen_attention
+from rollplex.backends.torch.vision_attention import (
+    VARLEN,
+    compile_vision_blocks,
+    uses_kernel,
+    varlen_attention,
+)
 from rollplex.specs.model import MODEL_PRESETS
 
 SPEC = MODEL_PRESETS["tiny"]
@@ -58,6 +64,8 @@ def test_on_cuda_bf16_the_kernel_matches_the_window_loop_forward_and_backward():
     for impl in (VARLEN, "sdpa"):
         model = build_model(spec, 0, dtype=torch.bfloat16).cuda()
         model.config.vision_config._attn_implementation = impl
+        if impl == VARLEN:  # the torch backend's CUDA tower: blocks compiled too
+            compile_vision_blocks(model)
         pixels = _pixels("cuda", torch.bfloat16)
         assert uses_kernel(pixels)
         out = _features(model, pixels)

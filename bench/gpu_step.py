@@ -1,0 +1,256 @@
+"""One RL step under every schedule, measured side by side: `rollplex train` in one process,
+one model folder, one workload, one seed, the same engine for every schedule.
+
+Schedules (all colocated on one GPU, the torch rollout with the decode engine):
+- verl:         schedule=serial schedule.dedup=false (each sample recomputes its prefix in
+                the reference and training phases, as verl does);
+- serial_dedup: schedule=serial (the prefix once per prompt, phases back to back);
+- rollplex:     schedule=rollplex (prefix work moved into the decode window).
+The disaggregated schedule needs two GPUs and torchrun: `bench/gpu_disagg.sh`.
+
+Workload: video prompts (synthetic moving shapes, `--frames` frames of `--size`^2 pixels),
+`--prompts` x G = `--group`, forced long-tailed response lengths
+(`train.response_lengths=workload`: lognormal, `--mean-length`, capped at `--max-length`;
+the same draws under every schedule). Each run's first step pays warm-up (graph capture,
+compilation, cuBLAS) and is left out of the medians.
+
+Prediction: serial_dedup runs first; the other schedules are planned (and run) with the op
+times it measured (`calibration=<its calibration.json>`), so their predicted step times
+are out of sample: they test the planner's timeline, not a fit to the run they predict.
+
+    python bench/gpu_step.py --folder /tmp/qwen2_5_vl_3b --shape qwen2_5_vl_3b   # one H200
+    python bench/gpu_step.py --device cpu --shape tiny --frames 2 --size 56 --prompts 2 \\
+        --group 4 --mean-length 6 --max-length 12 --steps 2                    # dry run
+
+Writes $OUT/gpu_step_<shape>.json (else bench/results/gpu_step/) and prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+SCHEDULES = {
+    "verl": ["schedule=serial", "schedule.dedup=false"],
+    "serial_dedup": ["schedule=serial"],
+    "rollplex": ["schedule=rollplex"],
+}
+
+
+def overrides(args, schedule: str) -> list[str]:
+    model = [f"model={args.shape}"] + ([f"model.path={args.folder}"] if args.folder else [])
+    hardware = "h200" if args.device == "cuda" else "cpu"
+    return [
+        *model,
+        f"hardware={hardware}",
+        "data=synthetic_video",
+        f"data.image_size={args.size}",
+        "workload=video",
+        f"workload.frames={args.frames}",
+        f"workload.height={args.size}",
+        f"workload.width={args.size}",
+        f"workload.prompts_per_step={args.prompts}",
+        f"workload.group_size={args.group}",
+        f"workload.text_tokens={args.text_tokens}",
+        "workload.response_length.distribution=lognormal",
+        f"workload.response_length.mean={args.mean_length}",
+        f"workload.response_length.sigma={args.sigma}",
+        f"workload.response_length.max={args.max_length}",
+        f"train.max_new_tokens={args.max_length}",
+        "train.response_lengths=workload",
+        f"train.device={args.device}",
+        f"train.deterministic={str(args.device == 'cpu').lower()}",
+        f"train.steps={args.steps}",
+        "train.checkpoint_every=0",
+        "train.eval_every=0",
+        "train.progress=false",
+        f"train.trace_steps={min(2, args.steps)}",
+        *SCHEDULES[schedule],
+        *args.extra,
+    ]
+
+
+def compose_spec(items: list[str], job: str = "train"):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from rollplex.cli import _conf_dir
+    from rollplex.specs.run import RunSpec
+
+    with initialize_config_dir(config_dir=_conf_dir(), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[*items, f"job={job}"])
+    return RunSpec.model_validate(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
+
+
+def run_schedule(args, schedule: str, root: Path, calibration: Path | None) -> dict:
+    import torch
+
+    from rollplex.jobs import run_job
+
+    out = root / schedule
+    items = overrides(args, schedule) + ([f"calibration={calibration}"] if calibration else [])
+    spec = compose_spec(items)
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    summary = run_job(spec, out)
+    wall = time.perf_counter() - t0
+    rows = list(csv.DictReader((out / "metrics.csv").open()))
+    times = [float(r["step_time_s"]) for r in rows]
+    steady = times[1:] or times
+    lengths = [float(r["response_length"]) for r in rows if r.get("response_length")]
+    entry = {
+        "schedule": schedule,
+        "overrides": items,
+        "calibrated_from": str(calibration) if calibration else None,
+        "wall_s": wall,
+        "step_time_s": times,
+        "step_time_median_s": statistics.median(steady),
+        "mean_response_length": lengths,
+        "plan_step_time_s": summary["plan_step_time_s"],
+        "plan_peak_bytes": summary["plan_peak_bytes"],
+        "cuda_max_memory_allocated": summary["cuda_max_memory_allocated"],
+        "executor_peak_resident_bytes": summary["measured_peak_resident_bytes"],
+        "decisions": summary.get("decisions"),
+        "run_folder": str(out),
+    }
+    peak = entry["cuda_max_memory_allocated"] or entry["executor_peak_resident_bytes"]
+    entry["peak_measured_over_planned"] = peak / entry["plan_peak_bytes"]
+    entry["step_time_measured_over_predicted"] = (
+        entry["step_time_median_s"] / entry["plan_step_time_s"]
+    )
+    entry["micro_batches"] = [r.get("train_micro_batches") for r in rows][-1:]
+    del summary
+    gc.collect()
+    return entry
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--shape", default="qwen2_5_vl_3b")
+    ap.add_argument("--folder", default=None, help="Hub-format model folder (random weights)")
+    ap.add_argument("--schedules", default=",".join(SCHEDULES))
+    ap.add_argument("--frames", type=int, default=8)
+    ap.add_argument("--size", type=int, default=448)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--text-tokens", type=int, default=64)
+    ap.add_argument("--mean-length", type=int, default=448)
+    ap.add_argument("--sigma", type=float, default=0.45)
+    ap.add_argument("--max-length", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--print-job", action="store_true", help="print the workload overrides")
+    ap.add_argument("extra", nargs="*", help="more Hydra overrides for every schedule")
+    args = ap.parse_args()
+    if args.print_job:  # for bench/gpu_disagg.sh's JOB_EXTRA: the same workload on 2 GPUs
+        skip = ("model", "hardware", "train.device", "schedule")
+        print(" ".join(o for o in overrides(args, "rollplex") if not o.startswith(skip)))
+        return
+    out = args.out or Path(os.environ.get("OUT") or "bench/results/gpu_step")
+    root = out / f"runs_{args.shape}"
+    start = time.perf_counter()
+    runs: dict[str, dict] = {}
+    calib = root / "serial_dedup" / "calibration.json"
+    order = sorted(args.schedules.split(","), key=lambda s: s != "serial_dedup")
+    for schedule in order:
+        print(f"== {schedule}", flush=True)
+        use = calib if schedule != "serial_dedup" and calib.exists() else None
+        try:
+            runs[schedule] = run_schedule(args, schedule, root, use)
+        except Exception as err:  # one schedule failing (OOM) keeps the others' numbers
+            runs[schedule] = {"schedule": schedule, "error": f"{type(err).__name__}: {err}"[:800]}
+            print(f"{schedule} failed: {runs[schedule]['error']}", flush=True)
+        print(json.dumps({k: v for k, v in runs[schedule].items() if k != "overrides"}), flush=True)
+    ok = {k: v for k, v in runs.items() if "error" not in v}
+    result = summarize(args, runs, ok, time.perf_counter() - start)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"gpu_step_{args.shape}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\nwrote {path}")
+    print(table(result))
+
+
+def summarize(args, runs: dict, ok: dict, wall: float) -> dict:
+    import torch
+
+    def t(name: str) -> float | None:
+        return ok[name]["step_time_median_s"] if name in ok else None
+
+    def ratio(base: str) -> float | None:
+        a, b = t(base), t("rollplex")
+        return a / b if a and b else None
+
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "device": device,
+        "torch": torch.__version__,
+        "command": "python " + " ".join(sys.argv),
+        "shape": args.shape,
+        "workload": {
+            "prompts": args.prompts,
+            "group": args.group,
+            "frames": args.frames,
+            "size": args.size,
+            "response_length": {
+                "distribution": "lognormal",
+                "mean": args.mean_length,
+                "sigma": args.sigma,
+                "max": args.max_length,
+            },
+        },
+        "wall_s": wall,
+        "speedup_vs_serial_dedup": ratio("serial_dedup"),
+        "speedup_vs_serial_verl": ratio("verl"),
+        "speedup_vs_disaggregated": None,  # two GPUs: bench/gpu_disagg.sh
+        "decode_bw_efficiency": None,  # bench/gpu_step.sh adds gpu_decode.py's, same call
+        "peak_measured_over_planned": {k: v["peak_measured_over_planned"] for k, v in ok.items()},
+        # planned with serial_dedup's measured op times (serial_dedup itself: the cost
+        # model's own times, uncalibrated)
+        "step_time_measured_over_predicted": {
+            k: v["step_time_measured_over_predicted"] for k, v in ok.items()
+        },
+        "runs": runs,
+    }
+
+
+def table(result: dict) -> str:
+    lines = [
+        "| schedule | step s (median) | predicted s | measured / predicted "
+        "| peak GiB | planned GiB | peak / planned |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, e in result["runs"].items():
+        if "error" in e:
+            lines.append(f"| {name} | failed: {e['error'][:60]} | | | | | |")
+            continue
+        peak = e["cuda_max_memory_allocated"] or e["executor_peak_resident_bytes"]
+        pred = e["plan_step_time_s"]
+        ratio = e["step_time_measured_over_predicted"]
+        cal = " (calibrated)" if e.get("calibrated_from") else ""
+        lines.append(
+            f"| {name} | {e['step_time_median_s']:.2f} | {pred:.2f}{cal} | {ratio:.2f}"
+            f" | {peak / 2**30:.1f} | {e['plan_peak_bytes'] / 2**30:.1f} "
+            f"| {e['peak_measured_over_planned']:.2f} |"
+        )
+    for key in ("speedup_vs_serial_dedup", "speedup_vs_serial_verl"):
+        v = result[key]
+        lines.append(f"\n{key}: {v:.3f}" if v else f"\n{key}: -")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
