@@ -41,7 +41,7 @@ from rollplex.backends.torch.prefix import Model
 from rollplex.backends.torch.roles import weights_params
 from rollplex.backends.torch.rows import merge_chunks
 from rollplex.backends.torch.trainer import TorchTrainer
-from rollplex.backends.torch.values import Loss, TokenLogprobs, WeightsHandle
+from rollplex.backends.torch.values import GradsHandle, Loss, TokenLogprobs, WeightsHandle
 from rollplex.specs import AlgoSpec, ModelSpec
 from rollplex.specs.fsdp import FsdpSpec
 
@@ -96,6 +96,18 @@ class FsdpTrainer(TorchTrainer):
 
     def logprob(self, features, text, responses):
         return self.root(super().logprob, features, text, responses)
+
+    def backward(self, loss: Loss) -> GradsHandle:
+        """The root's parameters (embeddings, norm, LM head) stay gathered over all the
+        micro-batches' backwards and are resharded once at the end: each backward
+        recomputes its checkpointed LM head from the module's weights, which FSDP2 would
+        otherwise have put back to shards after the first micro-batch."""
+        self.root.set_reshard_after_backward(False, recurse=False)
+        try:
+            return super().backward(loss)
+        finally:
+            self.root.set_reshard_after_backward(True, recurse=False)
+            self.root.reshard()
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head on merged row chunks (chunked prefix ops)."""
