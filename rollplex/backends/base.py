@@ -171,6 +171,9 @@ class Trainer(ABC):
         }
     )
     capabilities: ClassVar[RoleCapabilities] = RoleCapabilities()
+    # Micro-batches the training forward and backward of a step run in: the plan's
+    # (`Plan.meta["train_micro_batches"]`), set by the executor through the backend.
+    micro_batches: int = 1
 
     def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
         """See RolloutRole.merge_rows."""
@@ -296,6 +299,12 @@ class Backend(ABC):
     def move(self, value: Any, to_host: bool) -> Any:
         """Copy `value` to host memory (offload) or back to the device (onload); returns the
         moved value. In-place holders (weights, optimizer state) move their tensors."""
+
+    def train_micro_batches(self, count: int) -> None:
+        """Apply the plan's training micro-batch count (`Plan.meta["train_micro_batches"]`):
+        the trainer runs each step's training forward and backward in that many, as the
+        plan sized them. Backends without a trainer ignore it."""
+        return None
 
     def residency(self, action: Any) -> None:
         """Apply an engine residency action of the plan (runtime/engine_residency.py:

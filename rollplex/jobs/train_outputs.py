@@ -28,6 +28,7 @@ CSV_FIELDS = (
     "peak_resident_bytes",
     "engine_sleep_s",  # an engine rollout's plan-driven sleep and wake-ups (else empty)
     "engine_wake_s",
+    "train_micro_batches",  # the training micro-batches run (the plan's count, see executor)
 )
 
 
@@ -75,7 +76,7 @@ def metrics_row(res) -> dict[str, Any]:
         "eval_accuracy": "",
         "step_time_s": res.seconds,
         "peak_resident_bytes": max(res.peak_resident_bytes.values()),
-        **{k: m.get(k, "") for k in CSV_FIELDS[-2:]},
+        **{k: m.get(k, "") for k in CSV_FIELDS[-3:]},
     }
 
 
@@ -84,6 +85,8 @@ def step_line(row: dict[str, Any]) -> str:
     parts = [f"{k} {row[k]:.4g}" for k in ("reward", "kl", "loss") if isinstance(row[k], float)]
     parts.append(f"{row['step_time_s']:.2f} s")
     parts.append(f"peak resident {row['peak_resident_bytes'] / 2**30:.2f} GiB")
+    if isinstance(row.get("train_micro_batches"), float):
+        parts.append(f"{row['train_micro_batches']:.0f} micro-batches")
     return ", ".join(parts)
 
 

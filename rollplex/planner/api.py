@@ -25,7 +25,7 @@ from rollplex.planner.residency import (
 )
 from rollplex.planner.schedules import SCHEDULES, PlanningContext
 from rollplex.planner.shared_weights import sharing_note
-from rollplex.planner.sizing import DeviceSizer
+from rollplex.planner.sizing import DeviceSizer, train_micro_batches
 from rollplex.planner.validate import validate_plan
 from rollplex.specs import HardwareSpec, ModelSpec, ScheduleSpec, WorkloadSpec
 
@@ -79,6 +79,10 @@ def plan_graph(
     note = sharing_note(graph, model, schedule.parallel.train_tp, plan.devices)
     if note:
         plan.notes.append(note)
+    # The trainer runs the step's forward and backward in exactly the micro-batches sized here.
+    plan.meta["train_micro_batches"] = train_micro_batches(
+        model, workload, _train_gpus(plan, ctx), schedule.train_micro_tokens
+    )
     renumber_in_issue_order(plan)
     if enforce_budget:
         check_budget(plan)
@@ -86,10 +90,12 @@ def plan_graph(
     return plan
 
 
+def _train_gpus(plan: Plan, ctx: PlanningContext) -> int:
+    return next((len(d.ranks) for d in plan.devices if d.name != "rollout"), ctx.hardware.num_gpus)
+
+
 def _sizers(plan: Plan, ctx: PlanningContext) -> dict[str, DeviceSizer]:
-    train_gpus = next(
-        (len(d.ranks) for d in plan.devices if d.name != "rollout"), ctx.hardware.num_gpus
-    )
+    train_gpus = _train_gpus(plan, ctx)
     return {
         d.name: DeviceSizer(
             ctx.graph,

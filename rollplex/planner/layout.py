@@ -17,6 +17,7 @@ from rollplex.ops.formulas import Cost
 from rollplex.ops.formulas.llm import decoder_weight_bytes, lm_head_weight_bytes
 from rollplex.planner.cost_model import CostModel, Timing
 from rollplex.planner.shared_weights import alias_sync_bytes, replica_sync_bytes
+from rollplex.planner.sizing import micro_batch_count, train_micro_batches
 from rollplex.specs import HardwareSpec, ModelSpec, WorkloadSpec
 
 LOGPROB_KINDS = frozenset({"logprob", "logprob_prefix", "logprob_response"})
@@ -78,12 +79,18 @@ class OpTimer:
 
     def _micro_batches(self, op: Op, ctx: CostContext, cost: Cost) -> int:
         """Forwards and backwards run in micro-batches of `micro_tokens` tokens per GPU (a
-        chunked prefill in rollout), so their scratch is one micro-batch's."""
+        chunked prefill in rollout), so their scratch is one micro-batch's. The training
+        forward over responses and its backward run in the step's micro-batches, the count
+        the trainer runs (`sizing.train_micro_batches`)."""
         if (
             op.kind in ("decode", "generate", "optimizer_step", "weight_sync")
             or self.micro_tokens <= 0
         ):
             return 1
+        if op.phase is Phase.TRAIN and op.kind in ("logprob", "logprob_response", "backward"):
+            return train_micro_batches(
+                self.model, self.workload, self.train.gpus, self.micro_tokens
+            )
         tokens = cost.flops / max(1.0, self._flops_per_token(ctx))
         if op.kind == "logprob_response":
             # A micro-batch is counted in tokens of sequence, context included, as the
@@ -93,11 +100,11 @@ class OpTimer:
             ins = self.graph.inputs_of(op)
             rows = ctx.per_rank(ins["responses"].shape[0])
             tokens = rows * (ins["kv"].shape[3] + self.workload.response_length.mean)
-        count = max(1, math.ceil(tokens / self.micro_tokens))
+        count = micro_batch_count(tokens, self.micro_tokens)
         if op.kind == "backward":
             # About twice the forward plus a recompute; and never coarser than the forwards
             # whose activations it reads.
-            count = max(1, math.ceil(tokens / 3 / self.micro_tokens))
+            count = micro_batch_count(tokens / 3, self.micro_tokens)
             for port, v in op.inputs.items():
                 fwd = self.graph.producer(v) if port.startswith("saved") else None
                 if fwd is not None and fwd.kind in LOGPROB_KINDS:

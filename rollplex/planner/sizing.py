@@ -85,11 +85,9 @@ class DeviceSizer:
 
     def micro_batches(self) -> int:
         if not self._micro:
-            samples = self.workload.samples_per_step / max(1, self.train_gpus)
-            tokens = samples * (
-                self.workload.prefix_tokens(self.model.vision) + self.workload.response_length.mean
+            self._micro = train_micro_batches(
+                self.model, self.workload, self.train_gpus, self.micro_tokens
             )
-            self._micro = max(1, math.ceil(tokens / self.micro_tokens))
         return self._micro
 
     def value_bytes(self, v: Value, producer_phase: Phase | None, overlapped: bool) -> int:
@@ -119,6 +117,25 @@ class DeviceSizer:
     def _has_response_axis(self, v: Value) -> bool:
         r = self.workload.response_length.max
         return v.kind is ValueKind.ACTIVATION and len(v.shape) >= 2 and r in v.shape[1:3]
+
+
+def micro_batch_count(tokens: float, micro_tokens: int) -> int:
+    """Micro-batches of at most `micro_tokens` tokens that `tokens` need: at least one."""
+    if micro_tokens < 1:
+        raise ValueError(f"schedule.train_micro_tokens must be >= 1, got {micro_tokens}")
+    return max(1, math.ceil(tokens / micro_tokens))
+
+
+def train_micro_batches(
+    model: ModelSpec, workload: WorkloadSpec, train_gpus: int, micro_tokens: int
+) -> int:
+    """How many micro-batches one training GPU runs a step's forward and backward in: its
+    samples' expected tokens (prefix + mean response) over `schedule.train_micro_tokens`.
+    The planner sizes training activations as one of them; the plan carries the count
+    (`Plan.meta["train_micro_batches"]`) and the trainer runs exactly that many."""
+    samples = workload.samples_per_step / max(1, train_gpus)
+    tokens = samples * (workload.prefix_tokens(model.vision) + workload.response_length.mean)
+    return micro_batch_count(tokens, micro_tokens)
 
 
 _SHAPES: WeakKeyDictionary[Graph, tuple[dict, list[tuple[Value, Phase | None, int]]]] = (

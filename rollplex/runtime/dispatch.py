@@ -168,6 +168,11 @@ class RoleDispatch(Backend):
         self._externals = self.roles.externals.bind(graph)
         self.roles.hooks.bind(graph)
 
+    def train_micro_batches(self, count: int) -> None:
+        for owner in (self.trainer, self.critic):
+            if owner is not None:
+                owner.micro_batches = count
+
     def begin_step(self, step: int, inputs: StepInputs) -> dict[str, Any]:
         hooks = self.roles.hooks
         self.metrics = {}

@@ -25,6 +25,8 @@ Per RL step:
    the step's `deviations` and the measured trace (an instant) say so (plan_effects.py);
 5. resident bytes are accounted per device group after every step, before and after its
    frees; weights versions read are checked against the plan (see `_check_versions`).
+The plan's training micro-batch count (`Plan.meta["train_micro_batches"]`, what the planner
+sized training activations with) goes to the trainer once, through the backend.
 On CUDA each step goes to its own stream (`cuda.CudaStreams`); on CPU the order above is
 the execution. Each RL step is a `record_function("ProfilerStep#N")` range and each plan
 step (its loads, its op, its frees) a `record_function(<step name>)` range, so a
@@ -63,6 +65,18 @@ class ExecutionError(RuntimeError):
     """The plan and what the backend holds disagree (a value missing, a stale version)."""
 
 
+def plan_micro_batches(plan: Plan) -> int:
+    """The training micro-batch count the plan was sized with (1 for a plan that has
+    none: the whole step in one forward and backward)."""
+    count = plan.meta.get("train_micro_batches", 1)
+    if not isinstance(count, int) or count < 1:
+        raise ExecutionError(
+            f"plan meta train_micro_batches={count!r}: expected an integer >= 1 "
+            "(planned from schedule.train_micro_tokens)"
+        )
+    return count
+
+
 class Executor:
     def __init__(
         self,
@@ -93,6 +107,13 @@ class Executor:
             if s.kind not in COPY_KINDS and s.op not in graph.ops:
                 raise ExecutionError(f"plan step '{s.name}' names op '{s.op}', not in the graph")
         backend.bind(graph)
+        self.train_micro_batches = plan_micro_batches(plan)
+        backend.train_micro_batches(self.train_micro_batches)
+        log.info(
+            "executor: training forward and backward in %d micro-batch(es) a step, as planned "
+            "(schedule.train_micro_tokens); metric train_micro_batches is the count run",
+            self.train_micro_batches,
+        )
         self._allocs, self._frees = self._effects()
         self._engine = engine_schedule(plan, self.order)
         self._owned = self._ownership()

@@ -124,9 +124,10 @@ def test_ppo_chunked_critic_prefix_matches_serial(serial):
     # Step 0's forward is bit-identical (the head runs once on the merged rows); the backward
     # through row chunks rounds differently. The k_proj biases have an exactly-zero true
     # gradient (softmax ignores a shift shared by all keys), so Adam turns that rounding
-    # into whole steps there: they differ by up to ~5e-6 after 3 steps (observed 4.4e-6);
+    # into whole steps there: they differ by up to ~2e-5 after 3 steps (observed 1.3e-5
+    # since the trainer backpropagates the shared prefix after the responses, micro.py);
     # every other weight agrees within 2e-6, while the weights moved ~3e-3.
     assert base_results[0].metrics == _run(_CHUNKED)[3][0].metrics
     for n in base:
-        atol = 1e-5 if n.endswith("k_proj.bias") else 2e-6
+        atol = 2.5e-5 if n.endswith("k_proj.bias") else 2e-6
         torch.testing.assert_close(end[n], base[n], atol=atol, rtol=0, msg=n)

@@ -8,6 +8,11 @@ loss with AlgoSpec's settings, clipping, AdamW); this class only
   prompts, so its local token-mean is rescaled by (local count / global count) * world.
   FSDP averages gradients over the world, which gives the gradient of the global
   token-mean (or sequence-mean) — the update a one-process run of the whole batch makes;
+  in micro-batches (the torch trainer's, micro.py) every micro-batch's loss term gets the
+  same factor. Each micro-batch's backward reduce-scatters its gradients, which FSDP2 sums
+  into the sharded gradients: M reduce-scatters a step instead of one, but the gradients
+  stay sharded, as the plan sizes them (`set_requires_gradient_sync(False)` would hold
+  whole unsharded gradients on every rank until the last micro-batch);
 - gathers full parameters where a whole model is needed (rollout sync, Hub export).
 """
 
@@ -30,17 +35,19 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from rollplex.backends.base import LiveWeights
 from rollplex.backends.fsdp.shard import full, local, shard_model
+from rollplex.backends.torch.loss import agg_units
 from rollplex.backends.torch.model import load_model, save_model
 from rollplex.backends.torch.prefix import Model
 from rollplex.backends.torch.roles import weights_params
 from rollplex.backends.torch.rows import merge_chunks
 from rollplex.backends.torch.trainer import TorchTrainer
-from rollplex.backends.torch.values import Loss, TokenLogprobs, WeightsHandle
+from rollplex.backends.torch.values import GradsHandle, Loss, TokenLogprobs, WeightsHandle
 from rollplex.specs import AlgoSpec, ModelSpec
 from rollplex.specs.fsdp import FsdpSpec
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 AGGREGATED = frozenset({"loss", "pg_loss", "kl"})  # aggregated by loss_agg_mode
+UNSCALED = frozenset({"tokens", "train_micro_batches"})  # the same on every rank
 
 
 class ShardedWeightsHandle(WeightsHandle):
@@ -90,6 +97,18 @@ class FsdpTrainer(TorchTrainer):
     def logprob(self, features, text, responses):
         return self.root(super().logprob, features, text, responses)
 
+    def backward(self, loss: Loss) -> GradsHandle:
+        """The root's parameters (embeddings, norm, LM head) stay gathered over all the
+        micro-batches' backwards and are resharded once at the end: each backward
+        recomputes its checkpointed LM head from the module's weights, which FSDP2 would
+        otherwise have put back to shards after the first micro-batch."""
+        self.root.set_reshard_after_backward(False, recurse=False)
+        try:
+            return super().backward(loss)
+        finally:
+            self.root.set_reshard_after_backward(True, recurse=False)
+            self.root.reshard()
+
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head on merged row chunks (chunked prefix ops)."""
         return self.root(self.model.lm_head, hidden)
@@ -115,13 +134,15 @@ class FsdpTrainer(TorchTrainer):
         tokens = self._share(mask.sum())
         loss_share = tokens if self.algo.loss_agg_mode == "token-mean" else None
         if loss_share is None:  # the seq-mean modes average over sequences with a token
-            loss_share = self._share(mask.any(-1).sum())
+            loss_share = self._share(agg_units(mask, self.algo.loss_agg_mode))
         # Metrics too, so their mean over ranks (end_step) is the global batch's.
         metrics = {
-            k: v * (loss_share if k in AGGREGATED else tokens) if k != "tokens" else v
+            k: v * (loss_share if k in AGGREGATED else tokens) if k not in UNSCALED else v
             for k, v in out.metrics.items()
         }
-        return Loss(out.value * loss_share.to(out.value.dtype), metrics)
+        scaled = out.scaled(loss_share)  # every micro-batch's term too
+        scaled.metrics = metrics
+        return scaled
 
     def _share(self, n_local: torch.Tensor) -> torch.Tensor:
         """world * n_local / n_global: the factor that turns this rank's mean over its

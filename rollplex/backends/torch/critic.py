@@ -26,8 +26,28 @@ import torch
 from torch import nn
 
 from rollplex.backends.base import BackendError
-from rollplex.backends.torch.logprob import features_full_head_outputs, response_head_outputs
-from rollplex.backends.torch.loss import gae, kl_penalized_rewards, token_rewards, value_loss
+from rollplex.backends.torch.logprob import (
+    features_full_head_outputs,
+    response_head_outputs,
+    response_mask,
+)
+from rollplex.backends.torch.loss import (
+    gae,
+    kl_penalized_rewards,
+    micro_batch_weights,
+    token_rewards,
+    value_loss,
+)
+from rollplex.backends.torch.micro import (
+    GROUPS,
+    Boundary,
+    backward_micro_batches,
+    checkpointed_layers,
+    forward_micro_batches,
+    micro_logprobs,
+    planned_ranges,
+    prefix_rows,
+)
 from rollplex.backends.torch.prefix import Model, PrefixState, expand_prefix, prefix_forward
 from rollplex.backends.torch.roles import (
     capture_saved,
@@ -95,6 +115,7 @@ class TorchCritic:
             weight_decay=algo.weight_decay,
         )
         self.counter = VersionCounter(version)
+        self.micro_batches = 1  # the plan's training micro-batches (runtime/dispatch.py)
         self.scorer, self.trainer = CriticRole(self, train=False), CriticRole(self, train=True)
 
     def role(self, train: bool) -> CriticRole:
@@ -126,22 +147,35 @@ class TorchCritic:
         self, values: TokenLogprobs, returns: torch.Tensor, old: TokenLogprobs | None, clip: float
     ) -> Loss:
         """verl's clipped value loss; without old values the clip has nothing to centre on,
-        so it is the plain 0.5 (v - R)^2."""
+        so it is the plain 0.5 (v - R)^2. Micro-batched values give one weighted term per
+        micro-batch (see the trainer's loss)."""
         old_values = old.values.detach() if old is not None else values.values.detach()
+        mode = self.algo.loss_agg_mode
+
+        def run(v: torch.Tensor, rows: slice = slice(None)):
+            c = clip if old is not None else float("inf")
+            return value_loss(v, returns[rows], old_values[rows], values.mask[rows], c, mode)
+
+        micro = getattr(values, "micro", None)
+        if micro is None:
+            with torch.enable_grad():
+                return Loss(*run(values.values))
+        with torch.no_grad():
+            value, metrics = run(values.values)
+        weights = micro_batch_weights(values.mask, micro.rows, mode)
         with torch.enable_grad():
-            value, metrics = value_loss(
-                values.values,
-                returns,
-                old_values,
-                values.mask,
-                clip if old is not None else float("inf"),
-                self.algo.loss_agg_mode,
-            )
-        return Loss(value, metrics)
+            terms: list[torch.Tensor | None] = [
+                run(v, slice(lo, hi))[0] * w
+                for (lo, hi), v, w in zip(micro.rows, micro.logprobs, weights, strict=True)
+            ]
+        return Loss(value, metrics, terms, micro)
 
     def backward(self, loss: Loss) -> GradsHandle:
         self.optimizer.zero_grad(set_to_none=True)
-        loss.value.backward()
+        if loss.terms is None:
+            loss.value.backward()
+        else:
+            backward_micro_batches(loss.terms, loss.micro)
         return GradsHandle(self.params)
 
     def optimizer_step(self, grads: GradsHandle) -> int:
@@ -187,21 +221,51 @@ class CriticRole:
             return features_of(self.model, pixels)
 
     def logprob_prefix(self, features: Features, text: PromptBatch, head: bool = True):
-        with capture_saved() as saved:
+        saved = SavedActivations()
+        with capture_saved(saved), checkpointed_layers(self.model, saved):
             state = prefix_forward(self.model, text, features.values, grad=self.train, head=head)
         return self._out(state, saved)
 
     def logprob_response(self, prefix: PrefixState, responses: Responses, group_size: int):
-        with torch.set_grad_enabled(self.train), capture_saved() as saved:
+        if self.train:  # in the plan's micro-batches of prompts' groups, as the trainer
+            mask = response_mask(responses.lengths, responses.tokens.shape[1])
+
+            def forward(lo: int, hi: int, boundary: Boundary) -> torch.Tensor:
+                rows = slice(lo * group_size, hi * group_size)
+                state = expand_prefix(prefix_rows(prefix, lo, hi, boundary), group_size)
+                out = response_head_outputs(
+                    self.model, state, responses.tokens[rows], responses.lengths[rows]
+                )
+                return torch.where(mask[rows], _values(*out), 0.0)
+
+            ranges = planned_ranges(prefix.rows, self.critic.micro_batches, GROUPS)
+            return micro_logprobs(
+                forward_micro_batches(self.model, ranges, group_size, forward), responses
+            )
+        with torch.no_grad():
             state = expand_prefix(prefix, group_size)
             out = response_head_outputs(self.model, state, responses.tokens, responses.lengths)
-            values = _masked(_values(*out), responses)
-        return self._out(values, saved)
+            return _masked(_values(*out), responses)
 
     def logprob(self, features: Features, text: PromptBatch, responses: Responses):
-        with torch.set_grad_enabled(self.train), capture_saved() as saved:
+        if self.train:  # in the plan's micro-batches of samples
+            mask = response_mask(responses.lengths, responses.tokens.shape[1])
+
+            def forward(lo: int, hi: int, boundary: Boundary) -> torch.Tensor:
+                a, b = sum(features.tokens[:lo]), sum(features.tokens[:hi])
+                out = features_full_head_outputs(
+                    self.model,
+                    text.select(lo, hi),
+                    boundary.cut(features.values, a, b),
+                    responses.tokens[lo:hi],
+                    responses.lengths[lo:hi],
+                )
+                return torch.where(mask[lo:hi], out.squeeze(-1).float(), 0.0)
+
+            ranges = planned_ranges(features.rows, self.critic.micro_batches, "samples")
+            return micro_logprobs(forward_micro_batches(self.model, ranges, 1, forward), responses)
+        with torch.no_grad():
             out = features_full_head_outputs(
                 self.model, text, features.values, responses.tokens, responses.lengths
             )
-            values = _masked(out.squeeze(-1).float(), responses)
-        return self._out(values, saved)
+            return _masked(out.squeeze(-1).float(), responses)

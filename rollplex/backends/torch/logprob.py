@@ -54,18 +54,22 @@ def head_logprobs(
     """token_logprobs(head(hidden), tokens) for hidden [N, T, H], tokens [N, T], computed in
     chunks of tokens whose logits are recomputed in backward instead of kept (the fused
     linear + log-softmax of Liger/verl). Same values as the one-shot form up to the
-    matmul's rounding for a different row count; one chunk when the logits are small."""
+    matmul's rounding for a different row count; one chunk when the logits are small
+    (still recomputed in backward: a training micro-batch's logits are small, but kept for
+    every micro-batch until the backward they would add up)."""
     n, t, h = hidden.shape
     vocab = head.weight.shape[0] if hasattr(head, "weight") else h
     chunk = max(1, HEAD_CHUNK_BYTES // (4 * vocab))
     flat, ids = hidden.reshape(n * t, h), tokens.reshape(n * t)
-    if n * t <= chunk:
-        return token_logprobs(head(hidden), tokens, temperature)
 
     def part(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return token_logprobs(head(x), y, temperature)
 
     keep = torch.is_grad_enabled()
+    if n * t <= chunk:
+        return (
+            checkpoint(part, hidden, tokens, use_reentrant=False) if keep else part(hidden, tokens)
+        )
     parts = [
         checkpoint(part, flat[lo : lo + chunk], ids[lo : lo + chunk], use_reentrant=False)
         if keep

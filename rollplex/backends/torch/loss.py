@@ -118,6 +118,25 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor
     return torch.where(has, per_seq, 0.0).sum() / has.sum().clamp(min=1)
 
 
+def agg_units(mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """What `aggregate` averages over: valid tokens (token-mean) or sequences with a valid
+    token (the seq-mean modes)."""
+    if mode not in AGG_MODES:
+        raise ValueError(f"loss_agg_mode {mode!r}: expected one of {AGG_MODES}")
+    valid = mask.bool()
+    return valid.sum() if mode == "token-mean" else valid.any(-1).sum()
+
+
+def micro_batch_weights(
+    mask: torch.Tensor, rows: list[tuple[int, int]], mode: str
+) -> list[torch.Tensor]:
+    """Weights w_k of row ranges `rows` of a batch [N, R] such that sum_k w_k *
+    aggregate(x[lo_k:hi_k]) == aggregate(x) for any per-token x: each range's share of the
+    tokens (token-mean) or of the sequences with a token (seq-mean modes)."""
+    total = agg_units(mask, mode).clamp(min=1).to(torch.float32)
+    return [agg_units(mask[lo:hi], mode).to(torch.float32) / total for lo, hi in rows]
+
+
 def k3_kl(logprobs: torch.Tensor, ref: torch.Tensor, log_clamp: float, kl_clamp: float):
     """Schulman's k3 = e^d - d - 1 with d = ref - logp clamped to +-log_clamp, the result
     clamped to +-kl_clamp (verl's low_var_kl): one outlier token gives at most kl_clamp."""

@@ -72,9 +72,10 @@ def freeze_for_graph(model: Model, spec: ModelSpec) -> None:
 
 
 @contextmanager
-def capture_saved() -> Iterator[SavedActivations]:
-    """Collect what autograd saves for backward inside the block."""
-    saved = SavedActivations()
+def capture_saved(saved: SavedActivations | None = None) -> Iterator[SavedActivations]:
+    """Collect what autograd saves for backward inside the block (into `saved`, or a new
+    one)."""
+    saved = SavedActivations() if saved is None else saved
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         saved.saved.append(t)

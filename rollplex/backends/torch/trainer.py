@@ -1,5 +1,7 @@
 """The trainer role: logprobs with grad (at the rollout temperature), the policy loss with
-AlgoSpec's settings, backward and AdamW in place."""
+AlgoSpec's settings, backward and AdamW in place. The forward over responses, the loss and
+the backward run in the plan's micro-batches (`micro_batches`, see micro.py), each decoder
+layer checkpointed, with one optimizer step after all of them."""
 
 from __future__ import annotations
 
@@ -12,14 +14,23 @@ import torch
 from rollplex.backends.base import BackendError, LiveWeights, Trainer
 from rollplex.backends.capabilities import TORCH_SCORER, RoleCapabilities
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs
-from rollplex.backends.torch.loss import policy_loss
+from rollplex.backends.torch.loss import micro_batch_weights, policy_loss
+from rollplex.backends.torch.micro import (
+    GROUPS,
+    Boundary,
+    backward_micro_batches,
+    checkpointed_layers,
+    forward_micro_batches,
+    micro_logprobs,
+    planned_ranges,
+    prefix_rows,
+)
 from rollplex.backends.torch.model import load_model, save_model
 from rollplex.backends.torch.prefix import Model, PrefixState, expand_prefix, prefix_forward
 from rollplex.backends.torch.roles import (
     capture_saved,
     features_of,
     freeze_for_graph,
-    masked_logprobs,
     weights_params,
 )
 from rollplex.backends.torch.rows import merge_chunks
@@ -74,33 +85,47 @@ class TorchTrainer(Trainer):
     def logprob_prefix(
         self, features: Features, text: PromptBatch, head: bool = True
     ) -> tuple[PrefixState, SavedActivations]:
-        with capture_saved() as saved:
+        """The prefix forward with grad, whole (its micro-batches read it through leaves),
+        each decoder layer checkpointed."""
+        saved = SavedActivations()
+        with capture_saved(saved), checkpointed_layers(self.model, saved):
             state = prefix_forward(self.model, text, features.values, grad=True, head=head)
         return state, saved
 
     def logprob_response(
         self, prefix: PrefixState, responses: Responses, group_size: int
     ) -> tuple[TokenLogprobs, SavedActivations]:
-        with torch.enable_grad(), capture_saved() as saved:
-            state = expand_prefix(prefix, group_size)
-            lp = response_logprobs(
-                self.model, state, responses.tokens, responses.lengths, self.algo.temperature
-            )
-        return masked_logprobs(lp, responses), saved
+        """Response logprobs in micro-batches of whole prompts' groups."""
+
+        def forward(lo: int, hi: int, boundary: Boundary) -> torch.Tensor:
+            rows = slice(lo * group_size, hi * group_size)
+            state = expand_prefix(prefix_rows(prefix, lo, hi, boundary), group_size)
+            tokens, lengths = responses.tokens[rows], responses.lengths[rows]
+            return response_logprobs(self.model, state, tokens, lengths, self.algo.temperature)
+
+        ranges = planned_ranges(prefix.rows, self.micro_batches, GROUPS)
+        return micro_logprobs(
+            forward_micro_batches(self.model, ranges, group_size, forward), responses
+        )
 
     def logprob(
         self, features: Features, text: PromptBatch, responses: Responses
     ) -> tuple[TokenLogprobs, SavedActivations]:
-        with torch.enable_grad(), capture_saved() as saved:
-            lp = features_full_logprobs(
+        """The per-sample forward (verl's) in micro-batches of whole samples."""
+
+        def forward(lo: int, hi: int, boundary: Boundary) -> torch.Tensor:
+            a, b = sum(features.tokens[:lo]), sum(features.tokens[:hi])
+            return features_full_logprobs(
                 self.model,
-                text,
-                features.values,
-                responses.tokens,
-                responses.lengths,
+                text.select(lo, hi),
+                boundary.cut(features.values, a, b),
+                responses.tokens[lo:hi],
+                responses.lengths[lo:hi],
                 self.algo.temperature,
             )
-        return masked_logprobs(lp, responses), saved
+
+        ranges = planned_ranges(features.rows, self.micro_batches, "samples")
+        return micro_logprobs(forward_micro_batches(self.model, ranges, 1, forward), responses)
 
     def loss(
         self,
@@ -113,16 +138,19 @@ class TorchTrainer(Trainer):
         **_: Any,
     ) -> Loss:
         """The op's attrs give clip_eps and kl_coef (the graph's); the other settings are
-        AlgoSpec's (see specs/algo.py)."""
+        AlgoSpec's (see specs/algo.py). Micro-batched logprobs give one term per
+        micro-batch, weighted so that they sum to the whole batch's loss; the value and
+        metrics are the whole batch's."""
         a = self.algo
         ref_values = ref.values if ref is not None else logprobs.values.detach()
-        with torch.enable_grad():
-            value, metrics = policy_loss(
-                logprobs.values,
-                old.values,
-                ref_values,
-                advantages,
-                logprobs.mask,
+
+        def run(lp, rows=slice(None)):
+            return policy_loss(
+                lp,
+                old.values[rows],
+                ref_values[rows],
+                advantages[rows],
+                logprobs.mask[rows],
                 clip_eps,
                 kl_coef if ref is not None else 0.0,
                 clip_ratio_c=a.clip_ratio_c,
@@ -130,11 +158,27 @@ class TorchTrainer(Trainer):
                 log_ratio_clamp=a.log_ratio_clamp,
                 kl_clamp=a.kl_clamp,
             )
-        return Loss(value, metrics)
+
+        micro = getattr(logprobs, "micro", None)
+        if micro is None:  # logprobs with grad of one forward
+            with torch.enable_grad():
+                return Loss(*run(logprobs.values))
+        with torch.no_grad():
+            value, metrics = run(logprobs.values)
+        weights = micro_batch_weights(logprobs.mask, micro.rows, a.loss_agg_mode)
+        terms: list[torch.Tensor | None] = []
+        with torch.enable_grad():
+            for (lo, hi), lp, w in zip(micro.rows, micro.logprobs, weights, strict=True):
+                terms.append(run(lp, slice(lo, hi))[0] * w)
+        metrics["train_micro_batches"] = torch.tensor(float(len(micro.rows)))
+        return Loss(value, metrics, terms, micro)
 
     def backward(self, loss: Loss) -> GradsHandle:
         self.optimizer.zero_grad(set_to_none=True)
-        loss.value.backward()
+        if loss.terms is None:
+            loss.value.backward()
+        else:
+            backward_micro_batches(loss.terms, loss.micro)
         return GradsHandle(self.params)
 
     def optimizer_step(self, grads: GradsHandle) -> int:

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from rollplex.backends.base import BackendError, version_name
 from rollplex.data.prompts import PromptBatch
+
+if TYPE_CHECKING:
+    from rollplex.backends.torch.micro import MicroBatches
 
 
 @dataclass(slots=True)
@@ -101,25 +105,68 @@ class TokenLogprobs:
     mask: torch.Tensor  # [S, R] bool, True on response tokens
 
 
+class MicroLogprobs(TokenLogprobs):
+    """A training forward's logprobs run in micro-batches (micro.py): `values` detached,
+    each micro-batch's logprobs with grad in `micro`. Not a dataclass field, so whatever
+    treats logprobs as rows of their fields (hand-overs, row cuts) sees values and mask."""
+
+    __slots__ = ("micro",)
+
+    def __init__(
+        self, values: torch.Tensor, mask: torch.Tensor, micro: MicroBatches | None = None
+    ) -> None:
+        super().__init__(values, mask)
+        self.micro = micro
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """Its own tensors (the micro-batches' kept activations are the `saved` value's)."""
+        yield from (self.values, self.mask)
+        if self.micro is not None:
+            yield from self.micro.logprobs
+
+
 @dataclass(slots=True)
 class Loss:
-    value: torch.Tensor  # 0-dim, with grad
+    value: torch.Tensor  # 0-dim, with grad unless `terms` carry it
     metrics: dict[str, torch.Tensor]
+    # micro-batched: each micro-batch's share of `value`, with grad, and their forwards
+    terms: list[torch.Tensor | None] | None = None
+    micro: MicroBatches | None = None
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        yield self.value
+        yield from (t for t in self.terms or () if t is not None)
+
+    def scaled(self, factor: torch.Tensor) -> Loss:
+        """The same loss times `factor` (its terms too); metrics as they are."""
+        terms = None if self.terms is None else [t * factor for t in self.terms]
+        return Loss(self.value * factor.to(self.value.dtype), self.metrics, terms, self.micro)
 
 
 @dataclass(slots=True)
 class SavedActivations:
     """The tensors autograd keeps for the backward of one forward (captured with
-    saved_tensors_hooks), so the accounting sees what training really holds."""
+    saved_tensors_hooks, plus the inputs of checkpointed layers), so the accounting sees
+    what training really holds; `parts` are micro-batches', released one by one."""
 
     saved: list[torch.Tensor] = field(default_factory=list)
+    parts: list[SavedActivations] = field(default_factory=list)
 
     def tensors(self) -> Iterator[torch.Tensor]:
-        return iter(self.saved)
+        yield from self.saved
+        for p in self.parts:
+            yield from p.tensors()
+
+    def release(self) -> None:
+        self.saved.clear()
+        for p in self.parts:
+            p.release()
 
     @staticmethod
     def merge(parts: Sequence[SavedActivations]) -> SavedActivations:
-        return SavedActivations([t for p in parts for t in p.saved])
+        return SavedActivations(
+            [t for p in parts for t in p.saved], [q for p in parts for q in p.parts]
+        )
 
 
 class VersionCounter:

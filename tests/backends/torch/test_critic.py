@@ -72,7 +72,7 @@ def test_value_loss_trains_the_critic_only(model, batch, spec):
     for _ in range(3):
         state, _ = critic.trainer.logprob_prefix(Features(feats, tokens), text)
         values, saved = critic.trainer.logprob_response(state, responses, G)
-        assert saved.saved  # what backward keeps is accounted
+        assert list(saved.tensors())  # what backward keeps is accounted
         loss = critic.loss(values, returns, old, clip=10.0)
         losses.append(float(loss.value.detach()))
         critic.optimizer_step(critic.backward(loss))
