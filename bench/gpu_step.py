@@ -5,7 +5,9 @@ Schedules (all colocated on one GPU, the torch rollout with the decode engine):
 - verl:         schedule=serial schedule.dedup=false (each sample recomputes its prefix in
                 the reference and training phases, as verl does);
 - serial_dedup: schedule=serial (the prefix once per prompt, phases back to back);
-- rollplex:     schedule=rollplex (prefix work moved into the decode window).
+- rollplex:     schedule=rollplex (prefix work moved into the decode window);
+- rollplex_streams (not run by default): the same with every eligible prefix op on a
+                second stream (schedule.overlap=streams), an ablation.
 The disaggregated schedule needs two GPUs and torchrun: `bench/gpu_disagg.sh`.
 
 Workload: video prompts (synthetic moving shapes, `--frames` frames of `--size`^2 pixels),
@@ -42,6 +44,8 @@ SCHEDULES = {
     "verl": ["schedule=serial", "schedule.dedup=false"],
     "serial_dedup": ["schedule=serial"],
     "rollplex": ["schedule=rollplex"],
+    # an ablation: every eligible prefix op on a second CUDA stream beside decode
+    "rollplex_streams": ["schedule=rollplex", "schedule.overlap=streams"],
 }
 
 
@@ -140,7 +144,7 @@ def main() -> None:
     )
     ap.add_argument("--shape", default="qwen2_5_vl_3b")
     ap.add_argument("--folder", default=None, help="Hub-format model folder (random weights)")
-    ap.add_argument("--schedules", default=",".join(SCHEDULES))
+    ap.add_argument("--schedules", default="verl,serial_dedup,rollplex")
     ap.add_argument("--frames", type=int, default=8)
     ap.add_argument("--size", type=int, default=448)
     ap.add_argument("--prompts", type=int, default=4)
