@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from rollplex.planner.cost_model import write_calibration
 from rollplex.planner.plan import CoRun, Plan, Step
+from rollplex.specs.calibration import MIN_S
 from rollplex.runtime.plan_effects import COPY_KINDS
 from rollplex.trace.timeline import Mark, MemoryEvent, Span, Timeline
 
@@ -148,7 +149,9 @@ def calibration_entries(results: Sequence[StepResult], cost: CostFn | None = Non
                     "kind": s.kind,
                     "op": s.name,
                     "predicted_s": s.solo_s,
-                    "measured_s": m.seconds,
+                    # a host-timed op under a microsecond (a no-op) is recorded as one, the
+                    # floor a calibration file accepts: the file stays loadable
+                    "measured_s": max(m.seconds, MIN_S),
                     "flops": flops,
                     "bytes": nbytes,
                 }

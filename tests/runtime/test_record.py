@@ -88,3 +88,18 @@ def test_measured_memory_events_name_plan_steps_not_unknown(run):
     names = {s.name for s in plan.all_steps()}
     assert total > 0
     assert sum(b for n, b in allocated.items() if n in names) >= 0.95 * total, allocated
+
+
+def test_an_op_faster_than_a_microsecond_still_writes_a_loadable_calibration(run, tmp_path):
+    """A host-timed no-op can measure under the file format's 1 us floor; the writer records
+    the floor (a GPU run's serial_dedup file was refused by the next run's planner)."""
+    import dataclasses
+
+    from rollplex.specs.calibration import MIN_S, load_calibration
+
+    steps = [dataclasses.replace(m, end_s=m.start_s + 1e-9) for m in run.results[0].steps]
+    fast = [dataclasses.replace(run.results[0], steps=steps)]
+    path = tmp_path / "calibration.json"
+    write_measured_calibration(path, "cpu", fast)
+    entries = load_calibration(path).entries
+    assert entries and all(e.measured_s == MIN_S for e in entries)
