@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from rollplex.planner.cost_model import write_calibration
 from rollplex.planner.plan import CoRun, Plan, Step
-from rollplex.specs.calibration import MIN_S
 from rollplex.runtime.plan_effects import COPY_KINDS
+from rollplex.specs.calibration import MIN_S
 from rollplex.trace.timeline import Mark, MemoryEvent, Span, Timeline
 
 _US = 1e6
