@@ -157,8 +157,19 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--print-job", action="store_true", help="print the workload overrides")
+    ap.add_argument("--resummarize", type=Path, help="recompute a saved JSON's summary")
     ap.add_argument("extra", nargs="*", help="more Hydra overrides for every schedule")
     args = ap.parse_args()
+    if args.resummarize:  # the summary fields of a saved result, by this version's rules
+        saved = json.loads(args.resummarize.read_text())
+        runs = saved["runs"]
+        ok = {k: v for k, v in runs.items() if "error" not in v}
+        again = summarize(args, runs, ok, saved["wall_s"])
+        keep = ("date", "device", "torch", "command", "shape", "workload", "decode_bw_efficiency")
+        saved |= {k: v for k, v in again.items() if k not in keep}
+        args.resummarize.write_text(json.dumps(saved, indent=1) + "\n")
+        print(table(saved))
+        return
     if args.print_job:  # for bench/gpu_disagg.sh's JOB_EXTRA: the same workload on 2 GPUs
         skip = ("model", "hardware", "train.device", "schedule")
         print(" ".join(o for o in overrides(args, "rollplex") if not o.startswith(skip)))
@@ -187,14 +198,22 @@ def main() -> None:
     print(table(result))
 
 
+def paired_total(ok: dict) -> dict[str, float]:
+    """Each schedule's seconds over the same RL steps (2 .. the shortest run's last): step k
+    has the same prompts and forced lengths under every schedule, so the totals compare
+    like with like (a median can pick different steps for different schedules)."""
+    n = min(len(v["step_time_s"]) for v in ok.values())
+    first = 1 if n > 1 else 0
+    return {k: sum(v["step_time_s"][first:n]) for k, v in ok.items()}
+
+
 def summarize(args, runs: dict, ok: dict, wall: float) -> dict:
     import torch
 
-    def t(name: str) -> float | None:
-        return ok[name]["step_time_median_s"] if name in ok else None
+    total = paired_total(ok) if ok else {}
 
     def ratio(base: str) -> float | None:
-        a, b = t(base), t("rollplex")
+        a, b = total.get(base), total.get("rollplex")
         return a / b if a and b else None
 
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
@@ -217,6 +236,7 @@ def summarize(args, runs: dict, ok: dict, wall: float) -> dict:
             },
         },
         "wall_s": wall,
+        "paired_total_s": total,
         "speedup_vs_serial_dedup": ratio("serial_dedup"),
         "speedup_vs_serial_verl": ratio("verl"),
         "speedup_vs_disaggregated": None,  # two GPUs: bench/gpu_disagg.sh
@@ -250,6 +270,7 @@ def table(result: dict) -> str:
             f" | {peak / 2**30:.1f} | {e['plan_peak_bytes'] / 2**30:.1f} "
             f"| {e['peak_measured_over_planned']:.2f} |"
         )
+    lines.append(f"\nseconds over the same steps (2..): {result['paired_total_s']}")
     for key in ("speedup_vs_serial_dedup", "speedup_vs_serial_verl"):
         v = result[key]
         lines.append(f"\n{key}: {v:.3f}" if v else f"\n{key}: -")
