@@ -1,10 +1,15 @@
 """The trainer role: logprobs with grad (at the rollout temperature), the policy loss with
 AlgoSpec's settings, backward and AdamW in place. The forward over responses, the loss and
 the backward run in the plan's micro-batches (`micro_batches`, see micro.py), each decoder
-layer checkpointed, with one optimizer step after all of them."""
+layer checkpointed, with one optimizer step after all of them.
+
+A bf16/fp16 model trains through float32 master weights (masters.py), as FSDP2's
+MixedPrecisionPolicy, Megatron and apex O2 do and as the planner prices it: at RL learning
+rates (~1e-6) an update added to bf16 weights rounds away."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -15,6 +20,7 @@ from rollplex.backends.base import BackendError, LiveWeights, Trainer
 from rollplex.backends.capabilities import TORCH_SCORER, RoleCapabilities
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs
 from rollplex.backends.torch.loss import micro_batch_weights, policy_loss
+from rollplex.backends.torch.masters import Masters, StateMismatch, check_optimizer_state
 from rollplex.backends.torch.micro import (
     GROUPS,
     Boundary,
@@ -48,6 +54,8 @@ from rollplex.backends.torch.values import (
 from rollplex.data.prompts import PromptBatch
 from rollplex.specs import AlgoSpec, ModelSpec
 
+log = logging.getLogger(__name__)
+
 
 class TorchTrainer(Trainer):
     """AdamW on the graph's trained parameters, clipped to `algo.max_grad_norm`."""
@@ -57,9 +65,15 @@ class TorchTrainer(Trainer):
     def __init__(self, model: Model, spec: ModelSpec, algo: AlgoSpec, version: int = 0) -> None:
         self.model, self.spec, self.algo = model, spec, algo
         freeze_for_graph(model, spec)
-        self.params = tuple(p for p in model.parameters() if p.requires_grad)
+        self.named = tuple((n, p) for n, p in model.named_parameters() if p.requires_grad)
+        self.params = tuple(p for _, p in self.named)
+        # None for a float32 model: AdamW then runs on the parameters themselves
+        self.masters = Masters.of(self.named)
         self.optimizer = torch.optim.AdamW(
-            self.params, lr=algo.lr, betas=tuple(algo.adam_betas), weight_decay=algo.weight_decay
+            self.masters.tensors if self.masters else self.params,
+            lr=algo.lr,
+            betas=tuple(algo.adam_betas),
+            weight_decay=algo.weight_decay,
         )
         self.counter = VersionCounter(version)
 
@@ -175,6 +189,9 @@ class TorchTrainer(Trainer):
 
     def backward(self, loss: Loss) -> GradsHandle:
         self.optimizer.zero_grad(set_to_none=True)
+        if self.masters is not None:  # micro-batches accumulate into the parameters' own .grad
+            for p in self.params:
+                p.grad = None
         if loss.terms is None:
             loss.value.backward()
         else:
@@ -184,16 +201,43 @@ class TorchTrainer(Trainer):
     def optimizer_step(self, grads: GradsHandle) -> int:
         if grads.params is not self.params:
             raise BackendError("optimizer_step got gradients of other parameters")
-        torch.nn.utils.clip_grad_norm_(self.params, self.algo.max_grad_norm)
-        self.optimizer.step()
+        if self.masters is None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.algo.max_grad_norm)
+            self.optimizer.step()
+        else:
+            self.masters.take_grads()
+            torch.nn.utils.clip_grad_norm_(self.masters.tensors, self.algo.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.masters.copy_to_params()
         self.counter.n += 1
         return self.counter.n
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "version": self.counter.n}
+        """The optimizer state and version; with "masters" (name -> float32 tensor) for a
+        model trained through masters."""
+        out: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "version": self.counter.n}
+        if self.masters is not None:
+            out["masters"] = self.masters.state_dict()
+        return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        """Everything is checked before anything changes. A state without "masters" (an
+        older or a float32 run's) keeps the masters taken from the weights; masters given to
+        a float32 model become its weights (they are the exact values the weights round).
+        StateMismatch (part "masters" or "optimizer") names what does not fit."""
+        masters = state.get("masters")
+        if masters is not None:
+            Masters.check(masters, self.masters, self.named)
+        elif self.masters is not None:
+            log.info("no master weights in the trainer state: they start from the weights")
+        check_optimizer_state(state["optimizer"], self.optimizer, [n for n, _ in self.named])
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except ValueError as e:  # torch's own group-size checks
+            raise StateMismatch("optimizer", str(e)) from e
+        if masters is not None:
+            Masters.load(masters, self.masters, self.named)
         self.counter.n = int(state["version"])
 
     def save_weights(self, folder: Path) -> None:
@@ -209,3 +253,5 @@ class TorchTrainer(Trainer):
                 if name != other or p.shape != q.shape:
                     raise BackendError(f"{folder}: parameter {other} does not match {name}")
                 p.copy_(q)
+        if self.masters is not None:  # the next step starts from these weights
+            self.masters.assign(dict(loaded.named_parameters()))

@@ -1,0 +1,150 @@
+"""Float32 master weights for a bf16/fp16 model's trained parameters.
+
+AdamW over bf16 parameters keeps bf16 moments and adds each update to bf16 weights: at RL
+learning rates (~1e-6) an update is far below bf16's resolution at a weight's magnitude
+(~8e-5 at 0.02) and rounds away, so the policy barely moves. Mixed-precision trainers (FSDP2's
+MixedPrecisionPolicy, Megatron, apex O2) keep float32 masters and run the optimizer on them,
+and the planner prices the optimizer that way (12 bytes a parameter: master + two moments).
+
+The step: backward accumulates the micro-batches' gradients in the parameters' own .grad
+(low precision, as autograd writes them); `take_grads` moves them onto the masters as
+float32 (freeing the low-precision ones, so the step's peak is the planner's 2 + 4 + 12
+bytes a parameter); AdamW and grad-norm clipping run on the masters; `copy_to_params`
+rounds the masters back into the parameters *in place*: the rollout and the decode engine
+alias the parameters' storage, so the tensors are never replaced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from rollplex.backends.base import BackendError
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+class StateMismatch(BackendError):
+    """A trainer state that does not fit this trainer; `part` says which ("masters" or
+    "optimizer"), so a checkpoint can name its file."""
+
+    def __init__(self, part: str, message: str) -> None:
+        super().__init__(f"{part}: {message}")
+        self.part = part
+
+
+@dataclass(slots=True, eq=False)
+class Masters:
+    """The trained parameters and what AdamW updates for each: a float32 master for a
+    low-precision parameter, the parameter itself for a float32 one."""
+
+    names: tuple[str, ...]
+    params: tuple[nn.Parameter, ...]
+    tensors: tuple[torch.Tensor, ...]
+
+    @classmethod
+    def of(cls, named: Sequence[tuple[str, nn.Parameter]]) -> Masters | None:
+        """Masters for the low-precision ones of `named`; None when there are none."""
+        if not any(p.dtype in LOW_PRECISION for _, p in named):
+            return None
+        tensors = tuple(
+            p.detach().to(torch.float32, copy=True) if p.dtype in LOW_PRECISION else p
+            for _, p in named
+        )
+        return cls(tuple(n for n, _ in named), tuple(p for _, p in named), tensors)
+
+    def separate(self) -> Iterator[tuple[str, nn.Parameter, torch.Tensor]]:
+        """(name, parameter, master) for each parameter with a master of its own."""
+        for n, p, m in zip(self.names, self.params, self.tensors, strict=True):
+            if m is not p:
+                yield n, p, m
+
+    def take_grads(self) -> None:
+        """The masters' grads are the float32 casts of the parameters' accumulated grads;
+        the parameters' own are freed."""
+        for _, p, m in self.separate():
+            m.grad = None if p.grad is None else p.grad.to(torch.float32)
+            p.grad = None
+
+    @torch.no_grad()
+    def copy_to_params(self) -> None:
+        for _, p, m in self.separate():
+            p.data.copy_(m)  # in place: aliases of the parameter stay valid
+
+    @torch.no_grad()
+    def assign(self, values: Mapping[str, torch.Tensor]) -> None:
+        """Masters from `values` (by name; float32 loaded weights keep their precision),
+        then the parameters rounded from them."""
+        for n, _, m in self.separate():
+            m.copy_(values[n])
+        self.copy_to_params()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {n: m.detach().cpu().contiguous() for n, _, m in self.separate()}
+
+    @staticmethod
+    def check(
+        saved: Mapping[str, Any], ours: Masters | None, trained: Sequence[tuple[str, nn.Parameter]]
+    ) -> None:
+        """StateMismatch("masters") unless `saved` holds a float32 tensor of the right shape
+        for exactly the parameters that keep masters (all trained ones for a float32
+        trainer), each rounding to the parameter's current (just loaded) value."""
+        params = dict(trained)
+        wanted = {n for n, _, _ in ours.separate()} if ours is not None else set(params)
+        if missing := sorted(wanted - set(saved)):
+            raise StateMismatch("masters", f"no master for {_few(missing)}")
+        if extra := sorted(set(saved) - wanted):
+            raise StateMismatch("masters", f"masters of no trained parameter: {_few(extra)}")
+        for n in sorted(wanted):
+            m, p = saved[n], params[n]
+            if not isinstance(m, torch.Tensor) or m.dtype != torch.float32:
+                raise StateMismatch("masters", f"{n}: not a float32 tensor")
+            if m.shape != p.shape:
+                raise StateMismatch(
+                    "masters", f"{n}: shape {tuple(m.shape)}, the parameter's {tuple(p.shape)}"
+                )
+            if ours is not None and not torch.equal(m.to(p.device, p.dtype), p.detach()):
+                raise StateMismatch(
+                    "masters", f"{n}: does not round to the checkpoint's weights (another step's?)"
+                )
+
+    @staticmethod
+    @torch.no_grad()
+    def load(
+        saved: Mapping[str, torch.Tensor],
+        ours: Masters | None,
+        trained: Sequence[tuple[str, nn.Parameter]],
+    ) -> None:
+        """Checked masters into ours, or into a float32 model's parameters."""
+        if ours is not None:
+            ours.assign(saved)
+        else:
+            for n, p in trained:
+                p.copy_(saved[n])
+
+
+def check_optimizer_state(
+    state: Mapping[str, Any], optimizer: torch.optim.Optimizer, names: Sequence[str]
+) -> None:
+    """StateMismatch("optimizer") for per-parameter state of a shape other than its
+    parameter's (torch's load_state_dict checks only the counts)."""
+    flat = [p for g in optimizer.param_groups for p in g["params"]]
+    for idx, st in state.get("state", {}).items():
+        if not isinstance(idx, int) or not 0 <= idx < len(flat):
+            raise StateMismatch("optimizer", f"state for parameter {idx!r} of {len(flat)}")
+        for key, v in st.items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape != flat[idx].shape:
+                raise StateMismatch(
+                    "optimizer",
+                    f"{names[idx]}: {key!r} has shape {tuple(v.shape)}, the parameter "
+                    f"{tuple(flat[idx].shape)}",
+                )
+
+
+def _few(names: Sequence[str], k: int = 3) -> str:
+    more = f" and {len(names) - k} more" if len(names) > k else ""
+    return ", ".join(names[:k]) + more
