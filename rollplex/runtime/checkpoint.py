@@ -11,6 +11,10 @@ A checkpoint is a folder `step-NNNNNN` under the run's `checkpoints/`:
                          run's source folder. transformers' `from_pretrained`, vLLM,
                          `open_model_folder` and `rollplex eval` load it as is.
     optimizer.pt         the optimizer's state_dict
+    masters.safetensors  (a bf16/fp16 model's run) the float32 master weights by parameter
+                         name: a resumed run continues from them, not from the rounded
+                         weights. Without it (an older or a float32 run's checkpoint) the
+                         masters start from the weights.
     rng.pt               torch (CPU and CUDA) and Python RNG states
 
 It is written into a hidden temporary folder next to its final place and renamed when
@@ -36,8 +40,9 @@ from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from safetensors.torch import load_file, save_file
 
-from rollplex.backends.base import Trainer
+from rollplex.backends.base import BackendError, Trainer
 from rollplex.models.files import CONFIG_FILE, INDEX_FILE, WEIGHTS_FILE
 from rollplex.models.io import copy_assets
 from rollplex.specs import ModelSpec
@@ -46,8 +51,11 @@ FORMAT = "rollplex-checkpoint/2"  # /2: model/ is a full Hub folder (save_pretra
 STATE_FILE = "trainer_state.json"
 MODEL_DIR = "model"
 OPTIMIZER_FILE = "optimizer.pt"
+MASTERS_FILE = "masters.safetensors"
 RNG_FILE = "rng.pt"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+# which file holds each part of a trainer's state (a StateMismatch's `part`)
+_PART_FILES = {"optimizer": OPTIMIZER_FILE, "masters": MASTERS_FILE}
 
 
 class CheckpointError(ValueError):
@@ -72,6 +80,7 @@ class Checkpoint:
     state: CheckpointState
     optimizer: dict[str, Any]
     rng: dict[str, Any]
+    masters: dict[str, torch.Tensor] | None = None  # None: the checkpoint has none
 
     @property
     def model_folder(self) -> Path:
@@ -140,6 +149,8 @@ def save_checkpoint(
             copy_assets(Path(source), tmp / MODEL_DIR)
         state = trainer.state_dict()
         torch.save(state["optimizer"], tmp / OPTIMIZER_FILE)
+        if state.get("masters"):
+            save_file(state["masters"], tmp / MASTERS_FILE)
         torch.save(rng_state(), tmp / RNG_FILE)
         files = {p.relative_to(tmp).as_posix(): _sha256(p) for p in _files(tmp)}
         meta = CheckpointState(
@@ -238,7 +249,18 @@ def read_checkpoint(path: str | Path, model: ModelSpec, seed: int) -> Checkpoint
     for key in ("state", "param_groups"):
         if key not in optimizer:
             raise CheckpointError(f"{folder / OPTIMIZER_FILE}: no {key!r} in the optimizer state")
-    return Checkpoint(folder, state, optimizer, rng)
+    masters = _load_masters(folder / MASTERS_FILE) if MASTERS_FILE in state.files else None
+    return Checkpoint(folder, state, optimizer, rng, masters)
+
+
+def _load_masters(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        out = load_file(path)
+    except Exception as e:  # safetensors raises its own and OS errors for a damaged file
+        raise CheckpointError(f"{path}: cannot be read ({type(e).__name__}: {e})") from e
+    if bad := sorted(k for k, v in out.items() if v.dtype != torch.float32):
+        raise CheckpointError(f"{path}: {bad[0]} is not float32")
+    return out
 
 
 def _check_model(where: Path, saved: dict[str, Any], model: ModelSpec) -> None:
@@ -266,7 +288,15 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def restore(trainer: Trainer, ckpt: Checkpoint) -> None:
-    """Load a validated checkpoint into the trainer and the process RNGs."""
+    """Load a validated checkpoint into the trainer and the process RNGs. An optimizer
+    state or masters that do not fit the trainer raise CheckpointError naming the file."""
     trainer.load_weights(ckpt.model_folder)
-    trainer.load_state_dict({"optimizer": ckpt.optimizer, "version": ckpt.state.version})
+    state: dict[str, Any] = {"optimizer": ckpt.optimizer, "version": ckpt.state.version}
+    if ckpt.masters is not None:  # else a trainer with masters takes them from the weights
+        state["masters"] = ckpt.masters
+    try:
+        trainer.load_state_dict(state)
+    except (BackendError, ValueError) as e:  # ours name the part; torch's are the optimizer's
+        part = _PART_FILES[getattr(e, "part", "optimizer")]
+        raise CheckpointError(f"{ckpt.folder / part}: does not fit this run's trainer ({e})") from e
     set_rng_state(ckpt.rng)
