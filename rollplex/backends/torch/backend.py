@@ -113,7 +113,7 @@ class TorchExternals:
             "vision": WeightsHandle(
                 "vision", self.trainer.model, vision_params(self.trainer.model), 0, self._frozen
             ),
-            "adam": OptimizerHandle(self.trainer.optimizer),
+            "adam": OptimizerHandle(self.trainer.optimizer, self.trainer.master_tensors()),
         }
         if self.reference is not None:
             model = self.reference.model

@@ -77,6 +77,11 @@ class TorchTrainer(Trainer):
         )
         self.counter = VersionCounter(version)
 
+    def master_tensors(self) -> tuple[torch.Tensor, ...]:
+        """The float32 masters of their own (none for a float32 model): optimizer state,
+        offloaded and onloaded with the moments."""
+        return () if self.masters is None else tuple(m for _, _, m in self.masters.separate())
+
     def handle(self) -> WeightsHandle:
         return WeightsHandle(
             "policy",

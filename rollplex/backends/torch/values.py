@@ -213,13 +213,20 @@ class WeightsHandle:
 
 @dataclass(slots=True, eq=False)
 class OptimizerHandle:
+    """The optimizer state the plan calls `<model>.adam`: the moments and, for a bf16/fp16
+    model, the float32 master weights (the planner prices both: 12 bytes a parameter)."""
+
     optimizer: torch.optim.Optimizer
+    masters: tuple[torch.Tensor, ...] = ()
 
     def tensors(self) -> Iterator[torch.Tensor]:
+        yield from self.masters
         for st in self.optimizer.state.values():
             yield from (v for v in st.values() if isinstance(v, torch.Tensor))
 
     def move_to(self, device: torch.device | str) -> OptimizerHandle:
+        for m in self.masters:  # in place: the optimizer keys its state by these tensors
+            m.data = m.data.to(device, copy=True)
         for st in self.optimizer.state.values():
             for k, v in st.items():
                 # Adam's `step` counter stays where torch keeps it (a CPU scalar).

@@ -10,7 +10,13 @@ import torch
 
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.trainer import TorchTrainer
-from rollplex.backends.torch.values import Loss, Pixels, Responses, TokenLogprobs
+from rollplex.backends.torch.values import (
+    Loss,
+    OptimizerHandle,
+    Pixels,
+    Responses,
+    TokenLogprobs,
+)
 from rollplex.specs import AlgoSpec
 
 BF16 = torch.bfloat16
@@ -156,3 +162,23 @@ def test_a_float32_model_has_no_masters_and_steps_as_plain_adamw(spec):
             assert torch.equal(p.grad, q.grad)  # grads stay on a float32 model's parameters
     assert set(trainer.state_dict()) == {"optimizer", "version"}
     assert trainer.counter.n == 3
+
+
+def test_the_offloaded_optimizer_state_carries_the_masters(spec):
+    """The plan's `policy.adam` is priced at 12 bytes a parameter (master + 2 moments): the
+    handle the runtime offloads holds exactly that, and a round trip keeps training exact."""
+    trainer, twin = (TorchTrainer(_bf16(spec), spec, AlgoSpec(lr=1e-3)) for _ in range(2))
+    for t in (trainer, twin):
+        _step(t, seed=0)
+    handle = OptimizerHandle(trainer.optimizer, trainer.master_tensors())
+    n = sum(p.numel() for p in trainer.params)
+    assert sum(t.numel() * t.element_size() for t in handle.tensors() if t.dim()) == 12 * n
+    masters = trainer.master_tensors()
+    ptrs = [m.data_ptr() for m in masters]
+    handle.move_to("cpu")  # a copy, as an offload and its onload make
+    assert all(a is b for a, b in zip(trainer.master_tensors(), masters, strict=True))
+    assert all(m.data_ptr() != p for m, p in zip(masters, ptrs, strict=True))
+    for t in (trainer, twin):
+        _step(t, seed=1)
+    assert all(torch.equal(a, b) for a, b in zip(masters, twin.master_tensors(), strict=True))
+    assert TorchTrainer(build_model(spec, seed=0), spec, AlgoSpec()).master_tensors() == ()
