@@ -24,9 +24,14 @@ tested against and as the benchmark's baseline):
     session.advance(k); ...; tokens, logprobs, lengths = session.result()
 
 - cache.py: static K/V, each prompt's prefix stored once for its G rows;
-- step.py: one decode forward on the model's own modules over that cache;
+- step.py: one decode forward on the model's own modules over that cache (each layer's
+  pieces torch.compile'd on CUDA);
+- flex.py: the optional split-KV FlexAttention over that cache;
 - sampling.py: on-device draws, a function of (row seed, step);
 - roofline.py: achieved HBM bandwidth against the roofline.
+
+`start(..., lengths=...)` forces each row's length (eos ignored): benchmarks of random-weight
+models with the workload's length distribution (`train.response_lengths=workload`).
 """
 
 from __future__ import annotations
