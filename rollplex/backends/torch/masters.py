@@ -67,7 +67,7 @@ class Masters:
         """The masters' grads are the float32 casts of the parameters' accumulated grads;
         the parameters' own are freed."""
         for _, p, m in self.separate():
-            m.grad = None if p.grad is None else p.grad.to(torch.float32)
+            m.grad = None if p.grad is None else p.grad.to(m.device, torch.float32)
             p.grad = None
 
     @torch.no_grad()
