@@ -38,6 +38,7 @@ from rollplex.backends.torch.loss import (
     token_rewards,
     value_loss,
 )
+from rollplex.backends.torch.masters import Masters
 from rollplex.backends.torch.micro import (
     GROUPS,
     Boundary,
@@ -107,9 +108,12 @@ class TorchCritic:
     def __init__(self, model: Model, spec: ModelSpec, algo: AlgoSpec, version: int = 0) -> None:
         self.model, self.spec, self.algo = model, spec, algo
         freeze_for_graph(model, spec)
-        self.params = tuple(p for p in model.parameters() if p.requires_grad)
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.params = tuple(p for _, p in named)
+        # a bf16/fp16 critic trains through float32 masters, as the policy does (masters.py)
+        self.masters = Masters.of(named)
         self.optimizer = torch.optim.AdamW(
-            self.params,
+            self.masters.tensors if self.masters else self.params,
             lr=algo.critic_lr,
             betas=tuple(algo.adam_betas),
             weight_decay=algo.weight_decay,
@@ -172,6 +176,9 @@ class TorchCritic:
 
     def backward(self, loss: Loss) -> GradsHandle:
         self.optimizer.zero_grad(set_to_none=True)
+        if self.masters is not None:  # micro-batches accumulate into the parameters' own .grad
+            for p in self.params:
+                p.grad = None
         if loss.terms is None:
             loss.value.backward()
         else:
@@ -181,21 +188,34 @@ class TorchCritic:
     def optimizer_step(self, grads: GradsHandle) -> int:
         if grads.params is not self.params:
             raise BackendError("the critic's optimizer_step got gradients of other parameters")
-        torch.nn.utils.clip_grad_norm_(self.params, self.algo.max_grad_norm)
-        self.optimizer.step()
+        if self.masters is None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.algo.max_grad_norm)
+            self.optimizer.step()
+        else:
+            self.masters.take_grads()
+            torch.nn.utils.clip_grad_norm_(self.masters.tensors, self.algo.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.masters.copy_to_params()
         self.counter.n += 1
         return self.counter.n
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "version": self.counter.n,
         }
+        if self.masters is not None:
+            out["masters"] = self.masters.state_dict()
+        return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.masters is not None:  # the saved masters, else the loaded weights
+            saved = state.get("masters") or dict(self.model.named_parameters())
+            self.masters.assign(saved)
         self.counter.n = int(state["version"])
 
 

@@ -182,3 +182,32 @@ def test_the_offloaded_optimizer_state_carries_the_masters(spec):
         _step(t, seed=1)
     assert all(torch.equal(a, b) for a, b in zip(masters, twin.master_tensors(), strict=True))
     assert TorchTrainer(build_model(spec, seed=0), spec, AlgoSpec()).master_tensors() == ()
+
+
+def test_a_bf16_critic_trains_through_masters_too(spec):
+    """PPO's critic has its own AdamW: in bf16 it keeps float32 masters as the policy does
+    (RL-sized updates kept, parameter storage unchanged); in float32 it has none."""
+    from rollplex.backends.torch.critic import TorchCritic
+
+    lr, steps = 1e-6, 4
+    critic = TorchCritic(_bf16(spec), spec, AlgoSpec(critic_lr=lr, weight_decay=0.0))
+    assert critic.masters is not None
+    ptrs = [p.data_ptr() for p in critic.params]
+    start = [m.detach().clone() for _, _, m in critic.masters.separate()]
+    for _ in range(steps):
+        critic.optimizer_step(
+            critic.backward(Loss(sum(p.float().sum() for p in critic.params), {}))
+        )
+    moved = [(m - s).abs() for (_, _, m), s in zip(critic.masters.separate(), start, strict=True)]
+    assert all(torch.allclose(d, torch.full_like(d, steps * lr), rtol=0.02) for d in moved)
+    for _, p, m in critic.masters.separate():
+        assert torch.equal(p.detach(), m.to(BF16))  # weights are the rounded masters
+    assert [p.data_ptr() for p in critic.params] == ptrs
+    state = critic.state_dict()
+    again = TorchCritic(_bf16(spec), spec, AlgoSpec(critic_lr=lr, weight_decay=0.0))
+    again.load_state_dict(state)
+    for (_, _, a), (_, _, b) in zip(
+        again.masters.separate(), critic.masters.separate(), strict=True
+    ):
+        assert torch.equal(a, b)
+    assert TorchCritic(build_model(spec, seed=0), spec, AlgoSpec()).masters is None
