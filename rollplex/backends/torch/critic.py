@@ -34,20 +34,16 @@ from rollplex.backends.torch.logprob import (
 from rollplex.backends.torch.loss import (
     gae,
     kl_penalized_rewards,
-    micro_batch_weights,
     token_rewards,
     value_loss,
 )
-from rollplex.backends.torch.masters import Masters
+from rollplex.backends.torch.masters import adamw_over, clear_grads, clipped_step
 from rollplex.backends.torch.micro import (
-    GROUPS,
-    Boundary,
-    backward_micro_batches,
+    backward_loss,
     checkpointed_layers,
-    forward_micro_batches,
-    micro_logprobs,
-    planned_ranges,
-    prefix_rows,
+    micro_loss,
+    response_micro_batches,
+    sample_micro_batches,
 )
 from rollplex.backends.torch.prefix import Model, PrefixState, expand_prefix, prefix_forward
 from rollplex.backends.torch.roles import (
@@ -111,12 +107,8 @@ class TorchCritic:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.params = tuple(p for _, p in named)
         # a bf16/fp16 critic trains through float32 masters, as the policy does (masters.py)
-        self.masters = Masters.of(named)
-        self.optimizer = torch.optim.AdamW(
-            self.masters.tensors if self.masters else self.params,
-            lr=algo.critic_lr,
-            betas=tuple(algo.adam_betas),
-            weight_decay=algo.weight_decay,
+        self.masters, self.optimizer = adamw_over(
+            named, lr=algo.critic_lr, betas=tuple(algo.adam_betas), weight_decay=algo.weight_decay
         )
         self.counter = VersionCounter(version)
         self.micro_batches = 1  # the plan's training micro-batches (runtime/dispatch.py)
@@ -155,48 +147,22 @@ class TorchCritic:
         micro-batch (see the trainer's loss)."""
         old_values = old.values.detach() if old is not None else values.values.detach()
         mode = self.algo.loss_agg_mode
+        c = clip if old is not None else float("inf")
 
-        def run(v: torch.Tensor, rows: slice = slice(None)):
-            c = clip if old is not None else float("inf")
+        def run(v: torch.Tensor, rows: slice):
             return value_loss(v, returns[rows], old_values[rows], values.mask[rows], c, mode)
 
-        micro = getattr(values, "micro", None)
-        if micro is None:
-            with torch.enable_grad():
-                return Loss(*run(values.values))
-        with torch.no_grad():
-            value, metrics = run(values.values)
-        weights = micro_batch_weights(values.mask, micro.rows, mode)
-        with torch.enable_grad():
-            terms: list[torch.Tensor | None] = [
-                run(v, slice(lo, hi))[0] * w
-                for (lo, hi), v, w in zip(micro.rows, micro.logprobs, weights, strict=True)
-            ]
-        return Loss(value, metrics, terms, micro)
+        return micro_loss(run, values, mode)
 
     def backward(self, loss: Loss) -> GradsHandle:
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.masters is not None:  # micro-batches accumulate into the parameters' own .grad
-            for p in self.params:
-                p.grad = None
-        if loss.terms is None:
-            loss.value.backward()
-        else:
-            backward_micro_batches(loss.terms, loss.micro)
+        clear_grads(self.optimizer, self.masters, self.params)
+        backward_loss(loss)
         return GradsHandle(self.params)
 
     def optimizer_step(self, grads: GradsHandle) -> int:
         if grads.params is not self.params:
             raise BackendError("the critic's optimizer_step got gradients of other parameters")
-        if self.masters is None:
-            torch.nn.utils.clip_grad_norm_(self.params, self.algo.max_grad_norm)
-            self.optimizer.step()
-        else:
-            self.masters.take_grads()
-            torch.nn.utils.clip_grad_norm_(self.masters.tensors, self.algo.max_grad_norm)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.masters.copy_to_params()
+        clipped_step(self.optimizer, self.masters, self.params, self.algo.max_grad_norm)
         self.counter.n += 1
         return self.counter.n
 
@@ -250,17 +216,12 @@ class CriticRole:
         if self.train:  # in the plan's micro-batches of prompts' groups, as the trainer
             mask = response_mask(responses.lengths, responses.tokens.shape[1])
 
-            def forward(lo: int, hi: int, boundary: Boundary) -> torch.Tensor:
-                rows = slice(lo * group_size, hi * group_size)
-                state = expand_prefix(prefix_rows(prefix, lo, hi, boundary), group_size)
-                out = response_head_outputs(
-                    self.model, state, responses.tokens[rows], responses.lengths[rows]
-                )
+            def score(state: PrefixState, tokens, lengths, rows: slice) -> torch.Tensor:
+                out = response_head_outputs(self.model, state, tokens, lengths)
                 return torch.where(mask[rows], _values(*out), 0.0)
 
-            ranges = planned_ranges(prefix.rows, self.critic.micro_batches, GROUPS)
-            return micro_logprobs(
-                forward_micro_batches(self.model, ranges, group_size, forward), responses
+            return response_micro_batches(
+                self.model, prefix, responses, group_size, self.critic.micro_batches, score
             )
         with torch.no_grad():
             state = expand_prefix(prefix, group_size)
@@ -271,19 +232,13 @@ class CriticRole:
         if self.train:  # in the plan's micro-batches of samples
             mask = response_mask(responses.lengths, responses.tokens.shape[1])
 
-            def forward(lo: int, hi: int, boundary: Boundary) -> torch.Tensor:
-                a, b = sum(features.tokens[:lo]), sum(features.tokens[:hi])
-                out = features_full_head_outputs(
-                    self.model,
-                    text.select(lo, hi),
-                    boundary.cut(features.values, a, b),
-                    responses.tokens[lo:hi],
-                    responses.lengths[lo:hi],
-                )
-                return torch.where(mask[lo:hi], out.squeeze(-1).float(), 0.0)
+            def score(text, visual, tokens, lengths, rows: slice) -> torch.Tensor:
+                out = features_full_head_outputs(self.model, text, visual, tokens, lengths)
+                return torch.where(mask[rows], out.squeeze(-1).float(), 0.0)
 
-            ranges = planned_ranges(features.rows, self.critic.micro_batches, "samples")
-            return micro_logprobs(forward_micro_batches(self.model, ranges, 1, forward), responses)
+            return sample_micro_batches(
+                self.model, features, text, responses, self.critic.micro_batches, score
+            )
         with torch.no_grad():
             out = features_full_head_outputs(
                 self.model, text, features.values, responses.tokens, responses.lengths

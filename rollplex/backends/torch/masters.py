@@ -127,6 +127,46 @@ class Masters:
                 p.copy_(saved[n])
 
 
+def adamw_over(
+    named: Sequence[tuple[str, nn.Parameter]], **adamw: Any
+) -> tuple[Masters | None, torch.optim.AdamW]:
+    """AdamW over `named`'s masters when some are low-precision (else over the parameters
+    themselves, masters None): the policy's and the critic's optimizer."""
+    masters = Masters.of(named)
+    params = masters.tensors if masters else [p for _, p in named]
+    return masters, torch.optim.AdamW(params, **adamw)
+
+
+def clear_grads(
+    optimizer: torch.optim.Optimizer, masters: Masters | None, params: Sequence[nn.Parameter]
+) -> None:
+    """Before a backward: the optimizer's grads, and with masters the parameters' own (where
+    the micro-batches accumulate)."""
+    optimizer.zero_grad(set_to_none=True)
+    if masters is not None:
+        for p in params:
+            p.grad = None
+
+
+def clipped_step(
+    optimizer: torch.optim.Optimizer,
+    masters: Masters | None,
+    params: Sequence[nn.Parameter],
+    max_norm: float,
+) -> None:
+    """Clip to `max_norm` and step; with masters, on the float32 casts of the parameters'
+    grads, then the rounded masters copied back into the parameters in place."""
+    if masters is None:
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+        optimizer.step()
+        return
+    masters.take_grads()
+    torch.nn.utils.clip_grad_norm_(masters.tensors, max_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    masters.copy_to_params()
+
+
 def check_optimizer_state(
     state: Mapping[str, Any], optimizer: torch.optim.Optimizer, names: Sequence[str]
 ) -> None:

@@ -42,9 +42,10 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv, fork_cache
+from rollplex.backends.torch.loss import micro_batch_weights
+from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv, expand_prefix, fork_cache
 from rollplex.backends.torch.roles import capture_saved, masked_logprobs
-from rollplex.backends.torch.values import MicroLogprobs, Responses, SavedActivations
+from rollplex.backends.torch.values import Loss, MicroLogprobs, Responses, SavedActivations
 
 log = logging.getLogger(__name__)
 _WARNED: set[tuple[int, int, str]] = set()
@@ -166,6 +167,51 @@ def micro_logprobs(
     return MicroLogprobs(out.values, out.mask, micro), SavedActivations(parts=list(micro.saved))
 
 
+def response_micro_batches(
+    model: Model,
+    prefix: PrefixState,
+    responses: Responses,
+    group_size: int,
+    count: int,
+    score: Callable[[PrefixState, torch.Tensor, torch.Tensor, slice], torch.Tensor],
+) -> tuple[MicroLogprobs, SavedActivations]:
+    """The training forward over responses on a group-shared prefix, in `count`
+    micro-batches of whole prompts' groups: `score(state, tokens, lengths, rows)` gives the
+    [rows, R] outputs of sample rows `rows` on their expanded prefix `state`."""
+
+    def forward(lo: int, hi: int, boundary: Boundary) -> torch.Tensor:
+        rows = slice(lo * group_size, hi * group_size)
+        state = expand_prefix(prefix_rows(prefix, lo, hi, boundary), group_size)
+        return score(state, responses.tokens[rows], responses.lengths[rows], rows)
+
+    ranges = planned_ranges(prefix.rows, count, GROUPS)
+    return micro_logprobs(forward_micro_batches(model, ranges, group_size, forward), responses)
+
+
+def sample_micro_batches(
+    model: Model,
+    features: Any,
+    text: Any,
+    responses: Responses,
+    count: int,
+    score: Callable[[Any, torch.Tensor, torch.Tensor, torch.Tensor, slice], torch.Tensor],
+) -> tuple[MicroLogprobs, SavedActivations]:
+    """The per-sample (verl's) training forward in `count` micro-batches of whole samples:
+    `score(text, visual, tokens, lengths, rows)` gives the [rows, R] outputs of samples
+    `rows` from their prompts and visual features (`features`: Features)."""
+
+    def forward(lo: int, hi: int, boundary: Boundary) -> torch.Tensor:
+        a, b = sum(features.tokens[:lo]), sum(features.tokens[:hi])
+        rows = slice(lo, hi)
+        visual = boundary.cut(features.values, a, b)
+        return score(
+            text.select(lo, hi), visual, responses.tokens[rows], responses.lengths[rows], rows
+        )
+
+    ranges = planned_ranges(features.rows, count, "samples")
+    return micro_logprobs(forward_micro_batches(model, ranges, 1, forward), responses)
+
+
 def backward_micro_batches(terms: list[torch.Tensor | None], micro: MicroBatches) -> None:
     """Backward of each micro-batch's loss term in turn, freeing each graph before the
     next; then once through the forward they share. Gradients accumulate in `.grad`."""
@@ -176,6 +222,38 @@ def backward_micro_batches(terms: list[torch.Tensor | None], micro: MicroBatches
         terms[k] = None
         micro.release(k)
     micro.boundary.backward()
+
+
+def backward_loss(loss: Loss) -> None:
+    """A loss's backward: its value's, or its micro-batch terms' one by one."""
+    if loss.terms is None:
+        loss.value.backward()
+    else:
+        backward_micro_batches(loss.terms, loss.micro)
+
+
+LossFn = Callable[[torch.Tensor, slice], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def micro_loss(run: LossFn, values: Any, mode: str) -> Loss:
+    """`run(per_token, rows)` -> (loss, metrics) over `values` (TokenLogprobs, maybe
+    micro-batched). Micro-batched: the value and metrics are the whole batch's (no grad),
+    and one term per micro-batch, weighted so the terms sum to the whole batch's loss
+    (`loss_agg_mode` `mode`); metrics["train_micro_batches"] says how many."""
+    micro = getattr(values, "micro", None)
+    if micro is None:  # one forward's values, with grad
+        with torch.enable_grad():
+            return Loss(*run(values.values, slice(None)))
+    with torch.no_grad():
+        value, metrics = run(values.values, slice(None))
+    weights = micro_batch_weights(values.mask, micro.rows, mode)
+    with torch.enable_grad():
+        terms: list[torch.Tensor | None] = [
+            run(v, slice(lo, hi))[0] * w
+            for (lo, hi), v, w in zip(micro.rows, micro.logprobs, weights, strict=True)
+        ]
+    metrics["train_micro_batches"] = torch.tensor(float(len(micro.rows)))
+    return Loss(value, metrics, terms, micro)
 
 
 def prefix_rows(state: PrefixState, lo: int, hi: int, boundary: Boundary) -> PrefixState:

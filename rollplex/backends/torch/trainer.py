@@ -19,20 +19,24 @@ import torch
 from rollplex.backends.base import BackendError, LiveWeights, Trainer
 from rollplex.backends.capabilities import TORCH_SCORER, RoleCapabilities
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs
-from rollplex.backends.torch.loss import micro_batch_weights, policy_loss
-from rollplex.backends.torch.masters import Masters, StateMismatch, check_optimizer_state
+from rollplex.backends.torch.loss import policy_loss
+from rollplex.backends.torch.masters import (
+    Masters,
+    StateMismatch,
+    adamw_over,
+    check_optimizer_state,
+    clear_grads,
+    clipped_step,
+)
 from rollplex.backends.torch.micro import (
-    GROUPS,
-    Boundary,
-    backward_micro_batches,
+    backward_loss,
     checkpointed_layers,
-    forward_micro_batches,
-    micro_logprobs,
-    planned_ranges,
-    prefix_rows,
+    micro_loss,
+    response_micro_batches,
+    sample_micro_batches,
 )
 from rollplex.backends.torch.model import load_model, save_model
-from rollplex.backends.torch.prefix import Model, PrefixState, expand_prefix, prefix_forward
+from rollplex.backends.torch.prefix import Model, PrefixState, prefix_forward
 from rollplex.backends.torch.roles import (
     capture_saved,
     features_of,
@@ -68,12 +72,8 @@ class TorchTrainer(Trainer):
         self.named = tuple((n, p) for n, p in model.named_parameters() if p.requires_grad)
         self.params = tuple(p for _, p in self.named)
         # None for a float32 model: AdamW then runs on the parameters themselves
-        self.masters = Masters.of(self.named)
-        self.optimizer = torch.optim.AdamW(
-            self.masters.tensors if self.masters else self.params,
-            lr=algo.lr,
-            betas=tuple(algo.adam_betas),
-            weight_decay=algo.weight_decay,
+        self.masters, self.optimizer = adamw_over(
+            self.named, lr=algo.lr, betas=tuple(algo.adam_betas), weight_decay=algo.weight_decay
         )
         self.counter = VersionCounter(version)
 
@@ -116,15 +116,11 @@ class TorchTrainer(Trainer):
     ) -> tuple[TokenLogprobs, SavedActivations]:
         """Response logprobs in micro-batches of whole prompts' groups."""
 
-        def forward(lo: int, hi: int, boundary: Boundary) -> torch.Tensor:
-            rows = slice(lo * group_size, hi * group_size)
-            state = expand_prefix(prefix_rows(prefix, lo, hi, boundary), group_size)
-            tokens, lengths = responses.tokens[rows], responses.lengths[rows]
+        def score(state: PrefixState, tokens, lengths, _rows: slice) -> torch.Tensor:
             return response_logprobs(self.model, state, tokens, lengths, self.algo.temperature)
 
-        ranges = planned_ranges(prefix.rows, self.micro_batches, GROUPS)
-        return micro_logprobs(
-            forward_micro_batches(self.model, ranges, group_size, forward), responses
+        return response_micro_batches(
+            self.model, prefix, responses, group_size, self.micro_batches, score
         )
 
     def logprob(
@@ -132,19 +128,13 @@ class TorchTrainer(Trainer):
     ) -> tuple[TokenLogprobs, SavedActivations]:
         """The per-sample forward (verl's) in micro-batches of whole samples."""
 
-        def forward(lo: int, hi: int, boundary: Boundary) -> torch.Tensor:
-            a, b = sum(features.tokens[:lo]), sum(features.tokens[:hi])
-            return features_full_logprobs(
-                self.model,
-                text.select(lo, hi),
-                boundary.cut(features.values, a, b),
-                responses.tokens[lo:hi],
-                responses.lengths[lo:hi],
-                self.algo.temperature,
-            )
+        def score(text, visual, tokens, lengths, _rows: slice) -> torch.Tensor:
+            t = self.algo.temperature
+            return features_full_logprobs(self.model, text, visual, tokens, lengths, t)
 
-        ranges = planned_ranges(features.rows, self.micro_batches, "samples")
-        return micro_logprobs(forward_micro_batches(self.model, ranges, 1, forward), responses)
+        return sample_micro_batches(
+            self.model, features, text, responses, self.micro_batches, score
+        )
 
     def loss(
         self,
@@ -163,7 +153,7 @@ class TorchTrainer(Trainer):
         a = self.algo
         ref_values = ref.values if ref is not None else logprobs.values.detach()
 
-        def run(lp, rows=slice(None)):
+        def run(lp: torch.Tensor, rows: slice):
             return policy_loss(
                 lp,
                 old.values[rows],
@@ -178,43 +168,17 @@ class TorchTrainer(Trainer):
                 kl_clamp=a.kl_clamp,
             )
 
-        micro = getattr(logprobs, "micro", None)
-        if micro is None:  # logprobs with grad of one forward
-            with torch.enable_grad():
-                return Loss(*run(logprobs.values))
-        with torch.no_grad():
-            value, metrics = run(logprobs.values)
-        weights = micro_batch_weights(logprobs.mask, micro.rows, a.loss_agg_mode)
-        terms: list[torch.Tensor | None] = []
-        with torch.enable_grad():
-            for (lo, hi), lp, w in zip(micro.rows, micro.logprobs, weights, strict=True):
-                terms.append(run(lp, slice(lo, hi))[0] * w)
-        metrics["train_micro_batches"] = torch.tensor(float(len(micro.rows)))
-        return Loss(value, metrics, terms, micro)
+        return micro_loss(run, logprobs, a.loss_agg_mode)
 
     def backward(self, loss: Loss) -> GradsHandle:
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.masters is not None:  # micro-batches accumulate into the parameters' own .grad
-            for p in self.params:
-                p.grad = None
-        if loss.terms is None:
-            loss.value.backward()
-        else:
-            backward_micro_batches(loss.terms, loss.micro)
+        clear_grads(self.optimizer, self.masters, self.params)
+        backward_loss(loss)
         return GradsHandle(self.params)
 
     def optimizer_step(self, grads: GradsHandle) -> int:
         if grads.params is not self.params:
             raise BackendError("optimizer_step got gradients of other parameters")
-        if self.masters is None:
-            torch.nn.utils.clip_grad_norm_(self.params, self.algo.max_grad_norm)
-            self.optimizer.step()
-        else:
-            self.masters.take_grads()
-            torch.nn.utils.clip_grad_norm_(self.masters.tensors, self.algo.max_grad_norm)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.masters.copy_to_params()
+        clipped_step(self.optimizer, self.masters, self.params, self.algo.max_grad_norm)
         self.counter.n += 1
         return self.counter.n
 
