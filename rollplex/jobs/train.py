@@ -124,6 +124,7 @@ def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
 def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     from rollplex.backends import rollout_capabilities
     from rollplex.jobs.pipeline import plan_step
+    from rollplex.jobs.plan import cost_model_for
     from rollplex.planner.plan import dump_plan
     from rollplex.runtime import Executor, Progress
     from rollplex.runtime.compose import compose
@@ -136,8 +137,6 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     model, workload = prepared.model, prepared.workload
     caps = rollout_capabilities(spec.backend)  # the planner plans only what it can do
     sleep = {"auto": None, "always": True, "never": False}[spec.backend.vllm.sleep]
-    from rollplex.jobs.plan import cost_model_for
-
     result = plan_step(
         model,
         workload,

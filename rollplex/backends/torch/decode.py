@@ -68,6 +68,16 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def check_lengths(lengths: Sequence[int] | None, rows: int, cap: int) -> list[int] | None:
+    """Forced lengths, one per row, each in [1, cap]; raises ValueError otherwise."""
+    if lengths is None:
+        return None
+    out = [int(x) for x in lengths]
+    if len(out) != rows or not all(1 <= x <= cap for x in out):
+        raise ValueError(f"forced lengths need {rows} values in [1, {cap}], got {out[:8]}...")
+    return out
+
+
 @dataclass(slots=True)
 class Generation:
     """What a rollout returns: token ids and the policy's per-token logprobs."""
@@ -99,8 +109,6 @@ class DecodeSession:
     ) -> None:
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
-        from rollplex.backends.torch.engine.session import check_lengths
-
         caps = check_lengths(lengths, state.rows, max_new_tokens)
         if pad_id is None:
             pad_id = model.config.text_config.pad_token_id or 0

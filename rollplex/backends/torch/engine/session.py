@@ -22,6 +22,7 @@ from typing import Literal
 
 import torch
 
+from rollplex.backends.torch.decode import check_lengths
 from rollplex.backends.torch.engine.cache import Attention, round_up
 from rollplex.backends.torch.engine.sampling import row_seeds
 from rollplex.backends.torch.engine.step import DecodeStep
@@ -128,7 +129,6 @@ class DecodeEngine:
             max_new_tokens,
             float(temperature),
             float(top_p),
-            int(eos_id),
             int(pad_id),
             self.attention,
         )
@@ -145,10 +145,9 @@ class DecodeEngine:
             ws.done.zero_()
             ws.done[b * g :] = True  # padding rows: masked from the start
             ws.caps.fill_(max_new_tokens)
-            ws.eos.fill_(eos_id)
+            ws.eos.fill_(eos_id if caps is None else -1)  # forced lengths ignore eos
             if caps is not None:
                 ws.caps[: b * g] = torch.tensor(caps, device=self.device)
-                ws.eos.fill_(-1)
             ws.lengths.zero_()
             ws.tokens.fill_(pad_id)
             ws.logprobs.zero_()
@@ -206,16 +205,6 @@ class DecodeEngine:
         for t, s in zip(mutable, saved, strict=True):
             t.copy_(s)
         return graph
-
-
-def check_lengths(lengths: Sequence[int] | None, rows: int, cap: int) -> list[int] | None:
-    """Forced lengths, one per row, each in [1, cap]; raises ValueError otherwise."""
-    if lengths is None:
-        return None
-    out = [int(x) for x in lengths]
-    if len(out) != rows or not all(1 <= x <= cap for x in out):
-        raise ValueError(f"forced lengths need {rows} values in [1, {cap}], got {out[:8]}...")
-    return out
 
 
 class EngineSession:

@@ -27,7 +27,6 @@ class Shape:
     max_new_tokens: int
     temperature: float
     top_p: float
-    eos_id: int
     pad_id: int
     attention: Attention = "sdpa"
 
@@ -64,7 +63,7 @@ class Workspace:
         self.seeds = torch.zeros(n, **long)
         self.done = torch.zeros(n, dtype=torch.bool, device=device)
         self.caps = torch.full((n,), r, **long)  # forced length per row (else the cap)
-        self.eos = torch.full((), shape.eos_id, **long)  # -1 while lengths are forced
+        self.eos = torch.full((), -1, **long)  # the session's eos; -1 while lengths are forced
         self.lengths = torch.zeros(n, **long)
         self.tokens = torch.full((n, r), shape.pad_id, **long)
         self.logprobs = torch.zeros((n, r), dtype=torch.float32, device=device)
