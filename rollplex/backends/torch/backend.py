@@ -17,6 +17,7 @@ import torch
 
 from rollplex.backends.base import BackendError
 from rollplex.backends.torch.critic import TorchCritic, build_critic_model
+from rollplex.backends.torch.masters import own_masters
 from rollplex.backends.torch.model import model_for
 from rollplex.backends.torch.roles import (
     TorchReference,
@@ -121,5 +122,6 @@ class TorchExternals:
             source["ref"] = WeightsHandle("ref", model, params, 0, self._frozen)
         if dispatch.critic is not None:
             source["critic"] = dispatch.critic.handle()
-            source["critic_adam"] = OptimizerHandle(dispatch.critic.optimizer)
+            critic = dispatch.critic
+            source["critic_adam"] = OptimizerHandle(critic.optimizer, own_masters(critic.masters))
         return {name: source[what] for name, what in names.items()}

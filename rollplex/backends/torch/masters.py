@@ -127,6 +127,12 @@ class Masters:
                 p.copy_(saved[n])
 
 
+def own_masters(masters: Masters | None) -> tuple[torch.Tensor, ...]:
+    """The masters that are tensors of their own (none for a float32 model): optimizer
+    state, offloaded and onloaded with the moments (`OptimizerHandle`)."""
+    return () if masters is None else tuple(m for _, _, m in masters.separate())
+
+
 def adamw_over(
     named: Sequence[tuple[str, nn.Parameter]], **adamw: Any
 ) -> tuple[Masters | None, torch.optim.AdamW]:

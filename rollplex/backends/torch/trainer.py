@@ -27,6 +27,7 @@ from rollplex.backends.torch.masters import (
     check_optimizer_state,
     clear_grads,
     clipped_step,
+    own_masters,
 )
 from rollplex.backends.torch.micro import (
     backward_loss,
@@ -80,7 +81,7 @@ class TorchTrainer(Trainer):
     def master_tensors(self) -> tuple[torch.Tensor, ...]:
         """The float32 masters of their own (none for a float32 model): optimizer state,
         offloaded and onloaded with the moments."""
-        return () if self.masters is None else tuple(m for _, _, m in self.masters.separate())
+        return own_masters(self.masters)
 
     def handle(self) -> WeightsHandle:
         return WeightsHandle(

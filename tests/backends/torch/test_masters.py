@@ -211,3 +211,16 @@ def test_a_bf16_critic_trains_through_masters_too(spec):
     ):
         assert torch.equal(a, b)
     assert TorchCritic(build_model(spec, seed=0), spec, AlgoSpec()).masters is None
+
+
+def test_the_critics_offloadable_optimizer_state_holds_its_masters(spec):
+    """What the backend offloads as `critic_adam`: the masters and both moments, 12 bytes
+    a trained parameter (the planner's pricing), as for the policy's `adam`."""
+    from rollplex.backends.torch.critic import TorchCritic
+    from rollplex.backends.torch.masters import own_masters
+
+    critic = TorchCritic(_bf16(spec), spec, AlgoSpec(critic_lr=1e-6))
+    critic.optimizer_step(critic.backward(Loss(sum(p.float().sum() for p in critic.params), {})))
+    handle = OptimizerHandle(critic.optimizer, own_masters(critic.masters))
+    held = sum(t.numel() * t.element_size() for t in handle.tensors() if t.dim() > 0)
+    assert held == 12 * sum(p.numel() for p in critic.params)
