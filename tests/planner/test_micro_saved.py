@@ -1,0 +1,165 @@
+"""A training forward's `saved` value: what the plan prices is what the torch trainer holds.
+
+The trainer runs every micro-batch's forward before any backward (the graph's forward,
+loss and backward are separate steps), so its `saved` value holds every micro-batch's
+checkpointed layer inputs until the backward. Over schedules (prefix-shared, verl's
+per-sample forward, prefix work in the decode window) x micro-batch counts, on the tiny
+model with every response at the generation cap (the padded width the runtime holds):
+- the runtime's own accounting of each `saved` value (`Env.attribution`, inputs stored
+  first as in the executor) equals `saved_activation_bytes` at the shapes the step ran,
+  within 2% (what the formula leaves out: small index tensors), and does not depend on
+  the micro-batch count;
+- the plan's slot for it is that formula at the graph's shapes, whole for any count;
+- the executor's resident bytes stay under the planned peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from rollplex.backends.torch.data import TaskData
+from rollplex.jobs.pipeline import PlanResult, plan_step
+from rollplex.ops.formulas import saved_activation_bytes
+from rollplex.planner.sizing import SAVED_PARTS
+from rollplex.runtime import Executor, StepResult
+from rollplex.runtime.compose import compose
+from rollplex.runtime.dispatch import StepConfig
+from rollplex.runtime.memory import Env
+from rollplex.specs import (
+    HARDWARE_PRESETS,
+    MODEL_PRESETS,
+    WORKLOAD_PRESETS,
+    AlgoSpec,
+    ResponseLengthSpec,
+    ScheduleSpec,
+)
+
+MODEL, CPU, ALGO = MODEL_PRESETS["tiny"], HARDWARE_PRESETS["cpu"], AlgoSpec(lr=1e-3)
+WORKLOAD = WORKLOAD_PRESETS["tiny"]  # 4 prompts x G=4, responses up to 16 tokens
+CAP = WORKLOAD.response_length.max
+AT_CAP = ResponseLengthSpec(distribution="fixed", mean=CAP, max=CAP)
+TOLERANCE = 0.02
+
+SERIAL = ScheduleSpec(name="serial")
+VERL = ScheduleSpec(name="serial", dedup=False)
+PIGGYBACK = ScheduleSpec(name="rollplex", overlap="piggyback")
+# (schedule, train_micro_tokens, micro-batches the trainer runs); the step has 16 samples
+# of 20 prefix + 8 mean response tokens = 448 tokens, 4 prompts' groups.
+CASES = [
+    (SERIAL, 16384, 1),
+    (SERIAL, 224, 2),
+    (SERIAL, 112, 4),
+    (VERL, 16384, 1),
+    (VERL, 150, 3),
+    (VERL, 56, 8),
+    (PIGGYBACK, 16384, 1),
+    (PIGGYBACK, 112, 4),
+]
+
+
+@dataclass
+class Held:
+    """The `saved` values one step's forwards returned: bytes by the runtime's accounting,
+    and the formula at the shapes they ran."""
+
+    measured: dict[str, int] = field(default_factory=dict)
+    formula: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class SavedRun:
+    planned: PlanResult
+    result: StepResult
+    held: Held
+
+
+_RUNS: dict[tuple, SavedRun] = {}
+
+
+def _ran_formula(op, inputs: dict, outputs: dict) -> float:
+    """`saved_activation_bytes` at the widths the op ran: the prefix runs whole over the
+    prompts' padded ids; responses at their padded width; verl's per-sample forward per
+    micro-batch over its longest prompt plus the padded response width."""
+    part = SAVED_PARTS[op.kind]
+    if part == "prefix":
+        ids = inputs["text"].input_ids
+        return saved_activation_bytes(MODEL, ids.shape[0], ids.shape[1], 0, part)
+    rows, width = inputs["responses"].tokens.shape
+    if part == "response":
+        return saved_activation_bytes(MODEL, rows, 0, width, part)
+    prompts = inputs["text"].lengths
+    return sum(
+        saved_activation_bytes(MODEL, hi - lo, int(prompts[lo:hi].max()), width, part)
+        for lo, hi in outputs["logprobs"].micro.rows
+    )
+
+
+def run_saved(schedule: ScheduleSpec, micro_tokens: int) -> SavedRun:
+    key = (schedule, micro_tokens)
+    if key in _RUNS:
+        return _RUNS[key]
+    schedule = schedule.model_copy(update={"train_micro_tokens": micro_tokens})
+    planned = plan_step(MODEL, WORKLOAD, ALGO, CPU, schedule)
+    backend = compose(StepConfig(MODEL, ALGO, seed=0, max_new_tokens=CAP, forced_lengths=AT_CAP))
+    held = Held()
+    run_op = backend.run_op
+
+    def watch(op, inputs, chunk, carry):
+        out = run_op(op, inputs, chunk, carry)
+        saved = out.outputs.get("saved")
+        if saved is not None and chunk.last:
+            name = op.outputs["saved"]
+            # the executor stores an op's inputs before its outputs: first holder wins
+            env = Env(device={**{f"in.{p}": v for p, v in inputs.items()}, **out.outputs})
+            held.measured[name] = env.attribution()["saved"]
+            held.formula[name] = _ran_formula(op, inputs, out.outputs)
+        return out
+
+    backend.run_op = watch
+    executor = Executor(planned.plan, planned.graph, backend)
+    result = executor.run_step(0, TaskData(MODEL, WORKLOAD, seed=0).step(0))
+    _RUNS[key] = SavedRun(planned, result, held)
+    return _RUNS[key]
+
+
+@pytest.mark.parametrize(("schedule", "micro_tokens", "count"), CASES)
+def test_planned_saved_bytes_are_what_the_trainer_holds(schedule, micro_tokens, count):
+    run = run_saved(schedule, micro_tokens)
+    assert run.result.metrics["train_micro_batches"] == count
+    held = run.held
+    parts = {SAVED_PARTS[run.planned.graph.producers()[n].kind] for n in held.measured}
+    assert parts == ({"full"} if not schedule.dedup else {"prefix", "response"})
+    for name, measured in held.measured.items():
+        assert measured == pytest.approx(held.formula[name], rel=TOLERANCE), name
+    # Every micro-batch's, not one's: about what a single micro-batch holds, whatever the
+    # count (verl's micro-batches pad only to their own longest prompt: a little less).
+    whole = run_saved(schedule, 16384).held.measured
+    for name, measured in held.measured.items():
+        assert 0.95 * whole[name] <= measured <= whole[name], name
+    # The plan's slot is the formula at the graph's shapes, at least what the step held.
+    graph, dev = run.planned.graph, run.planned.plan.devices[0]
+    slots = {s.value: s.size for s in dev.slots}
+    for name, measured in held.measured.items():
+        op = graph.producers()[name]
+        ins = graph.inputs_of(op)
+        prefix = ins["features"].shape[1] + ins["text"].shape[1] if "text" in ins else 0
+        width = ins["responses"].shape[1] if "responses" in ins else 0
+        rows = graph.values[name].shape[1]
+        planned = saved_activation_bytes(MODEL, rows, prefix, width, SAVED_PARTS[op.kind])
+        assert slots[name] == pytest.approx(planned, abs=1), name
+        assert slots[name] >= measured, name
+
+
+@pytest.mark.parametrize(("schedule", "micro_tokens", "count"), CASES)
+def test_resident_bytes_stay_under_the_planned_peak_at_any_count(schedule, micro_tokens, count):
+    run = run_saved(schedule, micro_tokens)
+    measured = max(m.resident_bytes for m in run.result.steps)
+    assert 0 < measured <= run.planned.plan.devices[0].peak_bytes
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
