@@ -23,6 +23,7 @@ import torch
 from rollplex.backends.torch.data import TaskData
 from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.ops.formulas import saved_activation_bytes
+from rollplex.planner.residency import PlanOverBudget
 from rollplex.planner.sizing import SAVED_PARTS
 from rollplex.runtime import Executor, StepResult
 from rollplex.runtime.compose import compose
@@ -163,3 +164,23 @@ def test_resident_bytes_stay_under_the_planned_peak_at_any_count(schedule, micro
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("micro_tokens", [16384, 1024])
+def test_a_step_whose_saved_inputs_exceed_the_budget_is_refused_at_any_count(micro_tokens):
+    # 3B, the video preset (128 prompts x G=8) on one H200: planned at 70 GiB while the
+    # plan sized one micro-batch's saved inputs, though the trainer holds all of them
+    # (~200 GiB) until the backward; more micro-batches do not shrink them.
+    schedule = ScheduleSpec(name="serial", train_micro_tokens=micro_tokens)
+    with pytest.raises(PlanOverBudget) as err:
+        plan_step(
+            MODEL_PRESETS["qwen2_5_vl_3b"],
+            WORKLOAD_PRESETS["video"],
+            AlgoSpec(),
+            HARDWARE_PRESETS["h200"],
+            schedule,
+        )
+    msg = str(err.value)
+    assert "misses by" in msg
+    assert "train.logprob_response.saved" in msg and "train.logprob_prefix.saved" in msg
+    assert "not a training forward's saved activations" in msg
