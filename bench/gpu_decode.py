@@ -157,6 +157,7 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
 
 # Engines compared side by side with the default one (SDPA, compiled layers).
 VARIANTS = {
+    "autotune": {"compile": "max-autotune-no-cudagraphs"},  # Triton GEMMs vs cuBLAS per bucket
     "flex": {"attention": "flex"},
     "uncompiled": {"compile": False},
     "sdpa_uncompiled": {"attention": "sdpa", "compile": False},  # the engine before flex

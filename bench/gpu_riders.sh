@@ -11,6 +11,6 @@ $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade
 export PYTHONPATH=$TMP/site:$PWD PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 mkdir -p "$OUT"
 $PY -m pytest -q -p no:cacheprovider -rs -s tests/backends/torch/test_riders_cuda.py \
-  tests/backends/torch/test_engine_cuda.py 2>&1 | grep -v -i warn | tail -15 | tee "$OUT/cuda_tests.log"
+  tests/backends/torch/test_engine_cuda.py 2>&1 | grep -v -i -E "^.*Warning:|warnings.warn" | tail -15 | tee "$OUT/cuda_tests.log"
 $PY bench/gpu_piggyback.py "$@" 2>&1 | grep -v -i warn | tail -8 | tee "$OUT/gpu_piggyback.log"
-$PY bench/gpu_masters.py --out "$OUT/masters" 2>&1 | grep -v -i warn | tail -12
+[ "${SKIP_MASTERS:-0}" = 1 ] || $PY bench/gpu_masters.py --out "$OUT/masters" 2>&1 | grep -v -i warn | tail -12

@@ -4,9 +4,12 @@ Candidates are the reference and training ops that are prefix work (vision, the 
 part of a logprob) and do not depend on the decode's output: they need only the prompts
 and weights that exist before decoding starts. Each candidate is cut into row chunks of
 at most `chunk_tokens` tokens and placed, by one of:
-- piggyback: its chunks ride the decode steps on the decode stream. Allowed only when it
-  reads the very weights version decode reads (the actor's prefix at the rollout's
-  policy version); costs the interference model's piggyback fraction of its compute;
+- piggyback: each of its chunks rides one decode step on the decode stream (all its rows
+  in that step's GEMMs, as the torch engine runs it: backends/torch/engine/riders.py).
+  Allowed only when it reads the very weights version decode reads (the actor's prefix
+  at the rollout's policy version); costs the interference model's piggyback fraction of
+  its compute at its compute per decode step (a chunk far bigger than a step's weight
+  read costs about its whole compute: sharing one weight read saves little);
 - streams: its chunks run on a side stream, time-sharing the GPU with decode;
 - partition: decode and side stream get SM partitions (green contexts).
 With `overlap=auto`, greedy, in priority order: a candidate keeps the placement that
@@ -272,6 +275,8 @@ def _window(
     ]
     segments = len(pieces) + 1
     seg_s = t_dec.seconds / segments
+    # a chunk rides one decode step: its compute against that one step's time
+    step_s = t_dec.seconds / max(1, ctx.graph.values[decode.outputs["responses"]].shape[1])
     out: list[Piece] = []
     for k in range(segments):
         out.append(
@@ -290,7 +295,7 @@ def _window(
         if k < len(pieces):
             op, i, c = pieces[k]
             compute = timer(op, c).compute_s
-            extra = ctx.interference.piggyback_extra(compute / seg_s) * compute
+            extra = ctx.interference.piggyback_extra(compute / step_s) * compute
             scratch = timer(op, c).scratch_bytes
             out.append((op, DECODE, extra, "bandwidth", i, c, CoRun.PIGGYBACK, scratch, False))
     for op in overlapped:

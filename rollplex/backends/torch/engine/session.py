@@ -39,7 +39,8 @@ class DecodeEngine:
     (the default, "auto") or "flex", FlexAttention's split-KV kernel (one graph for every
     step: its BlockMask skips unwritten blocks); under SDPA `kv_chunk` is how many steps
     one graph's kv_len covers (more graphs, fewer masked slots read). `compile` (default: on
-    CUDA) fuses each layer's small kernels (step.py).
+    CUDA) fuses each layer's small kernels (step.py); a torch.compile mode name compiles
+    with that mode.
     `keep_workspace` (default: when graphs are used) keeps the buffers and graphs after a
     session finishes, for the next session of the same shape; otherwise they are freed with
     the finished session, as the eager loop's cache was."""
@@ -53,7 +54,7 @@ class DecodeEngine:
         sync_every: int = 16,
         keep_workspace: bool | None = None,
         attention: Literal["auto"] | Attention = "auto",
-        compile: bool | None = None,
+        compile: bool | str | None = None,
     ) -> None:
         if model.config.text_config.layer_types.count("full_attention") != len(
             model.config.text_config.layer_types

@@ -48,9 +48,12 @@ class DecodeStep:
     layer), and fusing them leaves the GEMMs and a few fused kernels. One compilation
     serves every layer (transformers' layers are the same code over other parameters) and,
     compiled with dynamic shapes, every row bucket. The cache write stays outside: an
-    in-place scatter into a graph input is the one thing not to leave to the compiler."""
+    in-place scatter into a graph input is the one thing not to leave to the compiler.
+    `compile` may name a torch.compile mode instead ("max-autotune-no-cudagraphs": Inductor
+    times Triton GEMM templates against cuBLAS for each row bucket's skinny GEMMs); a mode
+    compiles each bucket's shapes statically, which is what its autotuning is for."""
 
-    def __init__(self, model: torch.nn.Module, compile: bool) -> None:
+    def __init__(self, model: torch.nn.Module, compile: bool | str) -> None:
         self.model = model
         lm = model.model.language_model
         self.rotary = rotary = rotary_fn(lm.layers[0].self_attn)
@@ -70,10 +73,12 @@ class DecodeStep:
             h = h + layer.self_attn.o_proj(out)
             return h + layer.mlp(layer.post_attention_layernorm(h))
 
-        self.compiled = compile
+        self.compiled = bool(compile)
         if compile:
-            before = torch.compile(before, dynamic=True)
-            after = torch.compile(after, dynamic=True)
+            mode = compile if isinstance(compile, str) else None
+            kw = {"dynamic": True} if mode is None else {"dynamic": False, "mode": mode}
+            before = torch.compile(before, **kw)
+            after = torch.compile(after, **kw)
         self.before, self.after = before, after
 
     def __call__(

@@ -1,0 +1,37 @@
+"""A piggybacked chunk is priced for the one decode step it rides (as the torch engine runs
+it: all its rows in that step's GEMMs): sharing one step's weight read hides little of a
+chunk that is many steps' worth of compute, and most of one that is a fraction of a step."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollplex.jobs.pipeline import plan_step
+from rollplex.planner.plan import CoRun
+from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
+
+CASES = [  # (model, workload, hardware, whether a chunk outweighs a decode step)
+    ("qwen2_5_vl_3b", "video", "h200", True),
+    ("qwen2_5_vl_7b", "video", "h200x8", True),
+    ("tiny", "tiny", "cpu", False),
+]
+
+
+@pytest.mark.parametrize(("model", "workload", "hardware", "heavy"), CASES)
+def test_a_ride_is_priced_for_the_step_it_rides(model, workload, hardware, heavy):
+    args = (
+        MODEL_PRESETS[model],
+        WORKLOAD_PRESETS[workload],
+        AlgoSpec(),
+        HARDWARE_PRESETS[hardware],
+    )
+    ride = plan_step(*args, ScheduleSpec(name="rollplex", overlap="piggyback")).plan
+    serial = plan_step(*args, ScheduleSpec(name="serial")).plan
+    riders = [s for s in ride.all_steps() if s.corun is CoRun.PIGGYBACK]
+    (alone,) = [s for s in serial.all_steps() if s.name == "train.logprob_prefix"]
+    assert riders and all(s.op == alone.op for s in riders)
+    priced = sum(s.solo_s for s in riders)
+    if heavy:  # the whole compute, no less: one weight read shared out of many
+        assert priced >= alone.solo_s
+    else:  # a fraction of a step: the interference curve's low end
+        assert priced < 0.5 * alone.solo_s
