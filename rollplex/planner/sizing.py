@@ -157,7 +157,8 @@ def train_micro_batches(
 ) -> int:
     """How many micro-batches one training GPU runs a step's forward and backward in: its
     samples' expected tokens (prefix + mean response) over `schedule.train_micro_tokens`.
-    The planner sizes training activations as one of them; the plan carries the count
+    The planner sizes the training forward's and backward's scratch as one of them (their
+    saved activations are every micro-batch's); the plan carries the count
     (`Plan.meta["train_micro_batches"]`) and the trainer runs exactly that many."""
     samples = workload.samples_per_step / max(1, train_gpus)
     tokens = samples * (workload.prefix_tokens(model.vision) + workload.response_length.mean)
