@@ -313,9 +313,10 @@ def saved_activation_bytes(
     the head reads every position (response: the head's checkpoint input; full: the
     gather's input); prefix and full: the token ids and the visual-token mask. Per row
     besides: full's gathered head inputs, prefix's last row; response: token 0's fp32
-    logits (the prefix's last, one row per sample) and logsumexp, and the padding mask. Weights the forward reads and the prefix K/V a
-    response reads are other values' bytes; so are response token ids (slices of the
-    responses). Replicated under TP (no sequence parallelism)."""
+    logits (the prefix's last, one row per sample) and logsumexp, and the padding mask.
+    Weights the forward reads and the prefix K/V a response reads are other values'
+    bytes; so are response token ids (slices of the responses). Replicated under TP (no
+    sequence parallelism)."""
     new, head_rows = saved_tokens(part, prefix_tokens, response_tokens)
     h, b = model.hidden_size, model.dtype_bytes
     per_token = activation_bytes_per_token(model, True)
