@@ -43,7 +43,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rollplex.backends.torch.loss import micro_batch_weights
-from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv, expand_prefix, fork_cache
+from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv, fork_cache
 from rollplex.backends.torch.roles import capture_saved, masked_logprobs
 from rollplex.backends.torch.values import Loss, MicroLogprobs, Responses, SavedActivations
 
@@ -177,11 +177,12 @@ def response_micro_batches(
 ) -> tuple[MicroLogprobs, SavedActivations]:
     """The training forward over responses on a group-shared prefix, in `count`
     micro-batches of whole prompts' groups: `score(state, tokens, lengths, rows)` gives the
-    [rows, R] outputs of sample rows `rows` on their expanded prefix `state`."""
+    [rows, R] outputs of sample rows `rows` on `state`, their prompts' prefix rows (one per
+    prompt: the group's G responses share its K/V, never repeated)."""
 
     def forward(lo: int, hi: int, boundary: Boundary) -> torch.Tensor:
         rows = slice(lo * group_size, hi * group_size)
-        state = expand_prefix(prefix_rows(prefix, lo, hi, boundary), group_size)
+        state = prefix_rows(prefix, lo, hi, boundary)
         return score(state, responses.tokens[rows], responses.lengths[rows], rows)
 
     ranges = planned_ranges(prefix.rows, count, GROUPS)
