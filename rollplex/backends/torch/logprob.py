@@ -84,14 +84,13 @@ def response_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
     return torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
 
 
-def group_size_of(state: PrefixState, rows: int) -> int:
+def group_size_of(state: PrefixState, rows: int, group_size: int | None = None) -> int:
     """Responses per prefix row: `rows` responses on `state`'s rows, row b's G responses at
-    b * G .. b * G + G - 1 (1 on a state already expanded to one row per response)."""
-    if rows < 1 or rows % state.rows:
-        raise ValueError(
-            f"{rows} responses for {state.rows} prefix rows: responses must be a whole "
-            "group of G per prefix row"
-        )
+    b * G .. b * G + G - 1 (1 on a state already expanded to one row per response). A
+    given `group_size` must be that G."""
+    if rows < 1 or rows % state.rows or group_size not in (None, rows // state.rows):
+        want = "a whole group of G" if group_size is None else f"group_size={group_size}"
+        raise ValueError(f"{rows} responses for {state.rows} prefix rows: want {want} per row")
     return rows // state.rows
 
 
@@ -108,7 +107,11 @@ def first_logprobs(
 
 
 def response_head_outputs(
-    model: Model, state: PrefixState, responses: torch.Tensor, lengths: torch.Tensor
+    model: Model,
+    state: PrefixState,
+    responses: torch.Tensor,
+    lengths: torch.Tensor,
+    group_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`model.lm_head` at the positions that predict the response tokens: [N, out] for
     token 0 (the prefix's last output, repeated over each prompt's G rows), then
@@ -153,11 +156,12 @@ def response_logprobs(
     responses: torch.Tensor,
     lengths: torch.Tensor,
     temperature: float = 1.0,
+    group_size: int | None = None,
 ) -> torch.Tensor:
     """Logprobs [N, R] of right-padded `responses` [N, R] given the prefix in `state`
     (one row per prompt, whose G responses are rows b * G .. b * G + G - 1, or one row
-    per response); 0 past each row's length."""
-    g = group_size_of(state, responses.shape[0])
+    per response); 0 past each row's length. `group_size`, if given, is checked."""
+    g = group_size_of(state, responses.shape[0], group_size)
     rest = response_hidden(model, state, responses, lengths)
     first = first_logprobs(state.last_logits, responses[:, 0], g, temperature)
     parts = [first.unsqueeze(1)]
