@@ -55,7 +55,10 @@ class SharedPrefix:
         prefix_valid: torch.Tensor,
         response_valid: torch.Tensor,
         group_size: int,
+        flex: bool | None = None,
     ) -> SharedPrefix:
+        """`flex`: attend with FlexAttention (default: when the K/V are on CUDA; on CPU
+        flex has no backward, and its uncompiled form materialises the scores anyway)."""
         b, n = prefix_valid.shape[0], response_valid.shape[0]
         if n != b * group_size:
             raise ValueError(f"{n} response rows for {b} prompts x group_size={group_size}")
@@ -64,10 +67,10 @@ class SharedPrefix:
             raise ValueError(f"prefix K/V of {keys[0].shape[0]} rows for {b} prompts")
         prefix_valid = prefix_valid.to(torch.bool)
         response_valid = response_valid.to(torch.bool)
-        flex = None
-        if keys and keys[0].is_cuda:
-            flex = _block_masks(prefix_valid, response_valid, group_size)
-        return cls(keys, values, prefix_valid, response_valid, group_size, flex)
+        if flex is None:
+            flex = bool(keys) and keys[0].is_cuda
+        masks = _block_masks(prefix_valid, response_valid, group_size) if flex else None
+        return cls(keys, values, prefix_valid, response_valid, group_size, masks)
 
     def masks(self, config: Any) -> dict[str, SharedPrefix]:
         """The decoder's `attention_mask` argument: this object for every layer type."""
@@ -168,7 +171,7 @@ def _dispatcher(base: str) -> Callable:
         if isinstance(attention_mask, SharedPrefix):
             return shared_prefix_attention(module, query, key, value, attention_mask, **kwargs)
         eager = sys.modules[type(module).__module__].eager_attention_forward
-        inner = ALL_ATTENTION_FUNCTIONS.get_interface(base, eager)
+        inner = ALL_ATTENTION_FUNCTIONS.get(base, eager)
         return inner(module, query, key, value, attention_mask, **kwargs)
 
     return attention

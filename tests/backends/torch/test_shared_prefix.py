@@ -258,3 +258,53 @@ def test_no_expanded_prefix_kv_is_allocated(spec, prompts):
     expanded = old.bytes_shaped(prompts.size, kv_heads, min(prompts.lengths.tolist()), head_dim)
     assert expanded >= 2 * floor  # the detector sees the expand whenever it is made
     print(f"expand path: {expanded} B in per-response prefix K/V (floor {floor} B); shared: 0")
+
+
+# -- the attention function itself ---------------------------------------------------------
+class _Attn(torch.nn.Module):  # what the function reads of transformers' attention module
+    layer_idx = 0
+
+
+def _dense(q, pk, pv, k, v, prefix_valid, response_valid, g):
+    """Each row's attention over its own copy of [prefix ; response]: the expand's math."""
+    heads, r, d = q.shape[1:]
+    rep = heads // k.shape[1]
+    keys = torch.cat([pk.repeat_interleave(g, 0), k], 2).repeat_interleave(rep, 1)
+    vals = torch.cat([pv.repeat_interleave(g, 0), v], 2).repeat_interleave(rep, 1)
+    causal = torch.ones(r, r, dtype=torch.bool).tril()[None] & response_valid[:, None, :]
+    visible = torch.cat([prefix_valid.repeat_interleave(g, 0)[:, None, :].expand(-1, r, -1),
+                         causal], 2)  # fmt: skip
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, keys, vals, attn_mask=visible[:, None], scale=d**-0.5
+    )
+    return out.transpose(1, 2)
+
+
+def test_attention_parts_merge_to_dense():
+    """Part A (the group's queries over the one prefix) and part B (own causal response)
+    merged by lse equal dense attention over each row's [prefix ; response], values and
+    gradients (the prefix's: the sum over its G rows). The math path: CPU flex has no
+    backward and no lse when compiled, so the FlexAttention path is checked on CUDA by
+    bench/gpu_shared_prefix.py."""
+    from rollplex.backends.torch.shared_prefix_attention import (
+        SharedPrefix,
+        shared_prefix_attention,
+    )
+
+    gen = torch.Generator().manual_seed(0)
+    b, g, heads, kv_heads, p, r, d = 2, 3, 4, 2, 9, 5, 8
+    q = torch.randn(b * g, heads, r, d, generator=gen, requires_grad=True)
+    k, v = (torch.randn(b * g, kv_heads, r, d, generator=gen) for _ in range(2))
+    pk, pv = (torch.randn(b, kv_heads, p, d, generator=gen, requires_grad=True) for _ in "kv")
+    prefix_valid = torch.arange(p)[None, :] < torch.tensor([[p], [4]])
+    response_valid = torch.arange(r)[None, :] < torch.tensor([5, 1, 3, 5, 2, 4])[:, None]
+    shared = SharedPrefix.build([(pk, pv)], prefix_valid, response_valid, g)
+    assert shared.flex is None
+    out, _ = shared_prefix_attention(_Attn(), q, k, v, shared, scaling=d**-0.5)
+    want = _dense(q, pk, pv, k, v, prefix_valid, response_valid, g)
+    torch.testing.assert_close(out, want, rtol=TOL, atol=TOL)
+    w = torch.randn(out.shape, generator=gen)
+    got = torch.autograd.grad((out * w).sum(), (pk, pv, q))
+    ref = torch.autograd.grad((want * w).sum(), (pk, pv, q))
+    for a, e in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, e, rtol=TOL, atol=TOL)
