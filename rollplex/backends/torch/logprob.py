@@ -119,7 +119,7 @@ def response_head_outputs(
     the last token is never fed), None when R=1. Two parts, not one tensor: concatenating
     [N, R, vocab] logits would copy them. With the LM head these are logits; on a critic
     (lm_head is its value head) they are values."""
-    g = group_size_of(state, responses.shape[0])
+    g = group_size_of(state, responses.shape[0], group_size)
     hidden = response_hidden(model, state, responses, lengths)
     first = state.last_logits if g == 1 else state.last_logits.repeat_interleave(g, 0)
     return first, None if hidden is None else model.lm_head(hidden)
@@ -145,7 +145,7 @@ def response_hidden(
         model,
         embed_tokens(model, responses[:, :-1]),
         pos.unsqueeze(0).expand(3, -1, -1),
-        shared.masks(model.model.language_model.config),
+        shared.masks(),
         None,
     )
 

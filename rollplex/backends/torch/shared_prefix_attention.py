@@ -72,9 +72,10 @@ class SharedPrefix:
         masks = _block_masks(prefix_valid, response_valid, group_size) if flex else None
         return cls(keys, values, prefix_valid, response_valid, group_size, masks)
 
-    def masks(self, config: Any) -> dict[str, SharedPrefix]:
-        """The decoder's `attention_mask` argument: this object for every layer type."""
-        return {t: self for t in set(config.layer_types)}
+    def masks(self) -> dict[str, SharedPrefix]:
+        """The decoder's `attention_mask` argument, keyed by layer type as transformers'
+        own mask mapping is (a dict is handed to the layers as is)."""
+        return {"full_attention": self, "sliding_attention": self}
 
 
 def _block_masks(prefix_valid: torch.Tensor, response_valid: torch.Tensor, g: int):

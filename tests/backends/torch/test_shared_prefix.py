@@ -200,6 +200,10 @@ def test_critic_head_outputs_repeat_first_over_group(spec, prompts):
         )
     torch.testing.assert_close(first, e_first, rtol=0, atol=0)
     torch.testing.assert_close(rest, e_rest, rtol=TOL, atol=TOL)
+    with pytest.raises(ValueError, match="group_size=3"):
+        response_head_outputs(model, prefix, responses.tokens, responses.lengths, 3)
+    with pytest.raises(ValueError, match="a whole group of G"):  # 5 rows for 3 prompts
+        response_logprobs(model, prefix, responses.tokens[:5], responses.lengths[:5])
 
 
 # -- no expanded prefix is made ------------------------------------------------------------
