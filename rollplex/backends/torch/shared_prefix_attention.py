@@ -57,8 +57,8 @@ class SharedPrefix:
         group_size: int,
         flex: bool | None = None,
     ) -> SharedPrefix:
-        """`flex`: attend with FlexAttention (default: when the K/V are on CUDA; on CPU
-        flex has no backward, and its uncompiled form materialises the scores anyway)."""
+        """`flex`: attend with compiled FlexAttention (default: when the K/V are on CUDA;
+        on CPU flex has neither a backward nor, compiled, an lse)."""
         b, n = prefix_valid.shape[0], response_valid.shape[0]
         if n != b * group_size:
             raise ValueError(f"{n} response rows for {b} prompts x group_size={group_size}")
@@ -67,8 +67,11 @@ class SharedPrefix:
             raise ValueError(f"prefix K/V of {keys[0].shape[0]} rows for {b} prompts")
         prefix_valid = prefix_valid.to(torch.bool)
         response_valid = response_valid.to(torch.bool)
+        cuda = bool(keys) and keys[0].is_cuda
         if flex is None:
-            flex = bool(keys) and keys[0].is_cuda
+            flex = cuda
+        elif flex and not cuda:
+            raise ValueError("SharedPrefix flex=True needs CUDA K/V (CPU flex has no lse)")
         masks = _block_masks(prefix_valid, response_valid, group_size) if flex else None
         return cls(keys, values, prefix_valid, response_valid, group_size, masks)
 
@@ -120,9 +123,15 @@ def _math_part(
 def _flex_part(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    from torch.nn.attention import flex_attention as fa
+
     from rollplex.backends.torch.engine.flex import flex_call
 
-    out, lse = flex_call()(q, k, v, block_mask=mask, scale=scale, enable_gqa=True, return_lse=True)
+    kw = dict(block_mask=mask, scale=scale, enable_gqa=True)
+    if hasattr(fa, "AuxRequest"):  # torch >= 2.9, where return_lse is deprecated
+        out, aux = flex_call()(q, k, v, **kw, return_aux=fa.AuxRequest(lse=True))
+        return out.float(), aux.lse.float()
+    out, lse = flex_call()(q, k, v, **kw, return_lse=True)
     return out.float(), lse.float()
 
 
