@@ -100,6 +100,12 @@ class DecodeSession(ABC):
     def result(self) -> Any:
         """Token ids [S, R], per-token logprobs [S, R] and lengths [S], once finished."""
 
+    def ride(self, rows: Any) -> Any:
+        """Run the next decode step with another phase's prefix rows (a trainer's
+        `ride_rows`) in its GEMMs, and return what it computed for them (torch's
+        engine/riders.py); None where this session cannot host rows."""
+        return None
+
 
 class RolloutRole(ABC):
     op_kinds: ClassVar[frozenset[str]] = frozenset(
@@ -197,6 +203,15 @@ class Trainer(ABC):
     @abstractmethod
     def logprob(self, features: Any, text: Any, responses: Any) -> tuple[Any, Any]: ...
 
+    def ride_rows(self, features: Any, text: Any, version: str) -> Any:
+        """`logprob_prefix`'s rows, prepared to ride a decode step of weights `version`
+        (DecodeSession.ride); None where this trainer cannot (then it runs separately)."""
+        return None
+
+    def attach_ridden(self, ridden: Any, features: Any, head: bool = True) -> tuple[Any, Any]:
+        """What `logprob_prefix` returns, from a ride's result."""
+        raise BackendError(f"{type(self).__name__} cannot take a ridden prefix")
+
     @abstractmethod
     def loss(
         self, logprobs: Any, old: Any, advantages: Any, ref: Any | None, **attrs: Any
@@ -256,6 +271,7 @@ class Chunk:
 
     index: int = 0
     count: int = 1
+    rides: bool = False  # prefix rows ride the live decode's next step (plan: piggyback)
 
     @property
     def last(self) -> bool:
@@ -268,6 +284,7 @@ class OpResult:
 
     outputs: dict[str, Any] = field(default_factory=dict)
     reads: dict[str, str] = field(default_factory=dict)  # port -> "<model>@<version>"
+    deviation: str = ""  # where the backend could not run the step as planned, and why
 
 
 class Backend(ABC):

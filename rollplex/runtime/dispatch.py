@@ -10,6 +10,8 @@ through here; backends provide roles and their value types only. Per op:
   capabilities say `fused_prefix`, see planner/capabilities.py);
 - row chunks: a prefix op's chunk i of n runs rows `row_ranges(rows, n)[i]` with the LM
   head deferred, and the last chunk merges all parts through the role's `merge_rows`.
+  A chunk the plan piggybacks rides the live decode's next step (rollout_ops.ride);
+  where it cannot, it runs separately and the step reports the deviation.
   A row chunk runs matrix products with fewer rows, which may round differently from the
   whole batch, so chunked prefix results equal the unchunked ones to float rounding;
 - the rollout side (decode segments, engine prompts, weight syncs, the engine's
@@ -196,15 +198,8 @@ class RoleDispatch(Backend):
             return OpResult(self.rollout_ops.decode(op, inputs, chunk, carry), reads)
         if chunk.count > 1 and op.kind not in PREFIX_KINDS:
             raise BackendError(f"'{op.name}' ({op.kind}) cannot run in chunks")
-        if op.kind in PREFIX_KINDS and chunk.count > 1:
-            lo, hi = _row_ranges(self.values.rows(inputs), chunk.count)[chunk.index]
-            x = {p: self.values.select(v, lo, hi) for p, v in inputs.items()}
-            carry.setdefault("parts", []).append(self._prefix(op, x, head=False))
-            if not chunk.last:
-                return OpResult({}, reads)
-            return OpResult(self.role(op).merge_rows(carry.pop("parts")), reads)
         if op.kind in PREFIX_KINDS:
-            return OpResult(self._prefix(op, inputs), reads)
+            return self._prefix_chunk(op, inputs, chunk, carry, reads)
         if op.kind == "weight_sync":
             return OpResult(self.rollout_ops.weight_sync(op, inputs), reads)
         if op.kind in ROLE_FREE_KINDS:
@@ -223,6 +218,25 @@ class RoleDispatch(Backend):
         if role is None:
             raise BackendError(f"'{op.name}' ({op.kind}) has no role in phase {op.phase.value}")
         return role
+
+    def _prefix_chunk(
+        self, op: Op, x: dict[str, Any], chunk: Chunk, carry: dict[str, Any], reads: dict
+    ) -> OpResult:
+        """A prefix op, or its row chunk (the LM head deferred to the merge); riding the
+        live decode's next step when the plan says so and both roles can."""
+        head = chunk.count == 1
+        if not head:
+            lo, hi = _row_ranges(self.values.rows(x), chunk.count)[chunk.index]
+            x = {p: self.values.select(v, lo, hi) for p, v in x.items()}
+        out, deviation = self.rollout_ops.ride(op, x, head) if chunk.rides else (None, "")
+        if out is None:
+            out = self._prefix(op, x, head)
+        if head:
+            return OpResult(out, reads, deviation)
+        carry.setdefault("parts", []).append(out)
+        if not chunk.last:
+            return OpResult({}, reads, deviation)
+        return OpResult(self.role(op).merge_rows(carry.pop("parts")), reads, deviation)
 
     def _prefix(self, op: Op, x: dict[str, Any], head: bool = True) -> dict[str, Any]:
         """`head=False` (row chunks): leave the LM head to the merge of all chunks."""

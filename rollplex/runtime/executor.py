@@ -47,7 +47,7 @@ from torch.profiler import record_function
 
 from rollplex.backends.base import Backend, Chunk
 from rollplex.graph.ir import Graph, ValueKind, version_model
-from rollplex.planner.plan import Plan, Step
+from rollplex.planner.plan import CoRun, Plan, Step
 from rollplex.runtime.callbacks import Callback, Callbacks
 from rollplex.runtime.engine_residency import engine_schedule
 from rollplex.runtime.memory import Env, iter_tensors
@@ -232,8 +232,10 @@ class Executor:
             for v in self._allocs.get(k, ()):
                 if v in env.host and v not in env.device:
                     env.device[v] = self.backend.move(env.host.pop(v), to_host=False)
-            reads, note = self._run(step, env)
+            reads, note, deviation = self._run(step, env)
         t1 = self._now()
+        if deviation:
+            self._runtime_deviation(k, deviation)
         resident = env.resident_bytes(self._owned[own])
         memory += self._memory(env, attributed[own], t1, step.name, own)
         freed = [v for v in self._frees.get(k, ()) if self._free(env, v)]
@@ -244,6 +246,13 @@ class Executor:
         m = MeasuredStep(step, own, rl_step, t0, t1, resident, after, env.host_bytes(), reads, note)
         m.freed, m.deviations = freed, list(self.deviations.get(k, ()))
         return m
+
+    def _runtime_deviation(self, k: int, msg: str) -> None:
+        """A deviation the backend reports while running: logged the first time it is seen
+        at this position, on the step (and in the trace) every time."""
+        if msg not in self.deviations.get(k, ()):
+            log.warning("executor: at '%s': %s", self.order[k].name, msg)
+            self._deviate(k, msg)
 
     def _now(self) -> float:
         return time.perf_counter() - self.origin
@@ -262,22 +271,23 @@ class Executor:
         names = [step.op] if step.kind in COPY_KINDS else self.graph.ops[step.op].inputs.values()
         return iter_tensors([env.device.get(n, env.host.get(n)) for n in names])
 
-    def _run(self, step: Step, env: Env) -> tuple[dict[str, str], str]:
+    def _run(self, step: Step, env: Env) -> tuple[dict[str, str], str, str]:
+        """(weights versions read, a note on the step, a deviation from the plan)."""
         if step.kind == "offload":
             env.host[step.op] = self.backend.move(self._take(env, step, step.op), to_host=True)
-            return {}, ""
+            return {}, "", ""
         if step.kind == "onload":
             if step.op not in env.host:
                 raise ExecutionError(f"'{step.name}' onloads '{step.op}', which is not on host")
             env.device[step.op] = self.backend.move(env.host.pop(step.op), to_host=False)
-            return {}, ""
+            return {}, "", ""
         if self.pooled is not None and step.index in self.pooled.transfers:
-            return self.pooled.run(step, env)
+            return (*self.pooled.run(step, env), "")
         if step.kind == "transfer":
-            return {}, "one process: the values are already shared"
+            return {}, "one process: the values are already shared", ""
         op = self.graph.ops[step.op]
         if step.previous_step and any(v not in env.device for v in op.inputs.values()):
-            return {}, "first RL step: no previous update to carry"
+            return {}, "first RL step: no previous update to carry", ""
         inputs = {p: self._get(env, step, v) for p, v in op.inputs.items()}
         carry = env.carry.setdefault(op.name, {"next": 0})
         if carry["next"] != step.chunk:
@@ -285,7 +295,8 @@ class Executor:
                 f"'{step.name}' issued before chunk {carry['next']} of '{op.name}'"
             )
         carry["next"] += 1
-        result = self.backend.run_op(op, inputs, Chunk(step.chunk, step.chunks), carry)
+        rides = step.corun is CoRun.PIGGYBACK
+        result = self.backend.run_op(op, inputs, Chunk(step.chunk, step.chunks, rides), carry)
         if step.chunk == step.chunks - 1:
             env.carry.pop(op.name, None)
             missing = set(op.outputs) - set(result.outputs)
@@ -293,7 +304,7 @@ class Executor:
                 raise ExecutionError(f"'{step.name}': backend returned no {sorted(missing)}")
             for port, v in op.outputs.items():
                 env.device[v] = result.outputs[port]
-        return result.reads, ""
+        return result.reads, "", result.deviation
 
     def _get(self, env: Env, step: Step, value: str) -> Any:
         if value in env.device:

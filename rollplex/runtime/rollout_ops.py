@@ -6,6 +6,8 @@ through `RolloutRole` alone:
   `max_new_tokens` steps, with the step's generator (bit-identical to one decode); an
   engine rollout (`fused_prefix`) is handed the prompts' raw media and token ids instead
   of prefix KV, and its prompts must be as long as the ones the trainer scores;
+- `ride`: a piggybacked prefix chunk of the trainer rides the live decode session's next
+  step (one set of GEMMs for both, engine/riders.py), or runs separately and says why;
 - `weight_sync`: the trainer's live weights into the rollout (an alias for a colocated
   torch rollout, an in-place load for an engine);
 - `residency`: the plan's sleep/wake of an engine rollout (runtime/engine_residency.py);
@@ -42,6 +44,7 @@ def forced_lengths(dist: Any, rows: int, cap: int, seed: int, step: int) -> tupl
 class RolloutOps:
     def __init__(self, dispatch: RoleDispatch) -> None:
         self.d = dispatch
+        self.live: Any = None  # the decode session in flight: what piggybacked rows ride
 
     @property
     def rollout(self) -> Any:
@@ -60,7 +63,7 @@ class RolloutOps:
         if chunk.index == 0:
             prefix = x["kv"] if op.kind == "decode" else self._engine_prompts(op, x)
             group = op.attrs["group_size"]
-            carry["session"] = self.rollout.start_decode(
+            carry["session"] = self.live = self.rollout.start_decode(
                 prefix, group, self._sampling(prefix.rows * group), d._generator
             )
         session = carry.get("session")
@@ -72,6 +75,7 @@ class RolloutOps:
         if not chunk.last:
             return {}
         session = carry.pop("session")
+        self.live = None
         responses, logprobs = session.result()
         if op.kind == "generate":
             self._check_engine_prompts(op, session, x["text"], op.attrs["group_size"])
@@ -79,6 +83,36 @@ class RolloutOps:
         if logprobs is not None and not self.rollout.capabilities.scaled_logprobs:
             logprobs = None  # not of the distribution the trainer scores: not old logprobs
         return {"responses": responses, "logprobs": logprobs}
+
+    def ride(self, op: Op, x: dict[str, Any], head: bool) -> tuple[dict[str, Any] | None, str]:
+        """`op`'s prefix rows ride the live decode's next step: (its outputs, "") or, where
+        they cannot, (None, why) and the caller runs them separately. The rows must read
+        the weights version the decode reads (what makes one GEMM right for both): a
+        mismatch is a plan or weight-sync defect and is refused."""
+        role = self.d.role(op)
+        where = f"'{op.name}' was planned to ride the decode but ran separately"
+        if op.kind != "logprob_prefix":
+            return None, f"{where}: only a logprob_prefix runs the decoder's GEMMs"
+        if self.live is None:
+            return None, f"{where}: no decode was in flight"
+        version = x["weights"].name
+        if version != self.rollout.weights_version:
+            raise BackendError(
+                f"'{op.name}' would ride the decode with {version} but the decode reads "
+                f"{self.rollout.weights_version}: piggybacked rows need the same weights"
+            )
+        prepare = getattr(role, "ride_rows", None)
+        rows = prepare(x["features"], x["text"], version) if prepare else None
+        if rows is None:
+            return None, f"{where}: {type(role).__name__} cannot prepare rows to ride"
+        ridden = self.live.ride(rows)
+        if ridden is None:
+            return None, f"{where}: the {type(self.rollout).__name__} decode cannot host rows"
+        state, saved = role.attach_ridden(ridden, x["features"], head)
+        out = {"kv": state, "saved": saved} if "saved" in op.outputs else {"kv": state}
+        if getattr(ridden, "alone", False):  # every row stopped before the planned window
+            return out, f"'{op.name}' found the decode finished: its rows ran alone"
+        return out, ""
 
     def _sampling(self, rows: int) -> Sampling:
         """The step's sampling, with forced lengths when the run asks for them."""

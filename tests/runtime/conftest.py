@@ -54,9 +54,11 @@ def run_schedule(
     callbacks: list[Callback] | None = None,
     seed: int = 0,
     device: str = "cpu",
+    max_new_tokens: int = 4,
 ) -> Run:
     planned = plan_step(MODEL, WORKLOAD, ALGO, hardware, schedule)
-    backend = compose(StepConfig(MODEL, ALGO, seed=seed, max_new_tokens=4, device=device))
+    config = StepConfig(MODEL, ALGO, seed=seed, max_new_tokens=max_new_tokens, device=device)
+    backend = compose(config)
     executor = Executor(planned.plan, planned.graph, backend, callbacks or [], device=device)
     data = TaskData(MODEL, WORKLOAD, seed=seed)
     results = [executor.run_step(k, data.step(k)) for k in range(steps)]

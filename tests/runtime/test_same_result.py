@@ -26,17 +26,26 @@ def _assert_trained(run) -> None:
 
 
 @pytest.mark.parametrize("overlap", ["piggyback", "streams"])
-def test_rollplex_equals_serial_bit_for_bit(serial, overlap):
+def test_rollplex_equals_serial(serial, overlap):
     rp = cached_run(ScheduleSpec(name="rollplex", overlap=overlap))
     plan_steps = {s.name for s in rp.planned.plan.devices[0].steps}
     corun = {s.corun.value for s in rp.planned.plan.devices[0].steps}
     assert overlap in corun  # the plan really overlaps (decode segments when piggybacking)
-    if overlap == "piggyback":
-        assert {"rollout.decode#0/2", "rollout.decode#1/2"} <= plan_steps
     _assert_trained(serial)
     a, b = serial.params(), rp.params()
-    assert all(torch.equal(a[n], b[n]) for n in a)
-    assert [r.metrics for r in serial.results] == [r.metrics for r in rp.results]
+    if overlap == "streams":  # the same ops in another order: bit for bit
+        assert all(torch.equal(a[n], b[n]) for n in a)
+        assert [r.metrics for r in serial.results] == [r.metrics for r in rp.results]
+        return
+    # The training prefix rides a decode step (tests/runtime/test_piggyback.py): its rows
+    # go through GEMMs with the decode's rows in them, which may round differently
+    # (observed bit-equal here, 3.4e-6 on video prompts after 2 steps).
+    assert {"rollout.decode#0/2", "rollout.decode#1/2"} <= plan_steps
+    for n in a:
+        torch.testing.assert_close(b[n], a[n], atol=1e-5, rtol=0, msg=n)
+    assert [r.metrics["reward"] for r in serial.results] == [
+        r.metrics["reward"] for r in rp.results
+    ]
 
 
 def test_chunked_prefix_and_segmented_decode_match_serial(serial):

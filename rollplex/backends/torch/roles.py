@@ -30,6 +30,7 @@ from rollplex.backends.base import (
 )
 from rollplex.backends.capabilities import TORCH_ROLLOUT, TORCH_SCORER, RoleCapabilities
 from rollplex.backends.torch.decode import DecodeSession as TorchDecodeSession
+from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows
 from rollplex.backends.torch.engine.session import DecodeEngine, EngineSession
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs, response_mask
 from rollplex.backends.torch.model import load_model
@@ -110,6 +111,10 @@ class TorchDecode(DecodeSession):
     @property
     def steps_left(self) -> int:
         return self.session.steps_left
+
+    def ride(self, rows: RiderRows) -> RiddenPrefix | None:
+        """The engine hosts rows (engine/riders.py); the eager loop does not."""
+        return self.session.ride(rows) if isinstance(self.session, EngineSession) else None
 
     def result(self) -> tuple[Responses, TokenLogprobs]:
         if isinstance(self.session, EngineSession):

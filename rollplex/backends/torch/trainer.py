@@ -18,6 +18,8 @@ import torch
 
 from rollplex.backends.base import BackendError, LiveWeights, Trainer
 from rollplex.backends.capabilities import TORCH_SCORER, RoleCapabilities
+from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows, attach, rider_rows
+from rollplex.backends.torch.engine.step import rotary_fn
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs
 from rollplex.backends.torch.loss import policy_loss
 from rollplex.backends.torch.masters import (
@@ -110,6 +112,20 @@ class TorchTrainer(Trainer):
         saved = SavedActivations()
         with capture_saved(saved), checkpointed_layers(self.model, saved):
             state = prefix_forward(self.model, text, features.values, grad=True, head=head)
+        return state, saved
+
+    def ride_rows(self, features: Features, text: PromptBatch, version: str) -> RiderRows:
+        """The prefix rows of `logprob_prefix`, to ride a decode step (engine/riders.py)."""
+        return rider_rows(self.model, text, features.values.detach(), version)
+
+    def attach_ridden(
+        self, ridden: RiddenPrefix, features: Features, head: bool = True
+    ) -> tuple[PrefixState, SavedActivations]:
+        """`logprob_prefix`'s result from a ride: its backward recomputes each layer from
+        the input the ride kept, as `logprob_prefix`'s checkpointed layers do."""
+        rotary = rotary_fn(self.model.model.language_model.layers[0].self_attn)
+        with capture_saved() as saved:  # the layer inputs the replay keeps, and the rest
+            state = attach(self.model, rotary, ridden, features.values, head)
         return state, saved
 
     def logprob_response(

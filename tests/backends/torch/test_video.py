@@ -203,7 +203,8 @@ def test_greedy_decode_matches_transformers(model, renderer, spec, kind):
 
 def test_grpo_steps_train_on_video_alike_under_every_schedule(spec, renderer):
     """Two GRPO steps on video prompts through plans and the executor: serial (verl-style
-    recompute) and rollplex (shared prefix, overlap) end with the same parameters."""
+    recompute) and rollplex (shared prefix, its training prefix riding the decode) end
+    with the same parameters, to rounding."""
     from rollplex.jobs.pipeline import plan_step
     from rollplex.runtime import Executor
     from rollplex.runtime.compose import compose
@@ -242,12 +243,12 @@ def test_grpo_steps_train_on_video_alike_under_every_schedule(spec, renderer):
         assert max((params[n] - start[n]).abs().max().item() for n in params) > 1e-4
         finals[key] = params
     serial = finals["serial"]
-    assert all(torch.equal(serial[n], p) for n, p in finals["rollplex"].items())
-    # Same math in another arithmetic order (row chunks; the prefix per sample), which
-    # Adam magnifies on parameters with small gradients: observed 1.4e-6 (chunked) and
-    # 1.6e-5 (verl) after 2 steps, against moves of ~2e-3 (as for images in
+    # Same math in another arithmetic order (the training prefix riding the decode's
+    # GEMMs, whole or in row chunks; the prefix per sample), which Adam magnifies on
+    # parameters with small gradients: observed 3.4e-6 (rollplex, chunked) and 3.8e-5
+    # (verl) after 2 steps, against moves of ~2e-3 (as for images in
     # tests/runtime/test_same_result.py).
-    for key, bound in (("chunked", 1e-5), ("verl", 5e-5)):
+    for key, bound in (("rollplex", 1e-5), ("chunked", 1e-5), ("verl", 5e-5)):
         for name, p in finals[key].items():
             torch.testing.assert_close(p, serial[name], atol=bound, rtol=0, msg=f"{key} {name}")
 

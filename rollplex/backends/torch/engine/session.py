@@ -24,6 +24,7 @@ import torch
 
 from rollplex.backends.torch.decode import check_lengths
 from rollplex.backends.torch.engine.cache import Attention, round_up
+from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows, ride_alone
 from rollplex.backends.torch.engine.sampling import row_seeds
 from rollplex.backends.torch.engine.step import DecodeStep
 from rollplex.backends.torch.engine.workspace import Shape, Workspace
@@ -245,6 +246,18 @@ class EngineSession:
                     if self.finished:
                         break
         return self.finished
+
+    def ride(self, rows: RiderRows) -> RiddenPrefix:
+        """The next decode step with `rows` riding in its GEMMs (riders.py); the rows run
+        alone, through the same layer code, once the decode has finished."""
+        with torch.no_grad():
+            if self.finished:
+                return ride_alone(self.engine.model, self.engine.forward.rotary, rows)
+            kv_len = self.engine.kv_len(self.ws, self.t - 1)
+            ridden = self.ws.ride(self.engine.forward, kv_len, rows)
+            self.t += 1
+            self._check_done()
+        return ridden
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(tokens [N, R] right-padded with pad, logprobs [N, R] 0 on padding, lengths [N])."""

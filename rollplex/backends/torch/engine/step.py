@@ -53,7 +53,7 @@ class DecodeStep:
     def __init__(self, model: torch.nn.Module, compile: bool) -> None:
         self.model = model
         lm = model.model.language_model
-        rotary = rotary_fn(lm.layers[0].self_attn)
+        self.rotary = rotary = rotary_fn(lm.layers[0].self_attn)
 
         def before(layer, x, cos, sin):
             attn = layer.self_attn
@@ -97,12 +97,12 @@ class DecodeStep:
         for i, layer in enumerate(lm.layers):
             q, k, v = self.before(layer, h, cos, sin)
             cache.write(i, k, v, slots)
-            out = _attend(layer.self_attn, q, cache, i, kv_len)
+            out = attend_shared(layer.self_attn, q, cache, i, kv_len)
             h = self.after(layer, h, out)
         return model.lm_head(lm.norm(h)).view(b * g, -1)
 
 
-def _attend(
+def attend_shared(
     attn: torch.nn.Module, q: torch.Tensor, cache: SharedPrefixKV, layer: int, kv_len: int
 ) -> torch.Tensor:
     """Attention of q [B, H, G, D] over the cache: [B, G, H * D]."""

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from rollplex.backends.torch.engine.cache import Attention, SharedPrefixKV
+from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows, ride_step
 from rollplex.backends.torch.engine.sampling import counter_uniform, draw
 from rollplex.backends.torch.engine.step import DecodeStep
 from rollplex.backends.torch.prefix import Model
@@ -91,6 +92,19 @@ class Workspace:
         """One decode step on the static tensors (what a graph captures)."""
         self.cache.open_step(self.step)
         logits = forward(self.cache, self.token, self.position, self.step, kv_len)
+        self._advance(logits)
+
+    def ride(self, forward: DecodeStep, kv_len: int, rows: RiderRows) -> RiddenPrefix:
+        """`body` with prefix rows in its GEMMs (riders.py), eagerly: a chunk's shape is
+        its own, so no graph is kept for it."""
+        self.cache.open_step(self.step)
+        logits, ridden = ride_step(
+            forward, self.cache, self.token, self.position, self.step, kv_len, rows
+        )
+        self._advance(logits)
+        return ridden
+
+    def _advance(self, logits: torch.Tensor) -> None:
         self.record(self.step + 1, logits)
         self.position.add_(1)
         self.step.add_(1)
