@@ -24,6 +24,7 @@ backward sees it too, with no global state to restore.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,14 +126,27 @@ def _flex_part(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     from torch.nn.attention import flex_attention as fa
 
-    from rollplex.backends.torch.engine.flex import flex_call
-
     kw = dict(block_mask=mask, scale=scale, enable_gqa=True)
     if hasattr(fa, "AuxRequest"):  # torch >= 2.9, where return_lse is deprecated
-        out, aux = flex_call()(q, k, v, **kw, return_aux=fa.AuxRequest(lse=True))
+        out, aux = _flex()(q, k, v, **kw, return_aux=fa.AuxRequest(lse=True))
         return out.float(), aux.lse.float()
-    out, lse = flex_call()(q, k, v, **kw, return_lse=True)
+    out, lse = _flex()(q, k, v, **kw, return_lse=True)
     return out.float(), lse.float()
+
+
+@functools.cache
+def _flex() -> Callable:
+    """flex_attention compiled once per process with automatic dynamic shapes: response
+    widths, prefix widths and micro-batch rows change from step to step, so after the
+    first recompile the kernel takes them as symbols instead of compiling each shape (the
+    decode engine's static compile, flex.flex_call, would recompile every step)."""
+    import torch._dynamo
+    from torch.nn.attention.flex_attention import flex_attention
+
+    cfg = torch._dynamo.config
+    cfg.recompile_limit = max(cfg.recompile_limit, 64)
+    cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 1024)
+    return torch.compile(flex_attention, fullgraph=True)
 
 
 def shared_prefix_attention(
