@@ -363,3 +363,23 @@ def test_training_forward_keeps_less_until_backward(spec, prompts, count):
     kept_old, kept_new = kept(old), kept(new)
     print(f"kept until backward, {count} micro-batches: old {kept_old} B, shared {kept_new} B")
     assert kept_old - kept_new >= floor
+
+
+def test_other_attention_runs_the_models_own_implementation(spec, prompts):
+    """Once installed, the dispatcher leaves every non-shared-prefix call (prefix forward,
+    decode over a DynamicCache) to the model's own implementation: same results, bitwise."""
+    from rollplex.backends.torch.shared_prefix_attention import use_shared_prefix
+
+    def prefill(model):
+        with torch.no_grad():
+            feats = vision_encode(model, prompts.pixel_values, prompts.image_grid_thw)
+            return prefix_forward(model, prompts.text_only(), feats, grad=False)
+
+    plain = build_model(spec, seed=0)
+    assert plain.model.language_model.config._attn_implementation == "sdpa"
+    routed = build_model(spec, seed=0)
+    assert use_shared_prefix(routed) == "sdpa+shared_prefix" == use_shared_prefix(routed)
+    a, b = prefill(plain), prefill(routed)
+    torch.testing.assert_close(a.last_logits, b.last_logits, rtol=0, atol=0)
+    for (ka, va), (kb, vb) in zip(cache_kv(a.cache), cache_kv(b.cache), strict=True):
+        torch.testing.assert_close((ka, va), (kb, vb), rtol=0, atol=0)
