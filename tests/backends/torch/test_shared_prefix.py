@@ -285,7 +285,8 @@ def _dense(q, pk, pv, k, v, prefix_valid, response_valid, g):
     rep = heads // k.shape[1]
     keys = torch.cat([pk.repeat_interleave(g, 0), k], 2).repeat_interleave(rep, 1)
     vals = torch.cat([pv.repeat_interleave(g, 0), v], 2).repeat_interleave(rep, 1)
-    causal = torch.ones(r, r, dtype=torch.bool).tril()[None] & response_valid[:, None, :]
+    causal = torch.ones(r, r, dtype=torch.bool, device=q.device).tril()
+    causal = causal[None] & response_valid[:, None, :]
     visible = torch.cat([prefix_valid.repeat_interleave(g, 0)[:, None, :].expand(-1, r, -1),
                          causal], 2)  # fmt: skip
     out = torch.nn.functional.scaled_dot_product_attention(
