@@ -136,12 +136,13 @@ def main() -> None:
             F.logprob(spec, b, prefix, r, "prefix"),
             lambda: prefix_forward(model, batch, feats, grad=False),
         )
-        state = expand_prefix(prefix_forward(model, batch, feats, grad=False), g)
+        shared = prefix_forward(model, batch, feats, grad=False)
+        state = expand_prefix(shared, g)  # the eager decode loop wants a row per sample
         record(
             "response logprob (no grad)",
             "logprob_response",
             F.logprob(spec, s, prefix, r, "response"),
-            lambda: response_logprobs(model, state, responses, lengths),
+            lambda: response_logprobs(model, shared, responses, lengths),  # as the roles run it
         )
         steps = args.decode_steps
         step_cost = F.decode_step(spec, s, prefix + steps // 2)
@@ -166,7 +167,7 @@ def main() -> None:
         tfeats = vision_encode(model, tbatch.pixel_values, tbatch.image_grid_thw)
 
     def train_step() -> None:
-        st = expand_prefix(prefix_forward(model, tbatch, tfeats, grad=True), g)
+        st = prefix_forward(model, tbatch, tfeats, grad=True)  # G rows share each prefix
         lp = response_logprobs(model, st, responses[:ts], lengths[:ts])
         lp.sum().backward()
         model.zero_grad(set_to_none=True)

@@ -77,8 +77,11 @@ VLLM_SHARED_ROLLOUT = replace(VLLM_ROLLOUT, sleep_levels=(), weights_layout="alg
 # The FSDP2 trainer's torch rollout, by backend.fsdp.rollout_sync: the same decode as
 # TORCH_ROLLOUT, its weights held as that mode holds them ("alias": one float32 rank, whose
 # shard is the whole parameter: nothing added, as the algebra says on one GPU).
+# None hosts the trainer's rows: a ride runs the trainer's layers' submodules directly
+# (engine/riders.py), and FSDP2 gathers a layer's shards only in that layer's own forward.
+_FSDP_ROLLOUT = replace(TORCH_ROLLOUT, piggyback_rows=False)
 FSDP_ROLLOUTS = {
-    "gather": replace(TORCH_ROLLOUT, weights_layout="replica"),
-    "alias": TORCH_ROLLOUT,
-    "share": replace(TORCH_ROLLOUT, weights_layout="torch_tp"),
+    "gather": replace(_FSDP_ROLLOUT, weights_layout="replica"),
+    "alias": _FSDP_ROLLOUT,
+    "share": replace(_FSDP_ROLLOUT, weights_layout="torch_tp"),
 }

@@ -45,7 +45,7 @@ from rollplex.backends.torch.micro import (
     response_micro_batches,
     sample_micro_batches,
 )
-from rollplex.backends.torch.prefix import Model, PrefixState, expand_prefix, prefix_forward
+from rollplex.backends.torch.prefix import Model, PrefixState, prefix_forward
 from rollplex.backends.torch.roles import (
     capture_saved,
     features_of,
@@ -223,9 +223,9 @@ class CriticRole:
             return response_micro_batches(
                 self.model, prefix, responses, group_size, self.critic.micro_batches, score
             )
-        with torch.no_grad():
-            state = expand_prefix(prefix, group_size)
-            out = response_head_outputs(self.model, state, responses.tokens, responses.lengths)
+        with torch.no_grad():  # each prompt's G responses share its prefix K/V (no expand)
+            tokens, lengths = responses.tokens, responses.lengths
+            out = response_head_outputs(self.model, prefix, tokens, lengths, group_size)
             return _masked(_values(*out), responses)
 
     def logprob(self, features: Features, text: PromptBatch, responses: Responses):

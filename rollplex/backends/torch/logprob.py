@@ -1,6 +1,7 @@
 """Per-token logprobs of responses: the prefix-sharing path and the verl-style reference.
 
-`response_logprobs` runs only the response tokens, on top of a (shared) prefix cache; the
+`response_logprobs` runs only the response tokens, on top of a prefix cache that each
+prompt's G responses share (never repeated per response: shared_prefix_attention.py); the
 first response token is scored by the prefix's last logits. `full_logprobs` runs prefix +
 response for every sample with no reuse, vision tower included, through transformers' own
 `Qwen2_5_VLModel.forward`: it is what a serial verl step computes, and the yardstick the
@@ -21,12 +22,11 @@ from rollplex.backends.torch.prefix import (
     PrefixState,
     cache_kv,
     embed_tokens,
-    fork_cache,
     lm_hidden,
-    response_positions,
     rope_index,
     scatter_visual,
 )
+from rollplex.backends.torch.shared_prefix_attention import SharedPrefix, use_shared_prefix
 from rollplex.data.prompts import PromptBatch
 
 
@@ -84,39 +84,70 @@ def response_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
     return torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
 
 
+def group_size_of(state: PrefixState, rows: int, group_size: int | None = None) -> int:
+    """Responses per prefix row: `rows` responses on `state`'s rows, row b's G responses at
+    b * G .. b * G + G - 1 (1 on a state already expanded to one row per response). A
+    given `group_size` must be that G."""
+    if rows < 1 or rows % state.rows or group_size not in (None, rows // state.rows):
+        want = "a whole group of G" if group_size is None else f"group_size={group_size}"
+        raise ValueError(f"{rows} responses for {state.rows} prefix rows: want {want} per row")
+    return rows // state.rows
+
+
+def first_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, group_size: int, temperature: float
+) -> torch.Tensor:
+    """token_logprobs of response token 0 [N] from its prompt's last logits [B, V]:
+    the normaliser is taken once per prompt and picked per row, logits never repeated."""
+    logits = logits.float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    prompt = torch.arange(tokens.shape[0], device=tokens.device) // group_size
+    return logits[prompt, tokens] - logits.logsumexp(-1)[prompt]
+
+
 def response_head_outputs(
-    model: Model, state: PrefixState, responses: torch.Tensor, lengths: torch.Tensor
+    model: Model,
+    state: PrefixState,
+    responses: torch.Tensor,
+    lengths: torch.Tensor,
+    group_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`model.lm_head` at the positions that predict the response tokens: [N, out] for
-    token 0 (the prefix's last output), then [N, R-1, out] from the response's own hidden
-    states (token j is fed to predict j+1, so the last token is never fed), None when R=1.
-    Two parts, not one tensor: concatenating [N, R, vocab] logits would copy them. With the
-    LM head these are logits; on a critic (lm_head is its value head) they are values."""
+    token 0 (the prefix's last output, repeated over each prompt's G rows), then
+    [N, R-1, out] from the response's own hidden states (token j is fed to predict j+1, so
+    the last token is never fed), None when R=1. Two parts, not one tensor: concatenating
+    [N, R, vocab] logits would copy them. With the LM head these are logits; on a critic
+    (lm_head is its value head) they are values."""
+    g = group_size_of(state, responses.shape[0], group_size)
     hidden = response_hidden(model, state, responses, lengths)
-    return state.last_logits, None if hidden is None else model.lm_head(hidden)
+    first = state.last_logits if g == 1 else state.last_logits.repeat_interleave(g, 0)
+    return first, None if hidden is None else model.lm_head(hidden)
 
 
 def response_hidden(
     model: Model, state: PrefixState, responses: torch.Tensor, lengths: torch.Tensor
 ) -> torch.Tensor | None:
     """Final hidden states [N, R-1, H] of response tokens 0..R-2 on top of the prefix
-    (they predict tokens 1..R-1); None when R=1."""
+    (they predict tokens 1..R-1); None when R=1. `state` has one row per prompt (each
+    prompt's G responses attend to its one prefix K/V: shared_prefix_attention.py) or
+    one per response (an expanded state, G = 1)."""
     n, width = responses.shape
-    if n != state.rows:
-        raise ValueError(f"{n} responses for {state.rows} prefix rows (expand_prefix first?)")
-    rest = None
-    if width > 1:
-        valid = response_mask(lengths, width)
-        mask = torch.cat([state.attention_mask, valid[:, :-1].to(state.attention_mask.dtype)], 1)
-        hidden = lm_hidden(
-            model,
-            embed_tokens(model, responses[:, :-1]),
-            response_positions(state, width - 1),
-            mask,
-            fork_cache(cache_kv(state.cache)),
-        )
-        rest = hidden
-    return rest
+    g = group_size_of(state, n)
+    if width == 1:
+        return None
+    use_shared_prefix(model)
+    valid = response_mask(lengths, width)[:, :-1]
+    shared = SharedPrefix.build(cache_kv(state.cache), state.attention_mask, valid, g)
+    steps = torch.arange(width - 1, device=state.lengths.device)
+    pos = state.next_positions.repeat_interleave(g)[:, None] + steps
+    return lm_hidden(
+        model,
+        embed_tokens(model, responses[:, :-1]),
+        pos.unsqueeze(0).expand(3, -1, -1),
+        shared.masks(),
+        None,
+    )
 
 
 def response_logprobs(
@@ -125,11 +156,15 @@ def response_logprobs(
     responses: torch.Tensor,
     lengths: torch.Tensor,
     temperature: float = 1.0,
+    group_size: int | None = None,
 ) -> torch.Tensor:
     """Logprobs [N, R] of right-padded `responses` [N, R] given the prefix in `state`
-    (one row per response, i.e. after expand_prefix); 0 past each row's length."""
+    (one row per prompt, whose G responses are rows b * G .. b * G + G - 1, or one row
+    per response); 0 past each row's length. `group_size`, if given, is checked."""
+    g = group_size_of(state, responses.shape[0], group_size)
     rest = response_hidden(model, state, responses, lengths)
-    parts = [token_logprobs(state.last_logits, responses[:, 0], temperature).unsqueeze(1)]
+    first = first_logprobs(state.last_logits, responses[:, 0], g, temperature)
+    parts = [first.unsqueeze(1)]
     if rest is not None:
         parts.append(head_logprobs(model.lm_head, rest, responses[:, 1:], temperature))
     out = torch.cat(parts, 1)

@@ -43,7 +43,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rollplex.backends.torch.loss import micro_batch_weights
-from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv, expand_prefix, fork_cache
+from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv
 from rollplex.backends.torch.roles import capture_saved, masked_logprobs
 from rollplex.backends.torch.values import Loss, MicroLogprobs, Responses, SavedActivations
 
@@ -177,11 +177,12 @@ def response_micro_batches(
 ) -> tuple[MicroLogprobs, SavedActivations]:
     """The training forward over responses on a group-shared prefix, in `count`
     micro-batches of whole prompts' groups: `score(state, tokens, lengths, rows)` gives the
-    [rows, R] outputs of sample rows `rows` on their expanded prefix `state`."""
+    [rows, R] outputs of sample rows `rows` on `state`, their prompts' prefix rows (one per
+    prompt: the group's G responses share its K/V, never repeated)."""
 
     def forward(lo: int, hi: int, boundary: Boundary) -> torch.Tensor:
         rows = slice(lo * group_size, hi * group_size)
-        state = expand_prefix(prefix_rows(prefix, lo, hi, boundary), group_size)
+        state = prefix_rows(prefix, lo, hi, boundary)
         return score(state, responses.tokens[rows], responses.lengths[rows], rows)
 
     ranges = planned_ranges(prefix.rows, count, GROUPS)
@@ -256,13 +257,31 @@ def micro_loss(run: LossFn, values: Any, mode: str) -> Loss:
     return Loss(value, metrics, terms, micro)
 
 
+@dataclass(slots=True, frozen=True)
+class _LayerKV:
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+@dataclass(slots=True, frozen=True)
+class KVRows:
+    """Per-layer K/V of some prompt rows, held as given: `cache_kv` reads its `layers` as
+    it reads a DynamicCache's, which would copy them in (and a micro-batch's prefix K/V
+    live until its backward). Read-only: a response forward attends to it, never appends."""
+
+    layers: list[_LayerKV]
+
+
 def prefix_rows(state: PrefixState, lo: int, hi: int, boundary: Boundary) -> PrefixState:
-    """Prompt rows [lo, hi) of a prefix, its K/V and last logits as leaves of `boundary`."""
+    """Prompt rows [lo, hi) of a prefix, its K/V (uncopied: `KVRows`) and last logits as
+    leaves of `boundary`; one row per prompt, as response_logprobs takes it."""
     if state.last_logits is None:
         raise ValueError("a training prefix needs last_logits (the LM head was deferred)")
-    kv = [(boundary.cut(k, lo, hi), boundary.cut(v, lo, hi)) for k, v in cache_kv(state.cache)]
+    kv = [
+        _LayerKV(boundary.cut(k, lo, hi), boundary.cut(v, lo, hi)) for k, v in cache_kv(state.cache)
+    ]
     return PrefixState(
-        cache=fork_cache(kv),
+        cache=KVRows(kv),  # type: ignore[arg-type]  # read through cache_kv only
         last_logits=boundary.cut(state.last_logits, lo, hi),
         attention_mask=state.attention_mask[lo:hi],
         next_positions=state.next_positions[lo:hi],

@@ -34,7 +34,7 @@ from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows
 from rollplex.backends.torch.engine.session import DecodeEngine, EngineSession
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs, response_mask
 from rollplex.backends.torch.model import load_model
-from rollplex.backends.torch.prefix import Model, PrefixState, expand_prefix, prefix_forward
+from rollplex.backends.torch.prefix import Model, PrefixState, prefix_forward
 from rollplex.backends.torch.prefix import vision_encode as encode
 from rollplex.backends.torch.rows import merge_chunks
 from rollplex.backends.torch.values import (
@@ -225,10 +225,14 @@ class TorchReference(ReferenceScorer):
     def logprob_response(
         self, prefix: PrefixState, responses: Responses, group_size: int
     ) -> TokenLogprobs:
-        with torch.no_grad():
-            state = expand_prefix(prefix, group_size)
+        with torch.no_grad():  # each prompt's G responses share its prefix K/V (no expand)
             lp = response_logprobs(
-                self.model, state, responses.tokens, responses.lengths, self.temperature
+                self.model,
+                prefix,
+                responses.tokens,
+                responses.lengths,
+                self.temperature,
+                group_size,
             )
         return masked_logprobs(lp, responses)
 

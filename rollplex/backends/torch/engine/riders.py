@@ -16,14 +16,12 @@ layer does) and backpropagates through it. So the training step's forward happen
 the decode window, its backward where the plan puts it, and the gradients are those of
 the separate prefix forward up to the rounding of bigger GEMMs.
 
-`prefix_layer` is the one layer function for both: the ride (with a `Decoding` part, its
-row-wise halves compiled where the engine compiles its step) and the recompute (without,
-eager).
+`prefix_layer` is the one layer function for both: the ride (with a `Decoding` part) and
+the recompute (without).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -98,40 +96,6 @@ def causal_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (causal[None] & attention_mask.bool()[:, None, :])[:, None]
 
 
-def _project_in(layer: torch.nn.Module, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Input norm and the q/k/v GEMMs over every row."""
-    attn = layer.self_attn
-    x = layer.input_layernorm(flat)
-    return attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
-
-
-def _project_out(layer: torch.nn.Module, flat: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """Output GEMM, residual, post norm, MLP, residual over every row."""
-    h = flat + layer.self_attn.o_proj(out)
-    return h + layer.mlp(layer.post_attention_layernorm(h))
-
-
-@dataclass(slots=True, frozen=True)
-class Pieces:
-    """A layer's row-wise halves around attention: eager, or compiled for the ride."""
-
-    project_in: Callable = _project_in
-    project_out: Callable = _project_out
-
-
-EAGER = Pieces()
-
-
-@functools.cache
-def compiled_pieces() -> Pieces:
-    """The halves compiled once per process (dynamic rows: any bucket plus any chunk), as
-    the engine compiles its decode step's (step.py): without, a ridden step runs ~30
-    small kernels a layer eagerly."""
-    return Pieces(
-        torch.compile(_project_in, dynamic=True), torch.compile(_project_out, dynamic=True)
-    )
-
-
 def prefix_layer(
     layer: torch.nn.Module,
     rotary: Callable,
@@ -139,7 +103,6 @@ def prefix_layer(
     rope: Rope,
     mask: torch.Tensor,
     decoding: Decoding | None = None,
-    pieces: Pieces = EAGER,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One decoder layer over prefix rows `hidden` [c, P, H], with `decoding`'s rows in
     the same GEMMs when given: (prefix out, K, V, decode out)."""
@@ -152,7 +115,8 @@ def prefix_layer(
         parts.insert(0, decoding.hidden.reshape(b * g, width))
     lead = parts[0].shape[0] if decoding is not None else 0  # decode rows come first
     flat = torch.cat(parts) if len(parts) > 1 else parts[0]
-    q, k, v = pieces.project_in(layer, flat)
+    x = layer.input_layernorm(flat)
+    q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
 
     def heads(t: torch.Tensor, lo: int, shape: tuple[int, int]) -> torch.Tensor:
         rows = shape[0] * shape[1]
@@ -168,7 +132,8 @@ def prefix_layer(
         qd, kd, vd = (heads(t, 0, (b, g)) for t in (q, k, v))
         qd, kd = rotary(qd, kd, *decoding.rope)
         outs.insert(0, decoding.attend(qd, kd, vd).reshape(b * g, -1))
-    h = pieces.project_out(layer, flat, torch.cat(outs) if len(outs) > 1 else outs[0])
+    h = flat + attn.o_proj(torch.cat(outs) if len(outs) > 1 else outs[0])
+    h = h + layer.mlp(layer.post_attention_layernorm(h))
     dec = h[:lead].view(b, g, width) if decoding is not None else None
     return h[lead:].view(c, p, width), kp, vp, dec
 
@@ -188,7 +153,6 @@ def ride_step(
     h = lm.embed_tokens(tokens).view(b, g, -1)
     rope = lm.rotary_emb(h, positions.view(1, b, g).expand(3, b, g))  # text positions
     slots = cache.slots(step)
-    pieces = compiled_pieces() if forward.compiled else EAGER
     hp, inputs, kv = rows.embeds, [], []
     for i, layer in enumerate(lm.layers):
 
@@ -198,7 +162,7 @@ def ride_step(
 
         inputs.append(hp)
         hp, k, v, h = prefix_layer(
-            layer, forward.rotary, hp, rows.rope, rows.mask, Decoding(h, rope, attend), pieces
+            layer, forward.rotary, hp, rows.rope, rows.mask, Decoding(h, rope, attend)
         )
         kv.append((k, v))
     logits = forward.model.lm_head(lm.norm(h)).view(b * g, -1)

@@ -1,0 +1,219 @@
+"""Response attention over one prefix K/V per prompt, shared by its G responses (no repeat).
+
+Row n = b * G + g (prompt-major, as everywhere) attends to [prompt b's prefix K/V, masked
+by its attention mask ; its own response K/V, causally]. Nothing is repeated per row:
+
+- part A, queries vs the shared prefix: the G rows' queries of a prompt are folded into
+  the query length ([B, H, G * R, D]), so the prefix is read once per prompt (as the
+  decode engine's `_attend` folds query heads);
+- part B, queries vs the row's own response keys, causal ([N, H, R, D]);
+- the two are merged by their log-sum-exps, which is exact softmax over the union.
+
+Autograd sums the G rows' gradients into the one prefix K/V (what repeat_interleave's
+backward gave). On CUDA each part is FlexAttention (compiled, block-sparse masks,
+differentiable lse); elsewhere (the CPU tests, no flex backward there) it is matmul +
+logsumexp in float32.
+
+How it reaches transformers' attention call: `SharedPrefix` is passed as the decoder's
+attention mask (a per-layer-type dict, which transformers hands to each layer as is), and
+the text config's `_attn_implementation` is a registered dispatcher (`use_shared_prefix`)
+that runs this function for a `SharedPrefix` mask and the original implementation for any
+other. The mask rides in the layer's kwargs, so a checkpointed layer's recompute in
+backward sees it too, with no global state to restore.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+SUFFIX = "+shared_prefix"  # the dispatcher's name is the original implementation's + this
+
+
+@dataclass(slots=True, eq=False)
+class SharedPrefix:
+    """What a response forward attends to besides the responses themselves."""
+
+    keys: list[torch.Tensor]  # per decoder layer [B, kv_heads, P, D], one per prompt
+    values: list[torch.Tensor]
+    prefix_valid: torch.Tensor  # [B, P] bool: the prompt's valid (non-pad) tokens
+    response_valid: torch.Tensor  # [N, R] bool: the fed response tokens that are real
+    group_size: int  # G rows per prompt: N = B * G
+    flex: tuple[Any, Any] | None = None  # CUDA: BlockMasks of part A and part B
+
+    @classmethod
+    def build(
+        cls,
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        prefix_valid: torch.Tensor,
+        response_valid: torch.Tensor,
+        group_size: int,
+        flex: bool | None = None,
+    ) -> SharedPrefix:
+        """`flex`: attend with compiled FlexAttention (default: when the K/V are on CUDA;
+        on CPU flex has neither a backward nor, compiled, an lse)."""
+        b, n = prefix_valid.shape[0], response_valid.shape[0]
+        if n != b * group_size:
+            raise ValueError(f"{n} response rows for {b} prompts x group_size={group_size}")
+        keys, values = [k for k, _ in kv], [v for _, v in kv]
+        if keys and keys[0].shape[0] != b:
+            raise ValueError(f"prefix K/V of {keys[0].shape[0]} rows for {b} prompts")
+        prefix_valid = prefix_valid.to(torch.bool)
+        response_valid = response_valid.to(torch.bool)
+        cuda = bool(keys) and keys[0].is_cuda
+        if flex is None:
+            flex = cuda
+        elif flex and not cuda:
+            raise ValueError("SharedPrefix flex=True needs CUDA K/V (CPU flex has no lse)")
+        masks = _block_masks(prefix_valid, response_valid, group_size) if flex else None
+        return cls(keys, values, prefix_valid, response_valid, group_size, masks)
+
+    def masks(self) -> dict[str, SharedPrefix]:
+        """The decoder's `attention_mask` argument, keyed by layer type as transformers'
+        own mask mapping is (a dict is handed to the layers as is)."""
+        return {"full_attention": self, "sliding_attention": self}
+
+
+def _block_masks(prefix_valid: torch.Tensor, response_valid: torch.Tensor, g: int):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    b, p = prefix_valid.shape
+    n, r = response_valid.shape
+
+    def prefix_mod(bi, h, q, kv):
+        return prefix_valid[bi, kv]
+
+    def own_mod(ni, h, q, kv):
+        return (kv <= q) & response_valid[ni, kv]
+
+    dev = prefix_valid.device
+    return (
+        create_block_mask(prefix_mod, b, None, g * r, p, device=dev),
+        create_block_mask(own_mod, n, None, r, r, device=dev),
+    )
+
+
+def _math_part(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(softmax attention [X, H, Q, D], its lse [X, H, Q]) of q [X, H, Q, D] over k/v
+    [X, Hkv, K, D] where `visible` [X, 1, Q or 1, K] holds, in float32. The query heads of
+    a K/V head are folded into the query length (transformers' repeat_kv order), so K/V
+    are read as they are. Masked scores are finfo.min, not -inf: a row with no visible
+    key (an empty response's part B) gets a finite lse that the merge weighs by 0."""
+    x, heads, ql, d = q.shape
+    kv_heads, kl = k.shape[1], k.shape[2]
+    rep = heads // kv_heads
+    qf = q.float().reshape(x, kv_heads, rep * ql, d)
+    s = (qf @ k.float().transpose(-1, -2) * scale).view(x, kv_heads, rep, ql, kl)
+    s = s.masked_fill(~visible.unsqueeze(2), torch.finfo(torch.float32).min)
+    lse = s.logsumexp(-1)
+    probs = (s - lse.unsqueeze(-1)).exp().view(x, kv_heads, rep * ql, kl)
+    out = (probs @ v.float()).view(x, heads, ql, d)
+    return out, lse.view(x, heads, ql)
+
+
+def _flex_part(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from torch.nn.attention import flex_attention as fa
+
+    kw = dict(block_mask=mask, scale=scale, enable_gqa=True)
+    if hasattr(fa, "AuxRequest"):  # torch >= 2.9, where return_lse is deprecated
+        out, aux = _flex()(q, k, v, **kw, return_aux=fa.AuxRequest(lse=True))
+        return out.float(), aux.lse.float()
+    out, lse = _flex()(q, k, v, **kw, return_lse=True)
+    return out.float(), lse.float()
+
+
+@functools.cache
+def _flex() -> Callable:
+    """flex_attention compiled once per process with automatic dynamic shapes: response
+    widths, prefix widths and micro-batch rows change from step to step, so after the
+    first recompile the kernel takes them as symbols instead of compiling each shape (the
+    decode engine's static compile, flex.flex_call, would recompile every step)."""
+    import torch._dynamo
+    from torch.nn.attention.flex_attention import flex_attention
+
+    cfg = torch._dynamo.config
+    cfg.recompile_limit = max(cfg.recompile_limit, 64)
+    cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 1024)
+    return torch.compile(flex_attention, fullgraph=True)
+
+
+def shared_prefix_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: SharedPrefix,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    **_: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function contract: q [N, H, R, D] and the rows' own k/v
+    [N, Hkv, R, D] (no cache) in, [N, R, H, D] out."""
+    if dropout or sliding_window:
+        raise ValueError(
+            "shared-prefix attention has no dropout or sliding window "
+            f"(attention_dropout={dropout}, sliding_window={sliding_window})"
+        )
+    shared = attention_mask
+    n, heads, r, d = query.shape
+    g = shared.group_size
+    b = n // g
+    scale = d**-0.5 if scaling is None else scaling
+    pk, pv = shared.keys[module.layer_idx], shared.values[module.layer_idx]
+    # part A: the G rows of a prompt as one query sequence over its prefix
+    qa = query.view(b, g, heads, r, d).transpose(1, 2).reshape(b, heads, g * r, d)
+    if shared.flex is not None:
+        out_a, lse_a = _flex_part(qa, pk, pv, shared.flex[0], scale)
+        out_b, lse_b = _flex_part(query, key, value, shared.flex[1], scale)
+    else:
+        out_a, lse_a = _math_part(qa, pk, pv, shared.prefix_valid[:, None, None, :], scale)
+        causal = torch.ones(r, r, dtype=torch.bool, device=query.device).tril()
+        own = causal[None, None] & shared.response_valid[:, None, None, :]
+        out_b, lse_b = _math_part(query, key, value, own, scale)
+    out_a = out_a.view(b, heads, g, r, d).transpose(1, 2).reshape(n, heads, r, d)
+    lse_a = lse_a.view(b, heads, g, r).transpose(1, 2).reshape(n, heads, r)
+    lse = torch.logaddexp(lse_a, lse_b)
+    out = out_a * (lse_a - lse).exp().unsqueeze(-1) + out_b * (lse_b - lse).exp().unsqueeze(-1)
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def _dispatcher(base: str) -> Callable:
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        if isinstance(attention_mask, SharedPrefix):
+            return shared_prefix_attention(module, query, key, value, attention_mask, **kwargs)
+        eager = sys.modules[type(module).__module__].eager_attention_forward
+        inner = ALL_ATTENTION_FUNCTIONS.get(base, eager)
+        return inner(module, query, key, value, attention_mask, **kwargs)
+
+    return attention
+
+
+def use_shared_prefix(model: torch.nn.Module) -> str:
+    """Route `model`'s language-model attention through the dispatcher (idempotent): a
+    `SharedPrefix` mask gets `shared_prefix_attention`, any other mask the implementation
+    the model had, whose mask builder is registered under the new name as well. Returns
+    the implementation name now in use."""
+    config = model.model.language_model.config
+    base = config._attn_implementation or "eager"
+    if base.endswith(SUFFIX):
+        return base
+    name = base + SUFFIX
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(name, _dispatcher(base))
+        if base in ALL_MASK_ATTENTION_FUNCTIONS:
+            AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
+    config._attn_implementation = name
+    return name
