@@ -74,7 +74,11 @@ def plan_graph(
     plan = SCHEDULES[schedule.name](ctx, evaluate=fitted_time)
     caps = mark_engine_pools(plan, graph, model, workload)
     settle_memory(plan, memory(plan), ctx.interference)
-    if grow_engine_pools(plan, caps):
+    # A pool off the peak (the training backward's saved inputs set it) leaves the
+    # headroom where it was: grow again, a few rounds at most.
+    for _ in range(POOL_ROUNDS):
+        if not grow_engine_pools(plan, caps):
+            break
         settle_memory(plan, memory(plan), ctx.interference)
     note = sharing_note(graph, model, schedule.parallel.train_tp, plan.devices)
     if note:
@@ -88,6 +92,9 @@ def plan_graph(
         check_budget(plan)
     validate_plan(plan, graph, budget=enforce_budget)
     return plan
+
+
+POOL_ROUNDS = 3  # rounds of `grow_engine_pools`: each grows by the headroom left
 
 
 def _train_gpus(plan: Plan, ctx: PlanningContext) -> int:

@@ -20,7 +20,7 @@ from rollplex.graph.ir import Graph, Phase, Value, ValueKind
 from rollplex.planner.capabilities import engine_can_sleep
 from rollplex.planner.happens_before import ordered_before
 from rollplex.planner.memory.records import UsageRecord
-from rollplex.planner.plan import CoRun, DevicePlan, Step
+from rollplex.planner.plan import DevicePlan, Step
 from rollplex.planner.shared_weights import HELD_LAYOUTS, weights_layout
 from rollplex.planner.sizing import PERSISTENT, DeviceSizer
 from rollplex.planner.transfers import handover_values
@@ -80,7 +80,6 @@ def device_lifetimes(
                     table[v] = [s]
     out: list[Lifetime] = []
     no_steps: list[Step] = []
-    any_corun = any(s.corun is not CoRun.NONE for s in steps)
     engine_sleeps = _engine_sleeps(graph, steps, syncs, dev)
     held = weights_layout(graph) in HELD_LAYOUTS  # the FSDP2 rollouts never drop theirs
     handover = _Handover(dev, until) if len({s.stream for s in steps}) > 1 else None
@@ -125,8 +124,7 @@ def device_lifetimes(
             else:
                 last, last_step = until[producers[0].index], producers[-1]
         phase = _PHASES[producers[0].phase] if producers else None
-        overlapped = any_corun and any(s.corun is not CoRun.NONE for s in producers)
-        size = sizer.value_bytes(v, phase, overlapped)
+        size = sizer.value_bytes(v, phase)
         lane = producers[0].stream if producers else 0
         if handover is not None and producers and consumers:
             lane, first = handover.lane(producers[0], consumers, lane, first)

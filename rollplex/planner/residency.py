@@ -147,7 +147,8 @@ def check_budget(plan: Plan) -> None:
             f"GPU but the budget is {dev.budget_bytes / GIB:.1f} GiB: it misses by "
             f"{miss / GIB:.1f} GiB after offloading what could move. Largest residents at "
             f"the peak: {resident}. Use more GPUs, a larger rollout TP, fewer prompts per step or "
-            f"smaller train_micro_tokens."
+            f"smaller train_micro_tokens (which bounds an op's scratch, not a training "
+            f"forward's saved activations: every micro-batch's wait for the backward)."
         )
 
 

@@ -4,11 +4,15 @@
   training GPUs; a rollout's own weight copy is what `shared_weights.py` charges for the
   graph's rollout layout;
 - rows split over the data-parallel ranks, KV heads over TP;
-- training activations are one micro-batch's (`micro_batches`), except those overlapped
-  in the decode window, which wait whole for the backward;
-- response-length axes count the expected length, not the padded maximum.
-Sizes depend only on (shape, dtype, kind, producing phase), so they are kept per key and
-the bound over a graph is taken over one value per key (`_value_shapes`).
+- every value is whole, as the runtime holds it: the graph has no per-micro-batch values.
+  Micro-batches bound an op's scratch only (`layout.OpTimer`). In particular a training
+  forward's `saved` value holds every micro-batch's checkpointed layer inputs, since the
+  forward step runs all of them before the backward step runs any: it is priced by
+  `saved_activation_bytes`, the formula the trainer's holdings are tested against;
+- response-length axes count the padded width (the graph's maximum), as the runtime's
+  right-padded [samples, max_new_tokens] tensors do.
+Sizes depend only on (shape, dtype, kind, producing phase, saved part), so they are kept
+per key and the bound over a graph is taken over one value per key (`_value_shapes`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from dataclasses import dataclass, field
 from weakref import WeakKeyDictionary
 
 from rollplex.graph.ir import Graph, Phase, Value, ValueKind
-from rollplex.ops.formulas import kv_fraction
+from rollplex.ops.formulas import kv_fraction, saved_activation_bytes
+from rollplex.ops.formulas.llm import LogprobPart
 from rollplex.planner.plan import DevicePlan
 from rollplex.planner.shared_weights import (
     holds_own_copy,
@@ -29,6 +34,11 @@ from rollplex.planner.shared_weights import (
 from rollplex.specs import ModelSpec, WorkloadSpec
 
 PERSISTENT = (ValueKind.WEIGHTS, ValueKind.OPTIMIZER_STATE)
+SAVED_PARTS: dict[str, LogprobPart] = {
+    "logprob": "full",
+    "logprob_prefix": "prefix",
+    "logprob_response": "response",
+}
 
 
 @dataclass(slots=True)
@@ -49,14 +59,14 @@ class DeviceSizer:
 
     def size_bound(self) -> int:
         """At least the summed size of every record `device_lifetimes` can emit for this
-        device, less step scratch: each value at its larger (unsplit) size, weights with two
+        device, less step scratch: each value at its larger size, weights with two
         rollout copies (each at least a TP shard: a replicated tensor's rebuild can exceed
         it). A plan whose bound plus scratch fits the budget fits unshared."""
         if self._bound < 0:
             total = 0
             for v, phase, count in _value_shapes(self.graph):
                 # its maker may run on another device: try both sizings
-                size = max(self.value_bytes(v, phase, True), self.value_bytes(v, None, True))
+                size = max(self.value_bytes(v, phase), self.value_bytes(v, None))
                 if v.kind is ValueKind.WEIGHTS:
                     shard = math.ceil(v.nbytes / max(1, self.dev.tp))
                     size += 2 * max(shard, self.rollout_copy_bytes(v))
@@ -84,39 +94,55 @@ class DeviceSizer:
         return size
 
     def micro_batches(self) -> int:
+        """The step's training micro-batch count (`train_micro_batches`): what the plan
+        carries and the trainer runs; it bounds op scratch, not the values' sizes."""
         if not self._micro:
             self._micro = train_micro_batches(
                 self.model, self.workload, self.train_gpus, self.micro_tokens
             )
         return self._micro
 
-    def value_bytes(self, v: Value, producer_phase: Phase | None, overlapped: bool) -> int:
-        key = (v.shape, v.dtype, v.kind, producer_phase, overlapped)
+    def value_bytes(self, v: Value, producer_phase: Phase | None) -> int:
+        part = saved_part(self.graph, v)
+        key = (v.shape, v.dtype, v.kind, producer_phase, part)
         size = self._sizes.get(key)
         if size is None:
-            size = self._sizes[key] = self._value_bytes(v, producer_phase, overlapped)
+            size = self._sizes[key] = self._value_bytes(v, producer_phase, part)
         return size
 
-    def _value_bytes(self, v: Value, producer_phase: Phase | None, overlapped: bool) -> int:
+    def _value_bytes(self, v: Value, producer_phase: Phase | None, part: str | None) -> int:
         if v.kind in PERSISTENT or v.kind is ValueKind.GRAD:
             return math.ceil(v.nbytes / self.train_gpus)
         rollout = producer_phase is Phase.ROLLOUT or (
             producer_phase is None and self.dev.name == "rollout"
         )
         dp = self.dev.dp if rollout else self.train_gpus
+        if part is not None:
+            return math.ceil(self._saved_bytes(v, part, dp))
         size = v.nbytes / dp
         if v.kind is ValueKind.KV_CACHE and rollout:
             size *= kv_fraction(self.model.num_kv_heads, self.dev.tp)  # heads per TP rank
-        if self._has_response_axis(v):
-            size *= self.workload.response_length.mean / self.workload.response_length.max
-        rowwise = len(v.shape) >= 2
-        if not rollout and rowwise and not overlapped and v.kind is not ValueKind.HOST_DATA:
-            size /= self.micro_batches()
         return math.ceil(size)
 
-    def _has_response_axis(self, v: Value) -> bool:
-        r = self.workload.response_length.max
-        return v.kind is ValueKind.ACTIVATION and len(v.shape) >= 2 and r in v.shape[1:3]
+    def _saved_bytes(self, v: Value, part: LogprobPart, dp: int) -> float:
+        """A training forward's `saved` value, (layers, rows, positions, hidden): positions
+        are the prefix (prefix part), the response (response part) or both (full)."""
+        _, rows, positions, _ = v.shape
+        prefix, response = positions, 0
+        if part == "response":
+            prefix, response = 0, positions
+        elif part == "full":  # the padded response width, as its responses input has it
+            response = self.graph.inputs_of(self.graph.producers()[v.name])["responses"].shape[1]
+            prefix = positions - response
+        return saved_activation_bytes(self.model, rows / dp, prefix, response, part)
+
+
+def saved_part(graph: Graph, v: Value) -> LogprobPart | None:
+    """Which logprob part's `saved` output `v` is, or None for any other value."""
+    op = graph.producers().get(v.name)
+    if op is None or op.outputs.get("saved") != v.name:
+        return None
+    return SAVED_PARTS.get(op.kind)
 
 
 def micro_batch_count(tokens: float, micro_tokens: int) -> int:
@@ -131,7 +157,8 @@ def train_micro_batches(
 ) -> int:
     """How many micro-batches one training GPU runs a step's forward and backward in: its
     samples' expected tokens (prefix + mean response) over `schedule.train_micro_tokens`.
-    The planner sizes training activations as one of them; the plan carries the count
+    The planner sizes the training forward's and backward's scratch as one of them (their
+    saved activations are every micro-batch's); the plan carries the count
     (`Plan.meta["train_micro_batches"]`) and the trainer runs exactly that many."""
     samples = workload.samples_per_step / max(1, train_gpus)
     tokens = samples * (workload.prefix_tokens(model.vision) + workload.response_length.mean)
@@ -144,7 +171,8 @@ _SHAPES: WeakKeyDictionary[Graph, tuple[dict, list[tuple[Value, Phase | None, in
 
 
 def _value_shapes(graph: Graph) -> list[tuple[Value, Phase | None, int]]:
-    """(value, maker's phase, count): one value per (shape, dtype, kind, phase), since
+    """(value, maker's phase, count): one value per (shape, dtype, kind, phase, saved
+    part), since
     sizes depend on nothing else and the K copies of a step share them. Kept while the
     graph's producer index stands (a search sizes the same graph once per attempt)."""
     made = graph.producers()
@@ -155,7 +183,9 @@ def _value_shapes(graph: Graph) -> list[tuple[Value, Phase | None, int]]:
     for v in graph.values.values():
         op = made.get(v.name)
         phase = op.phase if op else None
-        entry = groups.setdefault((v.shape, v.dtype, v.kind, phase, v.nbytes), [v, phase, 0])
+        part = SAVED_PARTS.get(op.kind) if op and op.outputs.get("saved") == v.name else None
+        key = (v.shape, v.dtype, v.kind, phase, v.nbytes, part)
+        entry = groups.setdefault(key, [v, phase, 0])
         entry[2] += 1
     out = [(v, phase, n) for v, phase, n in groups.values()]
     _SHAPES[graph] = (made, out)

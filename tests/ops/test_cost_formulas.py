@@ -149,8 +149,16 @@ def test_logprob_with_grad_keeps_activations():
     full_acts = F.logprob(M7, S, P, R, grad=True, checkpointing=False)
     assert plain.persistent_bytes < ckpt.persistent_bytes < full_acts.persistent_bytes
     kept = ckpt.persistent_bytes - plain.persistent_bytes
+    # Checkpointed, as the trainer runs it: the layers' inputs, the final norm's, the head's
+    # inputs (the head is recomputed in the backward, so no logits) and the token ids.
+    h = M7.hidden_size
+    per_token = F.activation_bytes_per_token(M7, True) + 2 * h + 9
+    assert kept == pytest.approx(S * ((P + R) * per_token + R * 2 * h))
+    assert kept == F.saved_activation_bytes(M7, S, P, R, "full")
+    # Without checkpointing the fp32 log-softmax of the logit rows is kept too.
     logits = S * (R + 1) * M7.vocab_size * 4
-    assert kept == pytest.approx(S * (P + R) * F.activation_bytes_per_token(M7, True) + logits)
+    dense = full_acts.persistent_bytes - plain.persistent_bytes
+    assert dense == pytest.approx(S * (P + R) * F.activation_bytes_per_token(M7, False) + logits)
 
 
 # --- rollout ---------------------------------------------------------------------------------

@@ -11,21 +11,24 @@ from rollplex.jobs.pipeline import plan_step
 from rollplex.planner.plan import MemAction
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
 
+# 16 prompts where the preset's count (256 images, 128 videos) would not fit the training
+# pool: every training micro-batch's saved inputs wait for the backward.
 GRID = [
-    ("tiny", "tiny", "cpu", 2),
-    ("tiny", "tiny", "cpu", 4),
-    ("qwen2_5_vl_3b", "image", "h200x2", 2),
-    ("qwen2_5_vl_7b", "video", "h200x8", 8),
-    ("qwen2_5_vl_32b", "video", "h200x8", 8),
+    ("tiny", "tiny", "cpu", 2, None),
+    ("tiny", "tiny", "cpu", 4, None),
+    ("qwen2_5_vl_3b", "image", "h200x2", 2, 16),
+    ("qwen2_5_vl_7b", "video", "h200x8", 8, None),
+    ("qwen2_5_vl_32b", "video", "h200x8", 8, 16),
 ]
 
 
-@pytest.mark.parametrize(("model", "workload", "hardware", "gpus"), GRID)
-def test_handed_over_values_live_across_the_hand_over(model, workload, hardware, gpus):
+@pytest.mark.parametrize(("model", "workload", "hardware", "gpus", "prompts"), GRID)
+def test_handed_over_values_live_across_the_hand_over(model, workload, hardware, gpus, prompts):
     hw = HARDWARE_PRESETS[hardware].model_copy(update={"num_gpus": gpus})
+    wl = WORKLOAD_PRESETS[workload]
     r = plan_step(
         MODEL_PRESETS[model],
-        WORKLOAD_PRESETS[workload],
+        wl.model_copy(update={"prompts_per_step": prompts}) if prompts else wl,
         AlgoSpec(),
         hw,
         ScheduleSpec(name="disaggregated"),

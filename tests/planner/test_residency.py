@@ -8,8 +8,10 @@ from rollplex.jobs.pipeline import plan_step
 from rollplex.planner.residency import GIB, PlanOverBudget
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
 
-# 64 prompts per GPU: the rollout's KV cache, not the optimizer, sets the peak.
-BIG = WORKLOAD_PRESETS["video"].model_copy(update={"prompts_per_step": 512})
+# 16 prompts per GPU: the training backward, not the optimizer, sets the peak, and a budget
+# 3% under it fits by offloading. (At 64, as before the plan priced every training
+# micro-batch's saved inputs, the backward alone needs more than an H200.)
+BIG = WORKLOAD_PRESETS["video"].model_copy(update={"prompts_per_step": 128})
 
 
 def _plan(hbm_gib: float, **kw):
@@ -28,7 +30,7 @@ def test_tight_budget_offloads_and_fits() -> None:
     need = roomy.plan.peak_bytes_per_gpu / GIB
     offload_free = [s for s in roomy.plan.all_steps() if s.kind == "offload"]
     assert not offload_free
-    tight = _plan(need * 0.9)
+    tight = _plan(need * 0.97)  # what waits for the backward cannot move
     assert tight.plan.fits_budget
     moved = {s.op for s in tight.plan.all_steps() if s.kind in ("offload", "onload")}
     assert "policy.adam" in moved  # needed only by the update: it waits on the host

@@ -52,11 +52,23 @@ class Recorder(Backend):
         self.log.append(str(action))
 
 
+# 3B images at 32 prompts on 110 GiB (the preset's 256 need ~420 GiB on one GPU: every
+# training micro-batch's saved inputs wait for the backward). The backward now sets the
+# peak, with room for the engine's no-preemption pool beside the rollout (grown over
+# rounds, `api.POOL_ROUNDS`); an engine held all step still fits.
+IMAGE_32 = WORKLOAD_PRESETS["image"].model_copy(update={"prompts_per_step": 32})
+H200_110 = HARDWARE_PRESETS["h200"].model_copy(update={"hbm_gib": 110.0})
+
+
+def _workload(workload):
+    return WORKLOAD_PRESETS[workload] if isinstance(workload, str) else workload
+
+
 def _plan(caps, schedule: str, model="tiny", workload="tiny", hardware="cpu", sleep=True):
     hw = HARDWARE_PRESETS[hardware] if isinstance(hardware, str) else hardware
     return plan_step(
         MODEL_PRESETS[model],
-        WORKLOAD_PRESETS[workload],
+        _workload(workload),
         AlgoSpec(),
         hw,
         ScheduleSpec(name=schedule),
@@ -71,7 +83,9 @@ def _actions(planned) -> int:
     return sum(len(v) for v in (*sched.before.values(), *sched.after.values()))
 
 
-@pytest.mark.parametrize(("model", "workload"), [("tiny", "tiny"), ("qwen2_5_vl_3b", "image")])
+@pytest.mark.parametrize(
+    ("model", "workload"), [("tiny", "tiny"), ("qwen2_5_vl_3b", IMAGE_32)], ids=["tiny", "3b"]
+)
 def test_the_planner_sleeps_the_engine_only_when_awake_does_not_fit(model, workload):
     hw = HARDWARE_PRESETS["cpu" if model == "tiny" else "h200"]
     awake = _plan(VLLM_ROLLOUT, "serial", model, workload, hw, sleep=False)
@@ -132,14 +146,14 @@ def test_an_engine_that_cannot_sleep_is_held_all_step(schedule):
     [
         ("tiny", "tiny", "cpu"),
         ("qwen2_5_vl_3b", "tiny", "h200"),  # the no-preemption pool fits: it gets it
-        ("qwen2_5_vl_3b", "image", "h200"),  # it does not: the pool takes the headroom
+        ("qwen2_5_vl_3b", IMAGE_32, H200_110),  # the headroom sits off the pool's step
         ("qwen2_5_vl_7b", "video", "h200x8"),
     ],
 )
 def test_the_plan_sizes_and_counts_the_engine_pool(model, workload, hardware):
     sleeping = _plan(VLLM_ROLLOUT, "serial", model, workload, hardware)
     awake = _plan(AWAKE_ENGINE, "serial", model, workload, hardware, sleep=None)
-    m, w = MODEL_PRESETS[model], WORKLOAD_PRESETS[workload]
+    m, w = MODEL_PRESETS[model], _workload(workload)
     dev = sleeping.plan.devices[0]
     gen = next(s for s in dev.steps if s.kind == "generate")
     rows = sleeping.graph.values[sleeping.graph.ops[gen.op].inputs["text"]].shape[0]

@@ -22,12 +22,14 @@ and backward as separate steps, so here:
 The prefix forward itself runs whole, as planned (it may run inside the decode window,
 where the plan keeps its activations whole until the backward).
 
-Where this departs from the plan: the forward step runs every micro-batch before the
-backward step runs any, so every micro-batch's checkpointed layer inputs (L x tokens x
-hidden) live from one step to the other, where the planner sizes that `saved` value as one
-micro-batch's (1/M). Only interleaving forward and backward per micro-batch (one executor
-step, or a second forward in the backward: 5 forward-equivalents instead of the planned 4)
-would match it; the excess is (1 - 1/M) of those inputs, not of the activations.
+The forward step runs every micro-batch before the backward step runs any, so every
+micro-batch's checkpointed layer inputs (L x tokens x hidden) live from one step to the
+other: the plan prices that `saved` value whole, by `ops.formulas.saved_activation_bytes`
+(tests/planner/test_micro_saved.py holds it to what `SavedActivations` keeps here), and
+micro-batches bound only the forward's and the backward's scratch. Holding one
+micro-batch's inputs at a time would take interleaving forward and backward per
+micro-batch (one executor step, or a second forward in the backward: 5
+forward-equivalents instead of 4).
 """
 
 from __future__ import annotations

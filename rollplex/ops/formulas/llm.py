@@ -239,22 +239,30 @@ def engine_kv_pool(
     return (prefix + response) * kv_bytes_per_token(model, tp)
 
 
+def final_norm_bytes_per_token(model: ModelSpec) -> float:
+    """What HF's (unfused) final RMSNorm keeps per token for the backward: its input as
+    fp32 (a copy under bf16; `pow` and the rstd product read it), the fp32 rstd, and the
+    normalized pre-weight output in the compute dtype (the weight product reads it)."""
+    h, b = model.hidden_size, model.dtype_bytes
+    return h * (FP32 + b) + FP32
+
+
 def activation_bytes_per_token(model: ModelSpec, checkpointing: bool, tp: int = 1) -> float:
     """Activation bytes one token keeps for the backward, all decoder layers, on one GPU.
 
-    Outside the layers, always: the final norm's input and output (lm_head's input) and its
-    fp32 rstd. With checkpointing only each layer's input hidden state is kept besides.
-    Without it, per layer, assuming fused RMSNorm (saves input + fp32 rstd) and flash attention
-    (saves q, k, v, output and fp32 logsumexp), and an autograd-composed SwiGLU:
+    Outside the layers, always: the final norm's (`final_norm_bytes_per_token`). With
+    checkpointing only each layer's input hidden state is kept besides (replicated under
+    TP). Without it, per layer, assuming fused RMSNorm (saves input + fp32 rstd) and flash
+    attention (saves q, k, v, output and fp32 logsumexp), and an autograd-composed SwiGLU:
     - replicated under TP: layer input, norm1 output, post-attention residual, norm2 output (4h);
     - split by heads: q and attention output (2h), k and v (2 kv), logsumexp (4 B per head);
     - split by the SwiGLU: gate, up, silu(gate) and their product (4i);
     - two rstd values (2 x 4 B).
     Plain HF RMSNorm is unfused and keeps one more h-wide tensor per norm (fp32 under bf16).
-    Logits saved for the loss are counted by `logprob(grad=True)`, not here.
+    What the head keeps is `saved_activation_bytes`'s (or `logprob(grad=True)`'s) part.
     """
     b, h, i = model.dtype_bytes, model.hidden_size, model.intermediate_size
-    final_norm = 2 * h * b + FP32
+    final_norm = final_norm_bytes_per_token(model)
     if checkpointing:
         return model.num_layers * h * b + final_norm
     kvf = kv_fraction(model.num_kv_heads, tp)
@@ -264,6 +272,62 @@ def activation_bytes_per_token(model: ModelSpec, checkpointing: bool, tp: int = 
         + 2 * FP32
     )
     return model.num_layers * per_layer + final_norm
+
+
+TOKEN_ID_BYTES = 8  # int64 ids, which the embedding keeps for its backward
+MASK_BYTES = 1  # bool: where visual features go into the embeddings; the valid response tokens
+
+
+def saved_tokens(
+    part: LogprobPart, prefix_tokens: float, response_tokens: float
+) -> tuple[float, float]:
+    """(positions through the decoder, head input rows) of the trainer's checkpointed
+    forward of one sequence: full runs prefix + response and gathers the R rows that score
+    the response; prefix runs the prefix and heads its last row; response runs the
+    response's first R-1 tokens (the last is never fed) over the cached prefix and heads
+    every one of them (token 0 is scored by the prefix's last row)."""
+    if part == "full":
+        return prefix_tokens + response_tokens, response_tokens
+    if part == "prefix":
+        return prefix_tokens, 1
+    if part == "response":
+        return max(0, response_tokens - 1), 0
+    raise ValueError(f"unknown logprob part {part!r}")
+
+
+def saved_activation_bytes(
+    model: ModelSpec,
+    sequences: float,
+    prefix_tokens: float,
+    response_tokens: float,
+    part: LogprobPart,
+) -> float:
+    """Bytes the training forward of `sequences` rows keeps until its backward, on one GPU,
+    every decoder layer checkpointed: what the torch trainer holds in its `saved` value
+    (`SavedActivations`: the layers' inputs and what autograd saves around them), whatever
+    the micro-batch count, since every micro-batch's forward runs before any backward. The
+    planner sizes the `saved` values of the graph with it (`planner/sizing.py`).
+
+    Per position through the decoder (`saved_tokens`): each layer's input and the final
+    norm's (`activation_bytes_per_token`); the norm's output, which the head reads, where
+    the head reads every position (response: the head's checkpoint input; full: the
+    gather's input); prefix and full: the token ids and the visual-token mask. Per row
+    besides: full's gathered head inputs, prefix's last row; response: token 0's fp32
+    logits (the prefix's last, one row per sample) and logsumexp, and the padding mask.
+    Weights the forward reads and the prefix K/V a response reads are other values'
+    bytes; so are response token ids (slices of the responses). Replicated under TP (no
+    sequence parallelism)."""
+    new, head_rows = saved_tokens(part, prefix_tokens, response_tokens)
+    h, b = model.hidden_size, model.dtype_bytes
+    per_token = activation_bytes_per_token(model, True)
+    if part != "prefix":
+        per_token += h * b  # the normed output, read by the head
+    if part != "response":
+        per_token += TOKEN_ID_BYTES + MASK_BYTES
+    per_row = head_rows * h * b
+    if part == "response":  # token 0's fp32 logits and logsumexp; the padding mask
+        per_row += FP32 * (model.vocab_size + 1) + response_tokens * MASK_BYTES
+    return sequences * (new * per_token + per_row)
 
 
 def logprob_shape(
@@ -299,15 +363,35 @@ def logprob(
     full: one forward over prefix+response (verl). prefix: the prefix alone, keeping its KV.
     response: the response over the cached prefix. prefix + response equals full in FLOPs
     except for the prefix queries against response keys, which full computes and masks.
-    With `grad` (the actor's training forward) the activations for the backward are kept too,
-    plus the fp32 log-softmax of the logit rows that the loss backward needs.
+    With `grad` (the actor's training forward) what the backward reads is kept too
+    (`kept_for_backward`).
     """
     new, context, rows, keep_kv = logprob_shape(part, prefix_tokens, response_tokens)
     cost = llm_forward(model, sequences, new, context, tp, logit_rows=rows, keep_kv=keep_kv)
     if not grad:
         return cost
-    saved = sequences * new * activation_bytes_per_token(model, checkpointing, tp)
-    if keep_kv and not checkpointing:
-        saved -= sequences * new * kv_bytes_per_token(model, tp)  # the cache is the saved k/v
-    saved += sequences * rows * model.vocab_size / tp * FP32
+    saved = kept_for_backward(
+        model, sequences, prefix_tokens, response_tokens, part, tp, checkpointing
+    )
     return cost + Cost(bytes_written=saved, persistent_bytes=saved)
+
+
+def kept_for_backward(
+    model: ModelSpec,
+    sequences: float,
+    prefix_tokens: int,
+    response_tokens: int,
+    part: LogprobPart,
+    tp: int = 1,
+    checkpointing: bool = True,
+) -> float:
+    """What `logprob(grad=True)` keeps for `backward`: checkpointed, the trainer's
+    `saved_activation_bytes` (its head is recomputed in the backward: no logits kept);
+    otherwise every layer's activations and the fp32 log-softmax of the logit rows."""
+    if checkpointing:
+        return saved_activation_bytes(model, sequences, prefix_tokens, response_tokens, part)
+    new, _, rows, keep_kv = logprob_shape(part, prefix_tokens, response_tokens)
+    saved = sequences * new * activation_bytes_per_token(model, False, tp)
+    if keep_kv:
+        saved -= sequences * new * kv_bytes_per_token(model, tp)  # the cache is the saved k/v
+    return saved + sequences * rows * model.vocab_size / tp * FP32

@@ -20,6 +20,7 @@ from rollplex.ops.formulas.llm import (
     LogprobPart,
     activation_bytes_per_token,
     decoder_forward,
+    kept_for_backward,
     kv_bytes_per_token,
     lm_head_forward,
     logprob_shape,
@@ -61,10 +62,11 @@ def backward(
     head = lm_head_forward(model, sequences, rows, tp)
     tokens = sequences * new
     kv_tok = kv_bytes_per_token(model, tp)
-    # Reads what the forward kept (see `logprob(grad=True)`): activations and the fp32
-    # log-softmax rows; the prefix part also reads the K/V gradients the response part left.
-    saved = tokens * activation_bytes_per_token(model, checkpointing, tp)
-    saved += sequences * rows * model.vocab_size / tp * FP32
+    # Reads what the forward kept (`logprob(grad=True)`); the prefix part also reads the
+    # K/V gradients the response part left.
+    saved = kept_for_backward(
+        model, sequences, prefix_tokens, response_tokens, part, tp, checkpointing
+    )
     saved += tokens * kv_tok if keep_kv else 0.0
     down_proj = 2 * tokens * model.hidden_size * model.intermediate_size / tp
     recompute = layers.flops - model.num_layers * down_proj if checkpointing else 0.0
