@@ -6,8 +6,8 @@ Schedules (all colocated on one GPU, the torch rollout with the decode engine):
                 the reference and training phases, as verl does);
 - serial_dedup: schedule=serial (the prefix once per prompt, phases back to back);
 - rollplex:     schedule=rollplex (prefix work moved into the decode window);
-- rollplex_streams (not run by default): the same with every eligible prefix op on a
-                second stream (schedule.overlap=streams), an ablation.
+- rollplex_streams, rollplex_piggyback (not run by default): ablations with every eligible
+                prefix op on a second stream, or riding the decode's steps.
 The disaggregated schedule needs two GPUs and torchrun: `bench/gpu_disagg.sh`.
 
 Workload: video prompts (synthetic moving shapes, `--frames` frames of `--size`^2 pixels),
@@ -44,8 +44,10 @@ SCHEDULES = {
     "verl": ["schedule=serial", "schedule.dedup=false"],
     "serial_dedup": ["schedule=serial"],
     "rollplex": ["schedule=rollplex"],
-    # an ablation: every eligible prefix op on a second CUDA stream beside decode
+    # ablations: every eligible prefix op on a second CUDA stream beside decode; every
+    # eligible chunk riding a decode step's GEMMs (backends/torch/engine/riders.py)
     "rollplex_streams": ["schedule=rollplex", "schedule.overlap=streams"],
+    "rollplex_piggyback": ["schedule=rollplex", "schedule.overlap=piggyback"],
 }
 
 

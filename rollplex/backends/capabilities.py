@@ -49,6 +49,10 @@ class RoleCapabilities:
     #   (rollout_sync=gather);
     # "engine": an engine that holds its own TP shard and loads into it in place (vLLM).
     weights_layout: WeightsLayout = "algebra"
+    # its decode holds a static workspace (K/V at the cap for its row bucket) from the first
+    # decode on, kept for the next step's (the torch engine: its CUDA graphs replay those
+    # buffers); the planner holds it all step (ops/formulas/llm.py torch_engine_workspace)
+    static_kv: bool = False
 
 
 # -- what the built roles declare ------------------------------------------------------------
@@ -58,6 +62,7 @@ TORCH_ROLLOUT = RoleCapabilities(
     piggyback_rows=True,  # same-weights prefix rows can run between its decode steps
     in_place_weight_load=True,  # LiveWeights: an alias, nothing copied
     scaled_logprobs=True,  # decode.py scores the sampled token under logits / T
+    static_kv=True,  # engine/: static buffers and graphs kept across steps
 )
 TORCH_SCORER = RoleCapabilities(prefix_kv_export=True)  # torch reference and trainer
 VLLM_ROLLOUT = RoleCapabilities(
@@ -83,5 +88,6 @@ _FSDP_ROLLOUT = replace(TORCH_ROLLOUT, piggyback_rows=False)
 FSDP_ROLLOUTS = {
     "gather": replace(_FSDP_ROLLOUT, weights_layout="replica"),
     "alias": _FSDP_ROLLOUT,
-    "share": replace(_FSDP_ROLLOUT, weights_layout="torch_tp"),
+    # its tensor-parallel decode is the eager loop over a growing cache, not the engine
+    "share": replace(_FSDP_ROLLOUT, weights_layout="torch_tp", static_kv=False),
 }

@@ -158,7 +158,23 @@ def engine_kv_pool(g: Graph, op: Op, ctx: CostContext, at_cap: bool = False) -> 
 def _decode_cost(g: Graph, op: Op, ctx: CostContext) -> Cost:
     ins = g.inputs_of(op)
     rows = int(ctx.per_rank(ins["kv"].shape[2]))
-    return _decode(ctx.model, ctx.workload, rows, op.attrs["group_size"], ctx.tp).cost
+    cost = _decode(ctx.model, ctx.workload, rows, op.attrs["group_size"], ctx.tp).cost
+    if not op.meta.get("static_kv"):
+        return cost
+    # The torch engine's static workspace (at the cap, in place of the expected peak of
+    # live response K/V), plus the largest step's activations on top of it.
+    first = F.decode_step(ctx.model, rows * op.attrs["group_size"], ins["kv"].shape[3], ctx.tp)
+    return replace(cost, transient_bytes=static_kv(g, op, ctx) + first.transient_bytes)
+
+
+def static_kv(g: Graph, op: Op, ctx: CostContext) -> float:
+    """The workspace a `decode` op with `meta["static_kv"]` (the torch engine) holds."""
+    kv = g.values[op.inputs["kv"]]
+    rows = int(ctx.per_rank(kv.shape[2]))
+    cap = g.values[op.outputs["responses"]].shape[1]
+    return F.torch_engine_workspace(
+        ctx.model, rows, op.attrs["group_size"], kv.shape[3], cap, ctx.tp
+    )
 
 
 def _logprob(part: str):

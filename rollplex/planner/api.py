@@ -10,7 +10,7 @@ algorithm builder and the passes first, then calls this once per parallel layout
 from __future__ import annotations
 
 from rollplex.graph.ir import Graph
-from rollplex.ops.costs import CostContext, engine_kv_pool
+from rollplex.ops.costs import CostContext, engine_kv_pool, static_kv
 from rollplex.planner.cost_model import CostModel
 from rollplex.planner.gc_paused import cyclic_gc_paused
 from rollplex.planner.interference import InterferenceModel
@@ -123,15 +123,21 @@ def mark_engine_pools(
     """Each `generate` step's engine KV pool, as `pool_bytes` (part of its scratch, which
     the cost model sized at the expected need): the budget the runtime passes to the
     engine (vLLM's kv_cache_memory_bytes). Returns step index -> the pool at which no
-    sequence is ever preempted."""
+    sequence is ever preempted. A torch engine's `decode` steps get its static workspace
+    as `pool_bytes` (held all step, never grown)."""
     caps: dict[int, int] = {}
     for dev in plan.devices:
         for s in dev.steps:
+            op = graph.ops.get(s.op)
             if s.kind == "generate":
                 ctx = CostContext(model, workload, tp=dev.tp, dp=dev.dp * s.chunks)
-                op = graph.ops[s.op]
                 s.pool_bytes = int(engine_kv_pool(graph, op, ctx))
                 caps[s.index] = int(engine_kv_pool(graph, op, ctx, at_cap=True))
+            elif s.kind == "decode" and op is not None and op.meta.get("static_kv"):
+                # the torch engine's static workspace: its size is its shape's, not grown
+                s.pool_bytes = int(
+                    static_kv(graph, op, CostContext(model, workload, tp=dev.tp, dp=dev.dp))
+                )
     return caps
 
 

@@ -10,6 +10,8 @@ rollout=caps)`), and it is all the planner needs to know about roles:
   stream (schedules/rollplex.py keeps them as candidates);
 - `piggyback_rows` false: the decode window op gets `meta["piggyback_rows"] = False`, and
   the rollplex schedule then offers no piggyback placement on it;
+- `static_kv` (the torch engine) goes on the `decode` op (`meta["static_kv"]`): its cost is
+  the engine's static workspace, and the plan holds that all step (planner/api.py);
 - `weights_layout`: "engine" and "replica" (a copy of its own) make `weight_sync` mode
   "load", priced as a full copy rather than a free alias; an engine that reads the
   trainer's storage (vLLM with `weights=share`: "algebra") keeps the alias, and its
@@ -49,6 +51,9 @@ def apply_rollout_capabilities(graph: Graph, caps: RoleCapabilities) -> tuple[Gr
         window = new.kind in ("decode", "generate")
         if window and new.meta.get("piggyback_rows") != caps.piggyback_rows:
             new.meta["piggyback_rows"] = caps.piggyback_rows
+            changed = True
+        if new.kind == "decode" and new.meta.get("static_kv", False) != caps.static_kv:
+            new.meta["static_kv"] = caps.static_kv
             changed = True
         if new.kind == "generate" and new.meta.get("sleep_levels") != list(caps.sleep_levels):
             new.meta["sleep_levels"] = list(caps.sleep_levels)

@@ -133,13 +133,16 @@ def device_lifetimes(
             drops = not held and (name in trained if engine_sleeps is None else engine_sleeps)
             size = sizer.rollout_copy_bytes(v)
             out += _rollout_copy(v, size, consumers, until, begin, end, steps, syncs, dev, drops)
+    pooled: set[str] = set()  # ops whose pool is held (a segmented decode's, once)
     for s in steps:
         scratch, i = s.scratch_bytes, s.index
         if s.pool_bytes and not engine_sleeps:
             # An engine that cannot sleep holds its KV pool all step.
-            name = f"{s.name}.kv_pool"
-            pool = s.pool_bytes
-            out.append(_life(name, "engine_kv", pool, 0, end, s.stream, steps[0], steps[-1]))
+            if s.op not in pooled:
+                pooled.add(s.op)
+                name = f"{s.name}.kv_pool"
+                pool = s.pool_bytes
+                out.append(_life(name, "engine_kv", pool, 0, end, s.stream, steps[0], steps[-1]))
             scratch -= s.pool_bytes
         if scratch:
             name = f"{s.name}.scratch"

@@ -185,7 +185,9 @@ class TorchRollout(RolloutRole):
     ) -> TorchDecode:
         model = self._model()
         if self._engine is None or self._engine.model is not model:
-            self._engine = DecodeEngine(model)
+            # buffers (and graphs) kept across steps, on CPU too: what the plan prices
+            # (capabilities.TORCH_ROLLOUT.static_kv)
+            self._engine = DecodeEngine(model, keep_workspace=True)
         s = sampling
         return TorchDecode(
             self._engine.start(

@@ -22,6 +22,7 @@ from rollplex.ops.formulas.llm import (
     prefix_prefill,
     saved_activation_bytes,
     saved_tokens,
+    torch_engine_workspace,
 )
 from rollplex.ops.formulas.training import (
     advantage,
@@ -62,6 +63,7 @@ __all__ = [
     "reward",
     "saved_activation_bytes",
     "saved_tokens",
+    "torch_engine_workspace",
     "tp_allreduce_bytes",
     "vision_activation_bytes_per_patch",
     "vision_backward",

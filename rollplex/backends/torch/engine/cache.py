@@ -30,9 +30,10 @@ from typing import Literal
 import torch
 
 from rollplex.backends.torch.engine.flex import BLOCK, FlexMask
+from rollplex.ops.formulas.llm import ENGINE_MASK_ALIGN
 
 Attention = Literal["sdpa", "flex"]
-ALIGN = 16  # SDPA's memory-efficient kernel wants the mask's rows 16-element aligned
+ALIGN = ENGINE_MASK_ALIGN  # SDPA's memory-efficient kernel wants the mask's rows aligned
 
 
 def round_up(x: int, to: int) -> int:

@@ -29,9 +29,10 @@ from rollplex.backends.torch.engine.sampling import row_seeds
 from rollplex.backends.torch.engine.step import DecodeStep
 from rollplex.backends.torch.engine.workspace import Shape, Workspace
 from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv
+from rollplex.ops.formulas.llm import ENGINE_PREFIX_ALIGN, ENGINE_ROW_BUCKETS, engine_prompts
 
-ROW_BUCKETS = (8, 16, 32, 64, 128, 256)
-PREFIX_ALIGN = 64  # prefix capacity granularity: prompt lengths within 64 share graphs
+# the planner prices the workspace these shape (ops/formulas/llm.py torch_engine_workspace)
+ROW_BUCKETS, PREFIX_ALIGN = ENGINE_ROW_BUCKETS, ENGINE_PREFIX_ALIGN
 
 
 class DecodeEngine:
@@ -84,10 +85,7 @@ class DecodeEngine:
         self._pool = None
 
     def bucket_prompts(self, prompts: int, group_size: int) -> int:
-        rows = prompts * group_size
-        top = self.buckets[-1]
-        bucket = next((b for b in self.buckets if b >= rows), round_up(rows, top))
-        return max(prompts, -(-bucket // group_size))
+        return engine_prompts(prompts, group_size, tuple(self.buckets))
 
     def release(self) -> None:
         """Drop the buffers and graphs (their memory returns to the allocator)."""

@@ -1,0 +1,87 @@
+"""The torch engine's static decode workspace, priced: the formula equals the bytes the
+engine allocates (over prompts, group sizes, prefix lengths and caps, bucket edges
+included), and a plan with the torch rollout holds it all step (the engine keeps its
+buffers and graphs for the next step), once per decode however many segments it has;
+a rollout that decodes otherwise (FSDP2's share mode, vLLM) holds no such pool."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rollplex.backends.capabilities import FSDP_ROLLOUTS, TORCH_ROLLOUT, VLLM_ROLLOUT
+from rollplex.backends.torch.engine.session import DecodeEngine
+from rollplex.backends.torch.model import build_model
+from rollplex.backends.torch.prefix import PrefixState, fork_cache
+from rollplex.jobs.pipeline import plan_step
+from rollplex.ops.formulas import engine_kv_pool, torch_engine_workspace
+from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
+
+TINY = MODEL_PRESETS["tiny"]
+
+
+def _prefix(model, prompts: int, tokens: int) -> PrefixState:
+    text = model.config.text_config
+    shape = (
+        prompts,
+        text.num_key_value_heads,
+        tokens,
+        text.hidden_size // text.num_attention_heads,
+    )
+    kv = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(text.num_hidden_layers)]
+    lengths = torch.full((prompts,), tokens)
+    return PrefixState(
+        cache=fork_cache(kv),
+        last_logits=torch.zeros(prompts, text.vocab_size),
+        attention_mask=torch.ones(prompts, tokens, dtype=torch.long),
+        next_positions=lengths.clone(),
+        rope_deltas=torch.zeros(prompts, dtype=torch.long),
+        lengths=lengths,
+    )
+
+
+@pytest.mark.parametrize(
+    ("prompts", "group", "tokens", "cap"),
+    [(1, 1, 5, 2), (2, 4, 40, 9), (3, 3, 64, 16), (4, 8, 65, 33), (40, 8, 17, 4), (5, 16, 120, 7)],
+)
+def test_formula_equals_what_the_engine_allocates(prompts, group, tokens, cap):
+    model = build_model(TINY, seed=0)
+    engine = DecodeEngine(model, keep_workspace=True)
+    engine.start(_prefix(model, prompts, tokens), group, cap, 0.0, 1.0, None, -1)
+    held = sum(t.numel() * t.element_size() for t in engine.workspace.tensors())
+    assert torch_engine_workspace(TINY, prompts, group, tokens, cap) == held
+
+
+def _pools(caps, **schedule) -> dict[str, int]:
+    planned = plan_step(
+        TINY,
+        WORKLOAD_PRESETS["tiny"],
+        AlgoSpec(),
+        HARDWARE_PRESETS["cpu"],
+        ScheduleSpec(**schedule),
+        rollout=caps,
+    )
+    (dev,) = planned.plan.devices
+    return {s.value: s.size for s in dev.slots if s.value.endswith(".kv_pool")}
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [{"name": "serial"}, {"name": "rollplex", "overlap": "piggyback", "chunk_tokens": 40}],
+)
+def test_plans_hold_the_workspace_all_step_once(schedule):
+    workload = WORKLOAD_PRESETS["tiny"]
+    (pool,) = _pools(TORCH_ROLLOUT, **schedule).values()  # one, however many segments
+    expected = torch_engine_workspace(
+        TINY,
+        workload.prompts_per_step,
+        workload.group_size,
+        workload.prefix_tokens(TINY.vision),
+        workload.response_length.max,
+    )
+    assert pool == int(expected)
+    assert not _pools(FSDP_ROLLOUTS["share"], **schedule)  # the eager loop: no static pool
+    (vllm,) = _pools(VLLM_ROLLOUT, **schedule).values()  # vLLM's paged pool, not this one
+    assert vllm == int(
+        engine_kv_pool(TINY, workload, workload.prompts_per_step, workload.group_size)
+    )
