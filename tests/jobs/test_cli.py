@@ -207,6 +207,7 @@ def test_a_failing_run_does_not_end_the_sweep(tmp_path: Path) -> None:
 
 
 def test_summary_names_the_overridden_hardware_and_one_naive_colocation(tmp_path: Path) -> None:
+    from rollplex.backends.capabilities import TORCH_ROLLOUT
     from rollplex.jobs.pipeline import plan_step
     from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec
     from rollplex.specs.schedule import ScheduleSpec
@@ -224,6 +225,7 @@ def test_summary_names_the_overridden_hardware_and_one_naive_colocation(tmp_path
         hw,
         ScheduleSpec(name="serial", dedup=False, memory_strategy="naive"),
         enforce_budget=False,
+        rollout=TORCH_ROLLOUT,  # the job's default backend (its static decode workspace)
     )
     assert s["naive_colocation_bytes"] == naive.plan.peak_bytes_per_gpu
     assert s["naive_colocation_bytes"] > s["peak_bytes_per_gpu"]
