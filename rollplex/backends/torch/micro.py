@@ -169,6 +169,19 @@ def micro_logprobs(
     return MicroLogprobs(out.values, out.mask, micro), SavedActivations(parts=list(micro.saved))
 
 
+def trimmed(
+    score: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor, lengths: torch.Tensor
+) -> torch.Tensor:
+    """`score(tokens)` [rows, R] run on the columns up to these rows' longest response only,
+    zeros after: the columns past every row's end are padding whose outputs nothing reads
+    (the response mask is 0 there), and a micro-batch without the step's longest row would
+    otherwise run, and keep for backward, all `max_new_tokens` columns."""
+    width, used = tokens.shape[1], max(1, int(lengths.max()))
+    if used >= width:
+        return score(tokens)
+    return torch.nn.functional.pad(score(tokens[:, :used]), (0, width - used))
+
+
 def response_micro_batches(
     model: Model,
     prefix: PrefixState,
@@ -185,7 +198,8 @@ def response_micro_batches(
     def forward(lo: int, hi: int, boundary: Boundary) -> torch.Tensor:
         rows = slice(lo * group_size, hi * group_size)
         state = prefix_rows(prefix, lo, hi, boundary)
-        return score(state, responses.tokens[rows], responses.lengths[rows], rows)
+        tokens, lengths = responses.tokens[rows], responses.lengths[rows]
+        return trimmed(lambda t: score(state, t, lengths, rows), tokens, lengths)
 
     ranges = planned_ranges(prefix.rows, count, GROUPS)
     return micro_logprobs(forward_micro_batches(model, ranges, group_size, forward), responses)
@@ -207,8 +221,9 @@ def sample_micro_batches(
         a, b = sum(features.tokens[:lo]), sum(features.tokens[:hi])
         rows = slice(lo, hi)
         visual = boundary.cut(features.values, a, b)
-        return score(
-            text.select(lo, hi), visual, responses.tokens[rows], responses.lengths[rows], rows
+        tokens, lengths = responses.tokens[rows], responses.lengths[rows]
+        return trimmed(
+            lambda t: score(text.select(lo, hi), visual, t, lengths, rows), tokens, lengths
         )
 
     ranges = planned_ranges(features.rows, count, "samples")

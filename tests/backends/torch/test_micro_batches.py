@@ -242,3 +242,33 @@ def test_critic_micro_batches_equal_one_batch(spec, prompts, shared):
         got = {n: p.grad for n, p in c.model.named_parameters() if p.grad is not None}
         assert got.keys() == grads.keys()
         assert all(_close(got[n], g) for n, g in grads.items())
+
+
+def test_micro_batches_run_only_the_columns_their_rows_use(spec, prompts):
+    """A micro-batch without the step's longest response runs (and keeps for backward)
+    only the columns up to its own longest: same logprobs as the full width, zeros after."""
+    from rollplex.backends.torch.micro import checkpointed_layers, response_micro_batches
+    from rollplex.backends.torch.roles import capture_saved
+    from rollplex.backends.torch.values import SavedActivations
+
+    model = build_model(spec, seed=0)
+    freeze_for_graph(model, spec)
+    lengths = torch.tensor([2, 1, 2, 4, 3, 4, 6, 5, 1, 1, 1, 1, 3, 6, 2])  # per group: 2 4 6 1 6
+    tokens = torch.randint(7, spec.vocab_size, (PROMPTS * G, R), generator=torch.Generator())
+    responses = Responses(tokens, lengths)
+    feats = features_of(model, Pixels.of(prompts))
+    saved = SavedActivations()
+    with capture_saved(saved), checkpointed_layers(model, saved):
+        prefix = prefix_forward(model, prompts.text_only(), feats.values, grad=True)
+    widths = []
+
+    def score(state, t, lens, _rows):
+        widths.append(t.shape[1])
+        return response_logprobs(model, state, t, lens)
+
+    out, _ = response_micro_batches(model, prefix, responses, G, PROMPTS, score)
+    assert widths == [2, 4, 6, 1, 6]
+    with torch.no_grad():
+        full = response_logprobs(model, expand_prefix(prefix, G), tokens, lengths)
+    torch.testing.assert_close(out.values, full * out.mask, atol=1e-5, rtol=0)
+    assert out.values.shape == (PROMPTS * G, R) and not out.values[~out.mask].any()

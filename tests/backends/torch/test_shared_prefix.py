@@ -80,12 +80,13 @@ def expand_logprobs(model, state, responses: Responses, group_size: int) -> torc
     model's own attention over it with a [prefix ; response] padding mask."""
     state = expand_prefix(state, group_size)
     tokens, lengths = responses.tokens, responses.lengths
-    valid = response_mask(lengths, R)
+    width = tokens.shape[1]  # R, or fewer columns (micro.trimmed)
+    valid = response_mask(lengths, width)
     mask = torch.cat([state.attention_mask, valid[:, :-1].to(state.attention_mask.dtype)], 1)
     hidden = lm_hidden(
         model,
         embed_tokens(model, tokens[:, :-1]),
-        response_positions(state, R - 1),
+        response_positions(state, width - 1),
         mask,
         fork_cache(cache_kv(state.cache)),
     )
