@@ -84,6 +84,10 @@ def main() -> None:
     t = {k: r.plan.step_time_s for k, r in runs.items()}
     keys = list(runs)
     roll = t["rollplex"]
+
+    def peak(key: str) -> float:
+        return runs[key].plan.peak_bytes_per_gpu / GIB
+
     lines = [
         f"# The paper's setting on paper (`python bench/paper_setting.py "
         f"--prompts {args.prompts}`)",
@@ -153,24 +157,27 @@ def main() -> None:
         "",
         "## Reading",
         "",
-        "- The paper's ~165 GiB for naive colocation is not reproduced item by item: "
-        "here training state is FSDP-sharded over all 32 GPUs (16 B/param / 32), the "
-        "KV cache is sized by the workload instead of a preallocated pool "
-        "(gpu_memory_utilization), and the naive column sums every op's scratch. A "
-        "Megatron-style layout without optimizer sharding (TP 8: 16 B/param / 8 = "
-        "62 GiB of training state) plus a 40 GB KV pool lands near the paper's number; "
-        "that reconstruction is ours, not the paper's.",
+        f"- Naive colocation is {naive.plan.peak_bytes_per_gpu / GIB:.0f} GiB per GPU "
+        "here, the paper reports ~165 GiB: training state is FSDP-sharded over all 32 "
+        "GPUs (16 B/param / 32) and the KV cache is sized by the workload, but every "
+        "training micro-batch's saved layer inputs are held until the backward (the "
+        "graph runs the forward of all of them first), and verl's per-sample forward "
+        "saves the 2,304-token prefix once per sample: "
+        f"{peak(keys[0]):.1f} GiB planned for verl's step, "
+        f"{'within' if runs[keys[0]].plan.fits_budget else 'over'} the budget.",
         "- Deduplication, not overlap, is the big lever: verl's serial step recomputes "
         "the 2,304-token prefix for each of the 8 samples in two phases.",
         "- Overlap beside decode earns little under FACTS.md's H200 measurements (two "
-        "streams 1.01x, SM partitions about the same); the planner keeps only "
-        "piggybacking of the actor's prefix rows on decode steps (same weights "
-        "version) and declines the reference prefix. That is why rollplex over "
-        "serial+dedup is ~1.05x here, against the paper's 1.23-1.30x over serial "
+        "streams 1.01x, SM partitions about the same), and piggybacking the actor's "
+        "prefix rows is priced for the one decode step a chunk rides (a 2,304-token "
+        "chunk is many steps of compute and shares one weight read: "
+        "bench/results/gpu_piggyback/). So rollplex over serial+dedup is "
+        f"{t[keys[1]] / roll:.2f}x here, against the paper's 1.23-1.30x over serial "
         "colocation; the paper's baseline and interference are not ours.",
         "- Disaggregation loses because a synchronous on-policy step leaves each pool "
         "idle while the other works; the best split is searched (pool size x TP) and "
-        "must fit its training state.",
+        "must fit its training state"
+        + ("." if runs[keys[2]].plan.fits_budget else f": none does ({peak(keys[2]):.1f} GiB)."),
     ]
     text = "\n".join(lines) + "\n"
     print(text)

@@ -3,7 +3,7 @@
 A prompt's prefix (image tokens + question) is the same for all G responses sampled from
 it, so it runs once per prompt and its KV cache is shared:
 
-    vision_encode -> prefix_forward -> expand_prefix(G) -> decode / response_logprobs
+    vision_encode -> prefix_forward -> decode engine / response_logprobs (G rows per prefix)
 
 Layout: prompts are right-padded (see rollplex/data/prompts.py). Each row's M-RoPE
 positions come from `get_rope_index` over its valid tokens, image and video grids alike;

@@ -3,14 +3,17 @@
 One GRPO step over B prompts and G samples each, with the prefix computed once per prompt:
 
     feats = vision_encode(model, *batch.visual_rows()[:2])   # images and videos, row order
-    state = expand_prefix(prefix_forward(model, batch, feats, grad=False), G)
-    tokens, old_logp, lengths = decode(model, state, R, temperature, top_p, gen, eos_id)
+    state = prefix_forward(model, batch, feats, grad=False)  # one row per prompt
+    tokens, old_logp, lengths = decode(model, expand_prefix(state, G), R, temperature, ...)
     with torch.no_grad():                       # reference model, same prefix trick
-        ref_logp = response_logprobs(ref, expand_prefix(prefix_forward(ref, ...), G), ...)
+        ref_logp = response_logprobs(ref, prefix_forward(ref, ...), tokens, lengths)
     adv = group_advantages(rewards, G)
     feats = vision_encode(model, ...)           # with grad when the tower/merger trains
-    logp = response_logprobs(model, expand_prefix(prefix_forward(..., grad=True), G), ...)
+    logp = response_logprobs(model, prefix_forward(..., grad=True), tokens, lengths)
     loss, metrics = grpo_loss(logp, old_logp, ref_logp, adv, mask, clip_eps, kl_coef)
+
+`response_logprobs` takes one prefix row per prompt: its G responses attend to that one
+prefix K/V (shared_prefix_attention.py), nothing is repeated per response.
 
 `full_logprobs` is the verl-style path (prefix recomputed per sample), kept as the
 baseline and the yardstick.
@@ -28,6 +31,7 @@ tested against and as the benchmark's baseline):
   pieces torch.compile'd on CUDA);
 - flex.py: the optional split-KV FlexAttention over that cache;
 - sampling.py: on-device draws, a function of (row seed, step);
+- riders.py: the training phase's prefix rows riding a decode step's GEMMs;
 - roofline.py: achieved HBM bandwidth against the roofline.
 
 `start(..., lengths=...)` forces each row's length (eos ignored): benchmarks of random-weight
