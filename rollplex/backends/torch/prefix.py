@@ -179,15 +179,27 @@ def prefix_forward(
         rows = torch.arange(batch.size, device=hidden.device)
         last_hidden = hidden[rows, batch.lengths - 1]
         last_logits = model.lm_head(last_hidden) if head else None
+    return prefix_state(batch, kv, following, last_hidden, last_logits)
+
+
+def prefix_state(
+    batch: PromptBatch,
+    cache: DynamicCache,
+    following: torch.Tensor,
+    last_hidden: torch.Tensor,
+    last_logits: torch.Tensor | None,
+) -> PrefixState:
+    """The state a prefix forward over `batch` leaves: `following` [B] is each row's next
+    position; `last_hidden` is kept only when the LM head was deferred (no logits)."""
     following = following.to(batch.lengths.device)
     return PrefixState(
-        cache=kv,
+        cache=cache,
         last_logits=last_logits,
         attention_mask=batch.attention_mask,
         next_positions=following,
         rope_deltas=following - batch.lengths,
         lengths=batch.lengths,
-        last_hidden=None if head else last_hidden,
+        last_hidden=last_hidden if last_logits is None else None,
     )
 
 

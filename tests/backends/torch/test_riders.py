@@ -27,6 +27,15 @@ def _trainer(spec, device: str = "cpu", dtype: torch.dtype = torch.float32) -> T
     return TorchTrainer(model, spec, AlgoSpec())
 
 
+def _setup(spec, renderer, kind: str, device: str = "cpu", dtype=torch.float32):  # noqa: F811
+    """A batch of `kind` prompts, a trainer on `device` and the batch's vision features."""
+    batch = renderer.encode_batch(BATCHES[kind]).to(device)
+    trainer = _trainer(spec, device, dtype)
+    with torch.no_grad():
+        feats = features_of(trainer.model, Pixels.of(batch))
+    return batch, trainer, feats
+
+
 def _decode(model, batch, feats, seed: int, r: int = R):
     with torch.no_grad():
         prefix = prefix_forward(model, batch.text_only(), feats.values, False)
@@ -59,13 +68,9 @@ def _train_pass(trainer, batch, responses, ridden=None):
 @pytest.mark.parametrize("kind", ["image", "video", "mixed"])
 @pytest.mark.parametrize("vision", [False, True], ids=["frozen_vision", "trained_vision"])
 def test_ridden_prefix_equals_separate_forward(spec, renderer, kind, vision):  # noqa: F811
-    batch = renderer.encode_batch(BATCHES[kind])
     spec = spec.model_copy(update={"trainable_vision": vision})
-    trainer = _trainer(spec)
+    batch, trainer, feats = _setup(spec, renderer, kind)
     model = trainer.model
-    with torch.no_grad():
-        feats = features_of(model, Pixels.of(batch))
-
     plain = _decode(model, batch, feats, seed=5)
     plain.advance()
     riding = _decode(model, batch, feats, seed=5)
@@ -100,12 +105,8 @@ def test_ridden_prefix_equals_separate_forward(spec, renderer, kind, vision):  #
 
 
 def test_ride_after_the_decode_finished_runs_alone(spec, renderer):  # noqa: F811
-    batch = renderer.encode_batch(BATCHES["mixed"])
-    trainer = _trainer(spec)
-    model = trainer.model
-    with torch.no_grad():
-        feats = features_of(model, Pixels.of(batch))
-    session = _decode(model, batch, feats, seed=1)
+    batch, trainer, feats = _setup(spec, renderer, "mixed")
+    session = _decode(trainer.model, batch, feats, seed=1)
     session.advance()
     ridden = session.ride(trainer.ride_rows(feats, batch.text_only(), "policy@0"))
     assert ridden.alone

@@ -8,10 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollplex.backends.torch.roles import features_of
-from rollplex.backends.torch.values import Pixels, Responses
-from tests.backends.torch.test_riders import _decode, _train_pass, _trainer
-from tests.backends.torch.test_video import BATCHES, renderer  # noqa: F401
+from rollplex.backends.torch.values import Responses
+from tests.backends.torch.test_riders import _decode, _setup, _train_pass
+from tests.backends.torch.test_video import renderer  # noqa: F401
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 R = 40  # past the engine's first kv_len chunk: graphs at two kv_lens around the ride
@@ -26,11 +25,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_ridden_prefix_equals_separate_on_cuda(spec, renderer, dtype, vision):  # noqa: F811
     torch.use_deterministic_algorithms(False)  # index_put_/cumsum on CUDA
     spec = spec.model_copy(update={"trainable_vision": vision})
-    batch = renderer.encode_batch(BATCHES["mixed"]).to("cuda")
-    trainer = _trainer(spec, "cuda", dtype)
+    batch, trainer, feats = _setup(spec, renderer, "mixed", "cuda", dtype)
     model = trainer.model
-    with torch.no_grad():
-        feats = features_of(model, Pixels.of(batch))
     plain = _decode(model, batch, feats, seed=3, r=R)
     plain.advance()
     riding = _decode(model, batch, feats, seed=3, r=R)

@@ -37,6 +37,7 @@ from rollplex.backends.torch.prefix import (
     embed_tokens,
     fork_cache,
     prefix_positions,
+    prefix_state,
     scatter_visual,
 )
 from rollplex.data.prompts import PromptBatch
@@ -226,14 +227,4 @@ def attach(
         idx = torch.arange(batch.size, device=h.device)
         last_hidden = lm.norm(h[idx, batch.lengths - 1])
         last_logits = model.lm_head(last_hidden) if head else None
-    following = rows.next_positions.to(batch.lengths.device)
-    state = PrefixState(
-        cache=fork_cache(kv),
-        last_logits=last_logits,
-        attention_mask=batch.attention_mask,
-        next_positions=following,
-        rope_deltas=following - batch.lengths,
-        lengths=batch.lengths,
-        last_hidden=None if head else last_hidden,
-    )
-    return state
+    return prefix_state(batch, fork_cache(kv), rows.next_positions, last_hidden, last_logits)
