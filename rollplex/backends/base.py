@@ -178,8 +178,10 @@ class Trainer(ABC):
     )
     capabilities: ClassVar[RoleCapabilities] = RoleCapabilities()
     # Micro-batches the training forward and backward of a step run in: the plan's
-    # (`Plan.meta["train_micro_batches"]`), set by the executor through the backend.
+    # (`Plan.meta["train_micro_batches"]`), set by the executor through the backend; and
+    # whether each forward runs again in the backward (`["train_micro_recompute"]`).
     micro_batches: int = 1
+    micro_recompute: bool = False
 
     def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
         """See RolloutRole.merge_rows."""
@@ -317,10 +319,12 @@ class Backend(ABC):
         """Copy `value` to host memory (offload) or back to the device (onload); returns the
         moved value. In-place holders (weights, optimizer state) move their tensors."""
 
-    def train_micro_batches(self, count: int) -> None:
+    def train_micro_batches(self, count: int, recompute: bool = False) -> None:
         """Apply the plan's training micro-batch count (`Plan.meta["train_micro_batches"]`):
         the trainer runs each step's training forward and backward in that many, as the
-        plan sized them. Backends without a trainer ignore it."""
+        plan sized them; with `recompute` (`["train_micro_recompute"]`) each micro-batch's
+        forward runs again inside the backward, so one micro-batch's activations are held
+        at a time. Backends without a trainer ignore it."""
         return None
 
     def residency(self, action: Any) -> None:

@@ -29,6 +29,9 @@ class CostContext:
     dp: int = 1  # data-parallel ranks sharing the rows of a batch
     shards: int = 1  # FSDP shards of trainable state
     checkpointing: bool = True
+    # the training forward over responses runs without grad and again in the backward
+    # (schedule.train_micro_recompute): it keeps nothing, the backward pays a forward
+    recompute_forward: bool = False
 
     def per_rank(self, rows: int) -> float:
         return math.ceil(rows / self.dp)
@@ -259,7 +262,7 @@ def _backward(g: Graph, op: Op, ctx: CostContext, prefix_only: bool = False) -> 
             rows, prefix = ins["responses"].shape[0], ins["kv"].shape[3]
         else:
             rows, prefix = ins["features"].shape[0], _prefix_tokens(ins)
-        total += F.backward(
+        back = F.backward(
             ctx.model,
             ctx.per_rank(rows),
             prefix,
@@ -269,6 +272,18 @@ def _backward(g: Graph, op: Op, ctx: CostContext, prefix_only: bool = False) -> 
             checkpointing=ctx.checkpointing,
             shards=ctx.shards,
         )
+        if ctx.recompute_forward and part != "prefix":
+            # The forward again, with grad, before its micro-batch's backward: what it
+            # keeps lives beside that backward's scratch, not in an output.
+            again = F.logprob(
+                ctx.model, ctx.per_rank(rows), prefix, _response_tokens(ctx), part, ctx.tp,
+                grad=True, checkpointing=ctx.checkpointing,
+            )  # fmt: skip
+            kept = again.persistent_bytes
+            written = max(0.0, again.bytes_written - kept)  # its kept inputs: counted below
+            both = back + replace(again, persistent_bytes=0.0, bytes_written=written)
+            back = replace(both, transient_bytes=both.transient_bytes + kept)
+        total += back
         vision = g.producer(fwd.inputs["features"]) if "features" in fwd.inputs else None
         if (
             vision is not None

@@ -87,6 +87,7 @@ def plan_graph(
     plan.meta["train_micro_batches"] = train_micro_batches(
         model, workload, _train_gpus(plan, ctx), schedule.train_micro_tokens
     )
+    plan.meta["train_micro_recompute"] = schedule.train_micro_recompute
     renumber_in_issue_order(plan)
     if enforce_budget:
         check_budget(plan)
@@ -112,6 +113,7 @@ def _sizers(plan: Plan, ctx: PlanningContext) -> dict[str, DeviceSizer]:
             train_gpus,
             ctx.schedule.train_micro_tokens,
             ctx.schedule.parallel.train_tp,
+            ctx.schedule.train_micro_recompute,
         )
         for d in plan.devices
     }

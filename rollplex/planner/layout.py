@@ -59,6 +59,7 @@ class OpTimer:
     train: RoleLayout
     micro_tokens: int = 16384
     colocated: bool = True  # False: the roles run on two pools (disaggregated)
+    micro_recompute: bool = False  # schedule.train_micro_recompute
 
     def context(self, op: Op, chunks: int = 1) -> CostContext:
         """Chunks split a rank's rows further, like more data-parallel ranks would."""
@@ -66,7 +67,14 @@ class OpTimer:
             r = self.rollout
             return CostContext(self.model, self.workload, tp=r.tp, dp=r.dp * chunks)
         t = self.train
-        return CostContext(self.model, self.workload, tp=t.tp, dp=t.dp * chunks, shards=t.gpus)
+        return CostContext(
+            self.model,
+            self.workload,
+            tp=t.tp,
+            dp=t.dp * chunks,
+            shards=t.gpus,
+            recompute_forward=self.micro_recompute,
+        )
 
     def time(self, op: Op, chunks: int = 1) -> Timing:
         """Solo time of `op`, or of one of its `chunks` row chunks, on one GPU."""

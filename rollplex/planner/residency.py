@@ -146,9 +146,11 @@ def check_budget(plan: Plan) -> None:
             f"plan '{plan.schedule}' on '{dev.name}' needs {dev.peak_bytes / GIB:.1f} GiB per "
             f"GPU but the budget is {dev.budget_bytes / GIB:.1f} GiB: it misses by "
             f"{miss / GIB:.1f} GiB after offloading what could move. Largest residents at "
-            f"the peak: {resident}. Use more GPUs, a larger rollout TP, fewer prompts per step or "
+            f"the peak: {resident}. Use more GPUs, a larger rollout TP, fewer prompts per step, "
             f"smaller train_micro_tokens (which bounds an op's scratch, not a training "
-            f"forward's saved activations: every micro-batch's wait for the backward)."
+            f"forward's saved activations: every micro-batch's wait for the backward) or "
+            f"schedule.train_micro_recompute=true (one micro-batch's saved activations at a "
+            f"time, for one more forward over the responses)."
         )
 
 

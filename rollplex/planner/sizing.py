@@ -8,7 +8,9 @@
   Micro-batches bound an op's scratch only (`layout.OpTimer`). In particular a training
   forward's `saved` value holds every micro-batch's checkpointed layer inputs, since the
   forward step runs all of them before the backward step runs any: it is priced by
-  `saved_activation_bytes`, the formula the trainer's holdings are tested against;
+  `saved_activation_bytes`, the formula the trainer's holdings are tested against; with
+  `schedule.train_micro_recompute` that forward keeps nothing and the backward's scratch
+  holds one micro-batch's (its forward runs again there: ops/costs.py);
 - response-length axes count the padded width (the graph's maximum), as the runtime's
   right-padded [samples, max_new_tokens] tensors do.
 Sizes depend only on (shape, dtype, kind, producing phase, saved part), so they are kept
@@ -50,6 +52,7 @@ class DeviceSizer:
     train_gpus: int
     micro_tokens: int
     train_tp: int = 1
+    micro_recompute: bool = False  # the response forward keeps nothing (runs again later)
     _micro: int = field(default=0, init=False, repr=False, compare=False)  # computed once
     # Sizes depend on a value's shape, dtype and kind only: the K copies of a step share them.
     _sizes: dict[tuple, int] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -127,6 +130,8 @@ class DeviceSizer:
     def _saved_bytes(self, v: Value, part: LogprobPart, dp: int) -> float:
         """A training forward's `saved` value, (layers, rows, positions, hidden): positions
         are the prefix (prefix part), the response (response part) or both (full)."""
+        if self.micro_recompute and part != "prefix":
+            return 0.0  # its forward keeps nothing: the backward runs it again (costs.py)
         _, rows, positions, _ = v.shape
         prefix, response = positions, 0
         if part == "response":

@@ -170,10 +170,10 @@ class RoleDispatch(Backend):
         self._externals = self.roles.externals.bind(graph)
         self.roles.hooks.bind(graph)
 
-    def train_micro_batches(self, count: int) -> None:
+    def train_micro_batches(self, count: int, recompute: bool = False) -> None:
         for owner in (self.trainer, self.critic):
             if owner is not None:
-                owner.micro_batches = count
+                owner.micro_batches, owner.micro_recompute = count, recompute
 
     def begin_step(self, step: int, inputs: StepInputs) -> dict[str, Any]:
         hooks = self.roles.hooks

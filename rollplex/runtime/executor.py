@@ -25,7 +25,8 @@ Per RL step:
    the step's `deviations` and the measured trace (an instant) say so (plan_effects.py);
 5. resident bytes are accounted per device group after every step, before and after its
    frees; weights versions read are checked against the plan (see `_check_versions`).
-The plan's training micro-batch count (`Plan.meta["train_micro_batches"]`, what the planner
+The plan's training micro-batch count (`Plan.meta["train_micro_batches"]`, and whether each
+runs its forward again inside the backward, `["train_micro_recompute"]`), what the planner
 sized training activations with) goes to the trainer once, through the backend.
 On CUDA each step goes to its own stream (`cuda.CudaStreams`); on CPU the order above is
 the execution. Each RL step is a `record_function("ProfilerStep#N")` range and each plan
@@ -108,11 +109,15 @@ class Executor:
                 raise ExecutionError(f"plan step '{s.name}' names op '{s.op}', not in the graph")
         backend.bind(graph)
         self.train_micro_batches = plan_micro_batches(plan)
-        backend.train_micro_batches(self.train_micro_batches)
+        recompute = bool(plan.meta.get("train_micro_recompute", False))
+        backend.train_micro_batches(self.train_micro_batches, recompute)
         log.info(
             "executor: training forward and backward in %d micro-batch(es) a step, as planned "
-            "(schedule.train_micro_tokens); metric train_micro_batches is the count run",
+            "(schedule.train_micro_tokens%s); metric train_micro_batches is the count run",
             self.train_micro_batches,
+            ", each forward again inside the backward: schedule.train_micro_recompute"
+            if recompute
+            else "",
         )
         self._allocs, self._frees = self._effects()
         self._engine = engine_schedule(plan, self.order)

@@ -45,6 +45,13 @@ class ScheduleSpec(Spec):
         description="Tokens per GPU in one training micro-batch (activations "
         "of one micro-batch are live at a time).",
     )
+    train_micro_recompute: bool = Field(
+        False,
+        description="Run each training micro-batch's forward again inside the backward, "
+        "one micro-batch at a time: the forward step keeps nothing for the backward, so "
+        "one micro-batch's checkpointed layer inputs are live at a time instead of all of "
+        "them, for one more forward pass over the responses.",
+    )
     decode_sm_fraction: float = Field(
         0.5, gt=0, lt=1, description="Share of SMs given to decode when partitioned."
     )

@@ -112,6 +112,7 @@ class TorchCritic:
         )
         self.counter = VersionCounter(version)
         self.micro_batches = 1  # the plan's training micro-batches (runtime/dispatch.py)
+        self.micro_recompute = False  # and whether each forward runs again in the backward
         self.scorer, self.trainer = CriticRole(self, train=False), CriticRole(self, train=True)
 
     def role(self, train: bool) -> CriticRole:
@@ -221,7 +222,13 @@ class CriticRole:
                 return torch.where(mask[rows], _values(*out), 0.0)
 
             return response_micro_batches(
-                self.model, prefix, responses, group_size, self.critic.micro_batches, score
+                self.model,
+                prefix,
+                responses,
+                group_size,
+                self.critic.micro_batches,
+                score,
+                self.critic.micro_recompute,
             )
         with torch.no_grad():  # each prompt's G responses share its prefix K/V (no expand)
             tokens, lengths = responses.tokens, responses.lengths
@@ -237,7 +244,13 @@ class CriticRole:
                 return torch.where(mask[rows], out.squeeze(-1).float(), 0.0)
 
             return sample_micro_batches(
-                self.model, features, text, responses, self.critic.micro_batches, score
+                self.model,
+                features,
+                text,
+                responses,
+                self.critic.micro_batches,
+                score,
+                self.critic.micro_recompute,
             )
         with torch.no_grad():
             out = features_full_head_outputs(

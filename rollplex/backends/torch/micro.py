@@ -26,10 +26,12 @@ The forward step runs every micro-batch before the backward step runs any, so ev
 micro-batch's checkpointed layer inputs (L x tokens x hidden) live from one step to the
 other: the plan prices that `saved` value whole, by `ops.formulas.saved_activation_bytes`
 (tests/planner/test_micro_saved.py holds it to what `SavedActivations` keeps here), and
-micro-batches bound only the forward's and the backward's scratch. Holding one
-micro-batch's inputs at a time would take interleaving forward and backward per
-micro-batch (one executor step, or a second forward in the backward: 5
-forward-equivalents instead of 4).
+micro-batches bound only the forward's and the backward's scratch. With
+`schedule.train_micro_recompute` (the plan's `train_micro_recompute`) the forward step runs
+without grad (its values feed the loss's value and metrics) and keeps nothing; the
+backward runs each micro-batch's forward again with grad, its loss term, its backward, and
+frees it before the next (`MicroBatches.redo`): one micro-batch's inputs live at a time,
+for 5 forward-equivalents instead of 4. The plan prices it so (ops/costs.py `_backward`).
 """
 
 from __future__ import annotations
@@ -127,6 +129,9 @@ class MicroBatches:
     logprobs: list[torch.Tensor] = field(default_factory=list)  # [hi - lo, R], with grad
     saved: list[SavedActivations] = field(default_factory=list)  # kept for each backward
     boundary: Boundary = field(default_factory=Boundary)
+    # recompute mode: the forward ran without grad, and redo(k) runs micro-batch k's again
+    # with grad (in the backward, one at a time), returning its outputs
+    redo: Callable[[int], torch.Tensor] | None = None
 
     def add(self, rows: tuple[int, int], logprobs: torch.Tensor, saved: SavedActivations):
         self.rows.append(rows)
@@ -147,16 +152,35 @@ def forward_micro_batches(
     ranges: list[tuple[int, int]],
     rows_per_unit: int,
     forward: Callable[[int, int, Boundary], torch.Tensor],
+    recompute: bool = False,
 ) -> MicroBatches:
     """`forward(lo, hi, boundary)` with grad over each range of units (prompts or samples),
     every decoder layer checkpointed; it returns the [rows, R] outputs of units [lo, hi),
-    which are sample rows [lo * rows_per_unit, hi * rows_per_unit)."""
+    which are sample rows [lo * rows_per_unit, hi * rows_per_unit). With `recompute` it
+    runs without grad here, keeping nothing, and again with grad inside the backward, one
+    micro-batch at a time (`MicroBatches.redo`)."""
     micro = MicroBatches()
-    for lo, hi in ranges:
+
+    def run(k: int) -> tuple[torch.Tensor, SavedActivations]:
+        lo, hi = ranges[k]
         saved = SavedActivations()
         with torch.enable_grad(), capture_saved(saved), checkpointed_layers(model, saved):
-            out = forward(lo, hi, micro.boundary)
-        micro.add((lo * rows_per_unit, hi * rows_per_unit), out, saved)
+            return forward(lo, hi, micro.boundary), saved
+
+    for k, (lo, hi) in enumerate(ranges):
+        rows = (lo * rows_per_unit, hi * rows_per_unit)
+        if not recompute:
+            micro.add(rows, *run(k))
+            continue
+        with torch.no_grad():  # its cuts of the shared forward are not the backward's
+            micro.add(rows, forward(lo, hi, Boundary()), SavedActivations())
+
+    def redo(k: int) -> torch.Tensor:
+        out, micro.saved[k] = run(k)
+        micro.logprobs[k] = out
+        return out
+
+    micro.redo = redo if recompute else None
     return micro
 
 
@@ -189,6 +213,7 @@ def response_micro_batches(
     group_size: int,
     count: int,
     score: Callable[[PrefixState, torch.Tensor, torch.Tensor, slice], torch.Tensor],
+    recompute: bool = False,
 ) -> tuple[MicroLogprobs, SavedActivations]:
     """The training forward over responses on a group-shared prefix, in `count`
     micro-batches of whole prompts' groups: `score(state, tokens, lengths, rows)` gives the
@@ -202,7 +227,8 @@ def response_micro_batches(
         return trimmed(lambda t: score(state, t, lengths, rows), tokens, lengths)
 
     ranges = planned_ranges(prefix.rows, count, GROUPS)
-    return micro_logprobs(forward_micro_batches(model, ranges, group_size, forward), responses)
+    micro = forward_micro_batches(model, ranges, group_size, forward, recompute)
+    return micro_logprobs(micro, responses)
 
 
 def sample_micro_batches(
@@ -212,6 +238,7 @@ def sample_micro_batches(
     responses: Responses,
     count: int,
     score: Callable[[Any, torch.Tensor, torch.Tensor, torch.Tensor, slice], torch.Tensor],
+    recompute: bool = False,
 ) -> tuple[MicroLogprobs, SavedActivations]:
     """The per-sample (verl's) training forward in `count` micro-batches of whole samples:
     `score(text, visual, tokens, lengths, rows)` gives the [rows, R] outputs of samples
@@ -227,17 +254,18 @@ def sample_micro_batches(
         )
 
     ranges = planned_ranges(features.rows, count, "samples")
-    return micro_logprobs(forward_micro_batches(model, ranges, 1, forward), responses)
+    return micro_logprobs(forward_micro_batches(model, ranges, 1, forward, recompute), responses)
 
 
-def backward_micro_batches(terms: list[torch.Tensor | None], micro: MicroBatches) -> None:
+def backward_micro_batches(terms: list[Any], micro: MicroBatches) -> None:
     """Backward of each micro-batch's loss term in turn, freeing each graph before the
-    next; then once through the forward they share. Gradients accumulate in `.grad`."""
+    next; then once through the forward they share. Gradients accumulate in `.grad`. A
+    term may be a callable that makes it (recompute mode: its forward runs right here)."""
     for k, term in enumerate(terms):
         if term is None:
             raise RuntimeError(f"micro-batch {k}'s loss was already backpropagated")
-        term.backward()
         terms[k] = None
+        (term() if callable(term) else term).backward()
         micro.release(k)
     micro.boundary.backward()
 
@@ -265,13 +293,24 @@ def micro_loss(run: LossFn, values: Any, mode: str) -> Loss:
     with torch.no_grad():
         value, metrics = run(values.values, slice(None))
     weights = micro_batch_weights(values.mask, micro.rows, mode)
-    with torch.enable_grad():
-        terms: list[torch.Tensor | None] = [
-            run(v, slice(lo, hi))[0] * w
-            for (lo, hi), v, w in zip(micro.rows, micro.logprobs, weights, strict=True)
+    if micro.redo is not None:  # each term is made in the backward, after its forward
+        terms: list[Any] = [
+            partial(_recomputed_term, run, micro, k, w) for k, w in enumerate(weights)
         ]
+    else:
+        with torch.enable_grad():
+            terms = [
+                run(v, slice(lo, hi))[0] * w
+                for (lo, hi), v, w in zip(micro.rows, micro.logprobs, weights, strict=True)
+            ]
     metrics["train_micro_batches"] = torch.tensor(float(len(micro.rows)))
     return Loss(value, metrics, terms, micro)
+
+
+def _recomputed_term(run: LossFn, micro: MicroBatches, k: int, weight: Any) -> torch.Tensor:
+    lo, hi = micro.rows[k]
+    with torch.enable_grad():
+        return run(micro.redo(k), slice(lo, hi))[0] * weight
 
 
 @dataclass(slots=True, frozen=True)

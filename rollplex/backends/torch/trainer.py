@@ -137,7 +137,13 @@ class TorchTrainer(Trainer):
             return response_logprobs(self.model, state, tokens, lengths, self.algo.temperature)
 
         return response_micro_batches(
-            self.model, prefix, responses, group_size, self.micro_batches, score
+            self.model,
+            prefix,
+            responses,
+            group_size,
+            self.micro_batches,
+            score,
+            self.micro_recompute,
         )
 
     def logprob(
@@ -150,7 +156,13 @@ class TorchTrainer(Trainer):
             return features_full_logprobs(self.model, text, visual, tokens, lengths, t)
 
         return sample_micro_batches(
-            self.model, features, text, responses, self.micro_batches, score
+            self.model,
+            features,
+            text,
+            responses,
+            self.micro_batches,
+            score,
+            self.micro_recompute,
         )
 
     def loss(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -129,18 +129,25 @@ class MicroLogprobs(TokenLogprobs):
 class Loss:
     value: torch.Tensor  # 0-dim, with grad unless `terms` carry it
     metrics: dict[str, torch.Tensor]
-    # micro-batched: each micro-batch's share of `value`, with grad, and their forwards
-    terms: list[torch.Tensor | None] | None = None
+    # micro-batched: each micro-batch's share of `value`, with grad, and their forwards; a
+    # term is a callable making it when its forward runs in the backward (recompute mode)
+    terms: list[Any] | None = None
     micro: MicroBatches | None = None
 
     def tensors(self) -> Iterator[torch.Tensor]:
         yield self.value
-        yield from (t for t in self.terms or () if t is not None)
+        yield from (t for t in self.terms or () if isinstance(t, torch.Tensor))
 
     def scaled(self, factor: torch.Tensor) -> Loss:
         """The same loss times `factor` (its terms too); metrics as they are."""
-        terms = None if self.terms is None else [t * factor for t in self.terms]
+        terms = None if self.terms is None else [_times(t, factor) for t in self.terms]
         return Loss(self.value * factor.to(self.value.dtype), self.metrics, terms, self.micro)
+
+
+def _times(term: Any, factor: torch.Tensor) -> Any:
+    if callable(term):
+        return lambda: term() * factor
+    return term * factor
 
 
 @dataclass(slots=True)

@@ -65,6 +65,7 @@ class PlanningContext:
                 train=RoleLayout(train_gpus, self.schedule.parallel.train_tp),
                 micro_tokens=self.schedule.train_micro_tokens,
                 colocated=colocated,
+                micro_recompute=self.schedule.train_micro_recompute,
             )
         )
 

@@ -110,8 +110,13 @@ def _adamw_step(params, algo):
     opt.step()
 
 
-def _train(spec, algo, batch, responses, mask, adv, old, ref, shared: bool, micro: int | None):
-    """(loss, {name: grad}, {name: param after one step}, metrics); micro=None: reference."""
+def _train(
+    spec, algo, batch, responses, mask, adv, old, ref, shared: bool, micro: int | None,
+    recompute: bool = False,
+):  # fmt: skip
+    """(loss, {name: grad}, {name: param after one step}, metrics); micro=None: reference.
+    `recompute`: each micro-batch's forward runs again inside the backward, and nothing
+    is kept for the backward between the two steps."""
     model = build_model(spec, seed=0)
     if micro is None:
         freeze_for_graph(model, spec)
@@ -123,14 +128,16 @@ def _train(spec, algo, batch, responses, mask, adv, old, ref, shared: bool, micr
         params = [p for p in model.parameters() if p.requires_grad]
     else:
         trainer = TorchTrainer(model, spec, algo)
-        trainer.micro_batches = micro
+        trainer.micro_batches, trainer.micro_recompute = micro, recompute
         text = batch.text_only()
         feats = trainer.vision_encode(Pixels.of(batch))
         if shared:
             state, _ = trainer.logprob_prefix(feats, text)
-            lp, _ = trainer.logprob_response(state, responses, G)
+            lp, saved = trainer.logprob_response(state, responses, G)
         else:
-            lp, _ = trainer.logprob(feats.repeat(G), text.repeat(G), responses)
+            lp, saved = trainer.logprob(feats.repeat(G), text.repeat(G), responses)
+        kept = sum(t.numel() for t in saved.tensors())
+        assert (kept == 0) == recompute  # recompute: the forward kept nothing
         out = trainer.loss(lp, TokenLogprobs(old, mask), adv, TokenLogprobs(ref, mask), CLIP, KL)
         trainer.backward(out)
         loss, metrics, params = out.value, out.metrics, list(trainer.params)
@@ -165,8 +172,9 @@ def test_micro_batches_equal_one_batch(spec, prompts, shared, estimator, agg, vi
     start = build_model(spec, seed=0).state_dict()
     assert grads and all(g.abs().sum() > 0 for g in grads.values())
     # 2 and 3 split 5 prompts (15 samples) unevenly; 4 prompts' groups; more than the units
-    for micro in (1, 2, 3, 4, 20):
-        got_loss, got_grads, got_after, metrics = _train(*args, micro=micro)
+    runs = [(m, False) for m in (1, 2, 3, 4, 20)] + [(m, True) for m in (1, 3, 20)]
+    for micro, recompute in runs:
+        got_loss, got_grads, got_after, metrics = _train(*args, micro=micro, recompute=recompute)
         units = PROMPTS if shared else PROMPTS * G
         assert metrics["train_micro_batches"] == min(micro, units)
         assert torch.allclose(got_loss, loss, rtol=1e-5, atol=0), (micro, got_loss, loss)
@@ -226,9 +234,9 @@ def test_critic_micro_batches_equal_one_batch(spec, prompts, shared):
     loss, _ = value_loss(torch.where(mask, head, 0.0), returns, old.values, mask, 0.2)
     loss.backward()
     grads = {n: p.grad for n, p in plain.model.named_parameters() if p.grad is not None}
-    for micro in (2, 3):
+    for micro, recompute in ((2, False), (3, False), (3, True)):
         c = critic()
-        c.micro_batches = micro
+        c.micro_batches, c.micro_recompute = micro, recompute
         feats, text = features_of(c.model, Pixels.of(prompts)), prompts.text_only()
         if shared:
             state, _ = c.trainer.logprob_prefix(feats, text)
