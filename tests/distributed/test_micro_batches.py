@@ -15,9 +15,12 @@ from tests.distributed.test_equivalence import _assert_close
 
 
 @pytest.mark.slow  # a 2-rank run of 4 steps: ~40 s
-def test_two_ranks_in_micro_batches_train_what_one_batch_trains(runs, tmp_path):
-    # ~1,900 training tokens per rank a step: 1000 a micro-batch plans 2 (one prompt's group each)
-    micro = train(2, tmp_path / "micro", 4, "schedule.train_micro_tokens=1000")
+@pytest.mark.parametrize("recompute", [False, True], ids=["kept", "recomputed"])
+def test_two_ranks_in_micro_batches_train_what_one_batch_trains(runs, tmp_path, recompute):
+    # ~1,900 training tokens per rank a step: 1000 a micro-batch plans 2 (one prompt's group
+    # each); recomputed: each micro-batch's forward runs again inside the backward
+    extra = [f"schedule.train_micro_recompute={str(recompute).lower()}"]
+    micro = train(2, tmp_path / "micro", 4, "schedule.train_micro_tokens=1000", *extra)
     with (micro / "metrics.csv").open() as f:
         rows = list(csv.DictReader(f))
     with (runs.one / "metrics.csv").open() as f:
