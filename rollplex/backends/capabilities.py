@@ -51,7 +51,7 @@ class RoleCapabilities:
     weights_layout: WeightsLayout = "algebra"
     # its decode holds a static workspace (K/V at the cap for its row bucket) from the first
     # decode on, kept for the next step's (the torch engine: its CUDA graphs replay those
-    # buffers); the planner holds it all step (ops/formulas/llm.py torch_engine_workspace)
+    # buffers); the planner holds it all step (ops/formulas/engines.py torch_engine_workspace)
     static_kv: bool = False
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from rollplex.backends.vllm.rollout import VllmRollout
 from rollplex.graph.ir import DTYPE_BYTES
-from rollplex.ops.formulas.llm import KV_BLOCK_TOKENS
+from rollplex.ops.formulas.engines import KV_BLOCK_TOKENS
 from rollplex.specs.backend import BackendSpec
 from rollplex.specs.vllm import VllmSpec
 

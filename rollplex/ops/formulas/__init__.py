@@ -1,10 +1,12 @@
 """Pure cost formulas of every op kind: FLOPs, bytes and memory per GPU.
 
 Modules: `cost` (the `Cost` record and TP rules), `vision` (the ViT), `llm` (decoder
-forwards: prefill, decode, logprob) and `training` (backward, optimizer, sync, reward).
+forwards: prefill, decode, logprob), `engines` (what decode engines hold on a GPU) and
+`training` (backward, optimizer, sync, reward).
 """
 
 from rollplex.ops.formulas.cost import Cost, kv_fraction, tp_allreduce_bytes
+from rollplex.ops.formulas.engines import engine_kv_pool, torch_engine_workspace
 from rollplex.ops.formulas.llm import (
     DecodeRollout,
     LogprobPart,
@@ -13,7 +15,6 @@ from rollplex.ops.formulas.llm import (
     decode_rollout,
     decode_step,
     decode_steps,
-    engine_kv_pool,
     final_norm_bytes_per_token,
     kept_for_backward,
     kv_bytes_per_token,
@@ -22,7 +23,6 @@ from rollplex.ops.formulas.llm import (
     prefix_prefill,
     saved_activation_bytes,
     saved_tokens,
-    torch_engine_workspace,
 )
 from rollplex.ops.formulas.training import (
     advantage,

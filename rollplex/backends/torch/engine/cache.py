@@ -30,7 +30,7 @@ from typing import Literal
 import torch
 
 from rollplex.backends.torch.engine.flex import BLOCK, FlexMask
-from rollplex.ops.formulas.llm import ENGINE_MASK_ALIGN
+from rollplex.ops.formulas.engines import ENGINE_MASK_ALIGN
 
 Attention = Literal["sdpa", "flex"]
 ALIGN = ENGINE_MASK_ALIGN  # SDPA's memory-efficient kernel wants the mask's rows aligned

@@ -29,9 +29,9 @@ from rollplex.backends.torch.engine.sampling import row_seeds
 from rollplex.backends.torch.engine.step import DecodeStep
 from rollplex.backends.torch.engine.workspace import Shape, Workspace
 from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv
-from rollplex.ops.formulas.llm import ENGINE_PREFIX_ALIGN, ENGINE_ROW_BUCKETS, engine_prompts
+from rollplex.ops.formulas.engines import ENGINE_PREFIX_ALIGN, ENGINE_ROW_BUCKETS, engine_prompts
 
-# the planner prices the workspace these shape (ops/formulas/llm.py torch_engine_workspace)
+# the planner prices the workspace these shape (ops/formulas/engines.py torch_engine_workspace)
 ROW_BUCKETS, PREFIX_ALIGN = ENGINE_ROW_BUCKETS, ENGINE_PREFIX_ALIGN
 
 

@@ -1,0 +1,88 @@
+"""What decode engines hold on one GPU: the torch engine's static workspace (its shape
+constants live here, torch-free, and the engine takes them) and vLLM's paged KV pool."""
+
+from __future__ import annotations
+
+import math
+
+from rollplex.ops.formulas.llm import kv_bytes_per_token
+from rollplex.specs.model import ModelSpec
+from rollplex.specs.workload import WorkloadSpec
+
+# The torch decode engine's static workspace (backends/torch/engine/): rows padded to a
+# bucket, the prefix capacity to ENGINE_PREFIX_ALIGN tokens, each buffer's length to
+# ENGINE_MASK_ALIGN. Torch-free here for the planner; the engine takes its defaults from here.
+ENGINE_ROW_BUCKETS = (8, 16, 32, 64, 128, 256)
+ENGINE_PREFIX_ALIGN = 64  # prompt lengths within 64 tokens share buffers and graphs
+ENGINE_MASK_ALIGN = 16  # SDPA's memory-efficient kernel wants the mask's rows 16-aligned
+
+
+def _round_up(x: int, to: int) -> int:
+    return -(-x // to) * to
+
+
+def engine_prompts(
+    prompts: int, group_size: int, buckets: tuple[int, ...] = ENGINE_ROW_BUCKETS
+) -> int:
+    """Prompts the engine's buffers hold: rows padded to the next bucket (past the top
+    one, to a multiple of it), in whole groups."""
+    rows, top = prompts * group_size, buckets[-1]
+    bucket = next((b for b in buckets if b >= rows), _round_up(rows, top))
+    return max(prompts, -(-bucket // group_size))
+
+
+def torch_engine_workspace(
+    model: ModelSpec,
+    prompts: int,
+    group_size: int,
+    prefix_tokens: int,
+    max_new_tokens: int,
+    tp: int = 1,
+) -> float:
+    """Bytes of the torch engine's static decode workspace on one GPU (engine/workspace.py
+    and cache.py, SDPA layout): per padded prompt one K/V buffer of its prefix capacity plus
+    its G rows' response slots, the additive mask over it, and each row's token ids and
+    logprobs at the cap. Allocated whole at the start (static shapes are what its CUDA
+    graphs replay) and kept for the next step's decode."""
+    b = engine_prompts(prompts, group_size)
+    cap = _round_up(max(prefix_tokens, 1), ENGINE_PREFIX_ALIGN)
+    length = _round_up(cap + group_size * max(max_new_tokens - 1, 1), ENGINE_MASK_ALIGN)
+    kv = b * length * kv_bytes_per_token(model, tp)
+    mask = b * (model.num_heads // model.num_kv_heads) * group_size * length * model.dtype_bytes
+    # per row: int64 tokens and float32 logprobs at the cap, five int64 step vectors
+    # (token, position, seed, length, cap) and a done flag; two int64 scalars
+    outputs = b * group_size * (max_new_tokens * (8 + 4) + 5 * 8 + 1) + 2 * 8
+    return float(kv + mask + outputs)
+
+
+KV_BLOCK_TOKENS = 16  # vLLM's default block: a sequence's KV is allocated in blocks of 16
+
+
+def engine_kv_pool(
+    model: ModelSpec,
+    workload: WorkloadSpec,
+    prompts: int,
+    group_size: int,
+    tp: int = 1,
+    at_cap: bool = False,
+) -> float:
+    """Bytes of the KV pool an engine (vLLM) allocates up front for one rollout on one GPU.
+
+    Each prompt's prefix blocks count once (prefix caching shares them among its G samples).
+    Responses: with `at_cap`, every sample's blocks at the generation cap, all live at once,
+    so that nothing is ever preempted; otherwise the expected peak of live response KV
+    (finished sequences free their blocks) plus one block per sequence of rounding. A pool
+    between the two serves the expected batch; past it, vLLM preempts and recomputes.
+    """
+
+    def blocks(tokens: float) -> int:
+        return math.ceil(tokens / KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS
+
+    batch = prompts * group_size
+    lengths = workload.response_length
+    prefix = prompts * blocks(workload.prefix_tokens(model.vision))
+    response = batch * blocks(lengths.max)
+    if not at_cap:
+        live = (lengths.expected_active(batch, s + 1) * (s + 1) for s in range(lengths.max))
+        response = min(response, max(live, default=0.0) + batch * KV_BLOCK_TOKENS)
+    return (prefix + response) * kv_bytes_per_token(model, tp)
