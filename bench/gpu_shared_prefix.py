@@ -42,6 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_decode import image_prompt
 
+from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.logprob import (
     head_logprobs,
     response_logprobs,
@@ -50,7 +51,6 @@ from rollplex.backends.torch.logprob import (
 )
 from rollplex.backends.torch.micro import (
     backward_micro_batches,
-    checkpointed_layers,
     response_micro_batches,
 )
 from rollplex.backends.torch.model import build_model

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from rollplex.backends.base import BackendError
+from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.logprob import (
     features_full_head_outputs,
     response_head_outputs,
@@ -40,7 +41,6 @@ from rollplex.backends.torch.loss import (
 from rollplex.backends.torch.masters import adamw_over, clear_grads, clipped_step
 from rollplex.backends.torch.micro import (
     backward_loss,
-    checkpointed_layers,
     micro_loss,
     response_micro_batches,
     sample_micro_batches,

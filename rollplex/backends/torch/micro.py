@@ -37,15 +37,14 @@ for 5 forward-equivalents instead of 4. The plan prices it so (ops/costs.py `_ba
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
+from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.loss import micro_batch_weights
 from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv
 from rollplex.backends.torch.roles import capture_saved, masked_logprobs
@@ -345,70 +344,3 @@ def prefix_rows(state: PrefixState, lo: int, hi: int, boundary: Boundary) -> Pre
         lengths=state.lengths[lo:hi],
         group_size=state.group_size,
     )
-
-
-# -- activation checkpointing of the decoder layers ----------------------------------------
-class _ReplayCache:
-    """What a recomputed layer's attention sees in place of the cache: the K/V it held
-    before the original forward, extended the way DynamicLayer.update extends it, and
-    never written (transformers' own checkpointing drops a cache that layers write)."""
-
-    def __init__(self, before: tuple[torch.Tensor, torch.Tensor] | None) -> None:
-        self.before = before
-
-    def update(self, keys: torch.Tensor, values: torch.Tensor, *_: Any, **__: Any):
-        if self.before is None:
-            empty = torch.tensor([], dtype=keys.dtype, device=keys.device)
-            return torch.cat([empty, keys], -2), torch.cat([empty, values], -2)
-        k, v = self.before
-        return torch.cat([k, keys], -2), torch.cat([v, values], -2)
-
-
-_CACHE_KWARGS = ("past_key_values", "cache")  # transformers renamed it after 5.19
-
-
-def _layer_kv(cache: Any, idx: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    layers = getattr(cache, "layers", None)
-    if layers is None or idx >= len(layers) or not getattr(layers[idx], "is_initialized", False):
-        return None
-    return layers[idx].keys, layers[idx].values
-
-
-def _checkpointed(
-    inner: Any, idx: int, saved: SavedActivations, *args: Any, **kwargs: Any
-) -> torch.Tensor:
-    if not torch.is_grad_enabled():
-        return inner(*args, **kwargs)
-    hidden = args[0] if args else kwargs.pop("hidden_states")
-    rest = args[1:]
-    key = next((k for k in _CACHE_KWARGS if kwargs.get(k) is not None), None)
-    before = _layer_kv(kwargs[key], idx) if key else None
-    calls = []
-
-    def run(h: torch.Tensor) -> torch.Tensor:
-        if not calls or key is None:  # the forward itself writes the cache
-            calls.append(1)
-            return inner(h, *rest, **kwargs)
-        return inner(h, *rest, **{**kwargs, key: _ReplayCache(before)})
-
-    saved.saved.append(hidden)  # what the checkpoint keeps: the layer's input
-    # A decoder layer draws no random numbers (no dropout): no RNG state to save per call.
-    return checkpoint(run, hidden, use_reentrant=False, preserve_rng_state=False)
-
-
-@contextmanager
-def checkpointed_layers(model: Model, saved: SavedActivations) -> Iterator[None]:
-    """Inside the block, each LLM decoder layer run with grad keeps only its input (added
-    to `saved`, for the runtime's accounting) and is recomputed in its backward."""
-    wrapped = []
-    for layer in model.model.language_model.layers:
-        if "forward" in vars(layer):  # already checkpointed by an enclosing block
-            continue
-        idx = layer.self_attn.layer_idx
-        layer.forward = partial(_checkpointed, layer.forward, idx, saved)
-        wrapped.append(layer)
-    try:
-        yield
-    finally:
-        for layer in wrapped:
-            del layer.forward

@@ -18,6 +18,7 @@ import torch
 
 from rollplex.backends.base import BackendError, LiveWeights, Trainer
 from rollplex.backends.capabilities import TORCH_SCORER, RoleCapabilities
+from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows, attach, rider_rows
 from rollplex.backends.torch.engine.step import rotary_fn
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs
@@ -33,7 +34,6 @@ from rollplex.backends.torch.masters import (
 )
 from rollplex.backends.torch.micro import (
     backward_loss,
-    checkpointed_layers,
     micro_loss,
     response_micro_batches,
     sample_micro_batches,

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.logprob import (
     head_logprobs,
     response_head_outputs,
@@ -23,7 +24,6 @@ from rollplex.backends.torch.logprob import (
 )
 from rollplex.backends.torch.micro import (
     backward_micro_batches,
-    checkpointed_layers,
     response_micro_batches,
 )
 from rollplex.backends.torch.model import build_model

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.micro import (
     backward_micro_batches,
-    checkpointed_layers,
     response_micro_batches,
 )
 from rollplex.backends.torch.model import build_model
