@@ -101,7 +101,7 @@ def bench(name: str, rows: int, args, dev: torch.device) -> dict:
         return trainer.logprob_prefix(feats, chunk)[0]
 
     t_sep, sep_state = timed(separate, dev, args.repeats)
-    rows_in = trainer.ride_rows(feats, chunk, "policy@0")
+    rows_in = trainer.ride_rows(feats, chunk)
 
     def ride():
         ridden = session.ride(rows_in)

@@ -205,9 +205,10 @@ class Trainer(ABC):
     @abstractmethod
     def logprob(self, features: Any, text: Any, responses: Any) -> tuple[Any, Any]: ...
 
-    def ride_rows(self, features: Any, text: Any, version: str) -> Any:
-        """`logprob_prefix`'s rows, prepared to ride a decode step of weights `version`
-        (DecodeSession.ride); None where this trainer cannot (then it runs separately)."""
+    def ride_rows(self, features: Any, text: Any) -> Any:
+        """`logprob_prefix`'s rows, prepared to ride a decode step (DecodeSession.ride);
+        None where this trainer cannot (then it runs separately). The caller has checked
+        that they read the weights version the decode reads."""
         return None
 
     def attach_ridden(self, ridden: Any, features: Any, head: bool = True) -> tuple[Any, Any]:

@@ -102,7 +102,7 @@ class RolloutOps:
                 f"{self.rollout.weights_version}: piggybacked rows need the same weights"
             )
         prepare = getattr(role, "ride_rows", None)
-        rows = prepare(x["features"], x["text"], version) if prepare else None
+        rows = prepare(x["features"], x["text"]) if prepare else None
         if rows is None:
             return None, f"{where}: {type(role).__name__} cannot prepare rows to ride"
         ridden = self.live.ride(rows)

@@ -88,7 +88,7 @@ class FsdpTrainer(TorchTrainer):
     def vision_encode(self, pixels):
         return self.root(super().vision_encode, pixels)
 
-    def ride_rows(self, features, text, version: str) -> None:
+    def ride_rows(self, features, text) -> None:
         """No rows ride (capabilities.FSDP_ROLLOUTS): FSDP2 gathers a layer's shards in its
         own forward, which a ride's direct submodule calls would skip."""
         return None

@@ -159,6 +159,12 @@ def scatter_visual(embeds: torch.Tensor, types: torch.Tensor, features: torch.Te
     return embeds.masked_scatter(mask, features.to(embeds.dtype))
 
 
+def prefix_embeds(model: Model, batch: PromptBatch, features: torch.Tensor) -> torch.Tensor:
+    """The decoder's input over the prompts: token embeddings, visual features at the image
+    and video tokens. Autograd follows the caller's grad mode."""
+    return scatter_visual(embed_tokens(model, batch.input_ids), batch.mm_token_type_ids, features)
+
+
 def prefix_forward(
     model: Model, batch: PromptBatch, vision_features: torch.Tensor, grad: bool, head: bool = True
 ) -> PrefixState:
@@ -171,8 +177,7 @@ def prefix_forward(
     `head=False` leaves `last_logits` None and keeps `last_hidden`, for callers that run
     the LM head later on more rows at once."""
     with torch.enable_grad() if grad else torch.no_grad():
-        embeds = embed_tokens(model, batch.input_ids)
-        embeds = scatter_visual(embeds, batch.mm_token_type_ids, vision_features)
+        embeds = prefix_embeds(model, batch, vision_features)
         positions, following = prefix_positions(model, batch)
         kv = new_cache(model)
         hidden = lm_hidden(model, embeds, positions, batch.attention_mask, kv)

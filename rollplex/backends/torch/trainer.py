@@ -114,9 +114,9 @@ class TorchTrainer(Trainer):
             state = prefix_forward(self.model, text, features.values, grad=True, head=head)
         return state, saved
 
-    def ride_rows(self, features: Features, text: PromptBatch, version: str) -> RiderRows:
+    def ride_rows(self, features: Features, text: PromptBatch) -> RiderRows:
         """The prefix rows of `logprob_prefix`, to ride a decode step (engine/riders.py)."""
-        return rider_rows(self.model, text, features.values.detach(), version)
+        return rider_rows(self.model, text, features.values.detach())
 
     def attach_ridden(
         self, ridden: RiddenPrefix, features: Features, head: bool = True

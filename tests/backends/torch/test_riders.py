@@ -75,7 +75,7 @@ def test_ridden_prefix_equals_separate_forward(spec, renderer, kind, vision):  #
     plain.advance()
     riding = _decode(model, batch, feats, seed=5)
     riding.advance(2)
-    rows = trainer.ride_rows(feats, batch.text_only(), "policy@0")
+    rows = trainer.ride_rows(feats, batch.text_only())
     ridden = riding.ride(rows)
     assert not ridden.alone and riding.t == 4  # it was a decode step: token 3 drawn
     riding.advance()
@@ -108,7 +108,7 @@ def test_ride_after_the_decode_finished_runs_alone(spec, renderer):  # noqa: F81
     batch, trainer, feats = _setup(spec, renderer, "mixed")
     session = _decode(trainer.model, batch, feats, seed=1)
     session.advance()
-    ridden = session.ride(trainer.ride_rows(feats, batch.text_only(), "policy@0"))
+    ridden = session.ride(trainer.ride_rows(feats, batch.text_only()))
     assert ridden.alone
     responses = Responses(*session.result()[::2])
     sep = _train_pass(trainer, batch, responses)

@@ -31,7 +31,7 @@ def test_ridden_prefix_equals_separate_on_cuda(spec, renderer, dtype, vision):  
     plain.advance()
     riding = _decode(model, batch, feats, seed=3, r=R)
     riding.advance(20)  # graph replays, then the eager ridden step, then replays again
-    ridden = riding.ride(trainer.ride_rows(feats, batch.text_only(), "policy@0"))
+    ridden = riding.ride(trainer.ride_rows(feats, batch.text_only()))
     assert not ridden.alone
     riding.advance()
     a, b = plain.result(), riding.result()

@@ -34,11 +34,10 @@ from rollplex.backends.torch.engine.step import DecodeStep, attend_shared
 from rollplex.backends.torch.prefix import (
     Model,
     PrefixState,
-    embed_tokens,
     fork_cache,
+    prefix_embeds,
     prefix_positions,
     prefix_state,
-    scatter_visual,
 )
 from rollplex.data.prompts import PromptBatch
 
@@ -54,7 +53,6 @@ class RiderRows:
     rope: Rope  # rotary of their M-RoPE positions
     mask: torch.Tensor  # [c, 1, P, P] bool: causal within the valid tokens of each row
     next_positions: torch.Tensor  # [c] position of the first response token
-    weights_version: str  # the weights the rows were prepared for (checked at the ride)
 
 
 @dataclass(slots=True)
@@ -78,15 +76,13 @@ class Decoding:
     attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def rider_rows(model: Model, batch: PromptBatch, features: torch.Tensor, version: str) -> RiderRows:
+def rider_rows(model: Model, batch: PromptBatch, features: torch.Tensor) -> RiderRows:
     """The decoder inputs of `batch`'s prefixes, as `prefix_forward` builds them."""
     with torch.no_grad():
-        embeds = scatter_visual(
-            embed_tokens(model, batch.input_ids), batch.mm_token_type_ids, features
-        )
+        embeds = prefix_embeds(model, batch, features)
         positions, following = prefix_positions(model, batch)
         rope = model.model.language_model.rotary_emb(embeds, positions)
-    return RiderRows(batch, embeds, rope, causal_mask(batch.attention_mask), following, version)
+    return RiderRows(batch, embeds, rope, causal_mask(batch.attention_mask), following)
 
 
 def causal_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -214,7 +210,7 @@ def attach(
     batch = rows.batch
     lm = model.model.language_model
     with torch.enable_grad():
-        h = scatter_visual(embed_tokens(model, batch.input_ids), batch.mm_token_type_ids, features)
+        h = prefix_embeds(model, batch, features)
         kv = []
         ends = [*ridden.inputs[1:], ridden.hidden]
         for layer, (k, v), out in zip(lm.layers, ridden.kv, ends, strict=True):
