@@ -21,6 +21,12 @@ Two ways to attend over it (`attention`):
   valid key then averages finite values instead of producing NaN.
 - "flex": FlexAttention's split-KV decoding kernel with a BlockMask of the same
   visibility (flex.py); the step opens its blocks (`open_step`) the same way.
+
+"split" lays the responses out otherwise: the buffer holds the prefix only
+([prompts, kv_heads, prefix_cap, head_dim]) and each row's response K/V sits in its own
+`RowResponses` buffer [prompts, kv_heads, G, response slots, head_dim] at its step index.
+Attention (attention.py) reads the prefix once per prompt and each row only its own
+response keys, with no mask tensor: validity comes from the prefix lengths and the step.
 """
 
 from __future__ import annotations
@@ -32,12 +38,39 @@ import torch
 from rollplex.backends.torch.engine.flex import BLOCK, FlexMask
 from rollplex.ops.formulas.engines import ENGINE_MASK_ALIGN
 
-Attention = Literal["sdpa", "flex"]
+Attention = Literal["sdpa", "flex", "split"]
 ALIGN = ENGINE_MASK_ALIGN  # SDPA's memory-efficient kernel wants the mask's rows aligned
 
 
 def round_up(x: int, to: int) -> int:
     return -(-x // to) * to
+
+
+class RowResponses:
+    """Under "split": each row's own response K/V per layer, [prompts, kv_heads, G,
+    slots, head_dim], the step written at its index; the prompts' valid prefix lengths
+    and the step attended at (device tensors, so a captured graph replays them)."""
+
+    def __init__(
+        self,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        prompts: int,
+        group_size: int,
+        slots: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        shape = (prompts, kv_heads, group_size, slots, head_dim)
+        self.slots = slots
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.prefix_lengths = torch.zeros(prompts, dtype=torch.long, device=device)
+        self.step = torch.zeros((), dtype=torch.long, device=device)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [*self.keys, *self.values, self.prefix_lengths, self.step]
 
 
 class SharedPrefixKV:
@@ -61,25 +94,37 @@ class SharedPrefixKV:
             raise ValueError(f"prefix_cap={prefix_cap} must be a multiple of {ALIGN}")
         self.prompts, self.group_size, self.prefix_cap = prompts, group_size, prefix_cap
         self.attention = attention
-        align = BLOCK if attention == "flex" else ALIGN
-        self.length = round_up(prefix_cap + group_size * response_slots, align)
+        if attention == "split":  # the prefix only; responses in `split`
+            self.length = prefix_cap
+        else:
+            align = BLOCK if attention == "flex" else ALIGN
+            self.length = round_up(prefix_cap + group_size * response_slots, align)
         shape = (prompts, kv_heads, self.length, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.blocked = torch.finfo(dtype).min
-        q = q_per_kv * group_size
         self.flex: FlexMask | None = None
         self.mask: torch.Tensor | None = None
+        self.split: RowResponses | None = None
+        self._aux: list[torch.Tensor] = []
+        if attention == "split":
+            self.split = RowResponses(
+                layers, kv_heads, head_dim, prompts, group_size, response_slots, dtype, device
+            )
+            return
+        self._group = torch.arange(group_size, device=device)
         if attention == "flex":
             self.flex = FlexMask(prompts, group_size, prefix_cap, self.length, device)
-        else:
-            self.mask = torch.full(
-                (prompts, 1, q, self.length), self.blocked, dtype=dtype, device=device
-            )
+            self._aux = [self._group]
+            return
+        q = q_per_kv * group_size
+        self.mask = torch.full(
+            (prompts, 1, q, self.length), self.blocked, dtype=dtype, device=device
+        )
         self._query_row = torch.arange(q, device=device) % group_size  # query r*G+g -> row g
-        self._group = torch.arange(group_size, device=device)
         # index_put_ of a Python scalar copies a host tensor in: not allowed in a CUDA graph
         self._open = torch.zeros((), dtype=dtype, device=device)
+        self._aux = [self._group, self._query_row, self._open]
 
     def load(self, kv: list[tuple[torch.Tensor, torch.Tensor]], lengths: torch.Tensor) -> None:
         """Copy each prompt's prefix K/V [B, kv_heads, P, head_dim] in (B <= prompts, P <=
@@ -93,13 +138,20 @@ class SharedPrefixKV:
         if self.flex is not None:
             self.flex.load(lengths)
             return
+        if self.split is not None:
+            self.split.prefix_lengths.zero_()  # padding prompts: no valid prefix key
+            self.split.prefix_lengths[:b] = lengths.to(self.split.prefix_lengths.device)
+            return
         self.mask.fill_(self.blocked)
         valid = torch.arange(p, device=lengths.device)[None, :] < lengths[:, None]
         prefix = self.mask[:b, :, :, :p]
         prefix.masked_fill_(valid.to(self.mask.device)[:, None, None, :], 0.0)
 
     def slots(self, step: torch.Tensor) -> torch.Tensor:
-        """[G] buffer positions the rows write at response step `step` (a device tensor)."""
+        """[G] buffer positions the rows write at response step `step` (a device tensor);
+        under "split", the step's index [1] in every row's own buffer."""
+        if self.split is not None:
+            return step.reshape(1)
         return self.prefix_cap + step * self.group_size + self._group
 
     def open_step(self, step: torch.Tensor) -> None:
@@ -107,25 +159,38 @@ class SharedPrefixKV:
         if self.flex is not None:
             self.flex.open_through(step)
             return
+        if self.split is not None:
+            self.split.step.copy_(step.reshape(()))
+            return
         cols = self.prefix_cap + step * self.group_size + self._query_row
         rows = torch.arange(self._query_row.shape[0], device=cols.device)
         self.mask[:, 0, rows, cols] = self._open
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         """K/V [prompts, kv_heads, G, head_dim] of one step into `slots`."""
+        if self.split is not None:
+            self.split.keys[layer].index_copy_(3, slots, k.unsqueeze(3))
+            self.split.values[layer].index_copy_(3, slots, v.unsqueeze(3))
+            return
         self.keys[layer].index_copy_(2, slots, k)
         self.values[layer].index_copy_(2, slots, v)
 
     def kv_len(self, steps_written: int) -> int:
         """Buffer length covering the slots of response steps [0, steps_written); the whole
-        buffer under flex, whose BlockMask skips the unwritten blocks instead."""
+        buffer under flex, whose BlockMask skips the unwritten blocks instead; under
+        "split", the response steps each row's buffer is read over."""
+        if self.split is not None:
+            return min(self.split.slots, steps_written)
         if self.flex is not None:
             return self.length
         return min(self.length, round_up(self.prefix_cap + steps_written * self.group_size, ALIGN))
 
     def tensors(self) -> list[torch.Tensor]:
-        mask = [self.mask] if self.mask is not None else []
-        return [*self.keys, *self.values, *mask]
+        """Every tensor the cache allocates (ops/formulas/engines.py prices them)."""
+        mine = [self.mask] if self.mask is not None else []
+        mine += self.flex.tensors() if self.flex is not None else []
+        mine += self.split.tensors() if self.split is not None else []
+        return [*self.keys, *self.values, *mine, *self._aux]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())

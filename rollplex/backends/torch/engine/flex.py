@@ -82,6 +82,12 @@ class FlexMask:
             compute_q_blocks=False,  # forward only
         )
 
+    def tensors(self) -> list[torch.Tensor]:
+        """What it allocates: its own state and the BlockMask's block lists."""
+        m = self.mask
+        mine = [self.prefix_lengths, self.step, self._partial, self._partial_count, self._block]
+        return [*mine, m.kv_num_blocks, m.kv_indices, m.full_kv_num_blocks, m.full_kv_indices]
+
     def _mask_mod(self) -> Callable:
         lengths, step = self.prefix_lengths, self.step
         cap, g = self.prefix_cap, self.group_size

@@ -29,8 +29,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from rollplex.backends.torch.engine.attention import attend_shared
 from rollplex.backends.torch.engine.cache import SharedPrefixKV
-from rollplex.backends.torch.engine.step import DecodeStep, attend_shared
+from rollplex.backends.torch.engine.step import DecodeStep
 from rollplex.backends.torch.prefix import (
     Model,
     PrefixState,

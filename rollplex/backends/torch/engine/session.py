@@ -71,8 +71,8 @@ class DecodeEngine:
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         self.sync_every = sync_every if self.device.type == "cuda" else 1
         self.keep_workspace = self.use_graphs if keep_workspace is None else keep_workspace
-        if attention not in ("auto", "sdpa", "flex"):
-            raise ValueError(f"attention must be auto, sdpa or flex, got {attention!r}")
+        if attention not in ("auto", "sdpa", "flex", "split"):
+            raise ValueError(f"attention must be auto, sdpa, flex or split, got {attention!r}")
         if attention == "auto":
             # SDPA (cuDNN's kernel on an H200) measured faster than flex at the 7B shape at
             # every batch and at 3B from 256 rows (bench/results/gpu_decode/); flex wins at

@@ -18,9 +18,8 @@ import sys
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
-from rollplex.backends.torch.engine import flex
+from rollplex.backends.torch.engine.attention import attend_shared
 from rollplex.backends.torch.engine.cache import SharedPrefixKV
 
 
@@ -106,26 +105,3 @@ class DecodeStep:
             h = self.after(layer, h, out)
         return model.lm_head(lm.norm(h)).view(b * g, -1)
 
-
-def attend_shared(
-    attn: torch.nn.Module, q: torch.Tensor, cache: SharedPrefixKV, layer: int, kv_len: int
-) -> torch.Tensor:
-    """Attention of q [B, H, G, D] over the cache: [B, G, H * D]."""
-    b, heads, g, d = q.shape
-    kv_heads = cache.keys[layer].shape[1]
-    scale = getattr(attn, "scaling", d**-0.5)
-    if cache.flex is not None:
-        out = flex.attend(q, cache.keys[layer], cache.values[layer], cache.flex, scale)
-        return out.transpose(1, 2).reshape(b, g, heads * d)
-    # Query head j * rep + r reads K/V head j (transformers' repeat_kv order): fold r into
-    # the query length, as rows r * G + g.
-    q = q.reshape(b, kv_heads, (heads // kv_heads) * g, d)
-    out = F.scaled_dot_product_attention(
-        q,
-        cache.keys[layer][:, :, :kv_len],
-        cache.values[layer][:, :, :kv_len],
-        attn_mask=cache.mask[..., :kv_len],
-        scale=scale,
-    )
-    # reshape, not view: a CUDA kernel may return the heads strided inside the query dim
-    return out.reshape(b, heads, g, d).transpose(1, 2).reshape(b, g, heads * d)

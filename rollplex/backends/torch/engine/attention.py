@@ -1,0 +1,116 @@
+"""Decode attention over the shared-prefix cache (cache.py), by the cache's `attention`:
+
+- "sdpa": SDPA with the query heads of each K/V head folded into the query length, over
+  the buffer up to kv_len and the cache's additive mask. transformers' own SDPA path would
+  `repeat_kv` the whole cache for GQA whenever a mask is given (on CUDA), reading it
+  `heads / kv_heads` times over; the fold reads it once. But every row reads all G rows'
+  response K/V (and the mask) up to kv_len.
+- "flex": FlexAttention's split-KV decoding kernel (flex.py).
+- "split": the exact softmax over (the prompt's valid prefix) U (the row's own response
+  keys at steps <= the current one), as two parts merged with one joint max and sum:
+  part A folds the group's G rows x query heads of a K/V head into one query block, so
+  the prefix is read once per prompt; part B is each row's queries over its own response
+  buffer only. Plain matmuls around masked fp32 softmax pieces, compiled on CUDA (one
+  `torch.compile(dynamic=True)` for every bucket and kv_len) so the elementwise and
+  reduction pieces fuse around the matmuls; no mask tensor is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from rollplex.backends.torch.engine import flex
+from rollplex.backends.torch.engine.cache import SharedPrefixKV
+
+_compiled: Callable | None = None
+
+
+def attend_shared(
+    attn: torch.nn.Module, q: torch.Tensor, cache: SharedPrefixKV, layer: int, kv_len: int
+) -> torch.Tensor:
+    """Attention of q [B, H, G, D] over the cache: [B, G, H * D]."""
+    b, heads, g, d = q.shape
+    kv_heads = cache.keys[layer].shape[1]
+    scale = getattr(attn, "scaling", d**-0.5)
+    if cache.flex is not None:
+        out = flex.attend(q, cache.keys[layer], cache.values[layer], cache.flex, scale)
+        return out.transpose(1, 2).reshape(b, g, heads * d)
+    if cache.split is not None:
+        own = cache.split
+        call = split_call() if q.is_cuda else split_attention
+        return call(
+            q,
+            cache.keys[layer],
+            cache.values[layer],
+            own.prefix_lengths,
+            own.keys[layer][:, :, :, :kv_len],
+            own.values[layer][:, :, :, :kv_len],
+            own.step,
+            scale,
+        )
+    # Query head j * rep + r reads K/V head j (transformers' repeat_kv order): fold r into
+    # the query length, as rows r * G + g.
+    q = q.reshape(b, kv_heads, (heads // kv_heads) * g, d)
+    out = F.scaled_dot_product_attention(
+        q,
+        cache.keys[layer][:, :, :kv_len],
+        cache.values[layer][:, :, :kv_len],
+        attn_mask=cache.mask[..., :kv_len],
+        scale=scale,
+    )
+    # reshape, not view: a CUDA kernel may return the heads strided inside the query dim
+    return out.reshape(b, heads, g, d).transpose(1, 2).reshape(b, g, heads * d)
+
+
+def split_call() -> Callable:
+    """`split_attention` compiled once per process, dynamic shapes (every bucket, model and
+    kv_len); what it fuses is the fp32 masking, max, exp, sums and casts."""
+    global _compiled
+    if _compiled is None:
+        _compiled = torch.compile(split_attention, dynamic=True)
+    return _compiled
+
+
+def split_attention(
+    q: torch.Tensor,
+    prefix_k: torch.Tensor,
+    prefix_v: torch.Tensor,
+    prefix_lengths: torch.Tensor,
+    own_k: torch.Tensor,
+    own_v: torch.Tensor,
+    step: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """q [B, H, G, D] over prompt b's prefix K/V [B, Hkv, C, D] (its first
+    `prefix_lengths[b]` keys) and row g's own response K/V [B, Hkv, G, n, D] (steps <=
+    `step`): [B, G, H * D]. Scores and probabilities in fp32, matmuls in q's dtype.
+    Masked scores are the float32 minimum, not -inf: a padding prompt (no valid prefix key)
+    still has its rows' own keys, and a row with no key at all averages finite values."""
+    b, heads, g, d = q.shape
+    kv_heads, cap, n = prefix_k.shape[1], prefix_k.shape[2], own_k.shape[3]
+    rep = heads // kv_heads
+    low = torch.finfo(torch.float32).min
+    # Part A: query head j * rep + r reads K/V head j; rows r * G + g of one query block.
+    sa = torch.matmul(q.reshape(b, kv_heads, rep * g, d), prefix_k.transpose(-1, -2))
+    valid = torch.arange(cap, device=q.device) < prefix_lengths[:, None]  # [B, C]
+    sa = torch.where(valid[:, None, None, :], sa.float() * scale, low)
+    sa = sa.view(b, kv_heads, rep, g, cap)
+    # Part B: row g's rep query heads of K/V head j over its own keys, [B, Hkv, G, rep, n].
+    qb = q.view(b, kv_heads, rep, g, d).transpose(2, 3)
+    sb = torch.matmul(qb, own_k.transpose(-1, -2))
+    seen = torch.arange(n, device=q.device) <= step
+    sb = torch.where(seen, sb.float() * scale, low)
+    # One max and one sum over both parts: the softmax over their union.
+    top = torch.maximum(sa.amax(-1), sb.amax(-1).transpose(2, 3)).unsqueeze(-1)
+    pa = torch.exp(sa - top)
+    pb = torch.exp(sb - top.transpose(2, 3))
+    total = pa.sum(-1, keepdim=True) + pb.sum(-1, keepdim=True).transpose(2, 3)
+    pa = (pa / total).to(q.dtype).view(b, kv_heads, rep * g, cap)
+    pb = (pb / total.transpose(2, 3)).to(q.dtype)
+    oa = torch.matmul(pa, prefix_v).view(b, kv_heads, rep, g, d)
+    ob = torch.matmul(pb, own_v).transpose(2, 3)  # [B, Hkv, rep, G, D]
+    out = (oa.float() + ob.float()).to(q.dtype).reshape(b, heads, g, d)
+    return out.transpose(1, 2).reshape(b, g, heads * d)
