@@ -40,16 +40,21 @@ def _prefix(model, prompts: int, tokens: int) -> PrefixState:
     )
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "flex", "split"])
 @pytest.mark.parametrize(
     ("prompts", "group", "tokens", "cap"),
     [(1, 1, 5, 2), (2, 4, 40, 9), (3, 3, 64, 16), (4, 8, 65, 33), (40, 8, 17, 4), (5, 16, 120, 7)],
 )
-def test_formula_equals_what_the_engine_allocates(prompts, group, tokens, cap):
+def test_formula_equals_what_the_engine_allocates(prompts, group, tokens, cap, attention):
     model = build_model(TINY, seed=0)
-    engine = DecodeEngine(model, keep_workspace=True)
+    engine = DecodeEngine(model, keep_workspace=True, attention=attention)
     engine.start(_prefix(model, prompts, tokens), group, cap, 0.0, 1.0, None, -1)
     held = sum(t.numel() * t.element_size() for t in engine.workspace.tensors())
-    assert torch_engine_workspace(TINY, prompts, group, tokens, cap) == held
+    # every tensor counted once: none is a view of another
+    assert len({t.untyped_storage().data_ptr() for t in engine.workspace.tensors()}) == len(
+        engine.workspace.tensors()
+    )
+    assert torch_engine_workspace(TINY, prompts, group, tokens, cap, attention=attention) == held
 
 
 def _pools(caps, **schedule) -> dict[str, int]:

@@ -4,6 +4,7 @@ constants live here, torch-free, and the engine takes them) and vLLM's paged KV 
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from rollplex.ops.formulas.llm import kv_bytes_per_token
 from rollplex.specs.model import ModelSpec
@@ -15,6 +16,8 @@ from rollplex.specs.workload import WorkloadSpec
 ENGINE_ROW_BUCKETS = (8, 16, 32, 64, 128, 256)
 ENGINE_PREFIX_ALIGN = 64  # prompt lengths within 64 tokens share buffers and graphs
 ENGINE_MASK_ALIGN = 16  # SDPA's memory-efficient kernel wants the mask's rows 16-aligned
+ENGINE_FLEX_BLOCK = 128  # FlexAttention's KV block: the flex buffer's length is a multiple
+EngineAttention = Literal["sdpa", "flex", "split"]  # the engine's attention kinds (cache.py)
 
 
 def _round_up(x: int, to: int) -> int:
@@ -38,21 +41,40 @@ def torch_engine_workspace(
     prefix_tokens: int,
     max_new_tokens: int,
     tp: int = 1,
+    attention: EngineAttention = "sdpa",
 ) -> float:
     """Bytes of the torch engine's static decode workspace on one GPU (engine/workspace.py
-    and cache.py, SDPA layout): per padded prompt one K/V buffer of its prefix capacity plus
-    its G rows' response slots, the additive mask over it, and each row's token ids and
-    logprobs at the cap. Allocated whole at the start (static shapes are what its CUDA
+    and cache.py, for its `attention`): per padded prompt the K/V of its prefix capacity and
+    its G rows' response slots, what says which keys are visible, and each row's token ids
+    and logprobs at the cap. Allocated whole at the start (static shapes are what its CUDA
     graphs replay) and kept for the next step's decode."""
+    if attention not in ("sdpa", "flex", "split"):
+        raise ValueError(f"attention must be sdpa, flex or split, got {attention!r}")
     b = engine_prompts(prompts, group_size)
     cap = _round_up(max(prefix_tokens, 1), ENGINE_PREFIX_ALIGN)
-    length = _round_up(cap + group_size * max(max_new_tokens - 1, 1), ENGINE_MASK_ALIGN)
+    slots = group_size * max(max_new_tokens - 1, 1)  # G rows x (R - 1) steps written
+    if attention == "split":
+        # the prefix buffer and each row's own response buffer, unpadded; prefix lengths
+        # and the step as int64
+        visible = b * 8 + 8
+        length = cap + slots
+    elif attention == "flex":
+        length = _round_up(cap + slots, ENGINE_FLEX_BLOCK)
+        blocks = length // ENGINE_FLEX_BLOCK
+        # per prompt: int64 prefix length, three int32 block lists and three counts; the
+        # step and the block ids (int64); the rows' slot offsets (int64)
+        visible = b * (8 + 3 * blocks * 4 + 3 * 4) + 8 + blocks * 8 + group_size * 8
+    else:
+        length = _round_up(cap + slots, ENGINE_MASK_ALIGN)
+        q = (model.num_heads // model.num_kv_heads) * group_size
+        # the additive mask [prompts, 1, q_per_kv * G, length]; the slot offsets and the
+        # query rows' row ids (int64) and the opening value (one element)
+        visible = (b * q * length + 1) * model.dtype_bytes + (group_size + q) * 8
     kv = b * length * kv_bytes_per_token(model, tp)
-    mask = b * (model.num_heads // model.num_kv_heads) * group_size * length * model.dtype_bytes
     # per row: int64 tokens and float32 logprobs at the cap, five int64 step vectors
     # (token, position, seed, length, cap) and a done flag; two int64 scalars
     outputs = b * group_size * (max_new_tokens * (8 + 4) + 5 * 8 + 1) + 2 * 8
-    return float(kv + mask + outputs)
+    return float(kv + visible + outputs)
 
 
 KV_BLOCK_TOKENS = 16  # vLLM's default block: a sequence's KV is allocated in blocks of 16

@@ -31,14 +31,12 @@ response keys, with no mask tensor: validity comes from the prefix lengths and t
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
 from rollplex.backends.torch.engine.flex import BLOCK, FlexMask
-from rollplex.ops.formulas.engines import ENGINE_MASK_ALIGN
+from rollplex.ops.formulas.engines import ENGINE_MASK_ALIGN, EngineAttention
 
-Attention = Literal["sdpa", "flex", "split"]
+Attention = EngineAttention
 ALIGN = ENGINE_MASK_ALIGN  # SDPA's memory-efficient kernel wants the mask's rows aligned
 
 

@@ -31,7 +31,9 @@ from collections.abc import Callable
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-BLOCK = 128  # FlexAttention's KV block: the cache length is a multiple of it
+from rollplex.ops.formulas.engines import ENGINE_FLEX_BLOCK
+
+BLOCK = ENGINE_FLEX_BLOCK  # FlexAttention's KV block: the cache length is a multiple of it
 
 _compiled: Callable | None = None
 

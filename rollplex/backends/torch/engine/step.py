@@ -104,4 +104,3 @@ class DecodeStep:
             out = attend_shared(layer.self_attn, q, cache, i, kv_len)
             h = self.after(layer, h, out)
         return model.lm_head(lm.norm(h)).view(b * g, -1)
-
