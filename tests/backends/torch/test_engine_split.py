@@ -7,11 +7,14 @@ see, finite for padding prompts."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from rollplex.backends.torch.engine.attention import split_attention
+from rollplex.backends.torch.engine.attention import attend_shared, split_attention
+from rollplex.backends.torch.engine.cache import SharedPrefixKV
 from rollplex.backends.torch.engine.session import DecodeEngine
 from rollplex.backends.torch.prefix import prefix_forward
 from tests.backends.torch.test_riders import _setup
@@ -104,6 +107,47 @@ def test_split_cache_holds_no_mask_and_each_row_its_own_slots(model, prefix, spe
     s.advance(3)  # steps 0, 1, 2 written; 3.. untouched
     assert (own[:, :, :, :3].abs().sum(-1) > 0).all()
     assert (own[:, :, :, 3:] == 0).all()
+
+
+def attend_steps(attention: str, dtype: torch.dtype, steps: int, device="cpu") -> torch.Tensor:
+    """attend_shared over `steps` response steps of random K/V in a cache of 3 prompts (one
+    prefix padded to 37 of 50 tokens, one bucket padding prompt): [steps, 3, 4, H * D]."""
+    gen = torch.Generator(device).manual_seed(0)
+    kv_heads, rep, d, g = 2, 4, 64, 4
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=device).to(dtype)
+
+    cache = SharedPrefixKV(
+        1, kv_heads, d, rep, 3, g, 64, 24, dtype, torch.device(device), attention
+    )
+    cache.load(
+        [(rand(2, kv_heads, 50, d), rand(2, kv_heads, 50, d))],
+        torch.tensor([50, 37], device=device),
+    )
+    attn = SimpleNamespace(scaling=d**-0.5)
+    outs = []
+    for s in range(steps):
+        step = torch.tensor([s], device=device)
+        cache.open_step(step)
+        cache.write(0, rand(3, kv_heads, g, d), rand(3, kv_heads, g, d), cache.slots(step))
+        q = rand(3, kv_heads * rep, g, d)
+        outs.append(attend_shared(attn, q, cache, 0, cache.kv_len(s + 1)))
+    return torch.stack(outs)
+
+
+def test_attention_kinds_agree_over_steps_and_in_bf16():
+    with torch.no_grad():
+        exact = attend_steps("sdpa", torch.float32, 20)
+        for kind in ("split", "flex"):
+            torch.testing.assert_close(
+                attend_steps(kind, torch.float32, 20), exact, atol=1e-5, rtol=0
+            )
+        split = attend_steps("split", torch.bfloat16, 20).float()
+        sdpa = attend_steps("sdpa", torch.bfloat16, 20).float()
+    assert torch.isfinite(split).all()
+    torch.testing.assert_close(split, sdpa, atol=3e-2, rtol=3e-2)
+    assert (split - exact).abs().mean() < 2 * (sdpa - exact).abs().mean() + 1e-3
 
 
 def _dense_reference(q, pk, pv, lengths, ok, ov, step, scale):

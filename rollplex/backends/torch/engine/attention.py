@@ -97,9 +97,9 @@ def split_attention(
     sa = torch.matmul(q.reshape(b, kv_heads, rep * g, d), prefix_k.transpose(-1, -2))
     valid = torch.arange(cap, device=q.device) < prefix_lengths[:, None]  # [B, C]
     sa = torch.where(valid[:, None, None, :], sa.float() * scale, low)
-    sa = sa.view(b, kv_heads, rep, g, cap)
+    sa = sa.reshape(b, kv_heads, rep, g, cap)
     # Part B: row g's rep query heads of K/V head j over its own keys, [B, Hkv, G, rep, n].
-    qb = q.view(b, kv_heads, rep, g, d).transpose(2, 3)
+    qb = q.reshape(b, kv_heads, rep, g, d).transpose(2, 3)
     sb = torch.matmul(qb, own_k.transpose(-1, -2))
     seen = torch.arange(n, device=q.device) <= step
     sb = torch.where(seen, sb.float() * scale, low)
@@ -108,9 +108,9 @@ def split_attention(
     pa = torch.exp(sa - top)
     pb = torch.exp(sb - top.transpose(2, 3))
     total = pa.sum(-1, keepdim=True) + pb.sum(-1, keepdim=True).transpose(2, 3)
-    pa = (pa / total).to(q.dtype).view(b, kv_heads, rep * g, cap)
+    pa = (pa / total).to(q.dtype).reshape(b, kv_heads, rep * g, cap)
     pb = (pb / total.transpose(2, 3)).to(q.dtype)
-    oa = torch.matmul(pa, prefix_v).view(b, kv_heads, rep, g, d)
+    oa = torch.matmul(pa, prefix_v).reshape(b, kv_heads, rep, g, d)
     ob = torch.matmul(pb, own_v).transpose(2, 3)  # [B, Hkv, rep, G, D]
     out = (oa.float() + ob.float()).to(q.dtype).reshape(b, heads, g, d)
     return out.transpose(1, 2).reshape(b, g, heads * d)
