@@ -10,7 +10,8 @@
   keys at steps <= the current one), as two parts merged with one joint max and sum:
   part A folds the group's G rows x query heads of a K/V head into one query block, so
   the prefix is read once per prompt; part B is each row's queries over its own response
-  buffer only. Plain matmuls around masked fp32 softmax pieces, compiled on CUDA (one
+  buffer only; each part's (max, sum, unnormalised output) merge as flash-decoding's
+  splits do. Plain matmuls around masked fp32 softmax pieces, compiled on CUDA (one
   `torch.compile(dynamic=True)` for every bucket and kv_len) so the elementwise and
   reduction pieces fuse around the matmuls; no mask tensor is read.
 """
@@ -86,9 +87,10 @@ def split_attention(
 ) -> torch.Tensor:
     """q [B, H, G, D] over prompt b's prefix K/V [B, Hkv, C, D] (its first
     `prefix_lengths[b]` keys) and row g's own response K/V [B, Hkv, G, n, D] (steps <=
-    `step`): [B, G, H * D]. Scores and probabilities in fp32, matmuls in q's dtype.
-    Masked scores are the float32 minimum, not -inf: a padding prompt (no valid prefix key)
-    still has its rows' own keys, and a row with no key at all averages finite values."""
+    `step`): [B, G, H * D]. Each part's max, sum and weighted values apart, then merged
+    (log-sum-exp): scores, exps and sums in fp32, matmuls in q's dtype. Masked scores are
+    the float32 minimum, not -inf: a part with no visible key (a padding prompt's prefix)
+    then weighs exp(min - max) = 0, and a row with no key at all averages finite values."""
     b, heads, g, d = q.shape
     kv_heads, cap, n = prefix_k.shape[1], prefix_k.shape[2], own_k.shape[3]
     rep = heads // kv_heads
@@ -96,21 +98,26 @@ def split_attention(
     # Part A: query head j * rep + r reads K/V head j; rows r * G + g of one query block.
     sa = torch.matmul(q.reshape(b, kv_heads, rep * g, d), prefix_k.transpose(-1, -2))
     valid = torch.arange(cap, device=q.device) < prefix_lengths[:, None]  # [B, C]
-    sa = torch.where(valid[:, None, None, :], sa.float() * scale, low)
-    sa = sa.reshape(b, kv_heads, rep, g, cap)
+    ma, la, ea = _partial_softmax(torch.where(valid[:, None, None, :], sa.float() * scale, low))
+    oa = torch.matmul(ea.to(q.dtype), prefix_v)  # [B, Hkv, rep * G, D], unnormalised
     # Part B: row g's rep query heads of K/V head j over its own keys, [B, Hkv, G, rep, n].
-    qb = q.reshape(b, kv_heads, rep, g, d).transpose(2, 3)
-    sb = torch.matmul(qb, own_k.transpose(-1, -2))
+    sb = torch.matmul(q.reshape(b, kv_heads, rep, g, d).transpose(2, 3), own_k.transpose(-1, -2))
     seen = torch.arange(n, device=q.device) <= step
-    sb = torch.where(seen, sb.float() * scale, low)
-    # One max and one sum over both parts: the softmax over their union.
-    top = torch.maximum(sa.amax(-1), sb.amax(-1).transpose(2, 3)).unsqueeze(-1)
-    pa = torch.exp(sa - top)
-    pb = torch.exp(sb - top.transpose(2, 3))
-    total = pa.sum(-1, keepdim=True) + pb.sum(-1, keepdim=True).transpose(2, 3)
-    pa = (pa / total).to(q.dtype).reshape(b, kv_heads, rep * g, cap)
-    pb = (pb / total.transpose(2, 3)).to(q.dtype)
-    oa = torch.matmul(pa, prefix_v).reshape(b, kv_heads, rep, g, d)
-    ob = torch.matmul(pb, own_v).transpose(2, 3)  # [B, Hkv, rep, G, D]
-    out = (oa.float() + ob.float()).to(q.dtype).reshape(b, heads, g, d)
-    return out.transpose(1, 2).reshape(b, g, heads * d)
+    mb, lb, eb = _partial_softmax(torch.where(seen, sb.float() * scale, low))
+    ob = torch.matmul(eb.to(q.dtype), own_v)  # [B, Hkv, G, rep, D]
+    # Both in [B, Hkv, rep, G, *], merged: the softmax over the union of their keys.
+    ma, la, oa = (t.reshape(b, kv_heads, rep, g, -1) for t in (ma, la, oa))
+    mb, lb, ob = (t.transpose(2, 3) for t in (mb, lb, ob))
+    top = torch.maximum(ma, mb)
+    wa, wb = torch.exp(ma - top), torch.exp(mb - top)
+    out = (oa.float() * wa + ob.float() * wb) / (la * wa + lb * wb)
+    return out.to(q.dtype).reshape(b, heads, g, d).transpose(1, 2).reshape(b, g, heads * d)
+
+
+def _partial_softmax(scores: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(row max, sum of exp(score - max), exp(score - max)) of fp32 scores: one pass over
+    them (a fused reduction when compiled); the exps are in [0, 1], fit for the PV matmul in
+    the model's dtype, and normalised only after the parts merge, as flash-decoding does."""
+    top = scores.amax(-1, keepdim=True)
+    e = torch.exp(scores - top)
+    return top, e.sum(-1, keepdim=True), e
