@@ -29,7 +29,8 @@ tested against and as the benchmark's baseline):
 - cache.py: static K/V, each prompt's prefix stored once for its G rows;
 - step.py: one decode forward on the model's own modules over that cache (each layer's
   pieces torch.compile'd on CUDA);
-- flex.py: the optional split-KV FlexAttention over that cache;
+- attention.py: attention over that cache: SDPA (the default), FlexAttention (flex.py: the
+  split-KV kernel) or "split" (the prefix once per prompt, each row only its own responses);
 - sampling.py: on-device draws, a function of (row seed, step);
 - riders.py: the training phase's prefix rows riding a decode step's GEMMs;
 - roofline.py: achieved HBM bandwidth against the roofline.

@@ -46,7 +46,7 @@ def round_up(x: int, to: int) -> int:
 
 class RowResponses:
     """Under "split": each row's own response K/V per layer, [prompts, kv_heads, G,
-    slots, head_dim], the step written at its index; the prompts' valid prefix lengths
+    steps, head_dim], the step written at its index; the prompts' valid prefix lengths
     and the step attended at (device tensors, so a captured graph replays them)."""
 
     def __init__(
@@ -56,12 +56,12 @@ class RowResponses:
         head_dim: int,
         prompts: int,
         group_size: int,
-        slots: int,
+        steps: int,
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        shape = (prompts, kv_heads, group_size, slots, head_dim)
-        self.slots = slots
+        shape = (prompts, kv_heads, group_size, steps, head_dim)
+        self.steps = steps
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.prefix_lengths = torch.zeros(prompts, dtype=torch.long, device=device)
@@ -178,7 +178,7 @@ class SharedPrefixKV:
         buffer under flex, whose BlockMask skips the unwritten blocks instead; under
         "split", the response steps each row's buffer is read over."""
         if self.split is not None:
-            return min(self.split.slots, steps_written)
+            return min(self.split.steps, steps_written)
         if self.flex is not None:
             return self.length
         return min(self.length, round_up(self.prefix_cap + steps_written * self.group_size, ALIGN))
