@@ -104,3 +104,24 @@ def sample_rows(
 ) -> torch.Tensor:
     """The tokens of `draw`."""
     return draw(logits, uniforms, temperature, top_p)[0]
+
+
+def next_tokens(
+    logits: torch.Tensor,
+    seeds: torch.Tensor,
+    column: torch.Tensor,
+    done: torch.Tensor,
+    eos: torch.Tensor,
+    caps: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    pad_id: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One decode step's draw for every row, out of place (the engine writes it into its
+    buffers): (token to store: pad once finished, its logprob: 0 once finished, live rows,
+    rows finished after this token, the token each row feeds next). `column` is the
+    response step drawn (a device tensor), `caps` each row's forced length."""
+    nxt, lp = draw(logits, counter_uniform(seeds, column), temperature, top_p)
+    live = ~done
+    finished = done | (live & ((nxt == eos) | (column + 1 >= caps)))
+    return torch.where(live, nxt, pad_id), torch.where(live, lp, 0.0), live, finished, nxt

@@ -42,7 +42,8 @@ class DecodeEngine:
     one graph's kv_len covers (more graphs, fewer masked slots read). `compile` (default: on
     CUDA) fuses each layer's small kernels (step.py); a torch.compile mode name compiles
     with that mode. `fused_qkv` (default True) runs each layer's q/k/v projections as one
-    GEMM over a stacked copy of their weights (step.py FusedQKV), refreshed at every start.
+    GEMM over a stacked copy of their weights (step.py FusedQKV), refreshed at every start;
+    `compile_sampler` (default: as `compile`) compiles the draw.
     `keep_workspace` (default: when graphs are used) keeps the buffers and graphs after a
     session finishes, for the next session of the same shape; otherwise they are freed with
     the finished session, as the eager loop's cache was."""
@@ -58,6 +59,7 @@ class DecodeEngine:
         attention: Literal["auto"] | Attention = "auto",
         compile: bool | str | None = None,
         fused_qkv: bool = True,
+        compile_sampler: bool | None = None,
     ) -> None:
         if model.config.text_config.layer_types.count("full_attention") != len(
             model.config.text_config.layer_types
@@ -83,7 +85,7 @@ class DecodeEngine:
         self.attention: Attention = attention
         # compiled layer pieces (step.py) on CUDA; CPU runs transformers' modules eagerly
         compiled = self.device.type == "cuda" if compile is None else compile
-        self.forward = DecodeStep(model, compiled, fused_qkv)
+        self.forward = DecodeStep(model, compiled, fused_qkv, compile_sampler)
         self.workspace: Workspace | None = None
         self._pool = None
 
@@ -159,7 +161,7 @@ class DecodeEngine:
             logits = prefix.last_logits.to(self.device).repeat_interleave(g, 0)
             pad_rows = ws.shape.rows - b * g
             logits = torch.cat([logits, logits[:1].expand(pad_rows, -1)]) if pad_rows else logits
-            ws.record(ws.step, logits)
+            ws.record(ws.step, logits, self.forward.choose)
         return EngineSession(self, ws, b * g)
 
     def _workspace(self, shape: Shape) -> Workspace:

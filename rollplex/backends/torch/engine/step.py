@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from rollplex.backends.torch.engine import flex
 from rollplex.backends.torch.engine.cache import SharedPrefixKV
+from rollplex.backends.torch.engine.sampling import next_tokens
 
 
 def rotary_fn(attn: torch.nn.Module) -> Callable:
@@ -53,9 +54,16 @@ class DecodeStep:
     times Triton GEMM templates against cuBLAS for each row bucket's skinny GEMMs); a mode
     compiles each bucket's shapes statically, which is what its autotuning is for.
     With `fused_qkv` (the default) the q/k/v projections are one GEMM over `FusedQKV`'s
-    stacked copy of their weights."""
+    stacked copy of their weights. The draw (sampling.next_tokens) is compiled with the
+    layers unless `compile_sampler` says otherwise."""
 
-    def __init__(self, model: torch.nn.Module, compile: bool | str, fused_qkv: bool = True) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        compile: bool | str,
+        fused_qkv: bool = True,
+        compile_sampler: bool | None = None,
+    ) -> None:
         self.model = model
         lm = model.model.language_model
         self.rotary = rotary = rotary_fn(lm.layers[0].self_attn)
@@ -82,12 +90,16 @@ class DecodeStep:
             return h + layer.mlp(layer.post_attention_layernorm(h))
 
         self.compiled = bool(compile)
+        choose = next_tokens
         if compile:
             mode = compile if isinstance(compile, str) else None
             kw = {"dynamic": True} if mode is None else {"dynamic": False, "mode": mode}
             before = torch.compile(before, **kw)
             after = torch.compile(after, **kw)
-        self.before, self.after = before, after
+        if bool(compile) if compile_sampler is None else compile_sampler:
+            # the draw: ~40 small kernels over [rows] and [rows, vocab] eagerly
+            choose = torch.compile(next_tokens, dynamic=True)
+        self.before, self.after, self.choose = before, after, choose
 
     def __call__(
         self,
