@@ -160,6 +160,8 @@ class GreenContexts:
         """Wait for their work, then destroy the streams and green contexts."""
         for s in self.streams.values():
             _REGISTRY.pop(s.stream.cuda_stream, None)
+        for s in self.streams.values():
+            s.stream.synchronize()  # a device sync covers the primary context only
         if self._handles or self._greens:
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()  # no cached block stays tied to a destroyed stream
