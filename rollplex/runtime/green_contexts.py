@@ -228,11 +228,13 @@ def _make(driver: Any, made: GreenContexts, index: int, fractions: Mapping[str, 
         want = sm_counts(fractions, total, size)
     except PartitionError as e:
         raise _Refused(str(e)) from e
-    need = {k: c // size for k, c in want.items()}
-    if sum(need.values()) > n:
-        raise _Refused(f"the split made {n} groups of {size} SMs; the partitions need {need}")
     names, at = list(fractions), 0
     full = abs(sum(fractions.values()) - 1) <= _FULL
+    need = {k: c // size for k, c in want.items()}
+    if full:  # the last takes whatever is left: the driver may make fewer, larger-rest groups
+        need[names[-1]] = 1
+    if sum(need.values()) > n:
+        raise _Refused(f"the split made {n} groups of {size} SMs; the partitions need {need}")
     for i, name in enumerate(names):
         parts, at = groups[at : at + need[name]], at + need[name]
         if full and i == len(names) - 1:  # the groups nobody took, and what fills no group

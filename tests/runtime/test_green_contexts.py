@@ -148,6 +148,83 @@ def test_a_refused_split_is_a_reason_not_an_error(monkeypatch, sm, major, split)
     assert driver.calls == [split]  # one split into groups of the granularity
 
 
+class _SplittingDriver(_Driver):
+    """A fake driver whose split succeeds: `made` groups of 8 SMs and the rest; a green
+    context holds the SMs of the resources its descriptor was made from."""
+
+    class CUgreenCtxCreate_flags:
+        CU_GREEN_CTX_DEFAULT_STREAM = 1
+
+    class CUstream_flags:
+        CU_STREAM_NON_BLOCKING = 1
+
+    def __init__(self, sm: object, made: int) -> None:
+        super().__init__(sm)
+        self.made, self.descs, self.destroyed = made, [], []
+
+    def _res(self, sms: int, tag: object) -> types.SimpleNamespace:
+        return types.SimpleNamespace(sm=types.SimpleNamespace(smCount=sms), tag=tag)
+
+    def cuDevSmResourceSplitByCount(self, groups, resource, flags, minimum):
+        self.calls.append((groups, minimum))
+        out = [self._res(minimum, i) for i in range(self.made)]
+        return 0, out, self.made, self._res(self.sm.smCount - self.made * minimum, "rest")
+
+    def cuDevResourceGenerateDesc(self, parts, count):
+        assert count == len(parts)
+        self.descs.append([p.tag for p in parts])
+        return 0, sum(p.sm.smCount for p in parts)
+
+    def cuGreenCtxCreate(self, desc, dev, flags):
+        return 0, ("green", desc, len(self.descs))
+
+    def cuGreenCtxGetDevResource(self, green, kind):
+        return 0, self._res(green[1], None)
+
+    def cuGreenCtxStreamCreate(self, green, flags, priority):
+        return 0, 1000 + green[2]
+
+    def cuStreamDestroy(self, handle):
+        self.destroyed.append(handle)
+        return (0,)
+
+    def cuGreenCtxDestroy(self, green):
+        self.destroyed.append(green)
+        return (0,)
+
+
+@pytest.mark.parametrize("made", [16, 15])  # 15: the driver may leave more SMs in the rest
+def test_partitions_are_disjoint_unions_of_one_split(monkeypatch, made):
+    driver = _SplittingDriver(
+        types.SimpleNamespace(smCount=132, minSmPartitionSize=8, smCoscheduledAlignment=8), made
+    )
+    package = types.ModuleType("cuda.bindings")
+    package.driver = driver
+    monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
+    monkeypatch.setitem(sys.modules, "cuda.bindings", package)
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+    monkeypatch.setattr(torch.cuda, "ExternalStream", _FakeCuda.External)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(gc, "_probe", lambda stream, device: None)
+    monkeypatch.setattr(gc, "_REGISTRY", {})  # nothing leaks into other tests
+    fractions = {"gpu0:decode": 0.5, "gpu0:prefix": 0.5}
+    green = gc.make_green_streams(torch.device("cuda", 0), fractions)
+    assert isinstance(green, gc.GreenContexts), green
+    assert {n: s.sms for n, s in green.streams.items()} == {"gpu0:decode": 64, "gpu0:prefix": 68}
+    decode, prefix = driver.descs
+    assert decode == list(range(8))  # whole groups; the rest goes to the last stream
+    assert prefix == [*range(8, made), "rest"]
+    handle = next(iter(green.streams.values())).stream.cuda_stream
+    assert gc.green_stream(_FakeCuda.External(handle)) is green.streams["gpu0:decode"]
+    assert green.streams["gpu0:decode"].describe() == (
+        "stream 'gpu0:decode' runs on a green context of 64 of 132 SMs (planned 50%)"
+    )
+    green.close()
+    assert len(driver.destroyed) == 4 and gc.green_stream(_FakeCuda.External(handle)) is None
+
+
 class _FakeCuda:
     """torch.cuda's streams and events as inert objects: a CUDA executor built on CPU."""
 
@@ -157,6 +234,13 @@ class _FakeCuda:
 
     class Event:
         def __init__(self, **kwargs) -> None:
+            pass
+
+    class External:
+        def __init__(self, handle, device=None) -> None:
+            self.cuda_stream = handle
+
+        def synchronize(self) -> None:
             pass
 
 
