@@ -158,6 +158,9 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
 # Engines compared side by side with the default one (SDPA, compiled layers).
 VARIANTS = {
     "autotune": {"compile": "max-autotune-no-cudagraphs"},  # Triton GEMMs vs cuBLAS per bucket
+    "unfused": {"fused_qkv": False},  # three q/k/v GEMMs a layer, as before the stacked copy
+    "before": {"fused_qkv": False, "compile_sampler": False},  # the engine of compiled.md
+    "split": {"attention": "split"},  # prefix once + each row's own response K/V
     "flex": {"attention": "flex"},
     "uncompiled": {"compile": False},
     "sdpa_uncompiled": {"attention": "sdpa", "compile": False},  # the engine before flex

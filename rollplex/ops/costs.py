@@ -171,13 +171,15 @@ def _decode_cost(g: Graph, op: Op, ctx: CostContext) -> Cost:
 
 
 def static_kv(g: Graph, op: Op, ctx: CostContext) -> float:
-    """The workspace a `decode` op with `meta["static_kv"]` (the torch engine) holds."""
+    """The workspace a `decode` op with `meta["static_kv"]` (the torch engine) holds: its
+    static buffers and its stacked q/k/v weights."""
     kv = g.values[op.inputs["kv"]]
     rows = int(ctx.per_rank(kv.shape[2]))
     cap = g.values[op.outputs["responses"]].shape[1]
-    return F.torch_engine_workspace(
+    buffers = F.torch_engine_workspace(
         ctx.model, rows, op.attrs["group_size"], kv.shape[3], cap, ctx.tp
     )
+    return buffers + F.torch_engine_fused_qkv(ctx.model)
 
 
 def _logprob(part: str):

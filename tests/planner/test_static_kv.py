@@ -14,7 +14,7 @@ from rollplex.backends.torch.engine.session import DecodeEngine
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.prefix import PrefixState, fork_cache
 from rollplex.jobs.pipeline import plan_step
-from rollplex.ops.formulas import engine_kv_pool, torch_engine_workspace
+from rollplex.ops.formulas import engine_kv_pool, torch_engine_fused_qkv, torch_engine_workspace
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
 
 TINY = MODEL_PRESETS["tiny"]
@@ -78,7 +78,7 @@ def test_plans_hold_the_workspace_all_step_once(schedule):
         workload.group_size,
         workload.prefix_tokens(TINY.vision),
         workload.response_length.max,
-    )
+    ) + torch_engine_fused_qkv(TINY)  # and the engine's stacked q/k/v weights
     assert pool == int(expected)
     assert not _pools(FSDP_ROLLOUTS["share"], **schedule)  # the eager loop: no static pool
     (vllm,) = _pools(VLLM_ROLLOUT, **schedule).values()  # vLLM's paged pool, not this one

@@ -6,7 +6,11 @@ forwards: prefill, decode, logprob), `engines` (what decode engines hold on a GP
 """
 
 from rollplex.ops.formulas.cost import Cost, kv_fraction, tp_allreduce_bytes
-from rollplex.ops.formulas.engines import engine_kv_pool, torch_engine_workspace
+from rollplex.ops.formulas.engines import (
+    engine_kv_pool,
+    torch_engine_fused_qkv,
+    torch_engine_workspace,
+)
 from rollplex.ops.formulas.llm import (
     DecodeRollout,
     LogprobPart,
@@ -63,6 +67,7 @@ __all__ = [
     "reward",
     "saved_activation_bytes",
     "saved_tokens",
+    "torch_engine_fused_qkv",
     "torch_engine_workspace",
     "tp_allreduce_bytes",
     "vision_activation_bytes_per_patch",

@@ -55,6 +55,15 @@ def torch_engine_workspace(
     return float(kv + mask + outputs)
 
 
+def torch_engine_fused_qkv(model: ModelSpec) -> float:
+    """Bytes of the torch engine's stacked q/k/v projection weights and biases (engine/
+    step.py FusedQKV): a copy of those projections, refreshed at each decode's start and
+    kept with the workspace. Qwen2.5's q/k/v projections carry biases."""
+    head_dim = model.hidden_size // model.num_heads
+    rows = (model.num_heads + 2 * model.num_kv_heads) * head_dim
+    return float(model.num_layers * rows * (model.hidden_size + 1) * model.dtype_bytes)
+
+
 KV_BLOCK_TOKENS = 16  # vLLM's default block: a sequence's KV is allocated in blocks of 16
 
 

@@ -61,6 +61,7 @@ def counter_uniform(seeds: torch.Tensor, step: torch.Tensor | int) -> torch.Tens
     return (h >> 8).float() * (1.0 / (1 << 24))
 
 
+@torch.compiler.disable  # Inductor (torch 2.11) fails to generate a scan over a 152k vocabulary
 def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Index of the first entry whose cumulative mass exceeds u * total: zero-mass entries
     are never drawn, and the total is the row's own sum (not assumed to be 1). `probs` is
@@ -89,14 +90,19 @@ def draw(
     elif top_p >= 1:
         token = _inverse_cdf((scaled - lse[:, None]).exp_(), uniforms)
     else:
-        # Keep the smallest head of the sorted distribution whose mass reaches top_p (the
-        # most likely token always survives); a stable sort keeps ties deterministic.
-        probs = (scaled - lse[:, None]).exp_()
-        sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
-        drop = sorted_p.cumsum(-1) - sorted_p >= top_p
-        picked = _inverse_cdf(sorted_p.masked_fill_(drop, 0.0), uniforms)
-        token = order.gather(-1, picked[:, None]).squeeze(-1)
+        token = _nucleus((scaled - lse[:, None]).exp_(), uniforms, top_p)
     return token, scaled.gather(-1, token[:, None]).squeeze(-1) - lse
+
+
+@torch.compiler.disable  # a scan, as _inverse_cdf
+def _nucleus(probs: torch.Tensor, uniforms: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The inverse CDF draw within the smallest head of the sorted distribution whose mass
+    reaches top_p (the most likely token always survives); a stable sort keeps ties
+    deterministic."""
+    sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
+    drop = sorted_p.cumsum(-1) - sorted_p >= top_p
+    picked = _inverse_cdf(sorted_p.masked_fill_(drop, 0.0), uniforms)
+    return order.gather(-1, picked[:, None]).squeeze(-1)
 
 
 def sample_rows(
@@ -104,3 +110,24 @@ def sample_rows(
 ) -> torch.Tensor:
     """The tokens of `draw`."""
     return draw(logits, uniforms, temperature, top_p)[0]
+
+
+def next_tokens(
+    logits: torch.Tensor,
+    seeds: torch.Tensor,
+    column: torch.Tensor,
+    done: torch.Tensor,
+    eos: torch.Tensor,
+    caps: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    pad_id: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One decode step's draw for every row, out of place (the engine writes it into its
+    buffers): (token to store: pad once finished, its logprob: 0 once finished, live rows,
+    rows finished after this token, the token each row feeds next). `column` is the
+    response step drawn (a device tensor), `caps` each row's forced length."""
+    nxt, lp = draw(logits, counter_uniform(seeds, column), temperature, top_p)
+    live = ~done
+    finished = done | (live & ((nxt == eos) | (column + 1 >= caps)))
+    return torch.where(live, nxt, pad_id), torch.where(live, lp, 0.0), live, finished, nxt

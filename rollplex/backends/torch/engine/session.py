@@ -42,7 +42,9 @@ class DecodeEngine:
     step: its BlockMask skips unwritten blocks); under SDPA `kv_chunk` is how many steps
     one graph's kv_len covers (more graphs, fewer masked slots read). `compile` (default: on
     CUDA) fuses each layer's small kernels (step.py); a torch.compile mode name compiles
-    with that mode.
+    with that mode. `fused_qkv` (default True) runs each layer's q/k/v projections as one
+    GEMM over a stacked copy of their weights (step.py FusedQKV), refreshed at every start;
+    `compile_sampler` (default: as `compile`) compiles the draw.
     `keep_workspace` (default: when graphs are used) keeps the buffers and graphs after a
     session finishes, for the next session of the same shape; otherwise they are freed with
     the finished session, as the eager loop's cache was."""
@@ -57,6 +59,8 @@ class DecodeEngine:
         keep_workspace: bool | None = None,
         attention: Literal["auto"] | Attention = "auto",
         compile: bool | str | None = None,
+        fused_qkv: bool = True,
+        compile_sampler: bool | None = None,
     ) -> None:
         if model.config.text_config.layer_types.count("full_attention") != len(
             model.config.text_config.layer_types
@@ -81,7 +85,8 @@ class DecodeEngine:
             attention = "sdpa"
         self.attention: Attention = attention
         # compiled layer pieces (step.py) on CUDA; CPU runs transformers' modules eagerly
-        self.forward = DecodeStep(model, self.device.type == "cuda" if compile is None else compile)
+        compiled = self.device.type == "cuda" if compile is None else compile
+        self.forward = DecodeStep(model, compiled, fused_qkv, compile_sampler)
         self.workspace: Workspace | None = None
         self._pool = None
 
@@ -133,6 +138,8 @@ class DecodeEngine:
             int(pad_id),
             self.attention,
         )
+        if self.forward.fused is not None:
+            self.forward.fused.refresh()  # the weights this decode reads (step.py FusedQKV)
         ws = self._workspace(shape)
         # Greedy draws nothing: leave every generator (the global one too) untouched.
         seeds = row_seeds(generator, b * g, self.device) if temperature > 0 else 0
@@ -155,11 +162,13 @@ class DecodeEngine:
             logits = prefix.last_logits.to(self.device).repeat_interleave(g, 0)
             pad_rows = ws.shape.rows - b * g
             logits = torch.cat([logits, logits[:1].expand(pad_rows, -1)]) if pad_rows else logits
-            ws.record(ws.step, logits)
+            ws.record(ws.step, logits, self.forward.choose)
         return EngineSession(self, ws, b * g)
 
     def _workspace(self, shape: Shape) -> Workspace:
         weights = tuple(p.data_ptr() for p in self.model.parameters())
+        if self.forward.fused is not None:
+            weights += self.forward.fused.addresses()  # graphs read the stacked copy
         ws = self.workspace
         if ws is not None and ws.owner is not None and not ws.owner.finished:
             # a session still in flight holds the cached buffers: this one gets its own
@@ -275,4 +284,7 @@ class EngineSession:
         return ws.tokens[:n].clone(), ws.logprobs[:n].clone(), ws.lengths[:n].clone()
 
     def tensors(self) -> Iterator[torch.Tensor]:
+        """What the engine holds for this decode: its workspace and stacked q/k/v weights."""
         yield from self.ws.tensors()
+        if self.engine.forward.fused is not None:
+            yield from self.engine.forward.fused.tensors()

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from rollplex.backends.torch.engine import flex
 from rollplex.backends.torch.engine.cache import SharedPrefixKV
+from rollplex.backends.torch.engine.sampling import next_tokens
 
 
 def rotary_fn(attn: torch.nn.Module) -> Callable:
@@ -51,21 +52,36 @@ class DecodeStep:
     in-place scatter into a graph input is the one thing not to leave to the compiler.
     `compile` may name a torch.compile mode instead ("max-autotune-no-cudagraphs": Inductor
     times Triton GEMM templates against cuBLAS for each row bucket's skinny GEMMs); a mode
-    compiles each bucket's shapes statically, which is what its autotuning is for."""
+    compiles each bucket's shapes statically, which is what its autotuning is for.
+    With `fused_qkv` (the default) the q/k/v projections are one GEMM over `FusedQKV`'s
+    stacked copy of their weights. The draw (sampling.next_tokens) is compiled with the
+    layers unless `compile_sampler` says otherwise."""
 
-    def __init__(self, model: torch.nn.Module, compile: bool | str) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        compile: bool | str,
+        fused_qkv: bool = True,
+        compile_sampler: bool | None = None,
+    ) -> None:
         self.model = model
         lm = model.model.language_model
         self.rotary = rotary = rotary_fn(lm.layers[0].self_attn)
+        self.fused = FusedQKV(lm.layers) if fused_qkv else None
+        widths = self.fused.widths if self.fused is not None else ()
 
-        def before(layer, x, cos, sin):
+        def before(layer, x, cos, sin, weight=None, bias=None):
             attn = layer.self_attn
             x = layer.input_layernorm(x)
             b, g, _ = x.shape
             d = attn.head_dim
-            q = attn.q_proj(x).view(b, g, -1, d).transpose(1, 2)  # [B, H, G, D]
-            k = attn.k_proj(x).view(b, g, -1, d).transpose(1, 2)  # [B, Hkv, G, D]
-            v = attn.v_proj(x).view(b, g, -1, d).transpose(1, 2)
+            if weight is None:
+                q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+            else:
+                q, k, v = F.linear(x, weight, bias).split(widths, dim=-1)
+            q = q.reshape(b, g, -1, d).transpose(1, 2)  # [B, H, G, D]
+            k = k.reshape(b, g, -1, d).transpose(1, 2)  # [B, Hkv, G, D]
+            v = v.reshape(b, g, -1, d).transpose(1, 2)
             q, k = rotary(q, k, cos, sin)
             return q, k, v
 
@@ -74,12 +90,16 @@ class DecodeStep:
             return h + layer.mlp(layer.post_attention_layernorm(h))
 
         self.compiled = bool(compile)
+        choose = next_tokens
         if compile:
             mode = compile if isinstance(compile, str) else None
             kw = {"dynamic": True} if mode is None else {"dynamic": False, "mode": mode}
             before = torch.compile(before, **kw)
             after = torch.compile(after, **kw)
-        self.before, self.after = before, after
+        if bool(compile) if compile_sampler is None else compile_sampler:
+            # the draw: ~40 small kernels over [rows] and [rows, vocab] eagerly
+            choose = torch.compile(next_tokens, dynamic=True)
+        self.before, self.after, self.choose = before, after, choose
 
     def __call__(
         self,
@@ -100,11 +120,76 @@ class DecodeStep:
         cos, sin = lm.rotary_emb(h, positions.view(1, b, g).expand(3, b, g))
         slots = cache.slots(step)
         for i, layer in enumerate(lm.layers):
-            q, k, v = self.before(layer, h, cos, sin)
+            q, k, v = self.before(layer, h, cos, sin, *self.projection(i))
             cache.write(i, k, v, slots)
             out = attend_shared(layer.self_attn, q, cache, i, kv_len)
             h = self.after(layer, h, out)
         return model.lm_head(lm.norm(h)).view(b * g, -1)
+
+    def projection(self, layer: int) -> tuple[torch.Tensor, torch.Tensor | None] | tuple[()]:
+        """Layer `layer`'s stacked q/k/v weight and bias, or nothing when not fused."""
+        if self.fused is None:
+            return ()
+        return self.fused.weights[layer], self.fused.biases[layer]
+
+
+class FusedQKV:
+    """Each decoder layer's q, k and v projection weights (and biases) stacked into one
+    [q + 2 kv, hidden] matrix, so a decode step runs one GEMM where it ran three. At a
+    decode step's few rows the narrow k/v GEMMs ran split-K kernels at about a third of
+    HBM bandwidth (bench/results/gpu_decode/compiled.md).
+
+    It is a copy, refreshed from the modules at every decode session's start (~1 GB at
+    the 7B shape, well under a millisecond), not a view the parameters are rebound to:
+    the trainer's parameters keep their own storage, which module.to, FSDP2 and
+    safetensors assume. The planner prices it with the engine's workspace
+    (ops/formulas/engines.py torch_engine_fused_qkv)."""
+
+    def __init__(self, layers: torch.nn.ModuleList) -> None:
+        self.layers = layers
+        attn = layers[0].self_attn
+        self.widths = tuple(p.weight.shape[0] for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+        self.weights: list[torch.Tensor] = []
+        self.biases: list[torch.Tensor | None] = []
+
+    def _projections(self, layer: torch.nn.Module) -> tuple[torch.nn.Linear, ...]:
+        attn = layer.self_attn
+        return attn.q_proj, attn.k_proj, attn.v_proj
+
+    def refresh(self) -> None:
+        """Copy the modules' current q/k/v weights in; (re)allocate when their dtype,
+        device or bias presence changed, which gives the stacked tensors new addresses
+        (`addresses`, which the engine's graphs check)."""
+        first = self._projections(self.layers[0])[0].weight
+        stale = not self.weights or (
+            self.weights[0].dtype != first.dtype or self.weights[0].device != first.device
+        )
+        with torch.no_grad():
+            if stale:
+                self.weights = [
+                    torch.cat([p.weight for p in self._projections(layer)]) for layer in self.layers
+                ]
+                self.biases = [self._bias(layer) for layer in self.layers]
+                return
+            for layer, w, b in zip(self.layers, self.weights, self.biases, strict=True):
+                torch.cat([p.weight for p in self._projections(layer)], out=w)
+                if b is not None:
+                    b.copy_(self._bias(layer))
+
+    def _bias(self, layer: torch.nn.Module) -> torch.Tensor | None:
+        projections = self._projections(layer)
+        if all(p.bias is None for p in projections):
+            return None
+        parts = [
+            p.weight.new_zeros(p.weight.shape[0]) if p.bias is None else p.bias for p in projections
+        ]
+        return torch.cat(parts)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [*self.weights, *(b for b in self.biases if b is not None)]
+
+    def addresses(self) -> tuple[int, ...]:
+        return tuple(t.data_ptr() for t in self.tensors())
 
 
 def attend_shared(

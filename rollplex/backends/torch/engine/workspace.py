@@ -8,6 +8,7 @@ Python.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,7 @@ import torch
 
 from rollplex.backends.torch.engine.cache import Attention, SharedPrefixKV
 from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows, ride_step
-from rollplex.backends.torch.engine.sampling import counter_uniform, draw
+from rollplex.backends.torch.engine.sampling import next_tokens
 from rollplex.backends.torch.engine.step import DecodeStep
 from rollplex.backends.torch.prefix import Model
 
@@ -77,22 +78,25 @@ class Workspace:
         mine += [self.caps, self.eos]
         return [*self.cache.tensors(), *mine, self.tokens, self.logprobs]
 
-    def record(self, column: torch.Tensor, logits: torch.Tensor) -> None:
-        """Draw response token `column` of every row from `logits` [rows, V]."""
+    def record(
+        self, column: torch.Tensor, logits: torch.Tensor, choose: Callable = next_tokens
+    ) -> None:
+        """Draw response token `column` of every row from `logits` [rows, V] with `choose`
+        (sampling.next_tokens, compiled on CUDA: DecodeStep.choose), and write it in."""
         s = self.shape
-        nxt, lp = draw(logits, counter_uniform(self.seeds, column), s.temperature, s.top_p)
-        live = ~self.done
-        self.tokens.index_copy_(1, column, torch.where(live, nxt, s.pad_id)[:, None])
-        self.logprobs.index_copy_(1, column, torch.where(live, lp, 0.0)[:, None])
+        args = (self.seeds, column, self.done, self.eos, self.caps)
+        token, lp, live, finished, nxt = choose(logits, *args, s.temperature, s.top_p, s.pad_id)
+        self.tokens.index_copy_(1, column, token[:, None])
+        self.logprobs.index_copy_(1, column, lp[:, None])
         self.lengths.add_(live.long())
-        self.done.logical_or_(live & ((nxt == self.eos) | (column + 1 >= self.caps)))
+        self.done.copy_(finished)
         self.token.copy_(nxt)
 
     def body(self, forward: DecodeStep, kv_len: int) -> None:
         """One decode step on the static tensors (what a graph captures)."""
         self.cache.open_step(self.step)
         logits = forward(self.cache, self.token, self.position, self.step, kv_len)
-        self._advance(logits)
+        self._advance(forward, logits)
 
     def ride(self, forward: DecodeStep, kv_len: int, rows: RiderRows) -> RiddenPrefix:
         """`body` with prefix rows in its GEMMs (riders.py), eagerly: a chunk's shape is
@@ -101,10 +105,10 @@ class Workspace:
         logits, ridden = ride_step(
             forward, self.cache, self.token, self.position, self.step, kv_len, rows
         )
-        self._advance(logits)
+        self._advance(forward, logits)
         return ridden
 
-    def _advance(self, logits: torch.Tensor) -> None:
-        self.record(self.step + 1, logits)
+    def _advance(self, forward: DecodeStep, logits: torch.Tensor) -> None:
+        self.record(self.step + 1, logits, forward.choose)
         self.position.add_(1)
         self.step.add_(1)
