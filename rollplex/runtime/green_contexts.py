@@ -202,9 +202,12 @@ def make_green_streams(device: torch.device, fractions: Mapping[str, float]) -> 
     made = GreenContexts(driver, torch.device("cuda", index))
     try:
         _make(driver, made, index, fractions)
-    except (_Refused, RuntimeError) as e:  # RuntimeError: torch on a green stream
+    except _Refused as e:
         made.close()
         return str(e)
+    except Exception as e:  # torch on a green stream, or bindings not shaped as expected:
+        made.close()  # the run goes on with plain streams, and says why
+        return f"setting up green contexts failed: {type(e).__name__}: {e}"
     for s in made.streams.values():
         _REGISTRY[s.stream.cuda_stream] = s
         log.info("green contexts: %s", s.describe())

@@ -148,6 +148,19 @@ def test_a_refused_split_is_a_reason_not_an_error(monkeypatch, sm, major, split)
     assert driver.calls == [split]  # one split into groups of the granularity
 
 
+def test_bindings_of_another_shape_are_a_reason_not_an_error(monkeypatch):
+    driver = _Driver(types.SimpleNamespace(smCount=132))
+    driver.cuDevSmResourceSplitByCount = lambda *args: (0, [])  # not the 4-tuple expected
+    package = types.ModuleType("cuda.bindings")
+    package.driver = driver
+    monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
+    monkeypatch.setitem(sys.modules, "cuda.bindings", package)
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+    why = gc.make_green_streams(torch.device("cuda", 0), {"gpu0:decode": 0.5})
+    assert isinstance(why, str) and why.startswith("setting up green contexts failed: ValueError")
+
+
 class _SplittingDriver(_Driver):
     """A fake driver whose split succeeds: `made` groups of 8 SMs and the rest; a green
     context holds the SMs of the resources its descriptor was made from."""
