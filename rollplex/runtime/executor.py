@@ -59,7 +59,7 @@ from rollplex.runtime.memory import Env, iter_tensors
 from rollplex.runtime.order import plan_order
 from rollplex.runtime.plan_effects import (
     COPY_KINDS,
-    partition_starts,
+    partition_notes,
     plan_effects,
     unpartitioned_streams,
 )
@@ -144,7 +144,9 @@ class Executor:
 
             self.cuda = CudaStreams(plan, self.device)
             self._unpartitioned(pos, self.cuda.unpartitioned)
-            self._partitioned(pos)
+            got = {name: g.describe() for name, g in self.cuda.green.items()}  # its SMs
+            self._stream_notes = partition_notes(plan, pos, got)
+            self.notes += self._stream_notes.values()  # logged at info below
         deviations = {m for ms in self.deviations.values() for m in ms}
         for note in self.notes:
             if note not in deviations:
@@ -157,16 +159,6 @@ class Executor:
     def _unpartitioned(self, pos: dict[int, int], why: dict[str, str] | None = None) -> None:
         for k, msg in unpartitioned_streams(self.plan, pos, why):
             self._deviate(k, msg)
-
-    def _partitioned(self, pos: dict[int, int]) -> None:
-        """What each green stream got (its SMs): a note (logged at info), and the note of
-        the stream's first step (the planned-vs-measured table, the trace)."""
-        assert self.cuda is not None
-        for name, (k, _) in partition_starts(self.plan, pos).items():
-            green = self.cuda.green.get(name)
-            if green is not None:
-                self.notes.append(green.describe())
-                self._stream_notes[k] = green.describe()
 
     def close(self) -> None:
         """Release what the executor holds on the device: its green contexts (SM

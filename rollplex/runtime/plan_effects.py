@@ -9,7 +9,8 @@ the executor logs, puts on the step and in the trace).
   only its own group's effects, and a hand-over reads what it sends.
 - `unpartitioned_streams`: a stream the plan puts on an SM partition that runs as a plain
   CUDA stream (green contexts could not be made: runtime/green_contexts.py says why):
-  reported at its first step. `partition_starts`: where each partitioned stream starts.
+  reported at its first step. `partition_notes`: what each one that does run on its
+  partition got (its SMs), as the note of its first step.
 """
 
 from __future__ import annotations
@@ -100,3 +101,9 @@ def unpartitioned_streams(
             f"but runs as a plain CUDA stream: {reason}"
         )))  # fmt: skip
     return out
+
+
+def partition_notes(plan: Plan, pos: dict[int, int], got: Mapping[str, str]) -> dict[int, str]:
+    """Issue position of each partitioned stream's first step -> `got[stream]` (what the
+    '<group>:<stream>' got, e.g. its green context's SMs), for the streams in `got`."""
+    return {k: got[name] for name, (k, _) in partition_starts(plan, pos).items() if name in got}

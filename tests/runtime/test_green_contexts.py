@@ -18,7 +18,11 @@ from rollplex.runtime import Executor
 from rollplex.runtime import green_contexts as gc
 from rollplex.runtime.compose import compose
 from rollplex.runtime.dispatch import StepConfig
-from rollplex.runtime.plan_effects import partition_starts, unpartitioned_streams
+from rollplex.runtime.plan_effects import (
+    partition_notes,
+    partition_starts,
+    unpartitioned_streams,
+)
 from rollplex.specs import ScheduleSpec
 from tests.runtime.conftest import ALGO, CPU, MODEL, WORKLOAD, run_schedule
 
@@ -286,6 +290,9 @@ def test_streams_on_their_green_context_are_not_reported():
     (moved,) = unpartitioned_streams(r.plan, pos, plain)
     assert f"stream '{names[0]}'" in moved[1] and moved[1].endswith(": split refused")
     assert unpartitioned_streams(r.plan, pos, {}) == []
+    # the one on its green context: what it got is the note of its first step
+    first = partition_starts(r.plan, pos)[names[1]][0]
+    assert partition_notes(r.plan, pos, {names[1]: "64 of 132 SMs"}) == {first: "64 of 132 SMs"}
 
 
 def test_a_partitioned_plan_runs_on_cpu():
