@@ -18,7 +18,9 @@ streams and reports that reason. cuda.bindings is imported only here, lazily.
 CUDA graphs: a graph's kernels stay on a partition only if the graph was captured on the
 partition's stream; one captured elsewhere and replayed there runs on the whole GPU.
 `PartitionGraph` remembers where it was captured and notes such a replay on the green
-stream (`GreenStream.unconfined`), which the executor reports as a deviation.
+stream (`GreenStream.unconfined`), which the executor reports as a deviation. A graph
+captured on a green stream is void once its context is destroyed (`close`): replaying it
+raises, rather than launching into a destroyed context.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ class GreenStream:
     total: int  # SMs of the device
     planned: float  # the plan's fraction
     unconfined: list[str] = field(default_factory=list)  # graph replays not confined here
+    closed: bool = False  # its green context is destroyed: graphs captured on it are void
 
     def describe(self) -> str:
         return (
@@ -128,6 +131,11 @@ class PartitionGraph(torch.cuda.CUDAGraph):
     captured_on: GreenStream | None = None
 
     def replay(self) -> None:
+        if self.captured_on is not None and self.captured_on.closed:
+            raise RuntimeError(
+                f"this CUDA graph was captured on stream '{self.captured_on.name}', whose green "
+                "context is destroyed (its executor was closed): capture it again"
+            )
         if _REGISTRY:
             here = green_stream()
             if here is not None and here is not self.captured_on:
@@ -160,8 +168,8 @@ class GreenContexts:
         """Wait for their work, then destroy the streams and green contexts."""
         for s in self.streams.values():
             _REGISTRY.pop(s.stream.cuda_stream, None)
-        for s in self.streams.values():
             s.stream.synchronize()  # a device sync covers the primary context only
+            s.closed = True
         if self._handles or self._greens:
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()  # no cached block stays tied to a destroyed stream
