@@ -6,9 +6,11 @@ waits for, between two timing events; if it signals, its event is recorded after
 host issues steps in `issue_order`, so an event is always recorded before a wait on it is
 issued. Tensors that a step reads are marked with `record_stream` for the step's stream,
 so the caching allocator does not hand their memory to another stream while the step may
-still read it. SM partitions (green contexts) are not set up here: a partitioned plan
-stream runs as a plain stream, and the executor reports it as a deviation at the stream's
-first step (run log warning, the step's deviations, a trace instant).
+still read it. A plan stream on an SM partition runs on a green context of its share of the
+SMs (`green_contexts.py`; one device group's partitions per process, as the device is
+one); where green contexts cannot be made it runs as a plain stream, and
+`unpartitioned` says why: the executor reports that as a deviation at the stream's first
+step (run log warning, the step's deviations, a trace instant). `close` destroys them.
 
 The host is never blocked except by ops that read a device value on the host (decode's
 stop test does); times are resolved with one synchronize at the end of the RL step.
@@ -22,26 +24,69 @@ from contextlib import contextmanager
 import torch
 
 from rollplex.planner.plan import Plan, Step
+from rollplex.runtime.green_contexts import (
+    GreenContexts,
+    GreenStream,
+    check_fractions,
+    make_green_streams,
+)
 
 
 class CudaStreams:
     def __init__(self, plan: Plan, device: torch.device) -> None:
         self.device = device
-        self.streams = {
-            (i, st.stream): torch.cuda.Stream(device=device)
-            for i, d in enumerate(plan.devices)
-            for st in d.streams
-        }
-        self.partitioned = [
-            f"{d.name}:{st.name}"
-            for d in plan.devices
-            for st in d.streams
-            if st.partition is not None
-        ]
+        self.green: dict[str, GreenStream] = {}  # "<group>:<stream>" -> its green stream
+        self.unpartitioned: dict[str, str] = {}  # a partitioned stream run plain -> why
+        self._contexts: list[GreenContexts] = []
+        self._partition(plan)
+        self._green_at: dict[tuple[int, int], GreenStream] = {}
+        self.streams: dict[tuple[int, int], torch.cuda.Stream] = {}
+        for i, d in enumerate(plan.devices):
+            for st in d.streams:
+                green = self.green.get(f"{d.name}:{st.name}")
+                if green is not None:
+                    self._green_at[(i, st.stream)] = green
+                s = torch.cuda.Stream(device=device) if green is None else green.stream
+                self.streams[(i, st.stream)] = s
         self.events = {e.id: torch.cuda.Event() for e in plan.events}
         self._timing: dict[int, tuple[torch.cuda.Event, torch.cuda.Event]] = {}
         self._origin: torch.cuda.Event | None = None
         self._origin_s = 0.0
+
+    def _partition(self, plan: Plan) -> None:
+        wanted = [
+            {f"{d.name}:{st.name}": st.partition for st in d.streams if st.partition is not None}
+            for d in plan.devices
+        ]
+        for fractions in wanted:
+            check_fractions(fractions)  # a plan defect raises before anything runs
+        splitting = ""  # the device group whose partitions this process's device holds
+        for d, fractions in zip(plan.devices, wanted, strict=True):
+            if not fractions:
+                continue
+            made = (
+                f"device group '{splitting}' already splits {self.device} in this process"
+                if splitting
+                else make_green_streams(self.device, fractions)
+            )
+            if isinstance(made, str):
+                self.unpartitioned.update(dict.fromkeys(fractions, made))
+                continue
+            splitting = d.name
+            self._contexts.append(made)
+            self.green.update(made.streams)
+
+    def take_notes(self, device: int, step: Step) -> list[str]:
+        """What ran unconfined on `step`'s green stream since the last call (graphs captured
+        elsewhere and replayed there)."""
+        green = self._green_at.get((device, step.stream))
+        return [] if green is None else green.take_notes()
+
+    def close(self) -> None:
+        """Destroy the green contexts (after their work); the plain streams need nothing."""
+        for c in self._contexts:
+            c.close()
+        self._contexts, self.green, self._green_at = [], {}, {}
 
     def begin(self, origin_s: float) -> None:
         """Mark the RL step's start; times are reported relative to it (+ origin_s)."""

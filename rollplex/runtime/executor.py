@@ -28,8 +28,12 @@ Per RL step:
 The plan's training micro-batch count (`Plan.meta["train_micro_batches"]`, and whether each
 runs its forward again inside the backward, `["train_micro_recompute"]`), what the planner
 sized training activations with) goes to the trainer once, through the backend.
-On CUDA each step goes to its own stream (`cuda.CudaStreams`); on CPU the order above is
-the execution. Each RL step is a `record_function("ProfilerStep#N")` range and each plan
+On CUDA each step goes to its own stream (`cuda.CudaStreams`): a stream the plan puts on
+an SM partition runs on a green context of its share of the SMs (`green_contexts.py`; the
+SMs it got are a note at its first step), or, where they cannot be made, as a plain stream
+with a deviation saying why; a CUDA graph replayed there but captured elsewhere is not
+confined, a deviation too. `close()` destroys the green contexts. On CPU the order above
+is the execution. Each RL step is a `record_function("ProfilerStep#N")` range and each plan
 step (its loads, its op, its frees) a `record_function(<step name>)` range, so a
 `torch.profiler` run (`runtime/profile.py`) records real kernels and memory
 events under the plan's step names.
@@ -53,7 +57,12 @@ from rollplex.runtime.callbacks import Callback, Callbacks
 from rollplex.runtime.engine_residency import engine_schedule
 from rollplex.runtime.memory import Env, iter_tensors
 from rollplex.runtime.order import plan_order
-from rollplex.runtime.plan_effects import COPY_KINDS, plan_effects, unpartitioned_streams
+from rollplex.runtime.plan_effects import (
+    COPY_KINDS,
+    partition_notes,
+    plan_effects,
+    unpartitioned_streams,
+)
 from rollplex.runtime.pool_steps import PoolSteps
 from rollplex.runtime.pools import Pools
 from rollplex.runtime.record import MeasuredStep, StepResult
@@ -128,11 +137,16 @@ class Executor:
         self._addr: dict[str, int] = {}
         self.origin = time.perf_counter()
         self.cuda = None
+        self._closed = False
+        self._stream_notes: dict[int, str] = {}  # issue position -> what its stream runs on
         if self.device.type == "cuda":
             from rollplex.runtime.cuda import CudaStreams
 
             self.cuda = CudaStreams(plan, self.device)
-            self._unpartitioned(pos)
+            self._unpartitioned(pos, self.cuda.unpartitioned)
+            got = {name: g.describe() for name, g in self.cuda.green.items()}  # its SMs
+            self._stream_notes = partition_notes(plan, pos, got)
+            self.notes += self._stream_notes.values()  # logged at info below
         deviations = {m for ms in self.deviations.values() for m in ms}
         for note in self.notes:
             if note not in deviations:
@@ -142,9 +156,16 @@ class Executor:
                 log.warning("executor: at '%s': %s", self.order[k].name, msg)
 
     # -- static preparation --------------------------------------------------------------
-    def _unpartitioned(self, pos: dict[int, int]) -> None:
-        for k, msg in unpartitioned_streams(self.plan, pos):
+    def _unpartitioned(self, pos: dict[int, int], why: dict[str, str] | None = None) -> None:
+        for k, msg in unpartitioned_streams(self.plan, pos, why):
             self._deviate(k, msg)
+
+    def close(self) -> None:
+        """Release what the executor holds on the device: its green contexts (SM
+        partitions), after their work. Later steps need a new executor."""
+        if self.cuda is not None:
+            self.cuda.close()
+        self._closed = True
 
     def _deviate(self, k: int, msg: str) -> None:
         self.deviations.setdefault(k, []).append(msg)
@@ -180,6 +201,8 @@ class Executor:
 
     # -- one RL step ---------------------------------------------------------------------
     def run_step(self, rl_step: int, inputs: Any) -> StepResult:
+        if self._closed:
+            raise ExecutionError("the executor is closed (its green contexts are destroyed)")
         with record_function(f"ProfilerStep#{rl_step}"):  # a step of the measured trace
             start = self._now()
             env = Env()
@@ -241,6 +264,10 @@ class Executor:
         t1 = self._now()
         if deviation:
             self._runtime_deviation(k, deviation)
+        for msg in [] if self.cuda is None else self.cuda.take_notes(dev, step):
+            self._runtime_deviation(k, msg)  # e.g. a graph not captured on its partition
+        if k in self._stream_notes:
+            note = "; ".join(n for n in (self._stream_notes[k], note) if n)
         resident = env.resident_bytes(self._owned[own])
         memory += self._memory(env, attributed[own], t1, step.name, own)
         freed = [v for v in self._frees.get(k, ()) if self._free(env, v)]

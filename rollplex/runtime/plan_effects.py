@@ -7,12 +7,15 @@ the executor logs, puts on the step and in the trace).
   planned alloc is allocated before that read, a value read after its planned free is
   freed after that read; each move is reported. A pooled rank (runtime/pools.py) takes
   only its own group's effects, and a hand-over reads what it sends.
-- `unpartitioned_streams`: a stream the plan puts on an SM partition runs as a plain CUDA
-  stream (green contexts are not set up): reported at its first step.
+- `unpartitioned_streams`: a stream the plan puts on an SM partition that runs as a plain
+  CUDA stream (green contexts could not be made: runtime/green_contexts.py says why):
+  reported at its first step. `partition_notes`: what each one that does run on its
+  partition got (its SMs), as the note of its first step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rollplex.graph.ir import Graph
@@ -71,18 +74,36 @@ def plan_effects(
     return allocs, frees, moved
 
 
-def unpartitioned_streams(plan: Plan, pos: dict[int, int]) -> Moved:
-    """Each SM-partitioned stream with a step issued here, at its first issue position."""
-    out: Moved = []
+def partition_starts(plan: Plan, pos: dict[int, int]) -> dict[str, tuple[int, float]]:
+    """'<device group>:<stream>' -> (its first issue position, its SM fraction), for each
+    SM-partitioned stream with a step issued here."""
+    out: dict[str, tuple[int, float]] = {}
     for d in plan.devices:
         for st in d.streams:
-            if st.partition is None:
-                continue
             first = min((pos[i] for i in st.steps if i in pos), default=None)
-            if first is not None:
-                out.append((first, (
-                    f"stream '{d.name}:{st.name}' is planned on an SM partition "
-                    f"({st.partition:.0%} of the SMs) but runs as a plain CUDA stream: "
-                    "green contexts are not set up"
-                )))  # fmt: skip
+            if st.partition is not None and first is not None:
+                out[f"{d.name}:{st.name}"] = (first, st.partition)
     return out
+
+
+def unpartitioned_streams(
+    plan: Plan, pos: dict[int, int], why: Mapping[str, str] | None = None
+) -> Moved:
+    """Each SM-partitioned stream in `why` ('<group>:<stream>' -> the reason it runs as a
+    plain stream; None: every one, green contexts not set up), at its first issue position."""
+    out: Moved = []
+    for name, (first, fraction) in partition_starts(plan, pos).items():
+        if why is not None and name not in why:
+            continue  # it runs on its green context
+        reason = "green contexts are not set up" if why is None else why[name]
+        out.append((first, (
+            f"stream '{name}' is planned on an SM partition ({fraction:.0%} of the SMs) "
+            f"but runs as a plain CUDA stream: {reason}"
+        )))  # fmt: skip
+    return out
+
+
+def partition_notes(plan: Plan, pos: dict[int, int], got: Mapping[str, str]) -> dict[int, str]:
+    """Issue position of each partitioned stream's first step -> `got[stream]` (what the
+    '<group>:<stream>' got, e.g. its green context's SMs), for the streams in `got`."""
+    return {k: got[name] for name, (k, _) in partition_starts(plan, pos).items() if name in got}

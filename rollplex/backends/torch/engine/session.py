@@ -30,6 +30,7 @@ from rollplex.backends.torch.engine.step import DecodeStep
 from rollplex.backends.torch.engine.workspace import Shape, Workspace
 from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv
 from rollplex.ops.formulas.engines import ENGINE_PREFIX_ALIGN, ENGINE_ROW_BUCKETS, engine_prompts
+from rollplex.runtime.green_contexts import PartitionGraph, green_stream
 
 # the planner prices the workspace these shape (ops/formulas/engines.py torch_engine_workspace)
 ROW_BUCKETS, PREFIX_ALIGN = ENGINE_ROW_BUCKETS, ENGINE_PREFIX_ALIGN
@@ -209,8 +210,15 @@ class DecodeEngine:
         torch.cuda.current_stream().wait_stream(stream)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # On an SM partition's (green context's) stream, capture there: only a graph captured
+        # on it stays on its SMs. The graph notes a replay on a partition it was not captured
+        # on (runtime/green_contexts.py), which the executor reports.
+        green = green_stream()
+        graph = PartitionGraph()
+        graph.captured_on = green
+        with torch.cuda.graph(
+            graph, pool=self._pool, stream=None if green is None else green.stream
+        ):
             ws.body(self.forward, kv_len)
         for t, s in zip(mutable, saved, strict=True):
             t.copy_(s)
