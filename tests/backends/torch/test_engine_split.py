@@ -217,3 +217,8 @@ def test_split_riders_equal_sdpa_riders(spec, renderer, kind):  # noqa: F811
     for (k0, v0), (k1, v1) in zip(a.kv, b.kv, strict=True):
         torch.testing.assert_close(k1, k0, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(v1, v0, atol=1e-5, rtol=1e-5)
+
+
+def test_unknown_attention_is_named(model):
+    with pytest.raises(ValueError, match="split"):
+        DecodeEngine(model, attention="splat")

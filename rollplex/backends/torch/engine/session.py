@@ -38,14 +38,15 @@ ROW_BUCKETS, PREFIX_ALIGN = ENGINE_ROW_BUCKETS, ENGINE_PREFIX_ALIGN
 
 class DecodeEngine:
     """Decode for one model. `use_graphs` defaults to True on CUDA; `attention` is "sdpa"
-    (the default, "auto"), "flex", FlexAttention's split-KV kernel (one graph for every
-    step: its BlockMask skips unwritten blocks), or "split" (attention.py: each row reads
-    the prefix and only its own response K/V); under SDPA and split `kv_chunk` is how many
-    steps one graph's kv_len covers (more graphs, fewer masked slots read). `compile` (default: on
+    (the default, "auto") or "flex", FlexAttention's split-KV kernel (one graph for every
+    step: its BlockMask skips unwritten blocks); under SDPA `kv_chunk` is how many steps
+    one graph's kv_len covers (more graphs, fewer masked slots read). `compile` (default: on
     CUDA) fuses each layer's small kernels (step.py); a torch.compile mode name compiles
     with that mode. `fused_qkv` (default True) runs each layer's q/k/v projections as one
     GEMM over a stacked copy of their weights (step.py FusedQKV), refreshed at every start;
-    `compile_sampler` (default: as `compile`) compiles the draw.
+    `compile_sampler` (default: as `compile`) compiles the draw. `attention="split"`
+    (attention.py): each row reads the prefix and only its own response K/V, and kv_chunk
+    applies as under SDPA.
     `keep_workspace` (default: when graphs are used) keeps the buffers and graphs after a
     session finishes, for the next session of the same shape; otherwise they are freed with
     the finished session, as the eager loop's cache was."""
