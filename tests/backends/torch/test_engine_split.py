@@ -179,9 +179,13 @@ def test_split_attention_is_the_softmax_over_the_visible_keys():
     got = split_attention(q, *args)
     want = _dense_reference(q, pk, pv, lengths, ok, ov, step, 0.35)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    # what it may not see does not matter: prefix padding, later steps
+    # what it may not see does not matter: prefix padding, later steps, the other rows'
     pk[1, :, 5:], ok[:, :, :, step + 1 :] = 1e4, -1e4
     torch.testing.assert_close(split_attention(q, *args), got, atol=0, rtol=0)
+    ok[:, :, 1], ov[:, :, 1] = 7.0, -7.0  # row 1's own keys and values
+    moved = split_attention(q, *args).view(b, g, heads, d)
+    assert torch.equal(moved[:, 0], got.view(b, g, heads, d)[:, 0])
+    assert not torch.equal(moved[:, 1], got.view(b, g, heads, d)[:, 1])
     # nothing visible at all (no prefix, no step yet): finite, not NaN
     empty = split_attention(
         q, pk, pv, torch.zeros(b, dtype=torch.long), ok, ov, torch.tensor(-1), 1.0

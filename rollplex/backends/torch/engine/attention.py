@@ -71,6 +71,12 @@ def split_call() -> Callable:
     kv_len); what it fuses is the fp32 masking, max, exp, sums and casts."""
     global _compiled
     if _compiled is None:
+        import torch._dynamo
+
+        # sizes of 1 (one prompt, one head group) and each dtype compile their own graph;
+        # past the limit dynamo would silently run it eagerly
+        cfg = torch._dynamo.config
+        cfg.recompile_limit = max(cfg.recompile_limit, 64)
         _compiled = torch.compile(split_attention, dynamic=True)
     return _compiled
 
