@@ -4,7 +4,7 @@ constants live here, torch-free, and the engine takes them) and vLLM's paged KV 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, get_args
 
 from rollplex.ops.formulas.llm import kv_bytes_per_token
 from rollplex.specs.model import ModelSpec
@@ -48,8 +48,8 @@ def torch_engine_workspace(
     its G rows' response slots, what says which keys are visible, and each row's token ids
     and logprobs at the cap. Allocated whole at the start (static shapes are what its CUDA
     graphs replay) and kept for the next step's decode."""
-    if attention not in ("sdpa", "flex", "split"):
-        raise ValueError(f"attention must be sdpa, flex or split, got {attention!r}")
+    if attention not in get_args(EngineAttention):
+        raise ValueError(f"attention must be one of {get_args(EngineAttention)}, got {attention!r}")
     b = engine_prompts(prompts, group_size)
     cap = _round_up(max(prefix_tokens, 1), ENGINE_PREFIX_ALIGN)
     slots = group_size * max(max_new_tokens - 1, 1)  # G rows x (R - 1) steps written

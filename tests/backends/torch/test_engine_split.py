@@ -17,6 +17,7 @@ from rollplex.backends.torch.engine.attention import attend_shared, split_attent
 from rollplex.backends.torch.engine.cache import SharedPrefixKV
 from rollplex.backends.torch.engine.session import DecodeEngine
 from rollplex.backends.torch.prefix import prefix_forward
+from rollplex.ops.formulas import torch_engine_workspace
 from tests.backends.torch.test_riders import _setup
 from tests.backends.torch.test_video import renderer  # noqa: F401
 
@@ -223,6 +224,8 @@ def test_split_riders_equal_sdpa_riders(spec, renderer, kind):  # noqa: F811
         torch.testing.assert_close(v1, v0, atol=1e-5, rtol=1e-5)
 
 
-def test_unknown_attention_is_named(model):
+def test_unknown_attention_is_named(model, spec):
     with pytest.raises(ValueError, match="split"):
         DecodeEngine(model, attention="splat")
+    with pytest.raises(ValueError, match="attention must be"):
+        torch_engine_workspace(spec, 1, 1, 5, 2, attention="splat")
