@@ -13,7 +13,7 @@ then its G rows' response K/V step-major: row g's token at response step s sits 
 - the entries written by step s end at `prefix_cap + (s + 1) * G`, so a step attends to a
   prefix of the buffer: `kv_len` slices off the slots no row has written yet.
 
-Two ways to attend over it (`attention`):
+Two ways to attend over that layout (`attention`):
 - "sdpa": an additive mask [prompts, 1, q_heads_per_kv * G, length] lets query row r*G + g
   (row g, r-th query head of a K/V head) see the prompt's valid prefix and row g's own
   slots. It is opened one slot per row at each step (`open_step`), in place, so a captured
