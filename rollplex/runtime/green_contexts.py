@@ -19,8 +19,8 @@ CUDA graphs: a graph's kernels stay on a partition only if the graph was capture
 partition's stream; one captured elsewhere and replayed there runs on the whole GPU.
 `PartitionGraph` remembers where it was captured and notes such a replay on the green
 stream (`GreenStream.unconfined`), which the executor reports as a deviation. A graph
-captured on a green stream is void once its context is destroyed (`close`): replaying it
-raises, rather than launching into a destroyed context.
+captured on a green stream is void once its executor is closed (`close`): replaying it
+raises.
 """
 
 from __future__ import annotations
@@ -155,6 +155,9 @@ class _Refused(Exception):
     """Why green contexts cannot be made here (becomes the deviation's reason)."""
 
 
+_RETIRED: list[Any] = []  # closed contexts' driver objects: alive until the process exits
+
+
 class GreenContexts:
     """One device group's green contexts and their streams, alive until `close`."""
 
@@ -165,18 +168,17 @@ class GreenContexts:
         self._greens: list[Any] = []  # CUgreenCtx
 
     def close(self) -> None:
-        """Wait for their work, then destroy the streams and green contexts."""
+        """Wait for their work and retire the streams: graphs captured on them refuse to
+        replay from now on. The driver objects are not destroyed but kept until the process
+        exits: tensors used on a green stream may outlive the executor, and the caching
+        allocator records an event on each stream a block was used on when the block is
+        freed; on a destroyed stream that aborts the process (cudaErrorInvalidResourceHandle,
+        seen on the H200 at interpreter exit after a close)."""
         for s in self.streams.values():
             _REGISTRY.pop(s.stream.cuda_stream, None)
             s.stream.synchronize()  # a device sync covers the primary context only
             s.closed = True
-        if self._handles or self._greens:
-            torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()  # no cached block stays tied to a destroyed stream
-        for h in self._handles:
-            self.driver.cuStreamDestroy(h)
-        for g in self._greens:
-            self.driver.cuGreenCtxDestroy(g)
+        _RETIRED.extend([*self._handles, *self._greens, *self.streams.values()])
         self._handles, self._greens, self.streams = [], [], {}
 
 

@@ -190,4 +190,3 @@ class FusedQKV:
 
     def addresses(self) -> tuple[int, ...]:
         return tuple(t.data_ptr() for t in self.tensors())
-
