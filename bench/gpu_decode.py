@@ -120,7 +120,7 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
             "engine_tokens_per_s": prompts * g / rep.step_seconds,
             "engine_hbm_share": rep.efficiency,
             "decode_bw_efficiency": rep.efficiency,
-            "engine_attention": engine.attention,
+            "engine_attention": engine.attention_for(prompts),
             "bytes_per_step": rep.bytes_per_step,
             "cuda_graphs": engine.use_graphs,
             "graph_error": graph_error,

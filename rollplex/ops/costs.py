@@ -172,7 +172,9 @@ def _decode_cost(g: Graph, op: Op, ctx: CostContext) -> Cost:
 
 def static_kv(g: Graph, op: Op, ctx: CostContext) -> float:
     """The workspace a `decode` op with `meta["static_kv"]` (the torch engine) holds: its
-    static buffers and its stacked q/k/v weights."""
+    static buffers and its stacked q/k/v weights. Priced in the SDPA layout: the split
+    layout the engine picks for few prompts on CUDA (engine_attention) holds the same K/V
+    without the mask, so this bounds it by a few MB."""
     kv = g.values[op.inputs["kv"]]
     rows = int(ctx.per_rank(kv.shape[2]))
     cap = g.values[op.outputs["responses"]].shape[1]

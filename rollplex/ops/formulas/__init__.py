@@ -7,6 +7,7 @@ forwards: prefill, decode, logprob), `engines` (what decode engines hold on a GP
 
 from rollplex.ops.formulas.cost import Cost, kv_fraction, tp_allreduce_bytes
 from rollplex.ops.formulas.engines import (
+    engine_attention,
     engine_kv_pool,
     torch_engine_fused_qkv,
     torch_engine_workspace,
@@ -55,6 +56,7 @@ __all__ = [
     "decode_rollout",
     "decode_step",
     "decode_steps",
+    "engine_attention",
     "engine_kv_pool",
     "final_norm_bytes_per_token",
     "kept_for_backward",

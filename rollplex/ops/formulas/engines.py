@@ -20,6 +20,22 @@ ENGINE_FLEX_BLOCK = 128  # FlexAttention's KV block: the flex buffer's length is
 EngineAttention = Literal["sdpa", "flex", "split"]  # the engine's attention kinds (cache.py)
 
 
+# "auto" attends with "split" up to this many (prompt, K/V head) pairs a step (engine_attention)
+ENGINE_SPLIT_MAX_BLOCKS = 16
+
+
+def engine_attention(prompts: int, kv_heads: int) -> EngineAttention:
+    """The attention the torch engine's "auto" picks on CUDA for `prompts` padded prompts:
+    "split" while a step attends over at most ENGINE_SPLIT_MAX_BLOCKS (prompt, K/V head)
+    pairs, else "sdpa". Measured on one H200 (bench/results/gpu_decode/split.md): split
+    was faster at 1 prompt (3B: 2 pairs, 7B: 4) and at 8 prompts of 3B (16), slower at 8
+    prompts of 7B (32) and at 32 prompts of either. The SDPA kernel gets one thread block
+    per pair for the folded queries, which leaves most SMs idle below that; split's
+    batched matmuls spread wider but write their scores out, which costs more with many
+    prompts."""
+    return "split" if prompts * kv_heads <= ENGINE_SPLIT_MAX_BLOCKS else "sdpa"
+
+
 def _round_up(x: int, to: int) -> int:
     return -(-x // to) * to
 

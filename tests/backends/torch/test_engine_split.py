@@ -17,7 +17,7 @@ from rollplex.backends.torch.engine.attention import attend_shared, split_attent
 from rollplex.backends.torch.engine.cache import SharedPrefixKV
 from rollplex.backends.torch.engine.session import DecodeEngine
 from rollplex.backends.torch.prefix import prefix_forward
-from rollplex.ops.formulas import torch_engine_workspace
+from rollplex.ops.formulas import engine_attention, torch_engine_workspace
 from tests.backends.torch.test_riders import _setup
 from tests.backends.torch.test_video import renderer  # noqa: F401
 
@@ -229,3 +229,25 @@ def test_unknown_attention_is_named(model, spec):
         DecodeEngine(model, attention="splat")
     with pytest.raises(ValueError, match="attention must be"):
         torch_engine_workspace(spec, 1, 1, 5, 2, attention="splat")
+
+
+@pytest.mark.parametrize(
+    ("prompts", "kv_heads", "kind"),
+    # the H200 measurements the rule follows (bench/results/gpu_decode/split.md)
+    [(1, 2, "split"), (8, 2, "split"), (32, 2, "sdpa"), (1, 4, "split"), (8, 4, "sdpa")],
+)
+def test_auto_attention_follows_the_measured_rule(prompts, kv_heads, kind):
+    assert engine_attention(prompts, kv_heads) == kind
+
+
+def test_auto_is_sdpa_on_cpu_and_resolves_per_decode(model, prefix):
+    engine = DecodeEngine(model, keep_workspace=True)
+    assert engine.attention == "sdpa"  # CPU: the rule was measured on CUDA only
+    engine.attention = "auto"  # what a CUDA engine keeps: resolved at each start
+    kv_heads = model.config.text_config.num_key_value_heads
+    for buckets in [(G * 2,), (256,)]:
+        engine.buckets = list(buckets)
+        prompts = engine.bucket_prompts(2, G)
+        session = engine.start(prefix, G, R, 0.0, 1.0, None, -1)
+        assert session.ws.shape.attention == engine_attention(prompts, kv_heads)
+    assert {engine.attention_for(2), engine.attention_for(256)} == {"split", "sdpa"}

@@ -29,7 +29,12 @@ from rollplex.backends.torch.engine.sampling import row_seeds
 from rollplex.backends.torch.engine.step import DecodeStep
 from rollplex.backends.torch.engine.workspace import Shape, Workspace
 from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv
-from rollplex.ops.formulas.engines import ENGINE_PREFIX_ALIGN, ENGINE_ROW_BUCKETS, engine_prompts
+from rollplex.ops.formulas.engines import (
+    ENGINE_PREFIX_ALIGN,
+    ENGINE_ROW_BUCKETS,
+    engine_attention,
+    engine_prompts,
+)
 from rollplex.runtime.green_contexts import PartitionGraph, green_stream
 
 # the planner prices the workspace these shape (ops/formulas/engines.py torch_engine_workspace)
@@ -37,16 +42,19 @@ ROW_BUCKETS, PREFIX_ALIGN = ENGINE_ROW_BUCKETS, ENGINE_PREFIX_ALIGN
 
 
 class DecodeEngine:
-    """Decode for one model. `use_graphs` defaults to True on CUDA; `attention` is "sdpa"
-    (the default, "auto") or "flex", FlexAttention's split-KV kernel (one graph for every
-    step: its BlockMask skips unwritten blocks); under SDPA `kv_chunk` is how many steps
-    one graph's kv_len covers (more graphs, fewer masked slots read). `compile` (default: on
+    """Decode for one model. `use_graphs` defaults to True on CUDA. `attention`:
+    - "sdpa": SDPA over the group's folded queries and a visibility mask;
+    - "split" (attention.py): each row reads the prefix and only its own response K/V;
+    - "flex": FlexAttention's split-KV kernel (one graph for every step: its BlockMask
+      skips unwritten blocks);
+    - "auto" (the default): on CUDA split for few prompts and SDPA for many
+      (`attention_for`), on CPU SDPA.
+    Under SDPA and split `kv_chunk` is how many steps one graph's kv_len covers (more
+    graphs, fewer unwritten slots read). `compile` (default: on
     CUDA) fuses each layer's small kernels (step.py); a torch.compile mode name compiles
     with that mode. `fused_qkv` (default True) runs each layer's q/k/v projections as one
     GEMM over a stacked copy of their weights (step.py FusedQKV), refreshed at every start;
-    `compile_sampler` (default: as `compile`) compiles the draw. `attention="split"`
-    (attention.py): each row reads the prefix and only its own response K/V, and kv_chunk
-    applies as under SDPA.
+    `compile_sampler` (default: as `compile`) compiles the draw.
     `keep_workspace` (default: when graphs are used) keeps the buffers and graphs after a
     session finishes, for the next session of the same shape; otherwise they are freed with
     the finished session, as the eager loop's cache was."""
@@ -80,17 +88,23 @@ class DecodeEngine:
         self.keep_workspace = self.use_graphs if keep_workspace is None else keep_workspace
         if attention not in ("auto", "sdpa", "flex", "split"):
             raise ValueError(f"attention must be auto, sdpa, flex or split, got {attention!r}")
-        if attention == "auto":
-            # SDPA (cuDNN's kernel on an H200) measured faster than flex at the 7B shape at
-            # every batch and at 3B from 256 rows (bench/results/gpu_decode/); flex wins at
-            # 3B's small batches (2 K/V heads leave SDPA few thread blocks).
-            attention = "sdpa"
-        self.attention: Attention = attention
+        if attention == "auto" and self.device.type != "cuda":
+            attention = "sdpa"  # the choice below was measured on an H200
+        # "auto" resolves per decode (attention_for): split for few prompts, else SDPA
+        self.attention: Literal["auto"] | Attention = attention
         # compiled layer pieces (step.py) on CUDA; CPU runs transformers' modules eagerly
         compiled = self.device.type == "cuda" if compile is None else compile
         self.forward = DecodeStep(model, compiled, fused_qkv, compile_sampler)
         self.workspace: Workspace | None = None
         self._pool = None
+
+    def attention_for(self, prompts: int) -> Attention:
+        """The attention a decode of `prompts` padded prompts runs (engine_attention for
+        "auto": SDPA measured faster than flex at every 7B batch, split faster than SDPA
+        with few prompts; bench/results/gpu_decode/)."""
+        if self.attention != "auto":
+            return self.attention
+        return engine_attention(prompts, self.model.config.text_config.num_key_value_heads)
 
     def bucket_prompts(self, prompts: int, group_size: int) -> int:
         return engine_prompts(prompts, group_size, tuple(self.buckets))
@@ -130,15 +144,16 @@ class DecodeEngine:
         b, g = prefix.rows, group_size
         caps = check_lengths(lengths, b * g, max_new_tokens)
         kv = cache_kv(prefix.cache)
+        prompts = self.bucket_prompts(b, g)
         shape = Shape(
-            self.bucket_prompts(b, g),
+            prompts,
             g,
             round_up(max(kv[0][0].shape[2], 1), PREFIX_ALIGN),
             max_new_tokens,
             float(temperature),
             float(top_p),
             int(pad_id),
-            self.attention,
+            self.attention_for(prompts),
         )
         if self.forward.fused is not None:
             self.forward.fused.refresh()  # the weights this decode reads (step.py FusedQKV)
