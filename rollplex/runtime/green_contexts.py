@@ -220,7 +220,7 @@ def make_green_streams(device: torch.device, fractions: Mapping[str, float]) -> 
         return f"setting up green contexts failed: {type(e).__name__}: {e}"
     for s in made.streams.values():
         _REGISTRY[s.stream.cuda_stream] = s
-        log.info("green contexts: %s", s.describe())
+        log.debug("green contexts: %s", s.describe())  # the executor reports it at info
     return made
 
 

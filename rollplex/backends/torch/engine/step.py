@@ -2,13 +2,10 @@
 
 The G rows of a prompt enter the decoder as one sequence of G tokens (batch = prompts),
 so every projection, norm, MLP, the rotary embedding and the LM head are transformers'
-module calls on [prompts, G, hidden]. Only the attention call differs from
-`Qwen2_5_VLAttention.forward`: its K/V go into the shared-prefix cache (cache.py) instead
-of a transformers Cache, and attention runs over the whole group at once:
-- "flex": FlexAttention's split-KV decoding kernel (flex.py);
-- "sdpa" (the default): SDPA with the query heads of each K/V head folded into the query length.
-  transformers' own SDPA path would `repeat_kv` the whole cache for GQA whenever a mask is
-  given (on CUDA), reading it `heads / kv_heads` times over; the fold reads it once.
+module calls on [prompts, G, hidden], except two things:
+- the q/k/v projections run as one GEMM over a stacked copy of their weights (FusedQKV);
+- attention: its K/V go into the shared-prefix cache (cache.py) instead of a transformers
+  Cache, and it runs over the whole group at once (attention.py: sdpa, split or flex).
 """
 
 from __future__ import annotations
