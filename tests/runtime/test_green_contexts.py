@@ -87,6 +87,16 @@ def test_more_partitions_than_groups_is_refused():
         gc.sm_counts(fractions, 16, 8)
 
 
+def _install(monkeypatch, driver, major: int = 9) -> None:
+    """`driver` as cuda.bindings.driver, on a GPU of compute capability `major`.0."""
+    package = types.ModuleType("cuda.bindings")
+    package.driver = driver
+    monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
+    monkeypatch.setitem(sys.modules, "cuda.bindings", package)
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (major, 0))
+
+
 def _no_bindings(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "cuda", None)  # `import cuda.bindings` fails
     monkeypatch.setitem(sys.modules, "cuda.bindings", None)
@@ -141,12 +151,7 @@ class _Driver:
 )  # fmt: skip
 def test_a_refused_split_is_a_reason_not_an_error(monkeypatch, sm, major, split):
     driver = _Driver(sm)
-    package = types.ModuleType("cuda.bindings")
-    package.driver = driver
-    monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
-    monkeypatch.setitem(sys.modules, "cuda.bindings", package)
-    monkeypatch.setattr(torch.cuda, "init", lambda: None)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (major, 0))
+    _install(monkeypatch, driver, major)
     why = gc.make_green_streams(torch.device("cuda", 0), {"gpu0:decode": 0.5, "gpu0:prefix": 0.5})
     assert why == "cuDevSmResourceSplitByCount failed: CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION"
     assert driver.calls == [split]  # one split into groups of the granularity
@@ -155,12 +160,7 @@ def test_a_refused_split_is_a_reason_not_an_error(monkeypatch, sm, major, split)
 def test_bindings_of_another_shape_are_a_reason_not_an_error(monkeypatch):
     driver = _Driver(types.SimpleNamespace(smCount=132))
     driver.cuDevSmResourceSplitByCount = lambda *args: (0, [])  # not the 4-tuple expected
-    package = types.ModuleType("cuda.bindings")
-    package.driver = driver
-    monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
-    monkeypatch.setitem(sys.modules, "cuda.bindings", package)
-    monkeypatch.setattr(torch.cuda, "init", lambda: None)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+    _install(monkeypatch, driver)
     why = gc.make_green_streams(torch.device("cuda", 0), {"gpu0:decode": 0.5})
     assert isinstance(why, str) and why.startswith("setting up green contexts failed: ValueError")
 
@@ -215,12 +215,7 @@ def test_partitions_are_disjoint_unions_of_one_split(monkeypatch, made):
     driver = _SplittingDriver(
         types.SimpleNamespace(smCount=132, minSmPartitionSize=8, smCoscheduledAlignment=8), made
     )
-    package = types.ModuleType("cuda.bindings")
-    package.driver = driver
-    monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
-    monkeypatch.setitem(sys.modules, "cuda.bindings", package)
-    monkeypatch.setattr(torch.cuda, "init", lambda: None)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+    _install(monkeypatch, driver)
     monkeypatch.setattr(torch.cuda, "ExternalStream", _FakeCuda.External)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from rollplex.backends.torch.engine import prefix_forward, vision_encode
-from rollplex.backends.torch.engine.session import DecodeEngine
 from rollplex.backends.torch.model import build_model
+from tests.backends.torch.test_engine_cuda import _run as run_engine
+from tests.backends.torch.test_engine_cuda import cuda_prefix  # noqa: F401
 from tests.backends.torch.test_engine_split import attend_steps
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -17,27 +18,12 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 G, R = 4, 40
 
 
-@pytest.fixture
-def cuda_prefix(model, batch):
-    model = model.cuda()
-    b = batch.to("cuda")
-    with torch.no_grad():
-        feats = vision_encode(model, b.pixel_values, b.image_grid_thw)
-        return model, prefix_forward(model, b, feats, grad=False)
-
-
 def _run(model, prefix, graphs: bool, temperature: float, attention="split", seed=7):
-    torch.use_deterministic_algorithms(False)  # index_copy_/cumsum on CUDA
-    engine = DecodeEngine(model, use_graphs=graphs, kv_chunk=16, sync_every=4, attention=attention)
-    gen = torch.Generator("cuda").manual_seed(seed)
-    s = engine.start(prefix, G, R, temperature, 1.0, gen, -1)
-    s.advance(5)  # a segment boundary inside the first graph's chunk
-    s.advance()
-    return s.result()
+    return run_engine(model, prefix, graphs, temperature, seed, attention, group=G, new=R)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_split_graph_replay_equals_eager_step(cuda_prefix, temperature):
+def test_split_graph_replay_equals_eager_step(cuda_prefix, temperature):  # noqa: F811
     model, prefix = cuda_prefix
     eager, graphed = _run(model, prefix, False, temperature), _run(model, prefix, True, temperature)
     assert torch.equal(eager[0], graphed[0]) and torch.equal(eager[2], graphed[2])
@@ -45,7 +31,7 @@ def test_split_graph_replay_equals_eager_step(cuda_prefix, temperature):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_split_decodes_what_sdpa_decodes(cuda_prefix, temperature):
+def test_split_decodes_what_sdpa_decodes(cuda_prefix, temperature):  # noqa: F811
     """fp32 (TF32 off by default): reduction orders differ, near-ties aside the same path."""
     model, prefix = cuda_prefix
     split = _run(model, prefix, True, temperature)
