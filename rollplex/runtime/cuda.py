@@ -10,7 +10,7 @@ still read it. A plan stream on an SM partition runs on a green context of its s
 SMs (`green_contexts.py`; one device group's partitions per process, as the device is
 one); where green contexts cannot be made it runs as a plain stream, and
 `unpartitioned` says why: the executor reports that as a deviation at the stream's first
-step (run log warning, the step's deviations, a trace instant). `close` destroys them.
+step (run log warning, the step's deviations, a trace instant). `close` retires them.
 
 The host is never blocked except by ops that read a device value on the host (decode's
 stop test does); times are resolved with one synchronize at the end of the RL step.

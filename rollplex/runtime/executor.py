@@ -32,7 +32,7 @@ On CUDA each step goes to its own stream (`cuda.CudaStreams`): a stream the plan
 an SM partition runs on a green context of its share of the SMs (`green_contexts.py`; the
 SMs it got are a note at its first step), or, where they cannot be made, as a plain stream
 with a deviation saying why; a CUDA graph replayed there but captured elsewhere is not
-confined, a deviation too. `close()` destroys the green contexts. On CPU the order above
+confined, a deviation too. `close()` retires the green contexts. On CPU the order above
 is the execution. Each RL step is a `record_function("ProfilerStep#N")` range and each plan
 step (its loads, its op, its frees) a `record_function(<step name>)` range, so a
 `torch.profiler` run (`runtime/profile.py`) records real kernels and memory
@@ -202,7 +202,7 @@ class Executor:
     # -- one RL step ---------------------------------------------------------------------
     def run_step(self, rl_step: int, inputs: Any) -> StepResult:
         if self._closed:
-            raise ExecutionError("the executor is closed (its green contexts are destroyed)")
+            raise ExecutionError("the executor is closed (its green contexts are retired)")
         with record_function(f"ProfilerStep#{rl_step}"):  # a step of the measured trace
             start = self._now()
             env = Env()

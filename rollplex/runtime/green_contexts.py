@@ -99,7 +99,7 @@ class GreenStream:
     total: int  # SMs of the device
     planned: float  # the plan's fraction
     unconfined: list[str] = field(default_factory=list)  # graph replays not confined here
-    closed: bool = False  # its green context is destroyed: graphs captured on it are void
+    closed: bool = False  # its executor was closed: graphs captured on it are void
 
     def describe(self) -> str:
         return (
@@ -134,7 +134,7 @@ class PartitionGraph(torch.cuda.CUDAGraph):
         if self.captured_on is not None and self.captured_on.closed:
             raise RuntimeError(
                 f"this CUDA graph was captured on stream '{self.captured_on.name}', whose green "
-                "context is destroyed (its executor was closed): capture it again"
+                "context was retired (its executor was closed): capture it again"
             )
         if _REGISTRY:
             here = green_stream()

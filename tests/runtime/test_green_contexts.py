@@ -308,5 +308,5 @@ def test_a_graph_captured_on_a_destroyed_green_context_refuses_to_replay():
     stream = types.SimpleNamespace(cuda_stream=7)
     green = gc.GreenStream("gpu0:decode", stream, 64, 132, 0.5, closed=True)
     graph = types.SimpleNamespace(captured_on=green)  # PartitionGraph needs CUDA to exist
-    with pytest.raises(RuntimeError, match="'gpu0:decode', whose green context is destroyed"):
+    with pytest.raises(RuntimeError, match="'gpu0:decode', whose green context was retired"):
         gc.PartitionGraph.replay(graph)
