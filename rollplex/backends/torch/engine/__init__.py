@@ -28,10 +28,11 @@ tested against and as the benchmark's baseline):
 
 - cache.py: static K/V, each prompt's prefix stored once for its G rows;
 - step.py: one decode forward on the model's own modules over that cache (each layer's
-  pieces torch.compile'd on CUDA);
-- attention.py: attention over that cache: SDPA (the default), FlexAttention (flex.py: the
-  split-KV kernel) or "split" (the prefix once per prompt, each row only its own responses);
-- sampling.py: on-device draws, a function of (row seed, step);
+  pieces torch.compile'd on CUDA), with fused_qkv.py's one q/k/v GEMM a layer;
+- attention.py: attention over that cache: SDPA, FlexAttention (flex.py: the split-KV
+  kernel) or "split" (the prefix once per prompt, each row only its own responses); "auto"
+  picks split for few prompts on CUDA, else SDPA;
+- sampling.py: on-device draws, a function of (row seed, step), compiled on CUDA;
 - riders.py: the training phase's prefix rows riding a decode step's GEMMs;
 - roofline.py: achieved HBM bandwidth against the roofline.
 
