@@ -1,6 +1,7 @@
 """BackendSpec: which implementation runs each role (`conf/backend/`).
 
     rollplex train backend.rollout=vllm backend.vllm.dtype=float32
+    rollplex train backend.torch_engine.attention=sdpa
     torchrun --nproc-per-node 2 -m rollplex.cli train backend=fsdp
 
 A name must be registered for its role (rollplex.backends.ROLES); whether it can run here
@@ -13,6 +14,7 @@ from pydantic import Field, field_validator
 
 from rollplex.specs.base import Spec
 from rollplex.specs.fsdp import FsdpSpec
+from rollplex.specs.torch_engine import TorchEngineSpec
 from rollplex.specs.vllm import VllmSpec
 
 
@@ -38,6 +40,10 @@ class BackendSpec(Spec):
         "torch",
         description="Trainer role: 'torch', or 'fsdp' (FSDP2, data-parallel over torchrun's "
         "ranks; its torch rollout and reference are full models on every rank).",
+    )
+    torch_engine: TorchEngineSpec = Field(
+        default_factory=TorchEngineSpec,
+        description="Decode engine knobs of the torch rollout (read when rollout=torch).",
     )
     vllm: VllmSpec = Field(
         default_factory=VllmSpec,

@@ -89,6 +89,7 @@ def build_rollout(
     rollout = GatheredRollout(
         config.model, trainer.dist.device, model.requires_grad_(False), trainer, sync
     )
+    rollout.engine = (spec or BackendSpec()).torch_engine  # its decode engine's knobs
     rollout.load_weights(trainer.live_weights())
     return rollout
 

@@ -29,6 +29,7 @@ from rollplex.backends.torch.rows import text_only
 from rollplex.backends.torch.trainer import TorchTrainer
 from rollplex.backends.torch.values import OptimizerHandle, Pixels, VersionCounter, WeightsHandle
 from rollplex.graph.ir import Graph, ValueKind, version_model
+from rollplex.specs.backend import BackendSpec
 
 if TYPE_CHECKING:
     from rollplex.runtime.dispatch import StepConfig
@@ -48,8 +49,11 @@ def build_reference(config: StepConfig, trainer: TorchTrainer) -> TorchReference
     return TorchReference(ref, config.algo.temperature)
 
 
-def build_rollout(config: StepConfig, trainer: TorchTrainer, **_: Any) -> TorchRollout:
-    rollout = TorchRollout(config.model, torch.device(config.device))
+def build_rollout(
+    config: StepConfig, trainer: TorchTrainer, spec: BackendSpec | None = None, **_: Any
+) -> TorchRollout:
+    engine = (spec or BackendSpec()).torch_engine
+    rollout = TorchRollout(config.model, torch.device(config.device), engine)
     rollout.load_weights(trainer.live_weights())
     return rollout
 

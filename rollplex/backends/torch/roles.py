@@ -46,6 +46,7 @@ from rollplex.backends.torch.values import (
 )
 from rollplex.data.prompts import PromptBatch
 from rollplex.specs import ModelSpec
+from rollplex.specs.torch_engine import TorchEngineSpec
 
 
 def llm_params(model: Model) -> tuple[torch.nn.Parameter, ...]:
@@ -143,8 +144,11 @@ class TorchRollout(RolloutRole):
 
     capabilities: ClassVar[RoleCapabilities] = TORCH_ROLLOUT
 
-    def __init__(self, spec: ModelSpec, device: torch.device) -> None:
+    def __init__(
+        self, spec: ModelSpec, device: torch.device, engine: TorchEngineSpec | None = None
+    ) -> None:
         self.spec, self.device = spec, device
+        self.engine = engine or TorchEngineSpec()
         self.model: Model | None = None
         self._version: str = ""
         self._engine: DecodeEngine | None = None  # static cache + graphs, kept across steps
@@ -187,7 +191,14 @@ class TorchRollout(RolloutRole):
         if self._engine is None or self._engine.model is not model:
             # buffers (and graphs) kept across steps, on CPU too: what the plan prices
             # (capabilities.TORCH_ROLLOUT.static_kv)
-            self._engine = DecodeEngine(model, keep_workspace=True)
+            e = self.engine
+            self._engine = DecodeEngine(
+                model,
+                keep_workspace=True,
+                attention=e.attention,
+                compile=e.compile,
+                fused_qkv=e.fused_qkv,
+            )
         s = sampling
         return TorchDecode(
             self._engine.start(

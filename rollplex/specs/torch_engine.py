@@ -1,0 +1,35 @@
+"""TorchEngineSpec: the torch rollout's decode engine (the `backend.torch_engine` section)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rollplex.specs.base import Spec
+
+
+class TorchEngineSpec(Spec):
+    """Knobs of the torch decode engine (backends/torch/engine/); read when rollout=torch.
+    The planner prices the engine's workspace in the SDPA layout with the stacked q/k/v
+    weights, which bounds every setting here."""
+
+    attention: Literal["auto", "sdpa", "split"] = Field(
+        "auto",
+        description="Decode attention: 'sdpa' (the group's queries folded over the shared "
+        "prefix and every row's response K/V, with a mask), 'split' (the prefix once per "
+        "prompt, then each row's own response K/V only), 'auto' (on CUDA split while a step "
+        "has at most 16 prompt x K/V-head pairs, SDPA beyond: what an H200 measured, "
+        "bench/results/gpu_decode/split.md; SDPA on CPU).",
+    )
+    fused_qkv: bool = Field(
+        True,
+        description="Run each layer's q/k/v projections as one GEMM over a stacked copy of "
+        "their weights, refreshed at every decode's start (1.04-1.09x a step on an H200; "
+        "costs the q/k/v weights once more, e.g. 0.9 GB at the 7B shape).",
+    )
+    compile: bool | None = Field(
+        None,
+        description="torch.compile each layer's small kernels and the draw. None: on CUDA "
+        "only (CPU runs eagerly, which the bit-exact CPU tests rely on).",
+    )
