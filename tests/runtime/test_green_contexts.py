@@ -304,7 +304,7 @@ def test_green_stream_lookup_is_empty_without_green_contexts():
     assert gc.green_stream() is None  # no CUDA call when none were made
 
 
-def test_a_graph_captured_on_a_destroyed_green_context_refuses_to_replay():
+def test_a_graph_captured_on_a_retired_green_context_refuses_to_replay():
     stream = types.SimpleNamespace(cuda_stream=7)
     green = gc.GreenStream("gpu0:decode", stream, 64, 132, 0.5, closed=True)
     graph = types.SimpleNamespace(captured_on=green)  # PartitionGraph needs CUDA to exist
