@@ -7,10 +7,7 @@
 set -uo pipefail
 TMP=${TMP:-/tmp} OUT=${OUT:-bench/results/gpu_checks}
 PY=${PY:-python3}
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target "$TMP/site" .whl/*.whl || echo "wheel install failed (continuing)"
-export PYTHONPATH=$TMP/site:$PWD PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+source bench/gpu_wheels.sh
 mkdir -p "$OUT"
 quiet() { grep -v -i -E "warn|^ *$" | tail -"$1"; }
 timeout 300 $PY -m pytest -q -p no:cacheprovider -rs tests/backends/torch/test_engine_cuda.py \

@@ -5,10 +5,7 @@
 set -uo pipefail
 TMP=${TMP:-/tmp} OUT=${OUT:-bench/results/gpu_piggyback}
 PY=${PY:-python3}
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target "$TMP/site" .whl/*.whl || echo "wheel install failed (continuing)"
-export PYTHONPATH=$TMP/site:$PWD PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+source bench/gpu_wheels.sh
 mkdir -p "$OUT"
 $PY -m pytest -q -p no:cacheprovider -rs -s tests/backends/torch/test_riders_cuda.py \
   tests/backends/torch/test_engine_cuda.py 2>&1 | grep -v -i -E "^.*Warning:|warnings.warn" | tail -15 | tee "$OUT/cuda_tests.log"
