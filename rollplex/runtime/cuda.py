@@ -30,6 +30,7 @@ from rollplex.runtime.green_contexts import (
     check_fractions,
     make_green_streams,
 )
+from rollplex.runtime.plan_effects import partition_notes, unpartitioned_streams
 
 
 class CudaStreams:
@@ -75,6 +76,14 @@ class CudaStreams:
             splitting = d.name
             self._contexts.append(made)
             self.green.update(made.streams)
+
+    def partition_reports(
+        self, plan: Plan, pos: dict[int, int]
+    ) -> tuple[list[tuple[int, str]], dict[int, str]]:
+        """(deviations: each partitioned stream run plain, at its first issue position and
+        why; notes: issue position -> what a green stream got, its SMs)."""
+        got = {name: g.describe() for name, g in self.green.items()}
+        return unpartitioned_streams(plan, pos, self.unpartitioned), partition_notes(plan, pos, got)
 
     def take_notes(self, device: int, step: Step) -> list[str]:
         """What ran unconfined on `step`'s green stream since the last call (graphs captured

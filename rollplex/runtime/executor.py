@@ -24,7 +24,7 @@ Per RL step:
    another) cannot be applied there: it waits for that read, and the run log (warning),
    the step's `deviations` and the measured trace (an instant) say so (plan_effects.py);
 5. resident bytes are accounted per device group after every step, before and after its
-   frees; weights versions read are checked against the plan (see `_check_versions`).
+   frees; weights versions read are checked against the plan (`accounting.py`).
 The plan's training micro-batch count (`Plan.meta["train_micro_batches"]`, and whether each
 runs its forward again inside the backward, `["train_micro_recompute"]`), what the planner
 sized training activations with) goes to the trainer once, through the backend.
@@ -51,28 +51,20 @@ import torch
 from torch.profiler import record_function
 
 from rollplex.backends.base import Backend, Chunk
-from rollplex.graph.ir import Graph, ValueKind, version_model
+from rollplex.graph.ir import Graph, ValueKind
 from rollplex.planner.plan import CoRun, Plan, Step
+from rollplex.runtime.accounting import ExecutionError, MemoryLedger, check_versions
 from rollplex.runtime.callbacks import Callback, Callbacks
 from rollplex.runtime.engine_residency import engine_schedule
 from rollplex.runtime.memory import Env, iter_tensors
 from rollplex.runtime.order import plan_order
-from rollplex.runtime.plan_effects import (
-    COPY_KINDS,
-    partition_notes,
-    plan_effects,
-    unpartitioned_streams,
-)
+from rollplex.runtime.plan_effects import COPY_KINDS, plan_effects
 from rollplex.runtime.pool_steps import PoolSteps
 from rollplex.runtime.pools import Pools
 from rollplex.runtime.record import MeasuredStep, StepResult
 from rollplex.trace.timeline import MemoryEvent
 
 log = logging.getLogger(__name__)
-
-
-class ExecutionError(RuntimeError):
-    """The plan and what the backend holds disagree (a value missing, a stale version)."""
 
 
 def plan_micro_batches(plan: Plan) -> int:
@@ -134,7 +126,7 @@ class Executor:
         self._start_on_host = self._initial_host()
         self._placed: dict[str, bool] = {}  # persistent value -> on host at the last step end
         self._carried: dict[str, Any] = {}  # previous RL step's values for previous_step steps
-        self._addr: dict[str, int] = {}
+        self._ledger = MemoryLedger(len(plan.devices))
         self.origin = time.perf_counter()
         self.cuda = None
         self._closed = False
@@ -143,9 +135,9 @@ class Executor:
             from rollplex.runtime.cuda import CudaStreams
 
             self.cuda = CudaStreams(plan, self.device)
-            self._unpartitioned(pos, self.cuda.unpartitioned)
-            got = {name: g.describe() for name, g in self.cuda.green.items()}  # its SMs
-            self._stream_notes = partition_notes(plan, pos, got)
+            plain, self._stream_notes = self.cuda.partition_reports(plan, pos)
+            for k, msg in plain:
+                self._deviate(k, msg)
             self.notes += self._stream_notes.values()  # logged at info below
         deviations = {m for ms in self.deviations.values() for m in ms}
         for note in self.notes:
@@ -156,10 +148,6 @@ class Executor:
                 log.warning("executor: at '%s': %s", self.order[k].name, msg)
 
     # -- static preparation --------------------------------------------------------------
-    def _unpartitioned(self, pos: dict[int, int], why: dict[str, str] | None = None) -> None:
-        for k, msg in unpartitioned_streams(self.plan, pos, why):
-            self._deviate(k, msg)
-
     def close(self) -> None:
         """Release what the executor holds on the device: its green contexts (SM
         partitions), after their work. Later steps need a new executor."""
@@ -211,13 +199,13 @@ class Executor:
                 self.cuda.begin(start)
             measured: list[MeasuredStep] = []
             memory: list[MemoryEvent] = []
-            attributed: dict[int, dict[str, int]] = {i: {} for i in range(len(self.plan.devices))}
+            self._ledger.reset()
             offsets: dict[str, int] = {}
             for k, step in enumerate(self.order):
                 self.callbacks.on_step_start(rl_step, step)
                 with record_function(step.name):
-                    m = self._issue(k, step, env, rl_step, memory, attributed)
-                self._check_versions(m, offsets)
+                    m = self._issue(k, step, env, rl_step, memory)
+                check_versions(m, offsets)
                 measured.append(m)
                 self.callbacks.on_step_end(rl_step, m)
             if self.cuda is not None:
@@ -242,7 +230,6 @@ class Executor:
         env: Env,
         rl_step: int,
         memory: list[MemoryEvent],
-        attributed: dict[int, dict[str, int]],
     ) -> MeasuredStep:
         """Step `k` of the order: its loads, its op, its frees, and what that left resident."""
         dev = self.dev_of[step.index]
@@ -269,12 +256,12 @@ class Executor:
         if k in self._stream_notes:
             note = "; ".join(n for n in (self._stream_notes[k], note) if n)
         resident = env.resident_bytes(self._owned[own])
-        memory += self._memory(env, attributed[own], t1, step.name, own)
+        memory += self._ledger.events(env, self._owned[own], own, t1, step.name)
         freed = [v for v in self._frees.get(k, ()) if self._free(env, v)]
         for a in self._engine.after.get(k, ()):
             self.backend.residency(a)
         after = env.resident_bytes(self._owned[own])
-        memory += self._memory(env, attributed[own], t1, step.name, own)
+        memory += self._ledger.events(env, self._owned[own], own, t1, step.name)
         m = MeasuredStep(step, own, rl_step, t0, t1, resident, after, env.host_bytes(), reads, note)
         m.freed, m.deviations = freed, list(self.deviations.get(k, ()))
         return m
@@ -358,42 +345,6 @@ class Executor:
         if callable(release) and not self.graph.values[value].external:
             release()  # e.g. gradients: the plan frees them, so really free them
         return True
-
-    def _memory(
-        self, env: Env, attributed: dict[str, int], t: float, name: str, dev: int
-    ) -> list[MemoryEvent]:
-        """Events for every value whose resident bytes changed since the last call."""
-        now = env.attribution(self._owned[dev])
-        events = []
-        for value in dict.fromkeys([*attributed, *now]):
-            delta = now.get(value, 0) - attributed.get(value, 0)
-            if not delta:
-                continue
-            attributed[value] = now.get(value, 0)
-            addr = self._addr.setdefault(value, (len(self._addr) + 1) << 24)
-            total = sum(attributed.values())
-            events.append(MemoryEvent(dev, t * 1e6, addr, delta, total, total, name))
-        return events
-
-    def _check_versions(self, m: MeasuredStep, offsets: dict[str, int]) -> None:
-        """The plan's version for a step is relative to the RL step (`policy@0`); what the
-        backend read is absolute. Within one RL step the difference must be the same for
-        every step reading a model, or some step read weights the plan did not promise. A
-        `previous_step` step's version is relative to the previous RL step (the
-        disaggregated sync ships its update), so it is one less relative to this one."""
-        planned = m.step.weights_version
-        if planned is None:
-            return
-        model, rel = version_model(planned), int(planned.split("@")[1]) - m.step.previous_step
-        for read in m.reads.values():
-            if version_model(read) != model:
-                continue
-            off = int(read.split("@")[1]) - rel
-            if offsets.setdefault(model, off) != off:
-                raise ExecutionError(
-                    f"'{m.step.name}' read {read} where the plan says {planned} "
-                    f"(offset {off}, other steps {offsets[model]})"
-                )
 
     def _finish(self, env: Env) -> None:
         for name in self.graph.values:

@@ -19,6 +19,7 @@ from rollplex.runtime import executor as executor_module
 from rollplex.runtime.compose import compose
 from rollplex.runtime.dispatch import StepConfig
 from rollplex.runtime.memory import Env
+from rollplex.runtime.plan_effects import unpartitioned_streams
 from rollplex.specs import ScheduleSpec
 from rollplex.trace import build_profiler_trace
 from tests.runtime.conftest import ALGO, CPU, MODEL, WORKLOAD
@@ -243,7 +244,8 @@ def test_an_sm_partition_the_runtime_cannot_set_up_is_reported_at_its_first_step
     ex = Executor(r.plan, r.graph, compose(StepConfig(MODEL, ALGO, seed=0, max_new_tokens=4)))
     assert not any("SM partition" in m for ms in ex.deviations.values() for m in ms)  # CPU
     pos = {s.index: k for k, s in enumerate(ex.order)}
-    ex._unpartitioned(pos)  # what a CUDA executor does when it builds its streams
+    for k, msg in unpartitioned_streams(r.plan, pos):  # what a CUDA executor reports
+        ex._deviate(k, msg)
     for name, st in parts:
         first = min(pos[i] for i in st.steps)
         assert any(f"'{name}:{st.name}' is planned on an SM partition" in m
