@@ -95,7 +95,7 @@ def torch_engine_workspace(
 
 def torch_engine_fused_qkv(model: ModelSpec) -> float:
     """Bytes of the torch engine's stacked q/k/v projection weights and biases (engine/
-    step.py FusedQKV): a copy of those projections, refreshed at each decode's start and
+    fused_qkv.py): a copy of those projections, refreshed at each decode's start and
     kept with the workspace. Qwen2.5's q/k/v projections carry biases."""
     head_dim = model.hidden_size // model.num_heads
     rows = (model.num_heads + 2 * model.num_kv_heads) * head_dim

@@ -53,7 +53,7 @@ class DecodeEngine:
     graphs, fewer unwritten slots read). `compile` (default: on
     CUDA) fuses each layer's small kernels (step.py); a torch.compile mode name compiles
     with that mode. `fused_qkv` (default True) runs each layer's q/k/v projections as one
-    GEMM over a stacked copy of their weights (step.py FusedQKV), refreshed at every start;
+    GEMM over a stacked copy of their weights (fused_qkv.py), refreshed at every start;
     `compile_sampler` (default: as `compile`) compiles the draw.
     `keep_workspace` (default: when graphs are used) keeps the buffers and graphs after a
     session finishes, for the next session of the same shape; otherwise they are freed with
@@ -156,7 +156,7 @@ class DecodeEngine:
             self.attention_for(prompts),
         )
         if self.forward.fused is not None:
-            self.forward.fused.refresh()  # the weights this decode reads (step.py FusedQKV)
+            self.forward.fused.refresh()  # the weights this decode reads (fused_qkv.py)
         ws = self._workspace(shape)
         # Greedy draws nothing: leave every generator (the global one too) untouched.
         seeds = row_seeds(generator, b * g, self.device) if temperature > 0 else 0
