@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from rollplex.specs import ModelSpec
+from tests.once import once
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240
@@ -95,5 +97,82 @@ class Runs:
 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory) -> Runs:
-    root = tmp_path_factory.mktemp("fsdp_runs")
-    return Runs(train(1, root / "one", 4), train(2, root / "two", 4))
+    """Made once per pytest run: three files on possibly different xdist workers read it."""
+
+    def make(root: Path) -> None:
+        train(1, root / "one", 4)
+        train(2, root / "two", 4)
+
+    root = once(tmp_path_factory, "fsdp_runs", make)
+    return Runs(root / "one", root / "two")
+
+
+# -- worker.py checks, one launch per rank count ---------------------------------------------
+# A launch's start (torchrun, every rank's torch/transformers imports, gloo) costs ~10 s of a
+# 2-core machine, the checks ~1-3 s each: so every check of a rank count runs in one launch,
+# each from a fresh model and plan (worker.py `batch`), and the tests read their reports.
+# Name -> worker.py arguments ("{ckpt}": the 2-rank run's step-2 checkpoint, from `runs`).
+SHARE = ("views", "--sync", "share", "--steps", "2")
+CHECKS: dict[int, dict[str, tuple[str, ...]]] = {
+    1: {
+        "load": ("load", "--ckpt", "{ckpt}"),
+        "views-alias": ("views", "--sync", "alias", "--steps", "2"),
+        "share-tp1": (*SHARE, "--tp", "1"),
+    },
+    2: {
+        "views": ("views", "--steps", "2"),
+        "share-tp2": (*SHARE, "--tp", "2"),
+        "share-tp1": (*SHARE, "--tp", "1"),
+        "share-tp1-bf16": (*SHARE, "--tp", "1", "--dtype", "bfloat16"),
+        "share-tp2-bf16": (*SHARE, "--tp", "2", "--dtype", "bfloat16"),
+    },
+    4: {
+        "load": ("load", "--ckpt", "{ckpt}"),
+        "views": ("views", "--steps", "2"),
+        "share-tp2": (*SHARE, "--tp", "2"),
+        "share-tp4-kv4": (*SHARE, "--tp", "4", "--kv-heads", "4"),
+    },
+}
+
+
+@dataclass(frozen=True)
+class Checks:
+    """The --out file of each check of one launch (share checks: one file per rank)."""
+
+    folder: Path
+    nproc: int
+
+    def out(self, name: str) -> Path:
+        return self.folder / f"{name}.pt"
+
+    def report(self, name: str) -> dict:
+        return torch.load(self.out(name))
+
+    def rank_reports(self, name: str) -> list[dict]:
+        return [torch.load(self.out(name).with_suffix(f".rank{r}.pt")) for r in range(self.nproc)]
+
+
+def launch_checks(tmp_path_factory, nproc: int, ckpt: Path | None = None) -> Checks:
+    def make(folder: Path) -> None:
+        jobs = []
+        for name, args in CHECKS[nproc].items():
+            args = tuple(str(ckpt) if a == "{ckpt}" else a for a in args)
+            jobs.append(shlex.join([*args, "--out", str(folder / f"{name}.pt")]))
+        launch(nproc, "tests.distributed.worker", ["batch", *jobs], timeout=TIMEOUT_S * 2)
+
+    return Checks(once(tmp_path_factory, f"checks{nproc}", make), nproc)
+
+
+@pytest.fixture(scope="session")
+def checks1(tmp_path_factory, runs) -> Checks:
+    return launch_checks(tmp_path_factory, 1, runs.two / "checkpoints" / "step-000002")
+
+
+@pytest.fixture(scope="session")
+def checks2(tmp_path_factory) -> Checks:
+    return launch_checks(tmp_path_factory, 2)
+
+
+@pytest.fixture(scope="session")
+def checks4(tmp_path_factory, runs) -> Checks:
+    return launch_checks(tmp_path_factory, 4, runs.two / "checkpoints" / "step-000002")

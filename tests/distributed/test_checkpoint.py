@@ -25,7 +25,6 @@ from tests.distributed.conftest import (
     ckpt_model,
     command,
     env,
-    launch,
     train,
     weights,
 )
@@ -66,22 +65,19 @@ def test_corrupt_or_foreign_checkpoint_is_named(runs, tmp_path):
 
 
 @pytest.mark.parametrize("nproc", [1, pytest.param(4, marks=pytest.mark.slow)])
-def test_saved_on_two_ranks_loads_on_one_and_four(runs, tmp_path, nproc):
-    """Parameters equal the Hub export bit for bit; AdamW's state equals its 1-rank load."""
+def test_saved_on_two_ranks_loads_on_one_and_four(runs, request, nproc):
+    """Parameters equal the Hub export bit for bit; AdamW's state equals its 1-rank load.
+    (The loads are conftest.CHECKS' `load` of the step-2 checkpoint, one per rank count.)"""
     ckpt = runs.two / "checkpoints" / "step-000002"
     spec = ckpt_model(ckpt)
-    out = tmp_path / f"load{nproc}.pt"
-    launch(nproc, "tests.distributed.worker", ["load", "--ckpt", str(ckpt), "--out", str(out)])
-    got = torch.load(out)
+    got = request.getfixturevalue(f"checks{nproc}").report("load")
     assert got["version"] == 2
     export = dict(load_model(ckpt / "model", spec=spec).named_parameters())
     assert set(got["params"]) == set(export)
     assert all(torch.equal(got["params"][n], export[n]) for n in export)
     assert got["optim"] and all({"exp_avg", "exp_avg_sq"} <= set(s) for s in got["optim"].values())
     if nproc == 4:
-        one = tmp_path / "load1.pt"
-        launch(1, "tests.distributed.worker", ["load", "--ckpt", str(ckpt), "--out", str(one)])
-        ref = torch.load(one)["optim"]
+        ref = request.getfixturevalue("checks1").report("load")["optim"]
         for name, st in got["optim"].items():
             for k, v in st.items():
                 assert torch.equal(v, ref[name][k]), (name, k)

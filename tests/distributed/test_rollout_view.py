@@ -9,29 +9,20 @@ and on one rank with the alias sync the rollout's tensors are the trainer's stor
 from __future__ import annotations
 
 import pytest
-import torch
-
-from tests.distributed.conftest import launch
 
 PARAMS = 57  # tensors of the tiny Qwen2.5-VL
-STEPS = 2
-
-
-def _views(tmp_path, nproc: int, sync: str = "gather") -> dict:
-    out = tmp_path / f"views{nproc}.pt"
-    args = ["views", "--steps", str(STEPS), "--out", str(out), "--sync", sync]
-    launch(nproc, "tests.distributed.worker", args)
-    return torch.load(out)
+STEPS = 2  # conftest.CHECKS' --steps
 
 
 @pytest.mark.parametrize("nproc", [2, pytest.param(4, marks=pytest.mark.slow)])
-def test_rollout_view_equals_gathered_parameters(tmp_path, nproc):
-    report = _views(tmp_path, nproc)
+def test_rollout_view_equals_gathered_parameters(request, nproc):
+    report = request.getfixturevalue(f"checks{nproc}").report("views")  # gather sync
     assert report["world"] == nproc
     assert report["checked"] == PARAMS * STEPS
     assert report["moved"] > 0  # the updates were real, and the rollout followed them
 
 
-def test_alias_on_one_rank_shares_storage(tmp_path):
-    report = _views(tmp_path, 1, "alias")
+def test_alias_on_one_rank_shares_storage(checks1):
+    report = checks1.report("views-alias")
+    assert report["world"] == 1
     assert report["checked"] == PARAMS * STEPS and report["moved"] > 0

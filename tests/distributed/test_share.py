@@ -23,18 +23,15 @@ from rollplex.backends.fsdp.exchange import fold
 from rollplex.specs import MODEL_PRESETS
 from rollplex.weights import Copy, Kind, LayoutError
 from rollplex.weights.torch_rollout import rollout_sharing, shard_dims, torch_rollout_bytes
-from tests.distributed.conftest import launch
 
 PARAMS = 57  # tensors of the tiny Qwen2.5-VL
-STEPS = 2
+STEPS = 2  # conftest.CHECKS' --steps
 TINY = MODEL_PRESETS["tiny"]
 
 
-def _share(tmp_path, nproc: int, tp: int, *extra: str) -> list[dict]:
-    out = tmp_path / f"share{nproc}x{tp}.pt"
-    args = ["views", "--sync", "share", "--tp", str(tp), "--steps", str(STEPS), "--out", str(out)]
-    launch(nproc, "tests.distributed.worker", [*args, *extra])
-    return [torch.load(out.with_suffix(f".rank{r}.pt")) for r in range(nproc)]
+def _share(request, nproc: int, name: str) -> list[dict]:
+    """The per-rank reports of conftest.CHECKS[nproc][name] (`views --sync share`)."""
+    return request.getfixturevalue(f"checks{nproc}").rank_reports(name)
 
 
 def _expected(world: int, tp: int, rank: int, spec=TINY, dtype="float32") -> tuple[int, int]:
@@ -72,8 +69,8 @@ def _check(reports: list[dict], nproc: int, tp: int, spec=TINY, dtype="float32")
             assert d["max_logprob_diff"] < 0.05
 
 
-def test_share_tp2_on_two_ranks(tmp_path):
-    reports = _share(tmp_path, 2, 2)
+def test_share_tp2_on_two_ranks(checks2):
+    reports = checks2.rank_reports("share-tp2")
     _check(reports, 2, 2)
     st = reports[0]["stats"]
     # The whole LLM is aliased (q/k/v/gate/up/embed/lm_head Shard(0) rows, o/down
@@ -85,25 +82,25 @@ def test_share_tp2_on_two_ranks(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc,tp", [(1, 1), (2, 1), (4, 2)])  # (4, 1): as (2, 1)
-def test_share_other_layouts(tmp_path, nproc, tp):
+def test_share_other_layouts(request, nproc, tp):
     """One rank: every tensor is aliased (a shard is the whole parameter). TP 1 over 2 or
     4 ranks, TP 2 over 4 (FSDP chunks are halves of a TP rank's rows): nothing is aliased,
     everything is rebuilt, and the values still match."""
-    reports = _share(tmp_path, nproc, tp)
+    reports = _share(request, nproc, f"share-tp{tp}")
     _check(reports, nproc, tp)
     assert all(rep["aliased"] == (PARAMS if nproc == 1 else 0) for rep in reports)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tp", [1, 2])
-def test_share_bf16_compute_copy(tmp_path, tp):
+def test_share_bf16_compute_copy(checks2, tp):
     """bfloat16 compute (as on GPU): the rollout aliases its own bf16 copy of the shards,
     refreshed by a cast at each sync, and that copy of the shards the algebra places inside
     rebuilt tensors (norms, vision halves; at TP 1 every tensor) *is* those bytes of the
     rebuild buffer: only the other halves travel. Values equal the gathered masters cast
     to bf16, bit for bit. TP 1 costs exactly one full bf16 copy (half of it the shards);
     TP 2 less."""
-    reports = _share(tmp_path, 2, tp, "--dtype", "bfloat16")
+    reports = checks2.rank_reports(f"share-tp{tp}-bf16")
     _check(reports, 2, tp, dtype="bfloat16")
     for rep in reports:
         st = rep["stats"]
@@ -116,9 +113,9 @@ def test_share_bf16_compute_copy(tmp_path, tp):
 
 
 @pytest.mark.slow
-def test_share_tp4_on_four_ranks(tmp_path):
+def test_share_tp4_on_four_ranks(checks4):
     """t_r = d_t = 4 (a tiny model with 4 KV heads): the LLM is aliased again."""
-    reports = _share(tmp_path, 4, 4, "--kv-heads", "4")
+    reports = checks4.rank_reports("share-tp4-kv4")
     spec = TINY.model_copy(update={"num_kv_heads": 4})
     _check(reports, 4, 4, spec)
     assert all(rep["aliased"] == 22 for rep in reports)

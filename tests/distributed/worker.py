@@ -11,12 +11,17 @@ that fails raises, so the process group exits non-zero.
     load   --ckpt DIR --out F
         restore a DCP checkpoint (saved by any number of ranks) and write the gathered full
         parameters and AdamW state.
+    batch  JOB...
+        each JOB (one quoted command line of the above) in turn, in one process group: a
+        launch's start costs more than its checks (conftest.py CHECKS).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 from pathlib import Path
 
 import torch
@@ -124,7 +129,7 @@ def share_views(args) -> None:
     torch.save(report, args.out.with_suffix(f".rank{dist.get_rank()}.pt"))
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["views", "load"])
     ap.add_argument("--out", type=Path, required=True)
@@ -134,10 +139,19 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=None)
     ap.add_argument("--dtype", default=None, help="the trainer's compute dtype (FsdpSpec)")
     ap.add_argument("--ckpt", type=Path)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    # `batch JOB...`: each JOB one quoted command line, run in turn in this process group
+    jobs = [shlex.split(j) for j in argv[1:]] if argv[:1] == ["batch"] else [argv]
     torch.set_num_threads(1)
-    views(args) if args.mode == "views" else load(args)
-    dist.barrier()
+    for job in jobs:
+        args = parser().parse_args(job)
+        torch.use_deterministic_algorithms(False)  # as a fresh process starts (views sets it)
+        views(args) if args.mode == "views" else load(args)
+        dist.barrier()
     dist.destroy_process_group()
 
 
