@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from rollplex.models import ensure_demo_folder
+from tests.models.demo_home import demo_home
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 SMALL = (
@@ -37,8 +37,8 @@ def rollplex(job: str, run: Path, *overrides: str) -> subprocess.CompletedProces
 @pytest.fixture(scope="module")
 def hub_folder(tmp_path_factory) -> Path:
     """A tiny Qwen2.5-VL folder written by transformers' save_pretrained (model, tokenizer,
-    image processor): the demo recipe, built into this test's own folder."""
-    return ensure_demo_folder(tmp_path_factory.mktemp("home"))
+    image processor): the demo recipe, freshly built (shared with tests/models)."""
+    return demo_home(tmp_path_factory)[1]
 
 
 def test_three_steps_from_a_hub_folder_save_a_folder_transformers_loads(hub_folder, tmp_path):

@@ -4,7 +4,6 @@ of a random model, a BPE tokenizer trained with `tokenizers`, and a Qwen2-VL pro
 from __future__ import annotations
 
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from transformers import Qwen2VLImageProcessorPil
 from rollplex.backends.torch.model import build_model
 from rollplex.models.demo import demo_spec, train_tokenizer
 from rollplex.specs.model import ModelSpec
+from tests.models.demo_home import demo_home
 
 torch.set_num_threads(1)
 TEXT = "what colour is the shape ? red green blue yes no circle triangle how many"
@@ -53,13 +53,8 @@ def hub(tmp_path_factory) -> Hub:
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory) -> tuple[Path, Path, float]:
-    """The demo folder built once for the session: (root, folder, seconds to build)."""
-    from rollplex.models import ensure_demo_folder
-
-    root = tmp_path_factory.mktemp("home")
-    start = time.perf_counter()
-    folder = ensure_demo_folder(root)
-    return root, folder, time.perf_counter() - start
+    """The demo folder built once for the run: (root, folder, seconds to build)."""
+    return demo_home(tmp_path_factory)
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
