@@ -94,10 +94,26 @@ def test_a_run_folder_holds_metrics_traces_checkpoints_and_summary(uninterrupted
     assert json.loads((uninterrupted / "calibration.json").read_text())["entries"]
 
 
-def test_checkpoint_every_0_writes_none_and_the_log_names_every_step(tmp_path):
-    run = tmp_path / "bench"
-    p = train(run, "train.checkpoint_every=0", "train.steps=2")
-    assert p.returncode == 0, p.stderr
+FORCED = ("train.response_lengths=workload", "train.max_new_tokens=16", "train.steps=2")
+
+
+@pytest.fixture(scope="module")
+def forced_runs(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
+    """2 steps with forced response lengths and checkpoint_every=0, under the serial and the
+    rollplex (the default) schedule: the forced-length test compares the two, and the
+    rollplex run is the checkpoint_every=0 test's run (one run less: ~12 s of CPU)."""
+    root = tmp_path_factory.mktemp("forced")
+    out = {}
+    for schedule in ("serial", "rollplex"):
+        run = root / schedule
+        p = train(run, *FORCED, "train.checkpoint_every=0", f"schedule={schedule}")
+        assert p.returncode == 0, p.stderr[-3000:]
+        out[schedule] = (run, p)
+    return out
+
+
+def test_checkpoint_every_0_writes_none_and_the_log_names_every_step(forced_runs):
+    run, p = forced_runs["rollplex"]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["last_checkpoint"] is None and not (run / "checkpoints").exists()
     line = r"step (\d)/2: reward [\d.e-]+, kl .* s, peak resident"
@@ -221,19 +237,14 @@ def test_kl_in_reward_with_a_vllm_rollout_is_refused_before_any_work(tmp_path):
     assert not (tmp_path / "out" / "plan.json").exists()
 
 
-def test_forced_response_lengths_are_the_workloads_and_shared_by_schedules(tmp_path):
+def test_forced_response_lengths_are_the_workloads_and_shared_by_schedules(forced_runs):
     """train.response_lengths=workload: each response runs to a length drawn from
     workload.response_length (eos ignored), the same draws under every schedule."""
     from rollplex.runtime.rollout_ops import forced_lengths
     from rollplex.specs import WORKLOAD_PRESETS
 
-    over = ("train.response_lengths=workload", "train.max_new_tokens=16", "train.steps=2")
-    over += ("train.checkpoint_every=0",)
     means = {}
-    for schedule in ("serial", "rollplex"):
-        run = tmp_path / schedule
-        p = train(run, *over, f"schedule={schedule}")
-        assert p.returncode == 0, p.stderr[-3000:]
+    for schedule, (run, _) in forced_runs.items():
         rows = (run / "metrics.csv").read_text().splitlines()
         col = rows[0].split(",").index("response_length")
         means[schedule] = [float(r.split(",")[col]) for r in rows[1:]]
