@@ -34,6 +34,18 @@ class Cost:
     transient_bytes: float = 0.0  # peak scratch inside the op, freed at its end
 
     def __post_init__(self) -> None:
+        # Fast path (a plan builds millions of Costs): every field finite and >= 0 (NaN
+        # fails both comparisons); the loop below names the first field that is not.
+        if (
+            0 <= self.flops < math.inf
+            and 0 <= self.bytes_read < math.inf
+            and 0 <= self.bytes_written < math.inf
+            and 0 <= self.weight_bytes < math.inf
+            and 0 <= self.persistent_bytes < math.inf
+            and 0 <= self.transient_bytes < math.inf
+            and self.weight_bytes <= self.bytes_read * (1 + 1e-9)
+        ):
+            return
         for name in self.__slots__:
             value = getattr(self, name)
             if not value >= 0 or math.isinf(value):  # also rejects NaN

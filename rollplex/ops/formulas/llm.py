@@ -181,24 +181,25 @@ def decode_rollout(
     prefix = workload.prefix_tokens(model.vision)
     steps = decode_steps(workload, batch)
     kv_tok = kv_bytes_per_token(model, tp)
-    total = Cost()
     tokens = float(batch)  # the prefill's token 0
     peak_kv = 0.0
+    # Summed field by field (the additions Cost.__add__ makes, in its order: the same
+    # floats), not through a Cost per step: the planner prices thousands of steps per plan.
+    flops = read = written = weights = scratch = 0.0
     for s in range(steps):
         active = lengths.expected_active(batch, s + 1)
         if active <= 0:
             break
         step = decode_step(model, active, prefix + s, tp)
         # The step's new K/V stays in the rollout's scratch; only the token leaves it.
-        total += Cost(
-            flops=step.flops,
-            bytes_read=step.bytes_read,
-            bytes_written=step.bytes_written,
-            weight_bytes=step.weight_bytes,
-            transient_bytes=step.transient_bytes,
-        )
+        flops += step.flops
+        read += step.bytes_read
+        written += step.bytes_written
+        weights += step.weight_bytes
+        scratch = max(scratch, step.transient_bytes)
         tokens += active
         peak_kv = max(peak_kv, active * (s + 1) * kv_tok)
+    total = Cost(flops, read, written, weights, 0.0, scratch)
     out = tokens * 2 * LOGPROB_BYTES
     # The steps wrote each token id (lm_head's 4 B per row); the logprob beside it is extra.
     extra = tokens * LOGPROB_BYTES
