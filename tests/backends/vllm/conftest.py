@@ -27,9 +27,15 @@ def vllm_reason() -> str | None:
     return None
 
 
-needs_vllm = pytest.mark.skipif(
-    (reason := vllm_reason()) is not None, reason=f"vLLM missing: {reason}"
-)
+@pytest.fixture(scope="session")
+def vllm_importable() -> None:
+    """Skips, with the reason, where vLLM cannot be imported. A fixture, not a skipif: the
+    import costs ~8 s of CPU, and collection would pay it on every xdist worker."""
+    if (reason := vllm_reason()) is not None:
+        pytest.skip(f"vLLM missing: {reason}")
+
+
+needs_vllm = pytest.mark.usefixtures("vllm_importable")
 
 # fp32 on CPU (bf16 crashes the AMX kernel on short prefills); a small bounded KV cache.
 ENGINE = VllmSpec(dtype="float32", kv_cache_bytes=32 << 20, max_model_len=512, enforce_eager=True)
