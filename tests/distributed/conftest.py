@@ -1,6 +1,7 @@
 """Runs of the real CLI and of worker.py on gloo, each in its own processes (torchrun for
-N > 1, plain python for 1), with a timeout. Tiny model, few steps: the whole folder
-costs about two to three CPU-minutes."""
+N > 1, plain python for 1), with a timeout; worker.py's checks share one launch per rank
+count (CHECKS). Tiny model, few steps: the whole folder costs about five CPU-minutes
+(~3 min on 2 cores with -n 2)."""
 
 from __future__ import annotations
 
