@@ -18,6 +18,7 @@ Prints a table last and writes JSON to $OUT/gpu_decode.json (else bench/results/
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -27,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
+from gpu_sampler_check import one_scan_draw  # bench/ is on sys.path as the script's folder
 
 from rollplex.backends.torch.decode import DecodeSession
 from rollplex.backends.torch.engine.roofline import (
@@ -128,7 +130,9 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
             "workspace_bytes": engine.workspace.cache.nbytes() if engine.workspace else 0,
         }
         for attention, other in others.items():  # the same engine, another attention kernel
-            _, t = engine_runs(other, prefix, g, r, dev, args.repeats)
+            draw = one_scan_draw() if attention == "one_scan" else contextlib.nullcontext()
+            with draw:
+                _, t = engine_runs(other, prefix, g, r, dev, args.repeats)
             o = roofline(weights, reads, kv_tok, steps, statistics.median(t), hw.hbm_bandwidth)
             entry[f"{attention}_ms_per_step"] = 1e3 * o.step_seconds
             entry[f"{attention}_hbm_share"] = o.efficiency
@@ -162,6 +166,7 @@ VARIANTS = {
     "unfused": {"fused_qkv": False},  # three q/k/v GEMMs a layer, as before the stacked copy
     "before": {"fused_qkv": False, "compile_sampler": False},  # the engine of compiled.md
     "split": {"attention": "split"},  # prefix once + each row's own response K/V
+    "one_scan": {},  # the draw before its two-level inverse CDF (gpu_sampler_check.py)
     "flex": {"attention": "flex"},
     "uncompiled": {"compile": False},
     "sdpa_uncompiled": {"attention": "sdpa", "compile": False},  # the engine before flex

@@ -143,8 +143,8 @@ def test_work_and_graphs_captured_on_a_partition_run_on_its_sms():
     finally:
         made.close()
     assert gc.green_stream(torch.cuda.current_stream()) is None  # unregistered on close
-    with pytest.raises(RuntimeError, match="green context is destroyed"):
-        confined.replay()  # not a launch into a destroyed context
+    with pytest.raises(RuntimeError, match="green context was retired"):
+        confined.replay()  # not a launch into a retired context
 
 
 def test_a_partitioned_plan_runs_on_green_contexts_and_trains_what_serial_trains():

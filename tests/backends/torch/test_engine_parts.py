@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rollplex.backends.torch.engine import sampling
 from rollplex.backends.torch.engine.roofline import (
     kv_bytes_per_token,
     kv_token_reads,
@@ -56,6 +57,40 @@ def test_sample_rows_distribution_top_p_and_greedy():
     assert edge.tolist() == [0, 2, 2]
     with pytest.raises(ValueError, match="top_p"):
         sample_rows(logits, u, 1.0, 1.5)
+
+
+def _first_exceeding(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The inverse CDF by definition: the first entry whose running sum exceeds u * total."""
+    cdf = probs.cumsum(-1)
+    return (cdf <= (u * cdf[:, -1])[:, None]).sum(-1)
+
+
+@pytest.mark.parametrize("vocab", [100, 1024, 3 * 1024, 5000])
+def test_two_level_inverse_cdf_draws_what_one_cumulative_sum_draws(vocab):
+    block = sampling.CDF_BLOCK
+    gen = torch.Generator().manual_seed(vocab)
+    # Small integer masses: every partial sum is exact in fp32 in any grouping, so the two
+    # levels must give the definition's entry exactly, boundaries included.
+    probs = torch.randint(0, 4, (64, vocab), generator=gen).float()
+    probs[:8, : min(block, vocab - 1)] = 0  # whole empty blocks
+    probs[8:16, block - 1 :: block] = 0  # empty entries on block edges
+    probs[16:, -1] = 0  # a zero-mass last entry (where a clamp would land)
+    probs[:, 0] += 1  # every row has mass
+    u = torch.rand(64, generator=gen)
+    u[:4] = 0.0
+    u[4:8] = 1 - 2**-24
+    # targets exactly on running-sum boundaries
+    u[40:] = torch.randint(0, 50, (24,), generator=gen) / probs[40:].sum(-1)
+    got = sampling._inverse_cdf(probs.clone(), u)
+    assert torch.equal(got, _first_exceeding(probs, u))
+    assert (probs.gather(-1, got[:, None]) > 0).all()  # zero mass is never drawn
+
+
+def test_inverse_cdf_falls_back_to_the_last_entry_with_mass_when_rounding_overshoots():
+    probs = torch.zeros(2, 3000)
+    probs[:, 5] = probs[:, 1500] = 1.0
+    # u >= 1 stands in for a target rounded up to (or past) the total
+    assert sampling._inverse_cdf(probs, torch.tensor([1.0, 1.5])).tolist() == [1500, 1500]
 
 
 def test_roofline_arithmetic():
