@@ -13,8 +13,10 @@ The disaggregated schedule needs two GPUs and torchrun: `bench/gpu_disagg.sh`.
 Workload: video prompts (synthetic moving shapes, `--frames` frames of `--size`^2 pixels),
 `--prompts` x G = `--group`, forced long-tailed response lengths
 (`train.response_lengths=workload`: lognormal, `--mean-length`, capped at `--max-length`;
-the same draws under every schedule). Each run's first step pays warm-up (graph capture,
-compilation, cuBLAS) and is left out of the medians.
+the same draws under every schedule). The first schedule runs `--warmup-steps` steps first,
+discarded, so the compilations all schedules share in this process charge none of them;
+each run's first step still pays its own warm-up (graph capture, its new shapes) and is
+left out of the medians and of the paired totals (from `--paired-from`).
 
 Prediction: serial_dedup runs first; the other schedules are planned (and run) with the op
 times it measured (`calibration=<its calibration.json>`), so their predicted step times
@@ -34,6 +36,7 @@ import csv
 import gc
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -156,6 +159,16 @@ def main() -> None:
     ap.add_argument("--sigma", type=float, default=0.45)
     ap.add_argument("--max-length", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=2,
+        help="steps of the first schedule run first and discarded: the compilations every "
+        "schedule shares in this process (dynamo, Inductor, cuBLAS) then charge none of them",
+    )
+    ap.add_argument(
+        "--paired-from", type=int, default=2, help="first step (1-based) of the paired totals"
+    )
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--print-job", action="store_true", help="print the workload overrides")
@@ -164,6 +177,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.resummarize:  # the summary fields of a saved result, by this version's rules
         saved = json.loads(args.resummarize.read_text())
+        args.warmup_steps = saved.get("warmup_steps") or 0  # what that run did
         runs = saved["runs"]
         ok = {k: v for k, v in runs.items() if "error" not in v}
         again = summarize(args, runs, ok, saved["wall_s"])
@@ -182,6 +196,16 @@ def main() -> None:
     runs: dict[str, dict] = {}
     calib = root / "serial_dedup" / "calibration.json"
     order = sorted(args.schedules.split(","), key=lambda s: s != "serial_dedup")
+    if args.warmup_steps:
+        # Without it the first schedule measured paid compilations the others reused: on
+        # the H200 (stop 19) serial + dedup's step 2 took 17.1 s, its step 3 7.3 s, while
+        # rollplex, run after it, took 8.5 s at step 2.
+        print(f"== warm-up: {order[0]}, {args.warmup_steps} steps (discarded)", flush=True)
+        warm = argparse.Namespace(**{**vars(args), "steps": args.warmup_steps})
+        try:
+            run_schedule(warm, order[0], root / "warmup", None)
+        finally:
+            shutil.rmtree(root / "warmup", ignore_errors=True)
     for schedule in order:
         print(f"== {schedule}", flush=True)
         use = calib if schedule != "serial_dedup" and calib.exists() else None
@@ -200,19 +224,20 @@ def main() -> None:
     print(table(result))
 
 
-def paired_total(ok: dict) -> dict[str, float]:
-    """Each schedule's seconds over the same RL steps (2 .. the shortest run's last): step k
-    has the same prompts and forced lengths under every schedule, so the totals compare
-    like with like (a median can pick different steps for different schedules)."""
+def paired_total(ok: dict, paired_from: int = 2) -> dict[str, float]:
+    """Each schedule's seconds over the same RL steps (`paired_from` .. the shortest run's
+    last, 1-based): step k has the same prompts and forced lengths under every schedule, so
+    the totals compare like with like (a median can pick different steps for different
+    schedules)."""
     n = min(len(v["step_time_s"]) for v in ok.values())
-    first = 1 if n > 1 else 0
+    first = min(paired_from, n) - 1
     return {k: sum(v["step_time_s"][first:n]) for k, v in ok.items()}
 
 
 def summarize(args, runs: dict, ok: dict, wall: float) -> dict:
     import torch
 
-    total = paired_total(ok) if ok else {}
+    total = paired_total(ok, args.paired_from) if ok else {}
 
     def ratio(base: str) -> float | None:
         a, b = total.get(base), total.get("rollplex")
@@ -239,6 +264,8 @@ def summarize(args, runs: dict, ok: dict, wall: float) -> dict:
         },
         "wall_s": wall,
         "paired_total_s": total,
+        "paired_from_step": args.paired_from,
+        "warmup_steps": getattr(args, "warmup_steps", None),
         "speedup_vs_serial_dedup": ratio("serial_dedup"),
         "speedup_vs_serial_verl": ratio("verl"),
         "speedup_vs_disaggregated": None,  # two GPUs: bench/gpu_disagg.sh
@@ -272,7 +299,8 @@ def table(result: dict) -> str:
             f" | {peak / 2**30:.1f} | {e['plan_peak_bytes'] / 2**30:.1f} "
             f"| {e['peak_measured_over_planned']:.2f} |"
         )
-    lines.append(f"\nseconds over the same steps (2..): {result['paired_total_s']}")
+    first = result.get("paired_from_step", 2)
+    lines.append(f"\nseconds over the same steps ({first}..): {result['paired_total_s']}")
     for key in ("speedup_vs_serial_dedup", "speedup_vs_serial_verl"):
         v = result[key]
         lines.append(f"\n{key}: {v:.3f}" if v else f"\n{key}: -")
