@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from datetime import UTC, datetime
@@ -29,6 +28,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from cuda_timing import graph_ms  # bench/ is on sys.path as the script's folder
 
 from rollplex.backends.torch.engine.attention import attend_shared
 from rollplex.backends.torch.engine.cache import SharedPrefixKV, round_up
@@ -74,25 +74,8 @@ def time_calls(cache, spec, step: int, calls: int, repeats: int, dev) -> float:
         for _ in range(calls):
             attend_shared(attn, q, cache, 0, kv_len)
         return (time.perf_counter() - start) * 1e6 / calls
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        attend_shared(attn, q, cache, 0, kv_len)  # compile / lazy init
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            attend_shared(attn, q, cache, 0, kv_len)
-    graph.replay()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
+    call = lambda: attend_shared(attn, q, cache, 0, kv_len)  # noqa: E731
+    return 1e3 * graph_ms(call, calls, repeats, warmup=1)
 
 
 def main() -> None:

@@ -16,12 +16,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import statistics
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
+from cuda_timing import graph_ms  # bench/ is on sys.path as the script's folder
 
 from rollplex.backends.torch.engine import sampling
 from rollplex.backends.torch.engine.sampling import next_tokens
@@ -52,28 +52,6 @@ def one_scan_draw() -> Iterator[None]:
 def one_scan_next_tokens(*args):
     with one_scan_draw():
         return next_tokens(*args)
-
-
-def graph_ms(fn, calls: int = 20, repeats: int = 5) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return statistics.median(times)
 
 
 def main() -> None:
