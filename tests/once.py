@@ -4,18 +4,18 @@
 own: a session fixture used by files on two workers would run twice (a pair of training
 runs costs a minute of CPU). `once` makes the folder under the run's shared base temp
 directory, under a file lock: the first worker to ask makes it, the others wait and reuse
-it (pytest-xdist's documented recipe, with fcntl instead of the filelock package).
+it (pytest-xdist's documented recipe; filelock comes with torch).
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 DONE = ".made"  # written last: a folder without it was left by a failed attempt
 
@@ -32,8 +32,7 @@ def once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Pa
     A failed `make` leaves no marker, so the next caller tries again (and fails with its
     own output) rather than reading half a folder."""
     folder = shared_root(tmp_path_factory) / f"once-{name}"
-    with open(folder.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with FileLock(folder.with_suffix(".lock")):
         if not (folder / DONE).exists():
             if folder.exists():
                 shutil.rmtree(folder)
