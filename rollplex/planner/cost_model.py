@@ -7,7 +7,8 @@ Defaults follow FACTS.md's H200 measurements: a CUDA-graphed decode reaches ~77%
 bandwidth and large prefix GEMMs ~60% of bf16 peak. Tensor-parallel all-reduces run on
 NVLink inside the op; FSDP gathers and reduce-scatters overlap the training compute, so
 only their excess over compute is exposed. A calibration file of measured op times (the
-runtime writes one) rescales the efficiency of each kind by the median measured ratio.
+runtime writes one) rescales the efficiency of each kind by the median measured ratio; a
+kind it holds no measurement of borrows its relatives' (RELATED_KINDS).
 """
 
 from __future__ import annotations
@@ -22,6 +23,16 @@ from rollplex.specs import HardwareSpec
 
 CALIBRATION_FORMAT = "rollplex-calibration/1"
 BANDWIDTH_KINDS = frozenset({"decode", "generate", "weight_sync", "expand_group", "optimizer_step"})
+
+# Kinds whose ops run what their relatives' ops run, in other proportions. A calibration
+# without a kind's own measurements rescales it by its relatives' measured over predicted
+# seconds (pooled): verl's one-pass `logprob` over prefix and response is what a
+# prefix-shared schedule measures as `logprob_prefix` + `logprob_response`, and vLLM's
+# `generate` is mostly decode.
+RELATED_KINDS: dict[str, tuple[str, ...]] = {
+    "logprob": ("logprob_prefix", "logprob_response"),
+    "generate": ("decode",),
+}
 
 
 @dataclass(slots=True, frozen=True)
@@ -84,24 +95,32 @@ class CostModel:
 
     # -- calibration --------------------------------------------------------------------
     def calibrated(self, path: str | Path) -> CostModel:
-        """A copy whose per-kind efficiencies match the measured times in `path`."""
+        """A copy whose per-kind efficiencies match the measured times in `path`; kinds
+        measured there get their median ratio, unmeasured RELATED_KINDS their relatives'."""
         data = json.loads(Path(path).read_text())
         if data.get("format") != CALIBRATION_FORMAT:
             raise ValueError(
                 f"{path}: 'format' must be {CALIBRATION_FORMAT!r}, got {data.get('format')!r}"
             )
         ratios: dict[str, list[float]] = {}
+        seconds: dict[str, list[float]] = {}  # kind -> [predicted, measured] summed
         for i, entry in enumerate(data.get("entries", [])):
             for key in ("kind", "predicted_s", "measured_s"):
                 if key not in entry:
                     raise ValueError(f"{path}: entries[{i}] lacks '{key}'")
             if entry["measured_s"] > 0 and entry["predicted_s"] > 0:
-                ratios.setdefault(entry["kind"], []).append(
-                    entry["predicted_s"] / entry["measured_s"]
-                )
+                kind = entry["kind"]
+                ratios.setdefault(kind, []).append(entry["predicted_s"] / entry["measured_s"])
+                total = seconds.setdefault(kind, [0.0, 0.0])
+                total[0] += entry["predicted_s"]
+                total[1] += entry["measured_s"]
+        scale = {kind: statistics.median(rs) for kind, rs in ratios.items()}  # <1: slower
+        for kind, relatives in RELATED_KINDS.items():
+            measured = [seconds[r] for r in relatives if r in seconds]
+            if kind not in scale and measured:
+                scale[kind] = sum(p for p, _ in measured) / sum(m for _, m in measured)
         eff = dict(self.efficiency)
-        for kind, rs in ratios.items():
-            k = statistics.median(rs)  # <1: slower than predicted
+        for kind, k in scale.items():
             base = self.eff(kind)
             eff[kind] = Efficiency(base.compute * k, base.bandwidth * k)
         return CostModel(self.hardware, eff, self.launch_s)
