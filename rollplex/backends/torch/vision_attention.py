@@ -15,6 +15,7 @@ with SDPA, exactly as transformers' own non-flash path does, so CPU results do n
 from __future__ import annotations
 
 import itertools
+import weakref
 from typing import Any
 
 import torch
@@ -36,6 +37,25 @@ def _kernel() -> Any | None:
 def uses_kernel(x: torch.Tensor) -> bool:
     """The one-call kernel serves `x` (else windows are attended one SDPA call each)."""
     return x.is_cuda and x.dtype in _KERNEL_DTYPES and _kernel() is not None
+
+
+# cu_seqlens tensor id -> (that tensor, its longest window): transformers hands every block
+# of one tower forward the same cu_seqlens tensor (one for windows, one for whole images),
+# and releases before 5.19 derive the longest window again in each block, a host sync
+# each (32 a forward at 7B); this derives it once per tensor.
+_LONGEST: dict[int, tuple[weakref.ref, int]] = {}
+
+
+@torch.compiler.disable  # host-side bookkeeping; compiled blocks break here, as at int()
+def _longest(cu_seqlens: torch.Tensor) -> int:
+    hit = _LONGEST.get(id(cu_seqlens))
+    if hit is not None and hit[0]() is cu_seqlens:
+        return hit[1]
+    for key in [k for k, (ref, _) in _LONGEST.items() if ref() is None]:
+        del _LONGEST[key]
+    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    _LONGEST[id(cu_seqlens)] = (weakref.ref(cu_seqlens), longest)
+    return longest
 
 
 def varlen_attention(
@@ -62,11 +82,10 @@ def varlen_attention(
     cu_k = cu_seq_lens_q if cu_seq_lens_k is None else cu_seq_lens_k
     if uses_kernel(query):
         q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
+        longest_q = max_length_q if isinstance(max_length_q, int) else _longest(cu_seq_lens_q)
+        longest_k = max_length_k if isinstance(max_length_k, int) else _longest(cu_k)
         cu_q, cu_k = cu_seq_lens_q.to(torch.int32), cu_k.to(torch.int32)
-        if max_length_q is None:
-            max_length_q = int((cu_q[1:] - cu_q[:-1]).max())
-        max_k = max_length_q if max_length_k is None else max_length_k
-        out = _kernel()(q, k, v, cu_q, cu_k, max_length_q, max_k, scale=scaling)
+        out = _kernel()(q, k, v, cu_q, cu_k, longest_q, longest_k, scale=scaling)
         return out.unsqueeze(0), None
     bounds = cu_seq_lens_q.tolist()
     outs = [

@@ -10,6 +10,7 @@ import torch
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.vision_attention import (
     VARLEN,
+    _longest,
     compile_vision_blocks,
     uses_kernel,
     varlen_attention,
@@ -54,6 +55,25 @@ def test_it_refuses_masks_and_missing_windows():
         varlen_attention(None, q, q, q, attention_mask=torch.ones(4, 4))
     with pytest.raises(ValueError, match="vision tower's windows only"):
         varlen_attention(None, q, q, q)
+
+
+def test_the_longest_window_is_derived_once_per_cu_seqlens_tensor():
+    """Every block of a forward gets the same tensor: the second block reads the first's
+    answer (no host sync); another tensor is derived afresh, also at a reused id."""
+    cu = torch.tensor([0, 4, 12, 15])
+    assert _longest(cu) == 8
+    cu[2] = 5  # not what transformers does: it shows the answer came from the first call
+    assert _longest(cu) == 8
+    other = torch.tensor([0, 2, 3])
+    assert _longest(other) == 2
+    key = id(cu)
+    del cu
+    for _ in range(50):  # a new tensor may land on the dead one's id: never its answer
+        fresh = torch.tensor([0, 1, 2])
+        assert _longest(fresh) == 1
+        if id(fresh) == key:
+            break
+        del fresh
 
 
 @pytest.mark.gpu
