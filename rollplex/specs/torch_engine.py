@@ -28,6 +28,14 @@ class TorchEngineSpec(Spec):
         "their weights, refreshed at every decode's start (1.04-1.09x a step on an H200; "
         "costs the q/k/v weights once more, e.g. 0.9 GB at the 7B shape).",
     )
+    skinny_gemm: bool | None = Field(
+        None,
+        description="Run the MLP's gate/up projections with their SiLU as one Triton kernel, "
+        "and the LM head on a Triton weight-streaming GEMM, in decode steps of at most 32 "
+        "rows (backends/torch/engine/skinny.py; measured against cuBLAS in "
+        "bench/results/gpu_decode/skinny.md). None: on CUDA when Triton is installed; true "
+        "elsewhere is refused when the engine starts.",
+    )
     compile: bool | None = Field(
         None,
         description="torch.compile each layer's small kernels and the draw. None: on CUDA "

@@ -198,6 +198,7 @@ class TorchRollout(RolloutRole):
                 attention=e.attention,
                 compile=e.compile,
                 fused_qkv=e.fused_qkv,
+                skinny_gemm=e.skinny_gemm,
             )
         s = sampling
         return TorchDecode(

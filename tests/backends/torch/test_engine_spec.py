@@ -44,3 +44,12 @@ def test_the_spec_reaches_the_engine(model, spec, prefix, engine, attention, fus
 def test_bad_values_are_named(field, value):
     with pytest.raises(ValidationError, match=f"torch_engine.{field}"):
         BackendSpec(torch_engine={field: value})
+
+
+def test_skinny_gemm_reaches_the_engine_and_cpu_refuses_it_by_name(model, spec, prefix):
+    sampling = Sampling(max_new_tokens=R, temperature=1.0, top_p=1.0, eos_id=-1, pad_id=0)
+    off = _rollout(model, spec, skinny_gemm=False)
+    off.start_decode(prefix, G, sampling, torch.Generator().manual_seed(0))
+    assert off._engine.forward.skinny is False
+    with pytest.raises(ValueError, match="skinny_gemm needs CUDA"):
+        _rollout(model, spec, skinny_gemm=True).start_decode(prefix, G, sampling, None)

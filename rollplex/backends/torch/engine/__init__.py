@@ -28,7 +28,8 @@ tested against and as the benchmark's baseline):
 
 - cache.py: static K/V, each prompt's prefix stored once for its G rows;
 - step.py: one decode forward on the model's own modules over that cache (each layer's
-  pieces torch.compile'd on CUDA), with fused_qkv.py's one q/k/v GEMM a layer;
+  pieces torch.compile'd on CUDA), with fused_qkv.py's one q/k/v GEMM a layer and, at
+  few rows on CUDA, skinny.py's Triton kernels for the MLP's gate/up + SiLU and the LM head;
 - attention.py: attention over that cache: SDPA, FlexAttention (flex.py: the split-KV
   kernel) or "split" (the prefix once per prompt, each row only its own responses); "auto"
   picks split for few prompts on CUDA, else SDPA;

@@ -23,6 +23,7 @@ from typing import Literal
 import torch
 
 from rollplex.backends.torch.decode import check_lengths
+from rollplex.backends.torch.engine import skinny
 from rollplex.backends.torch.engine.cache import Attention, round_up
 from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows, ride_alone
 from rollplex.backends.torch.engine.sampling import row_seeds
@@ -54,7 +55,8 @@ class DecodeEngine:
     CUDA) fuses each layer's small kernels (step.py); a torch.compile mode name compiles
     with that mode. `fused_qkv` (default True) runs each layer's q/k/v projections as one
     GEMM over a stacked copy of their weights (fused_qkv.py), refreshed at every start;
-    `compile_sampler` (default: as `compile`) compiles the draw.
+    `compile_sampler` (default: as `compile`) compiles the draw. `skinny_gemm` (default:
+    on CUDA with Triton) runs steps of few rows on skinny.py's weight-streaming GEMMs.
     `keep_workspace` (default: when graphs are used) keeps the buffers and graphs after a
     session finishes, for the next session of the same shape; otherwise they are freed with
     the finished session, as the eager loop's cache was."""
@@ -71,6 +73,7 @@ class DecodeEngine:
         compile: bool | str | None = None,
         fused_qkv: bool = True,
         compile_sampler: bool | None = None,
+        skinny_gemm: bool | None = None,
     ) -> None:
         if model.config.text_config.layer_types.count("full_attention") != len(
             model.config.text_config.layer_types
@@ -94,7 +97,11 @@ class DecodeEngine:
         self.attention: Literal["auto"] | Attention = attention
         # compiled layer pieces (step.py) on CUDA; CPU runs transformers' modules eagerly
         compiled = self.device.type == "cuda" if compile is None else compile
-        self.forward = DecodeStep(model, compiled, fused_qkv, compile_sampler)
+        if skinny_gemm is None:
+            skinny_gemm = self.device.type == "cuda" and skinny.usable(self.device)
+        elif skinny_gemm and not skinny.usable(self.device):
+            raise ValueError("skinny_gemm needs CUDA and Triton (engine/skinny.py)")
+        self.forward = DecodeStep(model, compiled, fused_qkv, compile_sampler, skinny_gemm)
         self.workspace: Workspace | None = None
         self._pool = None
 

@@ -21,6 +21,7 @@ from rollplex.backends.torch.engine.attention import attend_shared
 from rollplex.backends.torch.engine.cache import SharedPrefixKV
 from rollplex.backends.torch.engine.fused_qkv import FusedQKV
 from rollplex.backends.torch.engine.sampling import next_tokens
+from rollplex.backends.torch.engine.skinny import MAX_ROWS, skinny_gate_up, skinny_linear
 
 
 def rotary_fn(attn: torch.nn.Module) -> Callable:
@@ -53,7 +54,10 @@ class DecodeStep:
     compiles each bucket's shapes statically, which is what its autotuning is for.
     With `fused_qkv` (the default) the q/k/v projections are one GEMM over `FusedQKV`'s
     stacked copy of their weights. The draw (sampling.next_tokens) is compiled with the
-    layers unless `compile_sampler` says otherwise."""
+    layers unless `compile_sampler` says otherwise. With `skinny` (CUDA with Triton) steps of
+    at most skinny.MAX_ROWS rows run the MLP's gate, up and SiLU as one skinny.py kernel and
+    the LM head on its weight-streaming GEMM, the two places it beat cuBLAS on an H200; the
+    other projections stay on cuBLAS."""
 
     def __init__(
         self,
@@ -61,12 +65,18 @@ class DecodeStep:
         compile: bool | str,
         fused_qkv: bool = True,
         compile_sampler: bool | None = None,
+        skinny: bool = False,
     ) -> None:
         self.model = model
+        self.skinny = skinny
+        silu = model.config.text_config.hidden_act == "silu"  # what skinny_gate_up computes
         lm = model.model.language_model
         self.rotary = rotary = rotary_fn(lm.layers[0].self_attn)
         self.fused = FusedQKV(lm.layers) if fused_qkv else None
         widths = self.fused.widths if self.fused is not None else ()
+
+        def few(x: torch.Tensor) -> bool:  # a guard of the compiled pieces: two graphs at most
+            return skinny and x.shape[0] * x.shape[1] <= MAX_ROWS
 
         def before(layer, x, cos, sin, weight=None, bias=None):
             attn = layer.self_attn
@@ -85,7 +95,11 @@ class DecodeStep:
 
         def after(layer, h, out):
             h = h + layer.self_attn.o_proj(out)
-            return h + layer.mlp(layer.post_attention_layernorm(h))
+            x = layer.post_attention_layernorm(h)
+            mlp = layer.mlp
+            if not (silu and few(x)):
+                return h + mlp(x)
+            return h + mlp.down_proj(skinny_gate_up(x, mlp.gate_proj.weight, mlp.up_proj.weight))
 
         self.compiled = bool(compile)
         choose = next_tokens
@@ -122,7 +136,10 @@ class DecodeStep:
             cache.write(i, k, v, slots)
             out = attend_shared(layer.self_attn, q, cache, i, kv_len)
             h = self.after(layer, h, out)
-        return model.lm_head(lm.norm(h)).view(b * g, -1)
+        h = lm.norm(h)
+        if self.skinny and b * g <= MAX_ROWS:
+            return skinny_linear(h, model.lm_head.weight, model.lm_head.bias).view(b * g, -1)
+        return model.lm_head(h).view(b * g, -1)
 
     def projection(self, layer: int) -> tuple[torch.Tensor, torch.Tensor | None] | tuple[()]:
         """Layer `layer`'s stacked q/k/v weight and bias, or nothing when not fused."""

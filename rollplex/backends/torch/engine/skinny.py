@@ -1,0 +1,173 @@
+"""Weight-streaming GEMMs for a decode step's few rows (Triton, CUDA only).
+
+At a few rows a decode step's projections are matrix-vector work: the time is the weights'
+bytes over HBM bandwidth. These kernels give each program a slab of output columns and the
+whole reduction, so every weight byte is read once, with the rows padded to one
+tensor-core tile:
+- `skinny_gate_up(x, wg, wu)`: silu(x @ wg.T) * (x @ wu.T), the MLP's two input projections
+  and its activation in one kernel over the modules' own weights (no stacked copy), rounded
+  where transformers' unfused modules round (each GEMM's bf16 output, the activation's);
+- `skinny_linear(x, w, b)`: x @ w.T + b.
+
+Measured one at a time against cuBLAS on an H200 (bench/results/gpu_decode/skinny.md), they
+win where the weight is wide: gate + up at 8-32 rows (7B: 84% of HBM bandwidth against
+cuBLAS's two GEMMs and fused SiLU at 73%) and the LM head (92% against 87%); cuBLAS wins
+on the narrow q/k/v, o and down projections, so the engine uses only those two (step.py),
+up to MAX_ROWS rows.
+
+Both are torch custom ops, so a compiled decode layer calls them as opaque kernels, and
+both tune their tile per (rows tile, N, K) on first use: the engine's eager warm-up before
+each graph capture runs that tuning, never the capture."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only torch builds ship no Triton
+    triton = None
+
+MAX_ROWS = 32  # at 64 rows cuBLAS draws level (skinny.md)
+
+
+def usable(device: torch.device) -> bool:
+    """Whether these kernels run on `device`: CUDA with Triton, or Triton's CPU interpreter."""
+    if triton is None:
+        return False
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _row_tile(rows: int) -> int:
+    return max(16, triton.next_power_of_2(rows))  # tl.dot needs 16
+
+
+if triton is not None:
+
+    def _configs() -> list[triton.Config]:
+        # (output columns, reduction slab, warps, stages): narrow slabs give more programs
+        # for the narrow projections, wide ones fewer loads in flight per program
+        tiles = ((16, 256, 4, 4), (16, 512, 4, 3), (32, 256, 4, 4), (32, 512, 8, 3),
+                 (64, 128, 4, 4), (64, 256, 8, 3), (128, 128, 8, 3), (16, 128, 2, 6))  # fmt: skip
+        return [
+            triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s)
+            for n, k, w, s in tiles
+        ]
+
+    @triton.jit
+    def _linear_kernel(
+        x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_k = tl.arange(0, BLOCK_K)
+        rows, cols = offs_m < M, offs_n < N
+        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+        w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        # "ieee": float32 operands (CPU-interpreter and fp32 CUDA tests) without TF32, as
+        # cuBLAS by default; bf16 operands are unaffected
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            inside = offs_k[None, :] < K - k * BLOCK_K
+            x = tl.load(x_ptrs, mask=rows[:, None] & inside, other=0.0)
+            w = tl.load(w_ptrs, mask=cols[:, None] & inside, other=0.0)
+            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=cols, other=0.0).to(tl.float32)[None, :]
+        y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=rows[:, None] & cols[None, :])
+
+    @triton.jit
+    def _gate_up_kernel(
+        x_ptr, g_ptr, u_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_k = tl.arange(0, BLOCK_K)
+        rows, cols = offs_m < M, offs_n < N
+        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+        w_offs = offs_n[:, None] * stride_wn + offs_k[None, :]
+        gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            inside = offs_k[None, :] < K - k * BLOCK_K
+            x = tl.load(x_ptrs, mask=rows[:, None] & inside, other=0.0)
+            wmask = cols[:, None] & inside
+            wg = tl.load(g_ptr + w_offs, mask=wmask, other=0.0)
+            wu = tl.load(u_ptr + w_offs, mask=wmask, other=0.0)
+            gate = tl.dot(x, tl.trans(wg), gate, input_precision="ieee")
+            up = tl.dot(x, tl.trans(wu), up, input_precision="ieee")
+            x_ptrs += BLOCK_K
+            w_offs += BLOCK_K
+        dtype = y_ptr.dtype.element_ty
+        gate = gate.to(dtype).to(tl.float32)  # the modules' bf16 outputs
+        up = up.to(dtype).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)  # SiLU, rounded as F.silu
+        y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+        tl.store(y_ptrs, (act * up).to(dtype), mask=rows[:, None] & cols[None, :])
+
+    def _tuned(kernel: triton.JITFunction) -> Callable[[Callable], Callable]:
+        """grid -> launcher of `kernel`, its tile tuned per (rows tile, N, K). Triton's CPU
+        interpreter (TRITON_INTERPRET=1, what the CPU tests run) has no GPU to time tiles
+        on, so there it gets one fixed tile."""
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return lambda grid: functools.partial(kernel[grid], BLOCK_N=16, BLOCK_K=64)
+        tuned = triton.autotune(configs=_configs(), key=["BLOCK_M", "N", "K"])(kernel)
+        return lambda grid: tuned[grid]
+
+    _linear = _tuned(_linear_kernel)
+    _gate_up = _tuned(_gate_up_kernel)
+
+
+def _rows_2d(x: torch.Tensor) -> torch.Tensor:
+    x = x.reshape(-1, x.shape[-1])
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+@torch.library.custom_op("rollplex::skinny_linear", mutates_args=())
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight.T (+ bias) for x's few rows: [..., K] -> [..., N]."""
+    x2 = _rows_2d(x)
+    (m, k), n = x2.shape, weight.shape[0]
+    y = x2.new_empty(m, n)
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
+    _linear(grid)(
+        x2, weight, bias if bias is not None else weight, y, m, n, k,
+        x2.stride(0), weight.stride(0), y.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_M=_row_tile(m),
+    )  # fmt: skip
+    return y.view(*x.shape[:-1], n)
+
+
+@skinny_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+@torch.library.custom_op("rollplex::skinny_gate_up", mutates_args=())
+def skinny_gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(x @ gate.T) * (x @ up.T) for x's few rows: [..., K] -> [..., N]."""
+    x2 = _rows_2d(x)
+    (m, k), n = x2.shape, gate.shape[0]
+    y = x2.new_empty(m, n)
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
+    _gate_up(grid)(
+        x2, gate, up, y, m, n, k, x2.stride(0), gate.stride(0), y.stride(0),
+        BLOCK_M=_row_tile(m),
+    )  # fmt: skip
+    return y.view(*x.shape[:-1], n)
+
+
+@skinny_gate_up.register_fake
+def _(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], gate.shape[0])
