@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # What this stop changed, checked on one H200 in one device call (carry .whl; ~9 min):
-# the two-level draw against the one-scan draw (alone, then in the decode engine side by
-# side), then the engine's, riders', split engine's and green contexts' CUDA tests (the
-# green tests must exit cleanly after close).
+# the decode engine with skinny.py's gate/up and LM-head kernels against the same engine on
+# cuBLAS (`--compare cublas`, side by side), the vision tower deriving its longest window
+# once per forward against once per block, then the engine's CUDA tests (skinny kernels
+# are the engine's default on CUDA now).
 #   OUT=... bash bench/gpu_checks.sh
+# (`python bench/gpu_skinny_gemm.py`, the kernels alone against cuBLAS, ran in the call
+# before: bench/results/gpu_decode/skinny.md.)
 set -uo pipefail
 TMP=${TMP:-/tmp} OUT=${OUT:-bench/results/gpu_checks}
 PY=${PY:-python3}
@@ -11,17 +14,11 @@ source bench/gpu_wheels.sh
 mkdir -p "$OUT"
 # drop warnings and blank lines, but never pytest's summary (it says "N warnings" too)
 quiet() { awk 'tolower($0) ~ /passed|failed|error|^[|]/ || (tolower($0) !~ /warn/ && NF)' | tail -"$1"; }
-timeout 90 $PY bench/gpu_sampler_check.py 2>&1 | quiet 16 | tee "$OUT/gpu_sampler.log"
-timeout 270 $PY bench/gpu_decode.py --models qwen2_5_vl_7b,qwen2_5_vl_3b --batches 8,64,256 \
-  --repeats 2 --budget-s 170 --eager-max-batch 0 --compare one_scan 2>&1 | quiet 9 \
+timeout 250 $PY bench/gpu_decode.py --models qwen2_5_vl_7b,qwen2_5_vl_3b --batches 8,32 \
+  --repeats 2 --budget-s 210 --eager-max-batch 0 --compare cublas 2>&1 | quiet 8 \
   | tee "$OUT/gpu_decode.log"
+timeout 120 $PY bench/gpu_vision.py --batches 4,8 --repeats 3 --out "$OUT" 2>&1 | quiet 7 \
+  | tee "$OUT/gpu_vision.log"
 timeout 150 $PY -m pytest -q -p no:cacheprovider -rs tests/backends/torch/test_engine_cuda.py \
-  tests/backends/torch/test_riders_cuda.py tests/backends/torch/test_engine_split_cuda.py \
+  tests/backends/torch/test_skinny_cuda.py tests/backends/torch/test_riders_cuda.py \
   2>&1 | quiet 6 | tee "$OUT/engine_tests.log"
-timeout 90 $PY -m pytest -q -p no:cacheprovider -m gpu tests/runtime/test_green_contexts_cuda.py \
-  > "$OUT/green_tests.full.log" 2>&1
-echo "green tests exit status $?" | tee "$OUT/green_tests.log"  # 0: passed and exited cleanly
-grep -E -A12 "^_{3,} test" "$OUT/green_tests.full.log" | grep -E "Error|assert|^E " | head -8 \
-  | tee -a "$OUT/green_tests.log"
-quiet 4 < "$OUT/green_tests.full.log" | tee -a "$OUT/green_tests.log"
-rm -f "$OUT/green_tests.full.log"
