@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from rollplex.backends.base import BackendUnavailable
 from rollplex.backends.capabilities import (
     FSDP_ROLLOUTS,
+    FSDP_TRAINER,
     TORCH_ROLLOUT,
     TORCH_SCORER,
     VLLM_ROLLOUT,
@@ -145,7 +146,7 @@ ROLES: dict[str, dict[str, RoleEntry]] = {
             "FsdpTrainer",
             "build_trainer",
             _T,
-            caps=TORCH_SCORER,
+            caps=FSDP_TRAINER,
             rollout_builder="build_rollout",
             reference_builder="build_reference",
             runtime="runtime",
@@ -182,6 +183,11 @@ def rollout_capabilities(spec: BackendSpec) -> RoleCapabilities:
     return caps
 
 
+def trainer_capabilities(spec: BackendSpec) -> RoleCapabilities:
+    """What the chosen trainer declares (the registry's copy, torch-free), for the planner."""
+    return role_entry("trainer", spec.trainer).capabilities()
+
+
 def available_roles(role: str) -> list[str]:
     """Names that can be selected here for `role` (built, with their packages installed)."""
     return [n for n, e in ROLES[role].items() if e.module and not e.missing()]
@@ -194,4 +200,5 @@ __all__ = [
     "available_roles",
     "role_entry",
     "rollout_capabilities",
+    "trainer_capabilities",
 ]

@@ -53,6 +53,11 @@ class RoleCapabilities:
     # decode on, kept for the next step's (the torch engine: its CUDA graphs replay those
     # buffers); the planner holds it all step (ops/formulas/engines.py torch_engine_workspace)
     static_kv: bool = False
+    # a trainer whose backward leaves float32 gradients (the FSDP2 trainer: its float32
+    # shards are the masters); otherwise they are in the compute dtype, as autograd writes
+    # them on bf16 parameters, and the optimizer step casts them onto float32 masters
+    # (backends/torch/masters.py). The planner sizes the gradients and that cast by it.
+    float32_grads: bool = False
 
 
 # -- what the built roles declare ------------------------------------------------------------
@@ -65,6 +70,7 @@ TORCH_ROLLOUT = RoleCapabilities(
     static_kv=True,  # engine/: static buffers and graphs kept across steps
 )
 TORCH_SCORER = RoleCapabilities(prefix_kv_export=True)  # torch reference and trainer
+FSDP_TRAINER = replace(TORCH_SCORER, float32_grads=True)
 VLLM_ROLLOUT = RoleCapabilities(
     segmented_decode=True,
     prefix_kv_export=False,

@@ -26,7 +26,11 @@ from rollplex.graph.passes import (
     run_passes,
 )
 from rollplex.planner.api import plan_graph
-from rollplex.planner.capabilities import engine_can_sleep, role_capabilities_pass
+from rollplex.planner.capabilities import (
+    engine_can_sleep,
+    role_capabilities_pass,
+    trainer_capabilities_pass,
+)
 from rollplex.planner.cost_model import CostModel
 from rollplex.planner.gc_paused import cyclic_gc_paused
 from rollplex.planner.interference import InterferenceModel
@@ -82,12 +86,15 @@ def build_graph(
     graph: Graph | None = None,
     passes: Sequence[PassFn] | None = None,
     rollout: RoleCapabilities | None = None,
+    trainer: RoleCapabilities | None = None,
 ) -> tuple[Graph, Graph, list[PassRecord]]:
     """(source, graph after passes, pass records). `passes` overrides the schedule's;
-    `rollout` (the chosen rollout role's capabilities) rewrites the graph first, so the
-    plan asks the role only for what it can do."""
+    `rollout` and `trainer` (the chosen roles' capabilities) rewrite the graph first, so the
+    plan asks the roles only for what they can do and sizes what they hold."""
     source = graph if graph is not None else build_step(model, workload, algo)
     chosen = list(passes_for(schedule) if passes is None else passes)
+    if trainer is not None:
+        chosen.insert(0, trainer_capabilities_pass(trainer))
     if rollout is not None:
         chosen.insert(0, role_capabilities_pass(rollout))
     after, records = run_passes(source, chosen)
@@ -108,16 +115,19 @@ def plan_step(
     passes: Sequence[PassFn] | None = None,
     rollout: RoleCapabilities | None = None,
     engine_sleep: bool | None = None,
+    trainer: RoleCapabilities | None = None,
 ) -> PlanResult:
     """Build (or take `graph`), run the passes (`passes=()`: plan `graph` as is), plan.
-    `rollout`: the chosen rollout role's capabilities (planner/capabilities.py).
+    `rollout`, `trainer`: the chosen roles' capabilities (planner/capabilities.py).
     `engine_sleep`: whether a rollout engine that can sleep does so between rollouts;
     None lets the planner decide: awake if that plan fits without offloading anything
     (sleeping and waking cost time the plan does not need to pay), else asleep.
 
     If no rollout TP degree fits, the last budget error is raised."""
     check_parallel(schedule, model, hardware)
-    source, after, records = build_graph(model, workload, algo, schedule, graph, passes, rollout)
+    source, after, records = build_graph(
+        model, workload, algo, schedule, graph, passes, rollout, trainer
+    )
     if engine_sleeps_possible(after) and engine_sleep is not True:
         awake = engine_awake(after)
         if engine_sleep is False:

@@ -16,7 +16,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rollplex.backends import rollout_capabilities  # torch-free: the registry's copy
+from rollplex.backends import (  # torch-free: the registry's copies
+    rollout_capabilities,
+    trainer_capabilities,
+)
 from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.planner.cost_model import CostModel
 from rollplex.planner.plan import Plan, dump_plan
@@ -63,6 +66,7 @@ def _baselines(spec: RunSpec) -> dict[str, PlanResult | None]:
                 cost_model=cost_model_for(spec),
                 enforce_budget=False,
                 rollout=rollout_capabilities(spec.backend),
+                trainer=trainer_capabilities(spec.backend),
             )
         except ValueError as err:
             log.warning("baseline %s could not be planned: %s", key, err)
@@ -90,6 +94,7 @@ def run_plan(spec: RunSpec, out: Path) -> dict[str, Any]:
         spec.schedule,
         cost_model=cost_model_for(spec),
         rollout=rollout_capabilities(spec.backend),  # plan only what the rollout can do
+        trainer=trainer_capabilities(spec.backend),
     )
     plan, report = result.plan, result.report
     base = _baselines(spec)

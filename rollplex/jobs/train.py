@@ -122,7 +122,7 @@ def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
 
 
 def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
-    from rollplex.backends import rollout_capabilities
+    from rollplex.backends import rollout_capabilities, trainer_capabilities
     from rollplex.jobs.pipeline import plan_step
     from rollplex.jobs.plan import cost_model_for
     from rollplex.planner.plan import dump_plan
@@ -146,6 +146,7 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
         cost_model=cost_model_for(spec),  # measured op times when `calibration` is given
         rollout=caps,
         engine_sleep=sleep,
+        trainer=trainer_capabilities(spec.backend),
     )
     plan, graph = result.plan, result.graph
     config = StepConfig(

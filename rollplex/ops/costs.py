@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from rollplex.graph.ir import Graph, Op, Value
+from rollplex.graph.ir import DTYPE_BYTES, Graph, Op, Value
 from rollplex.graph.schema import get_kind
 from rollplex.ops import formulas as F
 from rollplex.ops.formulas import Cost
@@ -309,7 +309,10 @@ def _backward(g: Graph, op: Op, ctx: CostContext, prefix_only: bool = False) -> 
 
 def _optimizer(g: Graph, op: Op, ctx: CostContext) -> Cost:
     ins = g.inputs_of(op)
-    return F.optimizer_step(ctx.model, ins["weights"].shape[0], ctx.shards)
+    grads = ins["grads"]
+    return F.optimizer_step(
+        ctx.model, ins["weights"].shape[0], ctx.shards, DTYPE_BYTES[grads.dtype]
+    )
 
 
 def _sync(g: Graph, op: Op, ctx: CostContext) -> Cost:

@@ -24,6 +24,10 @@ rollout=caps)`), and it is all the planner needs to know about roles:
   one that cannot holds both all step.
 A torch rollout (prefix KV exported, rows piggybacked, weights aliased) leaves the graph as
 it is, apart from the meta flag (and, under the FSDP2 trainer, the weight_sync's layout).
+
+Of the trainer the planner reads one thing, `float32_grads` (`apply_trainer_capabilities`):
+the dtype its backward leaves the gradients in, which sizes them and the optimizer step's
+cast onto float32 masters.
 """
 
 from __future__ import annotations
@@ -116,6 +120,35 @@ def _fuse(graph: Graph, decode: Op) -> tuple[Op, set[str]]:
         {**decode.meta, "fused": [vision.name, prefill.name, decode.name]},
     )
     return gen, gone
+
+
+def apply_trainer_capabilities(graph: Graph, caps: RoleCapabilities) -> tuple[Graph, bool]:
+    """`graph` with each backward's gradients in the dtype the trainer with `caps` leaves
+    them in: float32 (`float32_grads`, FSDP2's float32 shards) or the weights' own dtype, as
+    autograd writes them (the torch trainer; its optimizer step then prices the float32 cast
+    onto the masters, ops/formulas/training.py). (new graph, changed)."""
+    grads: dict[str, str] = {}
+    for op in graph:
+        if op.kind == "backward":
+            weights = graph.values[op.inputs["weights"]].dtype
+            grads[op.outputs["grads"]] = "float32" if caps.float32_grads else weights
+    values = [
+        v.clone(dtype=grads[v.name]) if grads.get(v.name, v.dtype) != v.dtype else v
+        for v in graph.values.values()
+    ]
+    changed = any(a is not b for a, b in zip(values, graph.values.values(), strict=True))
+    if not changed:
+        return graph, False
+    return Graph(values, [op.clone() for op in graph]), True
+
+
+def trainer_capabilities_pass(caps: RoleCapabilities):
+    """`apply_trainer_capabilities` for `caps` as a named graph pass."""
+
+    def trainer_capabilities(graph: Graph) -> tuple[Graph, bool]:
+        return apply_trainer_capabilities(graph, caps)
+
+    return trainer_capabilities
 
 
 def role_capabilities_pass(caps: RoleCapabilities):

@@ -79,3 +79,41 @@ def test_the_pass_leaves_a_torch_graph_alone_apart_from_the_flag():
     fused, changed = apply_rollout_capabilities(graph, ENGINE)
     assert changed and len(fused) == len(graph) - 2  # vision + prefill folded in
     assert not any(op.phase is Phase.ROLLOUT and op.kind == "vision_encode" for op in fused)
+
+
+def _grads(graph) -> list[str]:
+    return [graph.values[op.outputs["grads"]].dtype for op in graph if op.kind == "backward"]
+
+
+@pytest.mark.parametrize("trainer, want", [("torch", "bfloat16"), ("fsdp", "float32")])
+def test_the_trainer_sets_the_gradients_dtype_and_the_steps_cast(trainer, want):
+    """The torch trainer's backward leaves bf16 gradients (autograd's, on bf16 parameters)
+    and its step casts them onto the float32 masters: 2 more bytes a parameter at the step;
+    FSDP2's float32 shards get float32 gradients and the step casts nothing."""
+    from rollplex.backends import trainer_capabilities
+    from rollplex.ops.costs import CostContext, op_cost
+    from rollplex.planner.capabilities import apply_trainer_capabilities
+    from rollplex.specs.backend import BackendSpec
+
+    model = MODEL_PRESETS["qwen2_5_vl_7b"]
+    graph = build_step(model, WORKLOAD_PRESETS["video"], AlgoSpec())
+    caps = trainer_capabilities(BackendSpec(trainer=trainer))
+    out, changed = apply_trainer_capabilities(graph, caps)
+    assert _grads(out) == [want] and changed is (want != _grads(graph)[0])
+    step = next(op for op in out if op.kind == "optimizer_step")
+    params = out.values[step.inputs["weights"]].shape[0]
+    cast = op_cost(out, step, CostContext(model, WORKLOAD_PRESETS["video"])).transient_bytes
+    assert cast == (2 * params if want == "bfloat16" else 0)
+    again, changed = apply_trainer_capabilities(out, caps)
+    assert not changed and again is out
+
+
+def test_the_registry_and_the_trainer_classes_agree_on_the_gradients():
+    from rollplex.backends import trainer_capabilities
+    from rollplex.backends.fsdp.trainer import FsdpTrainer
+    from rollplex.backends.torch.trainer import TorchTrainer
+    from rollplex.specs.backend import BackendSpec
+
+    assert trainer_capabilities(BackendSpec(trainer="torch")) == TorchTrainer.capabilities
+    assert trainer_capabilities(BackendSpec(trainer="fsdp")) == FsdpTrainer.capabilities
+    assert FsdpTrainer.capabilities.float32_grads and not TorchTrainer.capabilities.float32_grads

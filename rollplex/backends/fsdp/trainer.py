@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 
 from rollplex.backends.base import LiveWeights
+from rollplex.backends.capabilities import FSDP_TRAINER, RoleCapabilities
 from rollplex.backends.fsdp.shard import full, local, shard_model
 from rollplex.backends.torch.loss import agg_units
 from rollplex.backends.torch.model import load_model, save_model
@@ -59,6 +60,8 @@ class ShardedWeightsHandle(WeightsHandle):
 
 
 class FsdpTrainer(TorchTrainer):
+    capabilities: ClassVar[RoleCapabilities] = FSDP_TRAINER  # float32 shards: float32 grads
+
     def __init__(
         self,
         model: Model,

@@ -129,19 +129,28 @@ def vision_backward(
 
 
 def optimizer_step(
-    model: ModelSpec, trainable_params: float | None = None, shards: int = 1
+    model: ModelSpec,
+    trainable_params: float | None = None,
+    shards: int = 1,
+    grad_bytes: int | None = None,
 ) -> Cost:
     """AdamW on this GPU's 1/`shards` of the trainable parameters (default: the model's).
 
     Reads the gradients and the fp32 master weights and moments (12 B/param); writes the
     state back plus the compute-dtype parameters the forward uses. Persistent: state and
-    parameters (12 + 2 B/param for bf16); the gradients (2 B/param) are `backward`'s output,
-    so the whole training footprint is 16 B/param / shards. Scratch: one fp32 temporary.
+    parameters (12 + 2 B/param for bf16); the gradients (`grad_bytes` a parameter, default
+    the model's dtype) are `backward`'s output, so the whole training footprint is
+    16 B/param / shards. Scratch: the float32 cast of gradients held in a narrower dtype
+    (backends/torch/masters.py `take_grads`: each bf16 gradient is freed as its cast is
+    made, so the step peaks at 4 B/param of gradients: 2 more than its input), and nothing
+    for AdamW itself, which the trainers run fused (in place; torch's foreach default would
+    add one fp32 temporary per parameter).
     """
     _check_shards(shards)
     params = model.trainable_param_count() if trainable_params is None else trainable_params
     p = params / shards
     b = model.dtype_bytes
+    g = b if grad_bytes is None else grad_bytes
     kept = p * (ADAMW_STATE_BYTES + b)
     return Cost(
         flops=ADAMW_FLOPS_PER_PARAM * p,
@@ -149,7 +158,7 @@ def optimizer_step(
         bytes_written=kept,
         weight_bytes=p * FP32,  # the master weights
         persistent_bytes=kept,
-        transient_bytes=p * FP32,
+        transient_bytes=p * max(0, FP32 - g),
     )
 
 

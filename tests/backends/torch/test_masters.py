@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from rollplex.backends.torch.model import build_model
@@ -120,7 +121,7 @@ def test_a_micro_batched_step_applies_the_accumulated_gradients(spec, batch):
     assert sum(a is not None and bool(a.abs().sum() > 0) for a in accumulated) > 10
     start = [m.clone() for m in trainer.masters.tensors]
     expected = [m.clone() for m in start]
-    opt = torch.optim.AdamW(expected, lr=algo.lr, weight_decay=algo.weight_decay)
+    opt = torch.optim.AdamW(expected, lr=algo.lr, weight_decay=algo.weight_decay, fused=True)
     for e, a in zip(expected, accumulated, strict=True):
         e.grad = a
     torch.nn.utils.clip_grad_norm_(expected, algo.max_grad_norm)
@@ -150,7 +151,7 @@ def test_a_float32_model_has_no_masters_and_steps_as_plain_adamw(spec):
     assert all(a is b for a, b in zip(stepped, trainer.params, strict=True))
     plain = copy.deepcopy(trainer.model)
     params = [p for p in plain.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=algo.lr, weight_decay=algo.weight_decay)
+    opt = torch.optim.AdamW(params, lr=algo.lr, weight_decay=algo.weight_decay, fused=True)
     for k in range(3):
         _step(trainer, seed=k)
         opt.zero_grad(set_to_none=True)
@@ -224,3 +225,34 @@ def test_the_critics_offloadable_optimizer_state_holds_its_masters(spec):
     handle = OptimizerHandle(critic.optimizer, own_masters(critic.masters))
     held = sum(t.numel() * t.element_size() for t in handle.tensors() if t.dim() > 0)
     assert held == 12 * sum(p.numel() for p in critic.params)
+
+
+def test_the_optimizer_is_fused_as_the_plan_prices_its_step(spec):
+    """The planner gives the optimizer step no scratch; that holds for fused AdamW (in place)
+    and not for torch's foreach default, which would need a float32 copy of the parameters."""
+    from rollplex.ops import formulas as F
+
+    trainer = TorchTrainer(_bf16(spec), spec, AlgoSpec())
+    assert trainer.optimizer.defaults["fused"] is True
+    assert F.optimizer_step(spec).transient_bytes == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_a_step_allocates_no_parameter_sized_temporary(spec):
+    """Measured with the allocator: a second step (state already made) grows the peak by far
+    less than the float32 bytes of the masters (foreach AdamW would grow it by all of them)."""
+    trainer = TorchTrainer(_bf16(spec).cuda(), spec, AlgoSpec(lr=1e-3))
+    _step(trainer, seed=0)
+    grads = trainer.backward(Loss(_loss(trainer.params, 1), {}))
+    trainer.masters.take_grads()  # the step's own grads, priced as backward's output
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    torch.nn.utils.clip_grad_norm_(trainer.masters.tensors, 1.0)
+    trainer.optimizer.step()
+    torch.cuda.synchronize()
+    grown = torch.cuda.max_memory_allocated() - base
+    fp32 = sum(m.numel() * 4 for m in trainer.masters.tensors)
+    assert grown < 0.05 * fp32, (grown, fp32)
+    assert grads is not None
