@@ -27,7 +27,7 @@ from rollplex.planner.lifetimes import (
 )
 from rollplex.planner.memory import MemoryAssignment, assign
 from rollplex.planner.memory.nesting import assign_nested
-from rollplex.planner.memory.records import lower_bound
+from rollplex.planner.memory.records import lower_bound, peak_position
 from rollplex.planner.plan import (
     DevicePlan,
     Event,
@@ -70,7 +70,7 @@ def settle_memory(plan: Plan, mem: Memory, interference=None) -> Plan:
             result, lives = _assign(dev, lives, mem)
             if result.total_bytes <= mem.budget_bytes or not mem.allow_offload:
                 break
-            victim = _pick_offload(dev, lives, tried)
+            victim = _pick_offload(dev, lives, tried, mem.graph)
             if victim is None:
                 break
             tried.add(victim.value)
@@ -198,8 +198,13 @@ def _apply_offloads(dev: DevicePlan, lives: list[Lifetime]) -> list[Lifetime]:
     return out
 
 
-def _pick_offload(dev: DevicePlan, lives: list[Lifetime], tried: set[str]) -> Lifetime | None:
-    """The largest tensor that waits a long stretch between uses (and was not tried)."""
+def _pick_offload(
+    dev: DevicePlan, lives: list[Lifetime], tried: set[str], graph: Graph
+) -> Lifetime | None:
+    """The largest tensor that waits a long stretch between uses (and was not tried),
+    preferring one that is resident at the peak outside its span of uses: moving it lowers
+    the peak. One in use at the peak (AdamW's state at the optimizer step) would only stay
+    resident there and cost its copies, so it is taken only when nothing else can move."""
     movable = [
         lf
         for lf in lives
@@ -207,7 +212,21 @@ def _pick_offload(dev: DevicePlan, lives: list[Lifetime], tried: set[str]) -> Li
         and lf.kind in ("optimizer_state", "weights", "boundary")
         and lf.record.last - lf.record.first >= 2
     ]
-    return max(movable, key=lambda lf: lf.record.size, default=None)
+    peak = peak_position([lf.record for lf in lives])
+    _, begin, until, _ = positions(dev)
+
+    def idle_at_peak(lf: Lifetime) -> bool:
+        if not lf.record.first <= peak <= lf.record.last:
+            return False
+        uses = [
+            s.index
+            for s in dev.steps
+            if (op := graph.ops.get(s.op)) is not None and lf.value in op.inputs.values()
+        ]
+        return bool(uses) and not min(begin[i] for i in uses) <= peak <= max(until[i] for i in uses)
+
+    idle = [lf for lf in movable if idle_at_peak(lf)]
+    return max(idle or movable, key=lambda lf: lf.record.size, default=None)
 
 
 def _offload(plan: Plan, dev: DevicePlan, lf: Lifetime, mem: Memory) -> None:

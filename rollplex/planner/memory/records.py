@@ -39,6 +39,11 @@ class UsageRecord:
 
 
 def _peak(records: Iterable[UsageRecord]) -> int:
+    return _sweep(records)[0]
+
+
+def _sweep(records: Iterable[UsageRecord]) -> tuple[int, int]:
+    """(most bytes live at one position, the first position where that many are)."""
     # A record counts from `first` through `last`, so it leaves at last + 1; netting arrivals and
     # departures per position means one ending at t and one starting at t + 1 never add up.
     delta: defaultdict[int, int] = defaultdict(int)
@@ -46,16 +51,22 @@ def _peak(records: Iterable[UsageRecord]) -> int:
         if r.size:
             delta[r.first] += r.size
             delta[r.last + 1] -= r.size
-    live = peak = 0
+    live = peak = where = 0
     for position in sorted(delta):
         live += delta[position]
-        peak = max(peak, live)
-    return peak
+        if live > peak:
+            peak, where = live, position
+    return peak, where
 
 
 def lower_bound(records: Sequence[UsageRecord]) -> int:
     """Most bytes live at any one position, all lanes of the device together."""
     return _peak(records)
+
+
+def peak_position(records: Sequence[UsageRecord]) -> int:
+    """The first position at which `lower_bound`'s bytes are live (0 for no records)."""
+    return _sweep(records)[1]
 
 
 def lane_lower_bounds(records: Sequence[UsageRecord]) -> dict[int, int]:
