@@ -169,6 +169,13 @@ def main() -> None:
     ap.add_argument(
         "--paired-from", type=int, default=2, help="first step (1-based) of the paired totals"
     )
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="start no schedule past this many seconds (a skipped one is recorded as such); "
+        "the JSON is rewritten after every schedule, so a run cut off keeps what finished",
+    )
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--print-job", action="store_true", help="print the workload overrides")
@@ -206,7 +213,15 @@ def main() -> None:
             run_schedule(warm, order[0], root / "warmup", None)
         finally:
             shutil.rmtree(root / "warmup", ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"gpu_step_{args.shape}.json"
     for schedule in order:
+        elapsed = time.perf_counter() - start
+        if args.budget_s is not None and elapsed > args.budget_s:
+            why = f"skipped: {elapsed:.0f} s had passed, past --budget-s {args.budget_s:.0f}"
+            runs[schedule] = {"schedule": schedule, "error": why}
+            print(f"== {schedule} {why}", flush=True)
+            continue
         print(f"== {schedule}", flush=True)
         use = calib if schedule != "serial_dedup" and calib.exists() else None
         try:
@@ -215,11 +230,9 @@ def main() -> None:
             runs[schedule] = {"schedule": schedule, "error": f"{type(err).__name__}: {err}"[:800]}
             print(f"{schedule} failed: {runs[schedule]['error']}", flush=True)
         print(json.dumps({k: v for k, v in runs[schedule].items() if k != "overrides"}), flush=True)
-    ok = {k: v for k, v in runs.items() if "error" not in v}
-    result = summarize(args, runs, ok, time.perf_counter() - start)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"gpu_step_{args.shape}.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
+        ok = {k: v for k, v in runs.items() if "error" not in v}
+        result = summarize(args, runs, ok, time.perf_counter() - start)
+        path.write_text(json.dumps(result, indent=1) + "\n")  # after each: a cut run keeps it
     print(f"\nwrote {path}")
     print(table(result))
 
