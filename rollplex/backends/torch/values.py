@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from rollplex.backends.base import BackendError, version_name
+from rollplex.backends.torch.host_memory import to_device, to_host
 from rollplex.data.prompts import PromptBatch
 
 if TYPE_CHECKING:
@@ -214,7 +215,7 @@ class WeightsHandle:
 
     def move_to(self, device: torch.device | str) -> WeightsHandle:
         for p in self.params:  # in place: every alias of these parameters moves with them
-            p.data = p.data.to(device, copy=True)
+            p.data = _moved(p.data, device, p)
         return self
 
 
@@ -233,12 +234,12 @@ class OptimizerHandle:
 
     def move_to(self, device: torch.device | str) -> OptimizerHandle:
         for m in self.masters:  # in place: the optimizer keys its state by these tensors
-            m.data = m.data.to(device, copy=True)
-        for st in self.optimizer.state.values():
+            m.data = _moved(m.data, device, m)
+        for param, st in self.optimizer.state.items():
             for k, v in st.items():
-                # Adam's `step` counter stays where torch keeps it (a CPU scalar).
+                # Adam's `step` counter stays where torch keeps it (a scalar).
                 if isinstance(v, torch.Tensor) and v.dim() > 0:
-                    st[k] = v.to(device, copy=True)
+                    st[k] = _moved(v, device, param, k)
         return self
 
 
@@ -258,5 +259,12 @@ class GradsHandle:
     def move_to(self, device: torch.device | str) -> GradsHandle:
         for p in self.params:
             if p.grad is not None:
-                p.grad = p.grad.to(device, copy=True)
+                p.grad = _moved(p.grad, device, p, "grad")
         return self
+
+
+def _moved(t: torch.Tensor, device: torch.device | str, owner: torch.Tensor, slot: str = ""):
+    """`t` on `device`; to host into the pinned buffer kept for (`owner`, `slot`)."""
+    if torch.device(device).type == "cpu":
+        return to_host(t, owner, slot)
+    return to_device(t, device)
