@@ -13,7 +13,8 @@ issued without blocking on the current stream, which the executor makes the plan
 stream: the offload's device memory stays allocated until that stream is done (the
 executor's `record_stream` on the step's reads), and an onload reads its buffer before
 the next offload on the same stream overwrites it. Tensors that move once (a prefix
-boundary) use torch's pinned allocator. Off CUDA these are plain copies.
+boundary) use torch's pinned allocator. Off CUDA the buffers are kept all the same (not
+pinned), so the CPU tests run the reuse.
 """
 
 from __future__ import annotations
@@ -22,24 +23,23 @@ import weakref
 
 import torch
 
-# owner -> slot -> its pinned buffer; an owner that is garbage collected takes its buffers
-_BUFFERS: weakref.WeakKeyDictionary[torch.Tensor, dict[str, torch.Tensor]] = (
-    weakref.WeakKeyDictionary()
-)
+# id(owner) -> (a weak reference to it, slot -> its buffer). By id, not a WeakKeyDictionary:
+# that compares tensor keys with ==, which is elementwise. Its death drops the entry.
+_BUFFERS: dict[int, tuple[weakref.ref, dict[str, torch.Tensor]]] = {}
 
 
 def to_host(t: torch.Tensor, owner: torch.Tensor | None = None, slot: str = "") -> torch.Tensor:
     """`t`'s values in host memory: pinned and copied asynchronously when `t` is on CUDA,
     into the buffer kept for (`owner`, `slot`) when an owner is given."""
-    if not t.is_cuda:
-        return t.to("cpu", copy=True)
     if owner is None:
-        return t.to("cpu", non_blocking=True)  # torch's pinned allocator
-    slots = _BUFFERS.setdefault(owner, {})
+        if t.is_cuda:
+            return t.to("cpu", non_blocking=True)  # torch's pinned allocator
+        return t.to("cpu", copy=True)
+    slots = _slots(owner)
     buf = slots.get(slot)
     if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-        buf = slots[slot] = _registered(t.shape, t.dtype)
-    buf.copy_(t, non_blocking=True)
+        buf = slots[slot] = _registered(t.shape, t.dtype, t.is_cuda)
+    buf.copy_(t, non_blocking=t.is_cuda)
     return buf
 
 
@@ -48,9 +48,18 @@ def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return t.to(device, copy=True, non_blocking=t.is_pinned())
 
 
-def _registered(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+def _slots(owner: torch.Tensor) -> dict[str, torch.Tensor]:
+    key = id(owner)
+    hit = _BUFFERS.get(key)
+    if hit is None or hit[0]() is not owner:  # new, or a dead owner's id reused
+        gone = lambda _ref, key=key: _BUFFERS.pop(key, None)  # noqa: E731
+        hit = _BUFFERS[key] = (weakref.ref(owner, gone), {})
+    return hit[1]
+
+
+def _registered(shape: torch.Size, dtype: torch.dtype, pin: bool) -> torch.Tensor:
     buf = torch.empty(shape, dtype=dtype)
-    if buf.numel() == 0:
+    if not pin or buf.numel() == 0:
         return buf
     cudart = torch.cuda.cudart()
     err = cudart.cudaHostRegister(buf.data_ptr(), buf.numel() * buf.element_size(), 0)

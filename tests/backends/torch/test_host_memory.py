@@ -72,3 +72,22 @@ def test_on_cuda_weights_and_adamw_state_round_trip_through_the_same_buffers():
     assert all(a.is_cuda and torch.equal(a, b) for a, b in zip(again, moments, strict=True))
     layer(torch.randn(4, 64, device="cuda")).sum().backward()
     opt.step()  # fused AdamW runs on the onloaded state
+
+
+def test_an_owner_keeps_one_buffer_per_slot_until_it_dies():
+    import gc
+
+    from rollplex.backends.torch import host_memory
+
+    owner = torch.zeros(4)  # a tensor: its == is elementwise, so keys must not compare
+    a = to_host(torch.ones(3), owner, "m")
+    b = to_host(torch.full((3,), 2.0), owner, "m")
+    c = to_host(torch.ones(3), owner, "v")
+    assert a.data_ptr() == b.data_ptr() != c.data_ptr() and torch.equal(b, torch.full((3,), 2.0))
+    d = to_host(torch.ones(2, 2), owner, "m")  # another shape: a buffer of its own
+    assert d.shape == (2, 2) and torch.equal(d, torch.ones(2, 2))
+    key = id(owner)
+    assert key in host_memory._BUFFERS
+    del owner
+    gc.collect()
+    assert key not in host_memory._BUFFERS
