@@ -39,6 +39,15 @@ class ScheduleSpec(Spec):
         "predicts fastest, or serial if none pays (never slower than serial); an explicit "
         "mode is an ablation that places every eligible op that way; none: serial placement.",
     )
+    overlap_min_gain: float = Field(
+        0.01,
+        ge=0.0,
+        lt=1.0,
+        description="With overlap=auto, the share of the predicted step time overlap must "
+        "save to replace the serial+dedup placement: smaller predicted gains are inside the "
+        "calibrated cost model's error, and overlap has costs it does not price (decode "
+        "segments, unpacked forwards). 0 takes any predicted gain.",
+    )
     train_micro_tokens: int = Field(
         16384,
         ge=1,

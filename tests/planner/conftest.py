@@ -41,6 +41,9 @@ def plans_7b() -> dict[str, PlanResult]:
         "serial_dedup": plan_7b("serial"),
         "disaggregated": plan_7b("disaggregated"),
         "rollplex": plan_7b("rollplex"),
+        # every eligible prefix op riding the decode: auto keeps serial+dedup at this
+        # workload (overlap is predicted to save under overlap_min_gain)
+        "rollplex_piggyback": plan_7b("rollplex", overlap="piggyback"),
     }
 
 

@@ -26,7 +26,7 @@ def test_planned_run_serves_runs_trace_and_memory_curve(tmp_path: Path) -> None:
         model=MODEL_PRESETS["qwen2_5_vl_7b"],
         algo=AlgoSpec(),
         workload=VIDEO_16,
-        schedule=ScheduleSpec(name="rollplex"),
+        schedule=ScheduleSpec(name="rollplex", overlap="piggyback"),  # decode segments
         hardware=HARDWARE_PRESETS["h200x8"],
     )
     summary = run_job(spec, tmp_path / "run")

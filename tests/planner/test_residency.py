@@ -59,7 +59,8 @@ def test_naive_strategy_costs_more() -> None:
 
 def test_overlap_that_cannot_fit_is_declined() -> None:
     """With room, the actor prefix rides the decode (its boundary waits for backward); at a
-    budget only the serial placement fits, the prefix is computed where it is consumed."""
+    budget only the serial placement fits, the prefix is computed where it is consumed.
+    (Any predicted gain is taken here, overlap_min_gain 0: the ride saves under 1%.)"""
     from .conftest import VIDEO_16
 
     def plan(hbm: float):
@@ -69,7 +70,7 @@ def test_overlap_that_cannot_fit_is_declined() -> None:
             VIDEO_16,
             AlgoSpec(),
             hw,
-            ScheduleSpec(name="rollplex", parallel={"rollout_tp": 1}),
+            ScheduleSpec(name="rollplex", parallel={"rollout_tp": 1}, overlap_min_gain=0.0),
         )
 
     roomy = plan(139.8)

@@ -34,7 +34,7 @@ def test_overlapping_slots(plans_7b: dict[str, PlanResult]) -> None:
 
 
 def test_missing_event(plans_7b: dict[str, PlanResult]) -> None:
-    r = corrupt(plans_7b["rollplex"])
+    r = corrupt(plans_7b["rollplex_piggyback"])
     # The response part reads the prefix made on the decode stream: drop that wait.
     step = next(s for s in r.plan.all_steps() if s.op == "train.logprob_response")
     step.waits.clear()
