@@ -214,18 +214,21 @@ def _pick_offload(
     ]
     peak = peak_position([lf.record for lf in lives])
     _, begin, until, _ = positions(dev)
-
-    def idle_at_peak(lf: Lifetime) -> bool:
-        if not lf.record.first <= peak <= lf.record.last:
-            return False
-        uses = [
-            s.index
-            for s in dev.steps
-            if (op := graph.ops.get(s.op)) is not None and lf.value in op.inputs.values()
-        ]
-        return bool(uses) and not min(begin[i] for i in uses) <= peak <= max(until[i] for i in uses)
-
-    idle = [lf for lf in movable if idle_at_peak(lf)]
+    wanted = {lf.value for lf in movable}
+    uses: dict[str, tuple[int, int]] = {}  # value -> (first position, last) of its readers
+    for s in dev.steps:
+        op = graph.ops.get(s.op)
+        for v in op.inputs.values() if op is not None else ():
+            if v in wanted:
+                a, b = uses.get(v, (begin[s.index], until[s.index]))
+                uses[v] = (min(a, begin[s.index]), max(b, until[s.index]))
+    idle = [
+        lf
+        for lf in movable
+        if lf.record.first <= peak <= lf.record.last
+        and lf.value in uses
+        and not uses[lf.value][0] <= peak <= uses[lf.value][1]
+    ]
     return max(idle or movable, key=lambda lf: lf.record.size, default=None)
 
 
