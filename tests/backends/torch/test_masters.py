@@ -32,7 +32,7 @@ def _loss(params, seed: int, scale: float = 1.0) -> torch.Tensor:
     bit-identical gradients (c) and differ only in how they apply them."""
     gen = torch.Generator().manual_seed(seed)
     terms = [
-        (p.float() * (scale * torch.randn(p.shape, generator=gen)).to(BF16).float()).sum()
+        (p.float() * (scale * torch.randn(p.shape, generator=gen)).to(p.device, BF16).float()).sum()
         for p in params
     ]
     return torch.stack(terms).sum()
