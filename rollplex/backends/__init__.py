@@ -183,8 +183,12 @@ def rollout_capabilities(spec: BackendSpec) -> RoleCapabilities:
     return caps
 
 
-def trainer_capabilities(spec: BackendSpec) -> RoleCapabilities:
-    """What the chosen trainer declares (the registry's copy, torch-free), for the planner."""
+def trainer_capabilities(spec: BackendSpec, gpus: int = 1) -> RoleCapabilities:
+    """What the chosen trainer declares (the registry's copy, torch-free), for the planner.
+    A plan for more than one GPU is an FSDP2 plan whatever `spec.trainer` says (the torch
+    trainer runs in one process; torchrun runs backend=fsdp): it gets FSDP2's."""
+    if gpus > 1:
+        return role_entry("trainer", "fsdp").capabilities()
     return role_entry("trainer", spec.trainer).capabilities()
 
 

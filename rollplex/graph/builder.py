@@ -343,9 +343,9 @@ class StepBuilder:
     def backward(self, loss: str, weights: str, saved: list[str], name: str | None = None):
         w = self.graph.values[weights]
         ins = {"loss": loss, "weights": weights} | {f"saved_{i}": s for i, s in enumerate(saved)}
-        # in the weights' dtype, as autograd writes them; a trainer with float32 gradients
-        # (FSDP2's float32 shards) says so to the planner (planner/capabilities.py)
-        return self.op("backward", ins, {"grads": (w.shape, w.dtype, K.GRAD)}, name)["grads"]
+        # float32, as FSDP2's float32 shards hold them; a trainer that leaves them in the
+        # compute dtype (the torch trainer) says so to the planner (planner/capabilities.py)
+        return self.op("backward", ins, {"grads": (w.shape, "float32", K.GRAD)}, name)["grads"]
 
     def optimizer_step(
         self, weights: str, grads: str, state: str, name: str | None = None

@@ -66,7 +66,7 @@ def _baselines(spec: RunSpec) -> dict[str, PlanResult | None]:
                 cost_model=cost_model_for(spec),
                 enforce_budget=False,
                 rollout=rollout_capabilities(spec.backend),
-                trainer=trainer_capabilities(spec.backend),
+                trainer=trainer_capabilities(spec.backend, spec.hardware.num_gpus),
             )
         except ValueError as err:
             log.warning("baseline %s could not be planned: %s", key, err)
@@ -94,7 +94,7 @@ def run_plan(spec: RunSpec, out: Path) -> dict[str, Any]:
         spec.schedule,
         cost_model=cost_model_for(spec),
         rollout=rollout_capabilities(spec.backend),  # plan only what the rollout can do
-        trainer=trainer_capabilities(spec.backend),
+        trainer=trainer_capabilities(spec.backend, spec.hardware.num_gpus),
     )
     plan, report = result.plan, result.report
     base = _baselines(spec)

@@ -146,7 +146,7 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
         cost_model=cost_model_for(spec),  # measured op times when `calibration` is given
         rollout=caps,
         engine_sleep=sleep,
-        trainer=trainer_capabilities(spec.backend),
+        trainer=trainer_capabilities(spec.backend, spec.hardware.num_gpus),
     )
     plan, graph = result.plan, result.graph
     config = StepConfig(

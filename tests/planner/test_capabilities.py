@@ -117,3 +117,5 @@ def test_the_registry_and_the_trainer_classes_agree_on_the_gradients():
     assert trainer_capabilities(BackendSpec(trainer="torch")) == TorchTrainer.capabilities
     assert trainer_capabilities(BackendSpec(trainer="fsdp")) == FsdpTrainer.capabilities
     assert FsdpTrainer.capabilities.float32_grads and not TorchTrainer.capabilities.float32_grads
+    # a plan for several GPUs is FSDP2's, whichever trainer the (single-process) spec names
+    assert trainer_capabilities(BackendSpec(trainer="torch"), 8) == FsdpTrainer.capabilities
