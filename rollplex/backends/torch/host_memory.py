@@ -23,9 +23,18 @@ import weakref
 
 import torch
 
-# id(owner) -> (a weak reference to it, slot -> its buffer). By id, not a WeakKeyDictionary:
-# that compares tensor keys with ==, which is elementwise. Its death drops the entry.
-_BUFFERS: dict[int, tuple[weakref.ref, dict[str, torch.Tensor]]] = {}
+from rollplex.backends.torch.by_identity import ByIdentity
+
+_BUFFERS: ByIdentity[dict[str, torch.Tensor]] = ByIdentity()  # owner -> slot -> its buffer
+
+
+def move(
+    t: torch.Tensor, device: torch.device | str, owner: torch.Tensor | None = None, slot: str = ""
+) -> torch.Tensor:
+    """`t` on `device`: `to_host` for the host, else `to_device`."""
+    if torch.device(device).type == "cpu":
+        return to_host(t, owner, slot)
+    return to_device(t, device)
 
 
 def to_host(t: torch.Tensor, owner: torch.Tensor | None = None, slot: str = "") -> torch.Tensor:
@@ -35,7 +44,7 @@ def to_host(t: torch.Tensor, owner: torch.Tensor | None = None, slot: str = "") 
         if t.is_cuda:
             return t.to("cpu", non_blocking=True)  # torch's pinned allocator
         return t.to("cpu", copy=True)
-    slots = _slots(owner)
+    slots = _BUFFERS.get_or_make(owner, dict)
     buf = slots.get(slot)
     if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
         buf = slots[slot] = _registered(t.shape, t.dtype, t.is_cuda)
@@ -46,15 +55,6 @@ def to_host(t: torch.Tensor, owner: torch.Tensor | None = None, slot: str = "") 
 def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """A copy of `t` on `device`, issued without blocking when `t` is pinned."""
     return t.to(device, copy=True, non_blocking=t.is_pinned())
-
-
-def _slots(owner: torch.Tensor) -> dict[str, torch.Tensor]:
-    key = id(owner)
-    hit = _BUFFERS.get(key)
-    if hit is None or hit[0]() is not owner:  # new, or a dead owner's id reused
-        gone = lambda _ref, key=key: _BUFFERS.pop(key, None)  # noqa: E731
-        hit = _BUFFERS[key] = (weakref.ref(owner, gone), {})
-    return hit[1]
 
 
 def _registered(shape: torch.Size, dtype: torch.dtype, pin: bool) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from rollplex.backends.base import BackendError, ValueOps
-from rollplex.backends.torch.host_memory import to_device, to_host
+from rollplex.backends.torch.host_memory import move
 from rollplex.backends.torch.prefix import PrefixState, cache_kv, fork_cache
 from rollplex.backends.torch.values import Features, Pixels, SavedActivations
 from rollplex.data.prompts import PromptBatch
@@ -118,7 +118,7 @@ def repeat_rows(value: Any, g: int) -> Any:
 def move_value(value: Any, device: torch.device) -> Any:
     """A copy of `value` on `device` (in-place holders move their own tensors)."""
     if isinstance(value, torch.Tensor):  # moved once (a boundary): torch's pinned allocator
-        return to_host(value) if device.type == "cpu" else to_device(value, device)
+        return move(value, device)
     if hasattr(value, "move_to"):
         return value.move_to(device)
     if isinstance(value, Pixels):

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from rollplex.backends.base import BackendError, version_name
-from rollplex.backends.torch.host_memory import to_device, to_host
+from rollplex.backends.torch.host_memory import move
 from rollplex.data.prompts import PromptBatch
 
 if TYPE_CHECKING:
@@ -215,7 +215,7 @@ class WeightsHandle:
 
     def move_to(self, device: torch.device | str) -> WeightsHandle:
         for p in self.params:  # in place: every alias of these parameters moves with them
-            p.data = _moved(p.data, device, p)
+            p.data = move(p.data, device, p)
         return self
 
 
@@ -234,12 +234,12 @@ class OptimizerHandle:
 
     def move_to(self, device: torch.device | str) -> OptimizerHandle:
         for m in self.masters:  # in place: the optimizer keys its state by these tensors
-            m.data = _moved(m.data, device, m)
+            m.data = move(m.data, device, m)
         for param, st in self.optimizer.state.items():
             for k, v in st.items():
                 # Adam's `step` counter stays where torch keeps it (a scalar).
                 if isinstance(v, torch.Tensor) and v.dim() > 0:
-                    st[k] = _moved(v, device, param, k)
+                    st[k] = move(v, device, param, k)
         return self
 
 
@@ -259,12 +259,5 @@ class GradsHandle:
     def move_to(self, device: torch.device | str) -> GradsHandle:
         for p in self.params:
             if p.grad is not None:
-                p.grad = _moved(p.grad, device, p, "grad")
+                p.grad = move(p.grad, device, p, "grad")
         return self
-
-
-def _moved(t: torch.Tensor, device: torch.device | str, owner: torch.Tensor, slot: str = ""):
-    """`t` on `device`; to host into the pinned buffer kept for (`owner`, `slot`)."""
-    if torch.device(device).type == "cpu":
-        return to_host(t, owner, slot)
-    return to_device(t, device)

@@ -15,12 +15,13 @@ with SDPA, exactly as transformers' own non-flash path does, so CPU results do n
 from __future__ import annotations
 
 import itertools
-import weakref
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
+
+from rollplex.backends.torch.by_identity import ByIdentity
 
 VARLEN = "flash_varlen_torch"  # "flash" in the name: transformers then passes cu_seqlens
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
@@ -39,23 +40,16 @@ def uses_kernel(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype in _KERNEL_DTYPES and _kernel() is not None
 
 
-# cu_seqlens tensor id -> (that tensor, its longest window): transformers hands every block
-# of one tower forward the same cu_seqlens tensor (one for windows, one for whole images),
-# and releases before 5.19 derive the longest window again in each block, a host sync
-# each (32 a forward at 7B); this derives it once per tensor.
-_LONGEST: dict[int, tuple[weakref.ref, int]] = {}
+# cu_seqlens tensor -> its longest window: transformers hands every block of one tower
+# forward the same cu_seqlens tensor (one for windows, one for whole images), and releases
+# before 5.19 derive the longest window again in each block, a host sync each (32 a
+# forward at 7B); this derives it once per tensor.
+_LONGEST: ByIdentity[int] = ByIdentity()
 
 
 @torch.compiler.disable  # host-side bookkeeping; compiled blocks break here, as at int()
 def _longest(cu_seqlens: torch.Tensor) -> int:
-    hit = _LONGEST.get(id(cu_seqlens))
-    if hit is not None and hit[0]() is cu_seqlens:
-        return hit[1]
-    for key in [k for k, (ref, _) in _LONGEST.items() if ref() is None]:
-        del _LONGEST[key]
-    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-    _LONGEST[id(cu_seqlens)] = (weakref.ref(cu_seqlens), longest)
-    return longest
+    return _LONGEST.get_or_make(cu_seqlens, lambda: int((cu_seqlens[1:] - cu_seqlens[:-1]).max()))
 
 
 def varlen_attention(

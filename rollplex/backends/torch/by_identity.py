@@ -1,0 +1,28 @@
+"""Values kept per live object, keyed by its identity.
+
+Torch tensors compare elementwise, so neither a dict nor a WeakKeyDictionary can key them
+(a WeakKeyDictionary compares its keys with ==). Entries are keyed by `id` and hold a weak
+reference; an object's death drops its entry, so a later object at the same id starts
+afresh. Used for per-tensor caches: pinned offload buffers (host_memory.py) and a vision
+forward's longest window (vision_attention.py).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+V = TypeVar("V")
+
+
+class ByIdentity(dict[int, tuple[weakref.ref, V]], Generic[V]):
+    """id(obj) -> (a weak reference to obj, its value)."""
+
+    def get_or_make(self, obj: Any, make: Callable[[], V]) -> V:
+        key = id(obj)
+        hit = self.get(key)
+        if hit is None or hit[0]() is not obj:  # new, or a dead object's id reused
+            gone = lambda _ref, key=key: self.pop(key, None)  # noqa: E731
+            hit = self[key] = (weakref.ref(obj, gone), make())
+        return hit[1]
