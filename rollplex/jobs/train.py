@@ -85,6 +85,16 @@ def check_spec(spec: RunSpec) -> None:
             "train.resume with algo=ppo: checkpoints hold the policy, not the critic, so a "
             "resumed PPO run would restart its critic; run PPO without resuming"
         )
+    if spec.backend.rollout == "torch" and spec.backend.torch_engine.skinny_gemm:
+        import torch
+
+        from rollplex.backends.torch.engine import skinny
+
+        if not skinny.usable(torch.device(t.device)):
+            raise ValueError(
+                f"backend.torch_engine.skinny_gemm=true with train.device={t.device}: its "
+                "Triton kernels need CUDA and Triton; leave it unset (on where they run)"
+            )
     if t.max_new_tokens > w.response_length.max:
         raise ValueError(
             f"train.max_new_tokens={t.max_new_tokens} exceeds workload."

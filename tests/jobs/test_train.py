@@ -184,6 +184,13 @@ def test_vllm_rollout_without_vllm_names_what_to_install(tmp_path):
     assert not (tmp_path / "out" / "plan.json").exists()  # nothing planned, nothing loaded
 
 
+def test_skinny_kernels_off_cuda_are_refused_before_any_work(tmp_path):
+    p = train(tmp_path / "out", "backend.torch_engine.skinny_gemm=true")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "backend.torch_engine.skinny_gemm=true with train.device=cpu" in p.stderr
+    assert not (tmp_path / "out" / "plan.json").exists()
+
+
 def test_the_old_train_backend_key_is_gone(tmp_path):
     p = train(tmp_path / "out", "+train.backend=torch")
     assert p.returncode == 2 and "backend" in p.stderr
