@@ -24,6 +24,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -102,9 +103,11 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
         try:
             warm, times = engine_runs(engine, prefix, g, r, dev, args.repeats)
         except RuntimeError as err:  # a capture failure still leaves the eager step's numbers
-            graph_error = f"{type(err).__name__}: {err}"[:500]
+            graph_error = traceback.format_exc()[-3000:]
             print(
-                f"{name} batch {rows}: CUDA graphs failed ({graph_error}); eager step", flush=True
+                f"{name} batch {rows}: CUDA graphs failed ({type(err).__name__}: {err}); eager "
+                f"step\n{graph_error}",
+                flush=True,
             )
             engine = DecodeEngine(model, use_graphs=False, keep_workspace=True)
             warm, times = engine_runs(engine, prefix, g, r, dev, args.repeats)
@@ -131,8 +134,14 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
         }
         for attention, other in others.items():  # the same engine, another attention kernel
             draw = one_scan_draw() if attention == "one_scan" else contextlib.nullcontext()
-            with draw:
-                _, t = engine_runs(other, prefix, g, r, dev, args.repeats)
+            try:
+                with draw:
+                    _, t = engine_runs(other, prefix, g, r, dev, args.repeats)
+            except RuntimeError as err:  # one variant's failure keeps the others' numbers
+                entry[f"{attention}_error"] = traceback.format_exc()[-3000:]
+                print(f"{name} batch {rows} {attention}: {type(err).__name__}: {err}", flush=True)
+                other.release()
+                continue
             o = roofline(weights, reads, kv_tok, steps, statistics.median(t), hw.hbm_bandwidth)
             entry[f"{attention}_ms_per_step"] = 1e3 * o.step_seconds
             entry[f"{attention}_hbm_share"] = o.efficiency
@@ -167,6 +176,9 @@ VARIANTS = {
     "unfused": {"fused_qkv": False},  # three q/k/v GEMMs a layer, as before the stacked copy
     "before": {"fused_qkv": False, "compile_sampler": False},  # the engine of compiled.md
     "split": {"attention": "split"},  # prefix once + each row's own response K/V
+    "split_kernel": {"attention": "split", "split_kernel": True},  # on split_kernel.py
+    "split_torch": {"attention": "split", "split_kernel": False},  # on compiled matmuls
+    "sdpa": {"attention": "sdpa"},
     "one_scan": {},  # the draw before its two-level inverse CDF (gpu_sampler_check.py)
     "flex": {"attention": "flex"},
     "uncompiled": {"compile": False},
