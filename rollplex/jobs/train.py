@@ -85,21 +85,32 @@ def check_spec(spec: RunSpec) -> None:
             "train.resume with algo=ppo: checkpoints hold the policy, not the critic, so a "
             "resumed PPO run would restart its critic; run PPO without resuming"
         )
-    if spec.backend.rollout == "torch" and spec.backend.torch_engine.skinny_gemm:
-        import torch
-
-        from rollplex.backends.torch.engine import skinny
-
-        if not skinny.usable(torch.device(t.device)):
-            raise ValueError(
-                f"backend.torch_engine.skinny_gemm=true with train.device={t.device}: its "
-                "Triton kernels need CUDA and Triton; leave it unset (on where they run)"
-            )
+    if spec.backend.rollout == "torch":
+        _check_triton_knobs(spec.backend.torch_engine, t.device)
     if t.max_new_tokens > w.response_length.max:
         raise ValueError(
             f"train.max_new_tokens={t.max_new_tokens} exceeds workload."
             f"response_length.max={w.response_length.max}, which sizes the plan"
         )
+
+
+def _check_triton_knobs(engine, device: str) -> None:
+    """The decode engine's Triton knobs asked for where their kernels cannot run: refused
+    by name before any model loads (left unset, each is on where it runs)."""
+    knobs = {"skinny_gemm": engine.skinny_gemm, "split_kernel": engine.split_kernel}
+    if not any(knobs.values()):
+        return
+    import torch
+
+    from rollplex.backends.torch.engine import skinny
+
+    if skinny.usable(torch.device(device)):  # both need exactly CUDA (or the interpreter)
+        return
+    name = next(k for k, on in knobs.items() if on)
+    raise ValueError(
+        f"backend.torch_engine.{name}=true with train.device={device}: its Triton kernels "
+        "need CUDA and Triton; leave it unset (on where they run)"
+    )
 
 
 def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:

@@ -18,9 +18,10 @@ class TorchEngineSpec(Spec):
         "auto",
         description="Decode attention: 'sdpa' (the group's queries folded over the shared "
         "prefix and every row's response K/V, with a mask), 'split' (the prefix once per "
-        "prompt, then each row's own response K/V only), 'auto' (on CUDA split while a step "
-        "has at most 16 prompt x K/V-head pairs, SDPA beyond: what an H200 measured, "
-        "bench/results/gpu_decode/split.md; SDPA on CPU).",
+        "prompt, then each row's own response K/V only), 'auto' (on CUDA split at every size "
+        "on its Triton kernels; with split_kernel=false split while a step has at most 16 "
+        "prompt x K/V-head pairs, SDPA beyond: what an H200 measured, "
+        "bench/results/gpu_decode/split_kernel.md and split.md; SDPA on CPU).",
     )
     fused_qkv: bool = Field(
         True,
@@ -35,6 +36,13 @@ class TorchEngineSpec(Spec):
         "rows (backends/torch/engine/skinny.py; measured against cuBLAS in "
         "bench/results/gpu_decode/skinny.md). None: on CUDA when Triton is installed; true "
         "elsewhere is refused when the engine starts.",
+    )
+    split_kernel: bool | None = Field(
+        None,
+        description="Under attention 'split', attend with two Triton kernels (flash-decoding's "
+        "prefix chunks and per-row response pieces, then one merge: "
+        "backends/torch/engine/split_kernel.py) instead of compiled torch matmuls. None: on "
+        "CUDA when Triton is installed; true elsewhere is refused before the model loads.",
     )
     compile: bool | None = Field(
         None,

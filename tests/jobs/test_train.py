@@ -184,10 +184,11 @@ def test_vllm_rollout_without_vllm_names_what_to_install(tmp_path):
     assert not (tmp_path / "out" / "plan.json").exists()  # nothing planned, nothing loaded
 
 
-def test_skinny_kernels_off_cuda_are_refused_before_any_work(tmp_path):
-    p = train(tmp_path / "out", "backend.torch_engine.skinny_gemm=true")
+@pytest.mark.parametrize("knob", ["skinny_gemm", "split_kernel"])
+def test_triton_kernels_off_cuda_are_refused_before_any_work(tmp_path, knob):
+    p = train(tmp_path / "out", f"backend.torch_engine.{knob}=true")
     assert p.returncode == 2 and "Traceback" not in p.stderr
-    assert "backend.torch_engine.skinny_gemm=true with train.device=cpu" in p.stderr
+    assert f"backend.torch_engine.{knob}=true with train.device=cpu" in p.stderr
     assert not (tmp_path / "out" / "plan.json").exists()
 
 

@@ -199,6 +199,7 @@ class TorchRollout(RolloutRole):
                 compile=e.compile,
                 fused_qkv=e.fused_qkv,
                 skinny_gemm=e.skinny_gemm,
+                split_kernel=e.split_kernel,
             )
         s = sampling
         return TorchDecode(

@@ -24,15 +24,21 @@ EngineAttention = Literal["sdpa", "flex", "split"]  # the engine's attention kin
 ENGINE_SPLIT_MAX_BLOCKS = 16
 
 
-def engine_attention(prompts: int, kv_heads: int) -> EngineAttention:
-    """The attention the torch engine's "auto" picks on CUDA for `prompts` padded prompts:
-    "split" while a step attends over at most ENGINE_SPLIT_MAX_BLOCKS (prompt, K/V head)
+def engine_attention(prompts: int, kv_heads: int, kernel: bool = False) -> EngineAttention:
+    """The attention the torch engine's "auto" picks on CUDA for `prompts` padded prompts.
+    With split's Triton kernels (`kernel`, engine/split_kernel.py): "split" at every size;
+    on an H200 they beat SDPA at 1, 8 and 32 prompts of the 7B (4.81 / 5.38 / 9.04 ms a
+    step against SDPA's 6.49 at 8 and 9.61 at 32 prompts; bench/results/gpu_decode/
+    split_kernel.md). Without them (split on compiled torch matmuls): "split" while a step
+    attends over at most ENGINE_SPLIT_MAX_BLOCKS (prompt, K/V head)
     pairs, else "sdpa". Measured on one H200 (bench/results/gpu_decode/split.md): split
     was faster at 1 prompt (3B: 2 pairs, 7B: 4) and at 8 prompts of 3B (16), slower at 8
     prompts of 7B (32) and at 32 prompts of either. The SDPA kernel gets one thread block
     per pair for the folded queries, which leaves most SMs idle below that; split's
     batched matmuls spread wider but write their scores out, which costs more with many
     prompts."""
+    if kernel:
+        return "split"
     return "split" if prompts * kv_heads <= ENGINE_SPLIT_MAX_BLOCKS else "sdpa"
 
 

@@ -24,9 +24,13 @@ def cuda_prefix(model, batch):
         return model, prefix_forward(model, b, feats, grad=False)
 
 
-def _run(model, prefix, graphs: bool, temperature: float, seed=7, attention="auto", group=G, new=R):
+def _run(
+    model, prefix, graphs: bool, temperature: float, seed=7, attention="auto", group=G, new=R, **kw
+):
     torch.use_deterministic_algorithms(False)  # index_put_/cumsum on CUDA
-    engine = DecodeEngine(model, use_graphs=graphs, kv_chunk=16, sync_every=4, attention=attention)
+    engine = DecodeEngine(
+        model, use_graphs=graphs, kv_chunk=16, sync_every=4, attention=attention, **kw
+    )
     gen = torch.Generator("cuda").manual_seed(seed)
     s = engine.start(prefix, group, new, temperature, 1.0, gen, -1)
     s.advance(5)  # a segment boundary inside the first graph's chunk

@@ -46,10 +46,15 @@ def test_bad_values_are_named(field, value):
         BackendSpec(torch_engine={field: value})
 
 
-def test_skinny_gemm_reaches_the_engine_and_cpu_refuses_it_by_name(model, spec, prefix):
+@pytest.mark.parametrize(
+    ("knob", "attr"), [("skinny_gemm", "skinny"), ("split_kernel", "split_kernel")]
+)
+def test_triton_knobs_reach_the_engine_and_cpu_refuses_them_by_name(
+    model, spec, prefix, knob, attr
+):
     sampling = Sampling(max_new_tokens=R, temperature=1.0, top_p=1.0, eos_id=-1, pad_id=0)
-    off = _rollout(model, spec, skinny_gemm=False)
+    off = _rollout(model, spec, **{knob: False})
     off.start_decode(prefix, G, sampling, torch.Generator().manual_seed(0))
-    assert off._engine.forward.skinny is False
-    with pytest.raises(ValueError, match="skinny_gemm needs CUDA"):
-        _rollout(model, spec, skinny_gemm=True).start_decode(prefix, G, sampling, None)
+    assert getattr(off._engine.forward, attr) is False
+    with pytest.raises(ValueError, match=f"{knob} needs CUDA"):
+        _rollout(model, spec, **{knob: True}).start_decode(prefix, G, sampling, None)

@@ -238,6 +238,8 @@ def test_unknown_attention_is_named(model, spec):
 )
 def test_auto_attention_follows_the_measured_rule(prompts, kv_heads, kind):
     assert engine_attention(prompts, kv_heads) == kind
+    # on split_kernel.py's kernels split beat SDPA at every measured size (split_kernel.md)
+    assert engine_attention(prompts, kv_heads, kernel=True) == "split"
 
 
 def test_auto_is_sdpa_on_cpu_and_resolves_per_decode(model, prefix):

@@ -31,8 +31,8 @@ tested against and as the benchmark's baseline):
   pieces torch.compile'd on CUDA), with fused_qkv.py's one q/k/v GEMM a layer and, at
   few rows on CUDA, skinny.py's Triton kernels for the MLP's gate/up + SiLU and the LM head;
 - attention.py: attention over that cache: SDPA, FlexAttention (flex.py: the split-KV
-  kernel) or "split" (the prefix once per prompt, each row only its own responses); "auto"
-  picks split for few prompts on CUDA, else SDPA;
+  kernel) or "split" (the prefix once per prompt, each row only its own responses; on
+  CUDA as split_kernel.py's two Triton kernels); "auto" picks split on CUDA;
 - sampling.py: on-device draws, a function of (row seed, step), compiled on CUDA;
 - riders.py: the training phase's prefix rows riding a decode step's GEMMs;
 - roofline.py: achieved HBM bandwidth against the roofline.

@@ -13,7 +13,8 @@
   buffer only; each part's (max, sum, unnormalised output) merge as flash-decoding's
   splits do. Plain matmuls around masked fp32 softmax pieces, compiled on CUDA (one
   `torch.compile(dynamic=True)` for every bucket and kv_len) so the elementwise and
-  reduction pieces fuse around the matmuls; no mask tensor is read.
+  reduction pieces fuse around the matmuls; no mask tensor is read. With `kernel` (the
+  CUDA default) the same softmax runs as split_kernel.py's two Triton kernels instead.
 """
 
 from __future__ import annotations
@@ -25,14 +26,21 @@ import torch.nn.functional as F
 
 from rollplex.backends.torch.engine import flex
 from rollplex.backends.torch.engine.cache import SharedPrefixKV
+from rollplex.backends.torch.engine.split_kernel import split_attention_kernel
 
 _compiled: Callable | None = None
 
 
 def attend_shared(
-    attn: torch.nn.Module, q: torch.Tensor, cache: SharedPrefixKV, layer: int, kv_len: int
+    attn: torch.nn.Module,
+    q: torch.Tensor,
+    cache: SharedPrefixKV,
+    layer: int,
+    kv_len: int,
+    kernel: bool = False,
 ) -> torch.Tensor:
-    """Attention of q [B, H, G, D] over the cache: [B, G, H * D]."""
+    """Attention of q [B, H, G, D] over the cache: [B, G, H * D]; under "split", on
+    split_kernel.py's Triton kernels when `kernel`."""
     b, heads, g, d = q.shape
     kv_heads = cache.keys[layer].shape[1]
     scale = getattr(attn, "scaling", d**-0.5)
@@ -41,7 +49,12 @@ def attend_shared(
         return out.transpose(1, 2).reshape(b, g, heads * d)
     if cache.split is not None:
         own = cache.split
-        call = split_call() if q.is_cuda else split_attention
+        if kernel:
+            call = split_attention_kernel
+        elif q.is_cuda:
+            call = split_call()
+        else:
+            call = split_attention
         return call(
             q,
             cache.keys[layer],

@@ -27,6 +27,7 @@ from rollplex.backends.torch.engine import skinny
 from rollplex.backends.torch.engine.cache import Attention, round_up
 from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows, ride_alone
 from rollplex.backends.torch.engine.sampling import row_seeds
+from rollplex.backends.torch.engine.split_kernel import usable as split_kernel_usable
 from rollplex.backends.torch.engine.step import DecodeStep
 from rollplex.backends.torch.engine.workspace import Shape, Workspace
 from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv
@@ -48,7 +49,8 @@ class DecodeEngine:
     - "split" (attention.py): each row reads the prefix and only its own response K/V;
     - "flex": FlexAttention's split-KV kernel (one graph for every step: its BlockMask
       skips unwritten blocks);
-    - "auto" (the default): on CUDA split for few prompts and SDPA for many
+    - "auto" (the default): on CUDA split on its Triton kernels (`split_kernel`) at every
+      size, without them split for few prompts and SDPA for many
       (`attention_for`), on CPU SDPA.
     Under SDPA and split `kv_chunk` is how many steps one graph's kv_len covers (more
     graphs, fewer unwritten slots read). `compile` (default: on
@@ -56,7 +58,8 @@ class DecodeEngine:
     with that mode. `fused_qkv` (default True) runs each layer's q/k/v projections as one
     GEMM over a stacked copy of their weights (fused_qkv.py), refreshed at every start;
     `compile_sampler` (default: as `compile`) compiles the draw. `skinny_gemm` (default:
-    on CUDA with Triton) runs steps of few rows on skinny.py's weight-streaming GEMMs.
+    on CUDA with Triton) runs steps of few rows on skinny.py's weight-streaming GEMMs;
+    `split_kernel` (default: likewise) attends under "split" on split_kernel.py's kernels.
     `keep_workspace` (default: when graphs are used) keeps the buffers and graphs after a
     session finishes, for the next session of the same shape; otherwise they are freed with
     the finished session, as the eager loop's cache was."""
@@ -74,6 +77,7 @@ class DecodeEngine:
         fused_qkv: bool = True,
         compile_sampler: bool | None = None,
         skinny_gemm: bool | None = None,
+        split_kernel: bool | None = None,
     ) -> None:
         if model.config.text_config.layer_types.count("full_attention") != len(
             model.config.text_config.layer_types
@@ -93,7 +97,7 @@ class DecodeEngine:
             raise ValueError(f"attention must be auto, sdpa, flex or split, got {attention!r}")
         if attention == "auto" and self.device.type != "cuda":
             attention = "sdpa"  # the choice below was measured on an H200
-        # "auto" resolves per decode (attention_for): split for few prompts, else SDPA
+        # "auto" resolves per decode (attention_for, engine_attention)
         self.attention: Literal["auto"] | Attention = attention
         # compiled layer pieces (step.py) on CUDA; CPU runs transformers' modules eagerly
         compiled = self.device.type == "cuda" if compile is None else compile
@@ -101,17 +105,25 @@ class DecodeEngine:
             skinny_gemm = self.device.type == "cuda" and skinny.usable(self.device)
         elif skinny_gemm and not skinny.usable(self.device):
             raise ValueError("skinny_gemm needs CUDA and Triton (engine/skinny.py)")
-        self.forward = DecodeStep(model, compiled, fused_qkv, compile_sampler, skinny_gemm)
+        if split_kernel is None:
+            split_kernel = self.device.type == "cuda" and split_kernel_usable(self.device)
+        elif split_kernel and not split_kernel_usable(self.device):
+            raise ValueError("split_kernel needs CUDA and Triton (engine/split_kernel.py)")
+        self.forward = DecodeStep(
+            model, compiled, fused_qkv, compile_sampler, skinny_gemm, split_kernel
+        )
         self.workspace: Workspace | None = None
         self._pool = None
 
     def attention_for(self, prompts: int) -> Attention:
         """The attention a decode of `prompts` padded prompts runs (engine_attention for
-        "auto": SDPA measured faster than flex at every 7B batch, split faster than SDPA
-        with few prompts; bench/results/gpu_decode/)."""
+        "auto": SDPA measured faster than flex at every 7B batch; split on its Triton
+        kernels faster than SDPA at every one, on torch matmuls with few prompts only;
+        bench/results/gpu_decode/)."""
         if self.attention != "auto":
             return self.attention
-        return engine_attention(prompts, self.model.config.text_config.num_key_value_heads)
+        kv_heads = self.model.config.text_config.num_key_value_heads
+        return engine_attention(prompts, kv_heads, self.forward.split_kernel)
 
     def bucket_prompts(self, prompts: int, group_size: int) -> int:
         return engine_prompts(prompts, group_size, tuple(self.buckets))

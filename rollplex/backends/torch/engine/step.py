@@ -57,7 +57,8 @@ class DecodeStep:
     layers unless `compile_sampler` says otherwise. With `skinny` (CUDA with Triton) steps of
     at most skinny.MAX_ROWS rows run the MLP's gate, up and SiLU as one skinny.py kernel and
     the LM head on its weight-streaming GEMM, the two places it beat cuBLAS on an H200; the
-    other projections stay on cuBLAS."""
+    other projections stay on cuBLAS. With `split_kernel` a cache laid out for "split"
+    attention is attended on split_kernel.py's two Triton kernels."""
 
     def __init__(
         self,
@@ -66,9 +67,11 @@ class DecodeStep:
         fused_qkv: bool = True,
         compile_sampler: bool | None = None,
         skinny: bool = False,
+        split_kernel: bool = False,
     ) -> None:
         self.model = model
         self.skinny = skinny
+        self.split_kernel = split_kernel
         silu = model.config.text_config.hidden_act == "silu"  # what skinny_gate_up computes
         lm = model.model.language_model
         self.rotary = rotary = rotary_fn(lm.layers[0].self_attn)
@@ -134,7 +137,7 @@ class DecodeStep:
         for i, layer in enumerate(lm.layers):
             q, k, v = self.before(layer, h, cos, sin, *self.projection(i))
             cache.write(i, k, v, slots)
-            out = attend_shared(layer.self_attn, q, cache, i, kv_len)
+            out = attend_shared(layer.self_attn, q, cache, i, kv_len, self.split_kernel)
             h = self.after(layer, h, out)
         h = lm.norm(h)
         if self.skinny and b * g <= MAX_ROWS:

@@ -1,0 +1,255 @@
+"""attention="split" as two Triton kernels (CUDA, or Triton's CPU interpreter in tests).
+
+The compiled torch version (attention.split_attention) is seven or so kernels a layer: two
+matmul pairs, their fused softmax pieces and the merge, each a launch and a round trip of
+its scores through memory. Here the same exact softmax is flash-decoding's two passes:
+
+1. `_partials`, one program per (prompt, K/V head) and per piece of work:
+   - a chunk of the prompt's prefix, for the folded query block of the group's G rows x
+     the rep query heads of that K/V head (the prefix is read once per prompt, as in the
+     torch version), or
+   - one row's own response keys at steps <= the current one, for that row's rep heads;
+   each leaves its running (max, sum of exps, unnormalised output) in float32;
+2. `_merge`, one program per (prompt, K/V head, row): the row's pieces by log-sum-exp,
+   written as the layer's attention output [B, G, H * D].
+
+Prefix chunks spread a step over the SMs when few prompts share it (`prefix_chunks`): the
+7B's one prompt and four K/V heads would otherwise be four programs on a 132-SM GPU. The
+rounding follows the torch version: scores and exps in float32, the exps cast to the
+values' dtype for the PV product, normalised only after the merge."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only torch builds ship no Triton
+    triton = None
+
+BLOCK_KEYS = 64  # keys per tile in both kernels
+
+
+def usable(device: torch.device) -> bool:
+    """Whether the kernels run on `device`: CUDA with Triton, or Triton's CPU interpreter."""
+    if triton is None:
+        return False
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def prefix_chunks(pairs: int, prefix_cap: int, programs: int) -> tuple[int, int]:
+    """(chunks, keys per chunk) for `pairs` (prompt, K/V head) pairs over a prefix buffer of
+    `prefix_cap` keys: enough chunks that the prefix programs alone fill `programs` (two
+    per SM), none shorter than one tile, each a whole number of tiles."""
+    tiles = max(1, -(-prefix_cap // BLOCK_KEYS))
+    wanted = max(1, min(tiles, -(-programs // pairs)))
+    per = -(-tiles // wanted)  # tiles per chunk
+    return -(-tiles // per), per * BLOCK_KEYS
+
+
+def _pow2(x: int, least: int = 16) -> int:
+    return max(least, 1 << (x - 1).bit_length())
+
+
+if triton is not None:
+
+    @triton.jit
+    def _flash(q, k_base, v_base, start, stop, stride_t, offs_d, dims, scale,
+               ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+        """Keys [start, stop) of one K/V sequence (rows `stride_t` apart) for the query block
+        q [ROWS, BLOCK_D]: the running (max, sum of exps, unnormalised output), online."""
+        top = tl.full((ROWS,), float("-inf"), dtype=tl.float32)
+        total = tl.zeros((ROWS,), dtype=tl.float32)
+        acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
+        for lo in range(start, stop, BLOCK_N):
+            keys = lo + tl.arange(0, BLOCK_N)
+            seen = keys < stop
+            offs = keys[:, None] * stride_t + offs_d[None, :]
+            inside = seen[:, None] & dims[None, :]
+            k = tl.load(k_base + offs, mask=inside, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            s = tl.where(seen[None, :], s, float("-inf"))
+            new_top = tl.maximum(top, tl.max(s, 1))
+            p = tl.exp(s - new_top[:, None])
+            alpha = tl.exp(top - new_top)
+            v = tl.load(v_base + offs, mask=inside, other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            total = total * alpha + tl.sum(p, 1)
+            top = new_top
+        return top, total, acc
+
+    @triton.jit
+    def _prefix_piece(
+        q_ptr, pk_ptr, pv_ptr, len_ptr, pm_ptr, pl_ptr, po_ptr, pair, piece, b, j,
+        scale, group, rep, chunks, chunk_keys, sq_b, sq_h, sq_g, sp_b, sp_h, sp_t,
+        D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):  # fmt: skip
+        """Chunk `piece` of prompt b's prefix for the folded queries of K/V head j."""
+        offs_d = tl.arange(0, BLOCK_D)
+        dims = offs_d < D
+        # query t = r * G + g: row g's r-th query head of K/V head j
+        offs_t = tl.arange(0, BLOCK_Q)
+        rows = offs_t < rep * group
+        heads = j * rep + offs_t // group
+        q = tl.load(
+            q_ptr + b * sq_b + heads[:, None] * sq_h + (offs_t % group)[:, None] * sq_g
+            + offs_d[None, :], mask=rows[:, None] & dims[None, :], other=0.0,
+        )  # fmt: skip
+        start = piece * chunk_keys
+        stop = tl.minimum(start + chunk_keys, tl.load(len_ptr + b).to(tl.int32))
+        m, total, acc = _flash(
+            q, pk_ptr + b * sp_b + j * sp_h, pv_ptr + b * sp_b + j * sp_h, start, stop,
+            sp_t, offs_d, dims, scale, BLOCK_Q, BLOCK_D, BLOCK_N,
+        )  # fmt: skip
+        at = (pair * chunks + piece) * rep * group + offs_t
+        tl.store(pm_ptr + at, m, mask=rows)
+        tl.store(pl_ptr + at, total, mask=rows)
+        tile = rows[:, None] & dims[None, :]
+        tl.store(po_ptr + at[:, None] * D + offs_d[None, :], acc, mask=tile)
+
+    @triton.jit
+    def _own_piece(
+        q_ptr, ok_ptr, ov_ptr, step_ptr, om_ptr, ol_ptr, oo_ptr, pair, g, b, j,
+        scale, group, rep, own_keys, sq_b, sq_h, sq_g, so_b, so_h, so_g, so_t,
+        D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):  # fmt: skip
+        """Row g's rep query heads of K/V head j over its own response keys so far."""
+        offs_d = tl.arange(0, BLOCK_D)
+        dims = offs_d < D
+        offs_r = tl.arange(0, BLOCK_R)
+        rows = offs_r < rep
+        q = tl.load(
+            q_ptr + b * sq_b + (j * rep + offs_r)[:, None] * sq_h + g * sq_g + offs_d[None, :],
+            mask=rows[:, None] & dims[None, :], other=0.0,
+        )  # fmt: skip
+        stop = tl.minimum(tl.load(step_ptr).to(tl.int32) + 1, own_keys)
+        own = b * so_b + j * so_h + g * so_g
+        m, total, acc = _flash(
+            q, ok_ptr + own, ov_ptr + own, 0, stop, so_t, offs_d, dims, scale,
+            BLOCK_R, BLOCK_D, BLOCK_N,
+        )  # fmt: skip
+        at = (pair * group + g) * rep + offs_r
+        tl.store(om_ptr + at, m, mask=rows)
+        tl.store(ol_ptr + at, total, mask=rows)
+        tile = rows[:, None] & dims[None, :]
+        tl.store(oo_ptr + at[:, None] * D + offs_d[None, :], acc, mask=tile)
+
+    @triton.jit
+    def _partials(
+        q_ptr, pk_ptr, pv_ptr, len_ptr, ok_ptr, ov_ptr, step_ptr,
+        pm_ptr, pl_ptr, po_ptr, om_ptr, ol_ptr, oo_ptr,
+        scale, kv_heads, group, rep, chunks, chunk_keys, own_keys,
+        sq_b, sq_h, sq_g, sp_b, sp_h, sp_t, so_b, so_h, so_g, so_t,
+        D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
+        BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):  # fmt: skip
+        pair = tl.program_id(0)  # b * kv_heads + j
+        piece = tl.program_id(1)  # a prefix chunk, then one program per row
+        b, j = pair // kv_heads, pair % kv_heads
+        # each branch in its own function: their blocks differ in shape (Triton types a
+        # variable set in both branches of an `if` as one)
+        if piece < chunks:
+            _prefix_piece(
+                q_ptr, pk_ptr, pv_ptr, len_ptr, pm_ptr, pl_ptr, po_ptr, pair, piece, b, j,
+                scale, group, rep, chunks, chunk_keys, sq_b, sq_h, sq_g, sp_b, sp_h, sp_t,
+                D, BLOCK_D, BLOCK_Q, BLOCK_N,
+            )  # fmt: skip
+        else:
+            _own_piece(
+                q_ptr, ok_ptr, ov_ptr, step_ptr, om_ptr, ol_ptr, oo_ptr, pair, piece - chunks,
+                b, j, scale, group, rep, own_keys, sq_b, sq_h, sq_g, so_b, so_h, so_g, so_t,
+                D, BLOCK_D, BLOCK_R, BLOCK_N,
+            )  # fmt: skip
+
+    @triton.jit
+    def _merge(
+        pm_ptr, pl_ptr, po_ptr, om_ptr, ol_ptr, oo_ptr, out_ptr,
+        kv_heads, group, rep, chunks, sout_b, sout_g,
+        D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+    ):  # fmt: skip
+        pair, g = tl.program_id(0), tl.program_id(1)
+        b, j = pair // kv_heads, pair % kv_heads
+        offs_r = tl.arange(0, BLOCK_R)
+        offs_d = tl.arange(0, BLOCK_D)
+        qrows = offs_r < rep
+        tile = qrows[:, None] & (offs_d < D)[None, :]
+        own = (pair * group + g) * rep + offs_r
+        # the row's own part always holds a key (its current step's), so `top` is finite
+        top = tl.load(om_ptr + own, mask=qrows, other=0.0)
+        for c in range(0, chunks):
+            at = (pair * chunks + c) * rep * group + offs_r * group + g
+            top = tl.maximum(top, tl.load(pm_ptr + at, mask=qrows, other=float("-inf")))
+        w = tl.exp(tl.load(om_ptr + own, mask=qrows, other=0.0) - top)
+        total = tl.load(ol_ptr + own, mask=qrows, other=0.0) * w
+        acc = tl.load(oo_ptr + own[:, None] * D + offs_d[None, :], mask=tile, other=0.0)
+        acc = acc * w[:, None]
+        for c in range(0, chunks):
+            at = (pair * chunks + c) * rep * group + offs_r * group + g
+            w = tl.exp(tl.load(pm_ptr + at, mask=qrows, other=float("-inf")) - top)
+            total += tl.load(pl_ptr + at, mask=qrows, other=0.0) * w
+            part = tl.load(po_ptr + at[:, None] * D + offs_d[None, :], mask=tile, other=0.0)
+            acc += part * w[:, None]
+        out = acc / tl.where(qrows, total, 1.0)[:, None]  # padding heads: no 0 / 0
+        cols = (j * rep + offs_r)[:, None] * D + offs_d[None, :]
+        tl.store(
+            out_ptr + b * sout_b + g * sout_g + cols, out.to(out_ptr.dtype.element_ty),
+            mask=tile,
+        )  # fmt: skip
+
+
+def split_attention_kernel(
+    q: torch.Tensor,
+    prefix_k: torch.Tensor,
+    prefix_v: torch.Tensor,
+    prefix_lengths: torch.Tensor,
+    own_k: torch.Tensor,
+    own_v: torch.Tensor,
+    step: torch.Tensor,
+    scale: float,
+    programs: int | None = None,
+) -> torch.Tensor:
+    """attention.split_attention's contract on the two kernels: q [B, H, G, D] over prompt
+    b's first `prefix_lengths[b]` prefix keys [B, Hkv, C, D] and row g's own response keys
+    [B, Hkv, G, n, D] at steps <= `step`: [B, G, H * D]. `programs`: how many prefix
+    programs to aim for (default two per SM)."""
+    b, heads, g, d = q.shape
+    kv_heads, cap, n = prefix_k.shape[1], prefix_k.shape[2], own_k.shape[3]
+    rep = heads // kv_heads
+    for name, t in (("prefix_k", prefix_k), ("prefix_v", prefix_v)):
+        if t.stride(-1) != 1 or t.stride() != prefix_k.stride():
+            raise ValueError(f"{name} must be row-contiguous and laid out as prefix_k")
+    for name, t in (("q", q), ("own_k", own_k), ("own_v", own_v)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}'s head dimension must be contiguous")
+    if own_v.stride() != own_k.stride():
+        raise ValueError("own_v must be laid out as own_k")
+    if programs is None:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 8
+        programs = 2 * sms
+    pairs = b * kv_heads
+    chunks, chunk_keys = prefix_chunks(pairs, cap, programs)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    pm = torch.empty(pairs * chunks * rep * g, **f32)
+    pl, po = torch.empty_like(pm), torch.empty(pairs * chunks * rep * g * d, **f32)
+    om = torch.empty(pairs * g * rep, **f32)
+    ol, oo = torch.empty_like(om), torch.empty(pairs * g * rep * d, **f32)
+    out = q.new_empty(b, g, heads * d)
+    block_d, block_q = _pow2(d), _pow2(rep * g)
+    _partials[(pairs, chunks + g)](
+        q, prefix_k, prefix_v, prefix_lengths, own_k, own_v, step,
+        pm, pl, po, om, ol, oo,
+        scale, kv_heads, g, rep, chunks, chunk_keys, n,
+        q.stride(0), q.stride(1), q.stride(2),
+        prefix_k.stride(0), prefix_k.stride(1), prefix_k.stride(2),
+        own_k.stride(0), own_k.stride(1), own_k.stride(2), own_k.stride(3),
+        D=d, BLOCK_D=block_d, BLOCK_Q=block_q, BLOCK_R=_pow2(rep), BLOCK_N=BLOCK_KEYS,
+        num_warps=4 if block_q * block_d <= 64 * 128 else 8,
+    )  # fmt: skip
+    _merge[(pairs, g)](
+        pm, pl, po, om, ol, oo, out, kv_heads, g, rep, chunks, out.stride(0), out.stride(1),
+        D=d, BLOCK_D=block_d, BLOCK_R=_pow2(rep, 1),
+    )  # fmt: skip
+    return out

@@ -1,0 +1,101 @@
+"""The split-attention kernels (engine/split_kernel.py) under Triton's CPU interpreter, in
+float32: run by test_split_kernel.py in a child process with TRITON_INTERPRET=1 (Triton
+reads it when the kernels are defined). Raises on the first disagreement."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from rollplex.backends.torch.engine import split_kernel
+from rollplex.backends.torch.engine.attention import split_attention
+
+# (prompts, K/V heads, query heads per K/V head, G, prefix cap, response slots, head dim,
+# prefix programs aimed at): one chunk and many, ragged tiles, GQA 1 and 7 (the 7B's), one
+# row, a head dim below the tensor-core minimum
+CASES = (
+    (2, 2, 2, 3, 64, 7, 32, 8),
+    (1, 4, 7, 8, 200, 40, 32, 64),
+    (3, 1, 1, 1, 70, 1, 16, 5),
+    (2, 2, 2, 3, 128, 70, 32, 1),
+    (4, 2, 3, 2, 96, 130, 8, 16),
+)
+
+
+def check_attention(gen: torch.Generator) -> None:
+    for b, kv_heads, rep, g, cap, n, d, programs in CASES:
+        # q strided as the engine's before() leaves it; own K/V sliced off a longer buffer
+        q = torch.randn(b, g, kv_heads * rep, d, generator=gen).transpose(1, 2)
+        pk, pv = (torch.randn(b, kv_heads, cap, d, generator=gen) for _ in range(2))
+        ok, ov = (torch.randn(b, kv_heads, g, n + 5, d, generator=gen)[:, :, :, :n] for _ in "kv")
+        lengths = torch.randint(1, cap + 1, (b,), generator=gen)
+        lengths[-1] = 0 if b > 1 else lengths[-1]  # a bucket's padding prompt: no prefix key
+        for step in sorted({0, n // 2, n - 1}):
+            at = torch.tensor(step)
+            want = split_attention(q, pk, pv, lengths, ok, ov, at, d**-0.5)
+            got = split_kernel.split_attention_kernel(
+                q, pk, pv, lengths, ok, ov, at, d**-0.5, programs=programs
+            )
+            assert got.shape == want.shape, (got.shape, want.shape)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _prefix():
+    """The tiny model and two prompts of unequal length prefilled (conftest's batch)."""
+    from rollplex.backends.torch.model import build_model
+    from rollplex.backends.torch.prefix import prefix_forward, vision_encode
+    from rollplex.backends.torch.task import QUESTIONS, VisualTask
+    from rollplex.backends.torch.tokenizer import (
+        build_image_processor,
+        build_tokenizer,
+        encode_prompt,
+    )
+    from rollplex.data.prompts import collate_prompts
+    from rollplex.specs.model import MODEL_PRESETS
+
+    spec = MODEL_PRESETS["tiny"]
+    model = build_model(spec, seed=0)
+    tok, proc = build_tokenizer(spec), build_image_processor(spec)
+    a, b = VisualTask(seed=0).samples(0, 2)
+    prompts = [
+        encode_prompt(tok, proc, a.image.resize((56, 56)), QUESTIONS["count"]),
+        encode_prompt(tok, proc, b.image, QUESTIONS["colour"]),
+    ]
+    batch = collate_prompts(prompts, pad_id=spec.special_tokens.pad_token_id)
+    assert batch.lengths[0] != batch.lengths[1]
+    with torch.no_grad():
+        feats = vision_encode(model, batch.pixel_values, batch.image_grid_thw)
+        return model, prefix_forward(model, batch, feats, grad=False)
+
+
+def check_engine() -> None:
+    """A split decode on the kernels equals one on torch's matmuls (tokens, lengths,
+    logprobs; greedy and sampled), prompts of unequal prefix length and a bucket's padding
+    prompts included."""
+    from rollplex.backends.torch.engine.session import DecodeEngine
+
+    model, prefix = _prefix()
+    for temperature, seed in ((0.0, 0), (1.0, 4)):
+        results = []
+        for on in (True, False):
+            engine = DecodeEngine(model, attention="split", split_kernel=on, buckets=(16,))
+            assert engine.forward.split_kernel is on
+            gen = torch.Generator().manual_seed(seed)
+            s = engine.start(prefix, 3, 6, temperature, 1.0, gen, -1)
+            s.advance()
+            results.append(s.result())
+        (t1, lp1, n1), (t2, lp2, n2) = results
+        assert torch.equal(t1, t2) and torch.equal(n1, n2)
+        torch.testing.assert_close(lp1, lp2, rtol=0, atol=1e-5)
+
+
+def main() -> None:
+    assert os.environ.get("TRITON_INTERPRET") == "1" and split_kernel.triton is not None
+    check_attention(torch.Generator().manual_seed(0))
+    check_engine()
+    print("split kernels agree")
+
+
+if __name__ == "__main__":
+    main()

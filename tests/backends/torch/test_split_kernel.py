@@ -1,0 +1,90 @@
+"""The split-attention kernels (engine/split_kernel.py): they and a decode on them agree
+with the torch version under Triton's CPU interpreter (float32); how a step's prefix is
+cut into chunks; off by default on CPU and refused by name where they cannot run."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rollplex.backends.torch.engine import split_kernel
+from rollplex.backends.torch.engine.session import DecodeEngine
+from rollplex.backends.torch.engine.split_kernel import BLOCK_KEYS, prefix_chunks
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.skipif(
+    split_kernel.triton is None, reason="Triton is not installed (pip install -e .[dev])"
+)
+def test_kernels_and_a_decode_agree_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.backends.torch.split_kernel_interpret"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "split kernels agree" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("pairs", "cap", "programs"),
+    itertools.product((1, 2, 4, 32, 128, 300), (1, 64, 65, 640, 1344, 4096), (1, 8, 264)),
+)
+def test_prefix_chunks_cover_the_prefix_in_whole_tiles(pairs, cap, programs):
+    chunks, keys = prefix_chunks(pairs, cap, programs)
+    tiles = -(-cap // BLOCK_KEYS)
+    assert keys % BLOCK_KEYS == 0 and 1 <= chunks <= tiles
+    assert chunks * keys >= cap > (chunks - 1) * keys  # every key once, no empty chunk
+    if pairs * tiles >= programs:  # enough tiles: the programs asked for are there
+        assert pairs * chunks >= min(programs, pairs * tiles) / 2
+    else:  # too few: one tile a chunk
+        assert chunks == tiles
+
+
+def test_off_by_default_on_cpu_and_refused_when_asked(model):
+    assert DecodeEngine(model).forward.split_kernel is False
+    with pytest.raises(ValueError, match="split_kernel needs CUDA and Triton"):
+        DecodeEngine(model, split_kernel=True)
+
+
+@pytest.mark.skipif(split_kernel.triton is None, reason="Triton is not installed")
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_kernels_compile_for_hopper(dtype):
+    """Triton's front end types what the CPU interpreter does not (a variable set in both
+    branches of an `if` must keep one type, which cost a GPU call once): both kernels
+    compiled for sm_90 at the 7B's head shape, no GPU needed."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    def signature(kernel, types: list[str]) -> dict[str, str]:
+        return dict(zip(kernel.arg_names, types, strict=True))
+
+    partials = ["*" + dtype] * 7 + ["*fp32"] * 6 + ["fp32"] + ["i32"] * 16 + ["constexpr"] * 5
+    merge = ["*fp32"] * 6 + ["*" + dtype] + ["i32"] * 6 + ["constexpr"] * 3
+    sources = [
+        ASTSource(
+            split_kernel._partials,
+            signature(split_kernel._partials, partials),
+            {"D": 128, "BLOCK_D": 128, "BLOCK_Q": 64, "BLOCK_R": 16, "BLOCK_N": BLOCK_KEYS},
+        ),
+        ASTSource(
+            split_kernel._merge,
+            signature(split_kernel._merge, merge),
+            {"D": 128, "BLOCK_D": 128, "BLOCK_R": 8},
+        ),
+    ]
+    for src in sources:
+        try:
+            compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+        except RuntimeError as err:  # the wheel's ptxas missing or unusable here
+            if "ptxas" in str(err):
+                pytest.skip(f"Triton cannot assemble for sm_90 here: {err}")
+            raise
+        assert compiled.asm["cubin"]
