@@ -156,7 +156,8 @@ def ride_step(
 
         def attend(q, k, v, i: int = i, layer: torch.nn.Module = layer) -> torch.Tensor:
             cache.write(i, k, v, slots)
-            return attend_shared(layer.self_attn, q, cache, i, kv_len)
+            # the kernel the unridden step attends with: a ride leaves the decode's draws
+            return attend_shared(layer.self_attn, q, cache, i, kv_len, forward.split_kernel)
 
         inputs.append(hp)
         hp, k, v, h = prefix_layer(
