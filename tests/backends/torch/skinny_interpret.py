@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from rollplex.backends.torch.engine import skinny
+from tests.backends.torch.interpreted import decodes_agree
 
 ROWS = (1, 5, 16, 33, 64)
 SHAPES = ((70, 300), (128, 256))  # (N, K): ragged against the 16 x 64 tile, and even
@@ -39,37 +40,7 @@ def check_gate_up(gen: torch.Generator) -> None:
 
 def check_engine() -> None:
     """A decode on the kernels equals one on the modules: tokens, logprobs, lengths."""
-    from rollplex.backends.torch.engine.session import DecodeEngine
-    from rollplex.backends.torch.model import build_model
-    from rollplex.backends.torch.prefix import prefix_forward, vision_encode
-    from rollplex.backends.torch.task import QUESTIONS, VisualTask
-    from rollplex.backends.torch.tokenizer import (
-        build_image_processor,
-        build_tokenizer,
-        encode_prompt,
-    )
-    from rollplex.data.prompts import collate_prompts
-    from rollplex.specs.model import MODEL_PRESETS
-
-    spec = MODEL_PRESETS["tiny"]
-    model = build_model(spec, seed=0)
-    tok, proc = build_tokenizer(spec), build_image_processor(spec)
-    samples = VisualTask(seed=0).samples(0, 2)
-    prompts = [encode_prompt(tok, proc, s.image, QUESTIONS["count"]) for s in samples]
-    batch = collate_prompts(prompts, pad_id=spec.special_tokens.pad_token_id)
-    with torch.no_grad():
-        feats = vision_encode(model, batch.pixel_values, batch.image_grid_thw)
-        prefix = prefix_forward(model, batch, feats, grad=False)
-    results = []
-    for on in (True, False):
-        engine = DecodeEngine(model, skinny_gemm=on)
-        assert engine.forward.skinny is on
-        s = engine.start(prefix, 3, 6, 1.0, 1.0, torch.Generator().manual_seed(4), -1)
-        s.advance()
-        results.append(s.result())
-    (t1, lp1, n1), (t2, lp2, n2) = results
-    assert torch.equal(t1, t2) and torch.equal(n1, n2)
-    torch.testing.assert_close(lp1, lp2, rtol=0, atol=1e-4)
+    decodes_agree("skinny_gemm", "skinny", 1.0, 4, atol=1e-4)
 
 
 def main() -> None:

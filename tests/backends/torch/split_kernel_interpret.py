@@ -10,6 +10,7 @@ import torch
 
 from rollplex.backends.torch.engine import split_kernel
 from rollplex.backends.torch.engine.attention import split_attention
+from tests.backends.torch.interpreted import decodes_agree
 
 # (prompts, K/V heads, query heads per K/V head, G, prefix cap, response slots, head dim,
 # prefix programs aimed at): one chunk and many, ragged tiles, GQA 1 and 7 (the 7B's), one
@@ -41,53 +42,15 @@ def check_attention(gen: torch.Generator) -> None:
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def _prefix():
-    """The tiny model and two prompts of unequal length prefilled (conftest's batch)."""
-    from rollplex.backends.torch.model import build_model
-    from rollplex.backends.torch.prefix import prefix_forward, vision_encode
-    from rollplex.backends.torch.task import QUESTIONS, VisualTask
-    from rollplex.backends.torch.tokenizer import (
-        build_image_processor,
-        build_tokenizer,
-        encode_prompt,
-    )
-    from rollplex.data.prompts import collate_prompts
-    from rollplex.specs.model import MODEL_PRESETS
-
-    spec = MODEL_PRESETS["tiny"]
-    model = build_model(spec, seed=0)
-    tok, proc = build_tokenizer(spec), build_image_processor(spec)
-    a, b = VisualTask(seed=0).samples(0, 2)
-    prompts = [
-        encode_prompt(tok, proc, a.image.resize((56, 56)), QUESTIONS["count"]),
-        encode_prompt(tok, proc, b.image, QUESTIONS["colour"]),
-    ]
-    batch = collate_prompts(prompts, pad_id=spec.special_tokens.pad_token_id)
-    assert batch.lengths[0] != batch.lengths[1]
-    with torch.no_grad():
-        feats = vision_encode(model, batch.pixel_values, batch.image_grid_thw)
-        return model, prefix_forward(model, batch, feats, grad=False)
-
-
 def check_engine() -> None:
     """A split decode on the kernels equals one on torch's matmuls (tokens, lengths,
     logprobs; greedy and sampled), prompts of unequal prefix length and a bucket's padding
     prompts included."""
-    from rollplex.backends.torch.engine.session import DecodeEngine
-
-    model, prefix = _prefix()
     for temperature, seed in ((0.0, 0), (1.0, 4)):
-        results = []
-        for on in (True, False):
-            engine = DecodeEngine(model, attention="split", split_kernel=on, buckets=(16,))
-            assert engine.forward.split_kernel is on
-            gen = torch.Generator().manual_seed(seed)
-            s = engine.start(prefix, 3, 6, temperature, 1.0, gen, -1)
-            s.advance()
-            results.append(s.result())
-        (t1, lp1, n1), (t2, lp2, n2) = results
-        assert torch.equal(t1, t2) and torch.equal(n1, n2)
-        torch.testing.assert_close(lp1, lp2, rtol=0, atol=1e-5)
+        decodes_agree(
+            "split_kernel", "split_kernel", temperature, seed, atol=1e-5,
+            attention="split", buckets=(16,),
+        )  # fmt: skip
 
 
 def main() -> None:

@@ -4,28 +4,16 @@ CUDA only unless asked, and refuses them by name where they cannot run."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from rollplex.backends.torch.engine import skinny
 from rollplex.backends.torch.engine.session import DecodeEngine
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.backends.torch.interpreted import run_interpreted
 
 
 @pytest.mark.skipif(skinny.triton is None, reason="Triton is not installed (pip install -e .[dev])")
 def test_kernels_and_a_decode_agree_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.backends.torch.skinny_interpret"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "skinny kernels agree" in done.stdout
+    run_interpreted("tests.backends.torch.skinny_interpret", "skinny kernels agree")
 
 
 def test_off_by_default_on_cpu_and_refused_when_asked(model):

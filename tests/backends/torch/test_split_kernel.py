@@ -5,31 +5,20 @@ cut into chunks; off by default on CPU and refused by name where they cannot run
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from rollplex.backends.torch.engine import split_kernel
 from rollplex.backends.torch.engine.session import DecodeEngine
 from rollplex.backends.torch.engine.split_kernel import BLOCK_KEYS, prefix_chunks
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.backends.torch.interpreted import run_interpreted
 
 
 @pytest.mark.skipif(
     split_kernel.triton is None, reason="Triton is not installed (pip install -e .[dev])"
 )
 def test_kernels_and_a_decode_agree_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.backends.torch.split_kernel_interpret"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "split kernels agree" in done.stdout
+    run_interpreted("tests.backends.torch.split_kernel_interpret", "split kernels agree")
 
 
 @pytest.mark.parametrize(

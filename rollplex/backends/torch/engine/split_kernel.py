@@ -82,6 +82,14 @@ if triton is not None:
         return top, total, acc
 
     @triton.jit
+    def _store_partial(m_ptr, l_ptr, o_ptr, at, m, total, acc, rows, offs_d, dims,
+                       D: tl.constexpr):  # fmt: skip
+        """A piece's (max, sum, unnormalised output) at partial rows `at`."""
+        tl.store(m_ptr + at, m, mask=rows)
+        tl.store(l_ptr + at, total, mask=rows)
+        tl.store(o_ptr + at[:, None] * D + offs_d[None, :], acc, mask=rows[:, None] & dims[None, :])
+
+    @triton.jit
     def _prefix_piece(
         q_ptr, pk_ptr, pv_ptr, len_ptr, pm_ptr, pl_ptr, po_ptr, pair, piece, b, j,
         scale, group, rep, chunks, chunk_keys, sq_b, sq_h, sq_g, sp_b, sp_h, sp_t,
@@ -105,10 +113,7 @@ if triton is not None:
             sp_t, offs_d, dims, scale, BLOCK_Q, BLOCK_D, BLOCK_N,
         )  # fmt: skip
         at = (pair * chunks + piece) * rep * group + offs_t
-        tl.store(pm_ptr + at, m, mask=rows)
-        tl.store(pl_ptr + at, total, mask=rows)
-        tile = rows[:, None] & dims[None, :]
-        tl.store(po_ptr + at[:, None] * D + offs_d[None, :], acc, mask=tile)
+        _store_partial(pm_ptr, pl_ptr, po_ptr, at, m, total, acc, rows, offs_d, dims, D)
 
     @triton.jit
     def _own_piece(
@@ -132,10 +137,7 @@ if triton is not None:
             BLOCK_R, BLOCK_D, BLOCK_N,
         )  # fmt: skip
         at = (pair * group + g) * rep + offs_r
-        tl.store(om_ptr + at, m, mask=rows)
-        tl.store(ol_ptr + at, total, mask=rows)
-        tile = rows[:, None] & dims[None, :]
-        tl.store(oo_ptr + at[:, None] * D + offs_d[None, :], acc, mask=tile)
+        _store_partial(om_ptr, ol_ptr, oo_ptr, at, m, total, acc, rows, offs_d, dims, D)
 
     @triton.jit
     def _partials(
