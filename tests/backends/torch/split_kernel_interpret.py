@@ -14,13 +14,14 @@ from tests.backends.torch.interpreted import decodes_agree
 
 # (prompts, K/V heads, query heads per K/V head, G, prefix cap, response slots, head dim,
 # prefix programs aimed at): one chunk and many, ragged tiles, GQA 1 and 7 (the 7B's), one
-# row, a head dim below the tensor-core minimum
+# row, a head dim below the tensor-core minimum, more folded queries than one tile holds
 CASES = (
     (2, 2, 2, 3, 64, 7, 32, 8),
     (1, 4, 7, 8, 200, 40, 32, 64),
     (3, 1, 1, 1, 70, 1, 16, 5),
     (2, 2, 2, 3, 128, 70, 32, 1),
     (4, 2, 3, 2, 96, 130, 8, 16),
+    (2, 1, 7, 20, 128, 3, 16, 4),  # 140 folded query rows: two query tiles per chunk
 )
 
 

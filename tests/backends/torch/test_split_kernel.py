@@ -47,7 +47,8 @@ def test_off_by_default_on_cpu_and_refused_when_asked(model):
 def test_kernels_compile_for_hopper(dtype):
     """Triton's front end types what the CPU interpreter does not (a variable set in both
     branches of an `if` must keep one type, which cost a GPU call once): both kernels
-    compiled for sm_90 at the 7B's head shape, no GPU needed."""
+    compiled for sm_90 at the 7B's head shape, with G = 8's query tile and the largest one,
+    no GPU needed."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -55,14 +56,16 @@ def test_kernels_compile_for_hopper(dtype):
     def signature(kernel, types: list[str]) -> dict[str, str]:
         return dict(zip(kernel.arg_names, types, strict=True))
 
-    partials = ["*" + dtype] * 7 + ["*fp32"] * 6 + ["fp32"] + ["i32"] * 16 + ["constexpr"] * 5
+    partials = ["*" + dtype] * 7 + ["*fp32"] * 6 + ["fp32"] + ["i32"] * 17 + ["constexpr"] * 5
     merge = ["*fp32"] * 6 + ["*" + dtype] + ["i32"] * 6 + ["constexpr"] * 3
     sources = [
         ASTSource(
             split_kernel._partials,
             signature(split_kernel._partials, partials),
-            {"D": 128, "BLOCK_D": 128, "BLOCK_Q": 64, "BLOCK_R": 16, "BLOCK_N": BLOCK_KEYS},
-        ),
+            {"D": 128, "BLOCK_D": 128, "BLOCK_Q": block_q, "BLOCK_R": 16, "BLOCK_N": BLOCK_KEYS},
+        )
+        for block_q in (64, split_kernel.MAX_QUERY_BLOCK)
+    ] + [
         ASTSource(
             split_kernel._merge,
             signature(split_kernel._merge, merge),

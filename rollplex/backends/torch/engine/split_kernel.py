@@ -14,7 +14,10 @@ its scores through memory. Here the same exact softmax is flash-decoding's two p
    written as the layer's attention output [B, G, H * D].
 
 Prefix chunks spread a step over the SMs when few prompts share it (`prefix_chunks`): the
-7B's one prompt and four K/V heads would otherwise be four programs on a 132-SM GPU. The
+7B's one prompt and four K/V heads would otherwise be four programs on a 132-SM GPU. Groups
+with more than MAX_QUERY_BLOCK folded query rows (G x query heads per K/V head; 56 at the
+7B with G = 8) take several query tiles per chunk, each reading the chunk (from L2 after the
+first). The
 rounding follows the torch version: scores and exps in float32, the exps cast to the
 values' dtype for the PV product, normalised only after the merge."""
 
@@ -31,6 +34,9 @@ except ImportError:  # CPU-only torch builds ship no Triton
     triton = None
 
 BLOCK_KEYS = 64  # keys per tile in both kernels
+# folded query rows per prefix program: 128 x 128 float32 accumulators compile without
+# register spills for sm_90 (ptxas -v), 256 spill 1.5 KB a thread
+MAX_QUERY_BLOCK = 128
 
 
 def usable(device: torch.device) -> bool:
@@ -91,28 +97,29 @@ if triton is not None:
 
     @triton.jit
     def _prefix_piece(
-        q_ptr, pk_ptr, pv_ptr, len_ptr, pm_ptr, pl_ptr, po_ptr, pair, piece, b, j,
+        q_ptr, pk_ptr, pv_ptr, len_ptr, pm_ptr, pl_ptr, po_ptr, pair, chunk, tile, b, j,
         scale, group, rep, chunks, chunk_keys, sq_b, sq_h, sq_g, sp_b, sp_h, sp_t,
         D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     ):  # fmt: skip
-        """Chunk `piece` of prompt b's prefix for the folded queries of K/V head j."""
+        """Chunk `chunk` of prompt b's prefix for tile `tile` of the folded queries of K/V
+        head j."""
         offs_d = tl.arange(0, BLOCK_D)
         dims = offs_d < D
         # query t = r * G + g: row g's r-th query head of K/V head j
-        offs_t = tl.arange(0, BLOCK_Q)
+        offs_t = tile * BLOCK_Q + tl.arange(0, BLOCK_Q)
         rows = offs_t < rep * group
         heads = j * rep + offs_t // group
         q = tl.load(
             q_ptr + b * sq_b + heads[:, None] * sq_h + (offs_t % group)[:, None] * sq_g
             + offs_d[None, :], mask=rows[:, None] & dims[None, :], other=0.0,
         )  # fmt: skip
-        start = piece * chunk_keys
+        start = chunk * chunk_keys
         stop = tl.minimum(start + chunk_keys, tl.load(len_ptr + b).to(tl.int32))
         m, total, acc = _flash(
             q, pk_ptr + b * sp_b + j * sp_h, pv_ptr + b * sp_b + j * sp_h, start, stop,
             sp_t, offs_d, dims, scale, BLOCK_Q, BLOCK_D, BLOCK_N,
         )  # fmt: skip
-        at = (pair * chunks + piece) * rep * group + offs_t
+        at = (pair * chunks + chunk) * rep * group + offs_t
         _store_partial(pm_ptr, pl_ptr, po_ptr, at, m, total, acc, rows, offs_d, dims, D)
 
     @triton.jit
@@ -143,25 +150,27 @@ if triton is not None:
     def _partials(
         q_ptr, pk_ptr, pv_ptr, len_ptr, ok_ptr, ov_ptr, step_ptr,
         pm_ptr, pl_ptr, po_ptr, om_ptr, ol_ptr, oo_ptr,
-        scale, kv_heads, group, rep, chunks, chunk_keys, own_keys,
+        scale, kv_heads, group, rep, chunks, chunk_keys, tiles, own_keys,
         sq_b, sq_h, sq_g, sp_b, sp_h, sp_t, so_b, so_h, so_g, so_t,
         D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
         BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
     ):  # fmt: skip
         pair = tl.program_id(0)  # b * kv_heads + j
-        piece = tl.program_id(1)  # a prefix chunk, then one program per row
+        piece = tl.program_id(1)  # (prefix chunk, query tile) pairs, then one per row
         b, j = pair // kv_heads, pair % kv_heads
         # each branch in its own function: their blocks differ in shape (Triton types a
         # variable set in both branches of an `if` as one)
-        if piece < chunks:
+        if piece < chunks * tiles:
             _prefix_piece(
-                q_ptr, pk_ptr, pv_ptr, len_ptr, pm_ptr, pl_ptr, po_ptr, pair, piece, b, j,
+                q_ptr, pk_ptr, pv_ptr, len_ptr, pm_ptr, pl_ptr, po_ptr, pair, piece // tiles,
+                piece % tiles, b, j,
                 scale, group, rep, chunks, chunk_keys, sq_b, sq_h, sq_g, sp_b, sp_h, sp_t,
                 D, BLOCK_D, BLOCK_Q, BLOCK_N,
             )  # fmt: skip
         else:
             _own_piece(
-                q_ptr, ok_ptr, ov_ptr, step_ptr, om_ptr, ol_ptr, oo_ptr, pair, piece - chunks,
+                q_ptr, ok_ptr, ov_ptr, step_ptr, om_ptr, ol_ptr, oo_ptr, pair,
+                piece - chunks * tiles,
                 b, j, scale, group, rep, own_keys, sq_b, sq_h, sq_g, so_b, so_h, so_g, so_t,
                 D, BLOCK_D, BLOCK_R, BLOCK_N,
             )  # fmt: skip
@@ -232,18 +241,21 @@ def split_attention_kernel(
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 8
         programs = 2 * sms
     pairs = b * kv_heads
-    chunks, chunk_keys = prefix_chunks(pairs, cap, programs)
+    # the folded queries in tiles of at most MAX_QUERY_BLOCK rows: larger G x heads per K/V
+    # head would spill the accumulator out of registers
+    block_d, block_q = _pow2(d), min(_pow2(rep * g), MAX_QUERY_BLOCK)
+    tiles = -(-rep * g // block_q)
+    chunks, chunk_keys = prefix_chunks(pairs * tiles, cap, programs)
     f32 = dict(dtype=torch.float32, device=q.device)
     pm = torch.empty(pairs * chunks * rep * g, **f32)
     pl, po = torch.empty_like(pm), torch.empty(pairs * chunks * rep * g * d, **f32)
     om = torch.empty(pairs * g * rep, **f32)
     ol, oo = torch.empty_like(om), torch.empty(pairs * g * rep * d, **f32)
     out = q.new_empty(b, g, heads * d)
-    block_d, block_q = _pow2(d), _pow2(rep * g)
-    _partials[(pairs, chunks + g)](
+    _partials[(pairs, chunks * tiles + g)](
         q, prefix_k, prefix_v, prefix_lengths, own_k, own_v, step,
         pm, pl, po, om, ol, oo,
-        scale, kv_heads, g, rep, chunks, chunk_keys, n,
+        scale, kv_heads, g, rep, chunks, chunk_keys, tiles, n,
         q.stride(0), q.stride(1), q.stride(2),
         prefix_k.stride(0), prefix_k.stride(1), prefix_k.stride(2),
         own_k.stride(0), own_k.stride(1), own_k.stride(2), own_k.stride(3),
