@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # split_kernel.py on one H200 in one device call (carry .whl; ~9 min): the 7B decode engine
-# with split attention on the kernels against the same on compiled torch matmuls
-# (`split_torch`), side by side with the default engine ("auto": split up to 16 prompt x
-# K/V-head pairs, else SDPA) at 8 / 64 / 256 rows, then the kernels' and the engine's CUDA
-# tests (with auto, split runs on the kernels now).
+# at 8 / 64 / 256 rows, the default ("auto": split on the kernels) side by side with the
+# kernels also writing the step's K/V (`split_kernel_writes`) and with split on compiled
+# torch matmuls (`split_torch`), then the kernels' and the engine's CUDA tests. Stop 23 ran
+# it with COMPARE=split_kernel,split_torch, before "auto" chose the kernels at every size.
 #   OUT=... bash bench/gpu_split_kernel.sh
 set -uo pipefail
 TMP=${TMP:-/tmp} OUT=${OUT:-bench/results/gpu_decode}
@@ -12,7 +12,7 @@ source bench/gpu_wheels.sh
 mkdir -p "$OUT"
 timeout ${DECODE_S:-330} $PY bench/gpu_decode.py --models "${MODELS:-qwen2_5_vl_7b}" \
   --batches "${BATCHES:-8,64,256}" --repeats 2 --budget-s 260 --eager-max-batch 0 \
-  --compare "${COMPARE:-split_kernel,split_torch}" --out "$OUT/gpu_decode_split_kernel.json" \
+  --compare "${COMPARE:-split_kernel_writes,split_torch}" --out "$OUT/gpu_decode_split_kernel.json" \
   2>&1 | grep -v -i warn > "$OUT/gpu_decode_split_kernel.log"
 tail -12 "$OUT/gpu_decode_split_kernel.log"
 timeout ${TESTS_S:-200} $PY -m pytest -q -p no:cacheprovider -rs \

@@ -41,6 +41,25 @@ def check_attention(gen: torch.Generator) -> None:
             )
             assert got.shape == want.shape, (got.shape, want.shape)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        check_write(gen, q, pk, pv, lengths, ok, ov, programs)
+
+
+def check_write(gen, q, pk, pv, lengths, ok, ov, programs) -> None:
+    """With new_kv the kernel writes the step's K/V into the row's slot, then attends as
+    if the cache had been written first: same output, same buffers, no other slot moved."""
+    b, kv_heads, g, n, d = ok.shape
+    step = n // 2
+    new_k, new_v = (torch.randn(b, g, kv_heads, d, generator=gen).transpose(1, 2) for _ in "kv")
+    at = torch.tensor(step)
+    want_k, want_v = ok.clone(), ov.clone()
+    want_k[:, :, :, step], want_v[:, :, :, step] = new_k, new_v
+    want = split_attention(q, pk, pv, lengths, want_k, want_v, at, d**-0.5)
+    got_k, got_v = ok.clone(), ov.clone()
+    got = split_kernel.split_attention_kernel(
+        q, pk, pv, lengths, got_k, got_v, at, d**-0.5, programs=programs, new_kv=(new_k, new_v)
+    )
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
 
 
 def check_engine() -> None:
@@ -51,6 +70,11 @@ def check_engine() -> None:
         decodes_agree(
             "split_kernel", "split_kernel", temperature, seed, atol=1e-5,
             attention="split", buckets=(16,),
+        )  # fmt: skip
+        # the kernels writing the step's K/V against the cache's two index copies
+        decodes_agree(
+            "kernel_writes_kv", "kernel_writes_kv", temperature, seed, atol=1e-6,
+            attention="split", buckets=(16,), split_kernel=True,
         )  # fmt: skip
 
 

@@ -38,17 +38,19 @@ def test_prefix_chunks_cover_the_prefix_in_whole_tiles(pairs, cap, programs):
 
 def test_off_by_default_on_cpu_and_refused_when_asked(model):
     assert DecodeEngine(model).forward.split_kernel is False
+    assert DecodeEngine(model).forward.kernel_writes_kv is False
     with pytest.raises(ValueError, match="split_kernel needs CUDA and Triton"):
         DecodeEngine(model, split_kernel=True)
+    with pytest.raises(ValueError, match="kernel_writes_kv needs split_kernel"):
+        DecodeEngine(model, split_kernel=False, kernel_writes_kv=True)
 
 
 @pytest.mark.skipif(split_kernel.triton is None, reason="Triton is not installed")
-@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_kernels_compile_for_hopper(dtype):
+def test_kernels_compile_for_hopper():
     """Triton's front end types what the CPU interpreter does not (a variable set in both
     branches of an `if` must keep one type, which cost a GPU call once): both kernels
-    compiled for sm_90 at the 7B's head shape, with G = 8's query tile and the largest one,
-    no GPU needed."""
+    compiled for sm_90 in bf16 at the 7B's head shape, with G = 8's query tile and the
+    largest one, writing the step's K/V and not, no GPU needed."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -56,15 +58,17 @@ def test_kernels_compile_for_hopper(dtype):
     def signature(kernel, types: list[str]) -> dict[str, str]:
         return dict(zip(kernel.arg_names, types, strict=True))
 
-    partials = ["*" + dtype] * 7 + ["*fp32"] * 6 + ["fp32"] + ["i32"] * 17 + ["constexpr"] * 5
-    merge = ["*fp32"] * 6 + ["*" + dtype] + ["i32"] * 6 + ["constexpr"] * 3
+    partials = ["*bf16"] * 7 + ["*fp32"] * 6 + ["*bf16"] * 2 + ["fp32"] + ["i32"] * 23
+    partials += ["constexpr"] * 6
+    merge = ["*fp32"] * 6 + ["*bf16"] + ["i32"] * 6 + ["constexpr"] * 3
     sources = [
         ASTSource(
             split_kernel._partials,
             signature(split_kernel._partials, partials),
-            {"D": 128, "BLOCK_D": 128, "BLOCK_Q": block_q, "BLOCK_R": 16, "BLOCK_N": BLOCK_KEYS},
+            {"D": 128, "BLOCK_D": 128, "BLOCK_Q": block_q, "BLOCK_R": 16, "BLOCK_N": BLOCK_KEYS}
+            | {"WRITE": write},
         )
-        for block_q in (64, split_kernel.MAX_QUERY_BLOCK)
+        for block_q, write in ((64, False), (64, True), (split_kernel.MAX_QUERY_BLOCK, True))
     ] + [
         ASTSource(
             split_kernel._merge,

@@ -1,7 +1,8 @@
 """The split-attention kernels on CUDA (engine/split_kernel.py; skipped without it): in
 float32 they equal the compiled torch version, in bf16 they are as close to float32 math as
 it is, at the 7B's head shape with one and 32 prompts, and a graphed split decode on them
-draws what one on the torch version draws."""
+draws what one on the torch version draws, with the step's K/V written by the kernels or
+by the cache."""
 
 from __future__ import annotations
 
@@ -72,3 +73,18 @@ def test_graphed_decode_on_the_kernels_draws_what_the_torch_version_draws(
     (t1, lp1, n1), (t2, lp2, n2) = runs
     assert (t1 == t2).float().mean() > 0.95 and torch.equal(n1, n2)
     torch.testing.assert_close(lp1[:, :8], lp2[:, :8], atol=1e-4, rtol=0)
+
+
+def test_graphed_decode_with_the_kernels_writing_kv_draws_the_same(cuda_prefix):  # noqa: F811
+    """kernel_writes_kv: the step's K/V written inside the kernel (one block a row and
+    head, before its reads) instead of by the cache's index copies: the same draws. Written
+    after stop 23's device time ran out; not yet run on a GPU."""
+    model, prefix = cuda_prefix
+    kw = {"group": 4, "new": 40, "split_kernel": True}
+    runs = [
+        run_engine(model, prefix, True, 1.0, 7, "split", kernel_writes_kv=on, **kw)
+        for on in (True, False)
+    ]
+    (t1, lp1, n1), (t2, lp2, n2) = runs
+    assert torch.equal(t1, t2) and torch.equal(n1, n2)
+    torch.testing.assert_close(lp1, lp2, atol=1e-5, rtol=0)

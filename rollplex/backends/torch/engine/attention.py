@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -38,9 +39,13 @@ def attend_shared(
     layer: int,
     kv_len: int,
     kernel: bool = False,
+    new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Attention of q [B, H, G, D] over the cache: [B, G, H * D]; under "split", on
-    split_kernel.py's Triton kernels when `kernel`."""
+    split_kernel.py's Triton kernels when `kernel`, which then write `new_kv` (the step's
+    K/V [B, Hkv, G, D], not yet in the cache) at the step's slot first."""
+    if new_kv is not None and not (kernel and cache.split is not None):
+        raise ValueError("only split_kernel.py's kernels write the step's K/V (new_kv)")
     b, heads, g, d = q.shape
     kv_heads = cache.keys[layer].shape[1]
     scale = getattr(attn, "scaling", d**-0.5)
@@ -50,7 +55,7 @@ def attend_shared(
     if cache.split is not None:
         own = cache.split
         if kernel:
-            call = split_attention_kernel
+            call = functools.partial(split_attention_kernel, new_kv=new_kv)
         elif q.is_cuda:
             call = split_call()
         else:

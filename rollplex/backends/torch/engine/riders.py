@@ -29,7 +29,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from rollplex.backends.torch.engine.attention import attend_shared
 from rollplex.backends.torch.engine.cache import SharedPrefixKV
 from rollplex.backends.torch.engine.step import DecodeStep
 from rollplex.backends.torch.prefix import (
@@ -155,9 +154,8 @@ def ride_step(
     for i, layer in enumerate(lm.layers):
 
         def attend(q, k, v, i: int = i, layer: torch.nn.Module = layer) -> torch.Tensor:
-            cache.write(i, k, v, slots)
-            # the kernel the unridden step attends with: a ride leaves the decode's draws
-            return attend_shared(layer.self_attn, q, cache, i, kv_len, forward.split_kernel)
+            # as the unridden step attends: a ride leaves the decode's draws as they are
+            return forward.attend(cache, i, layer, q, k, v, slots, kv_len)
 
         inputs.append(hp)
         hp, k, v, h = prefix_layer(

@@ -59,7 +59,8 @@ class DecodeEngine:
     GEMM over a stacked copy of their weights (fused_qkv.py), refreshed at every start;
     `compile_sampler` (default: as `compile`) compiles the draw. `skinny_gemm` (default:
     on CUDA with Triton) runs steps of few rows on skinny.py's weight-streaming GEMMs;
-    `split_kernel` (default: likewise) attends under "split" on split_kernel.py's kernels.
+    `split_kernel` (default: likewise) attends under "split" on split_kernel.py's kernels;
+    `kernel_writes_kv` has them write the step's K/V too (step.py; off until measured).
     `keep_workspace` (default: when graphs are used) keeps the buffers and graphs after a
     session finishes, for the next session of the same shape; otherwise they are freed with
     the finished session, as the eager loop's cache was."""
@@ -78,6 +79,7 @@ class DecodeEngine:
         compile_sampler: bool | None = None,
         skinny_gemm: bool | None = None,
         split_kernel: bool | None = None,
+        kernel_writes_kv: bool = False,
     ) -> None:
         if model.config.text_config.layer_types.count("full_attention") != len(
             model.config.text_config.layer_types
@@ -110,7 +112,7 @@ class DecodeEngine:
         elif split_kernel and not split_kernel_usable(self.device):
             raise ValueError("split_kernel needs CUDA and Triton (engine/split_kernel.py)")
         self.forward = DecodeStep(
-            model, compiled, fused_qkv, compile_sampler, skinny_gemm, split_kernel
+            model, compiled, fused_qkv, compile_sampler, skinny_gemm, split_kernel, kernel_writes_kv
         )
         self.workspace: Workspace | None = None
         self._pool = None

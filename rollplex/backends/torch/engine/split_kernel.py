@@ -124,21 +124,32 @@ if triton is not None:
 
     @triton.jit
     def _own_piece(
-        q_ptr, ok_ptr, ov_ptr, step_ptr, om_ptr, ol_ptr, oo_ptr, pair, g, b, j,
+        q_ptr, ok_ptr, ov_ptr, step_ptr, om_ptr, ol_ptr, oo_ptr, nk_ptr, nv_ptr, pair, g, b, j,
         scale, group, rep, own_keys, sq_b, sq_h, sq_g, so_b, so_h, so_g, so_t,
+        snk_b, snk_h, snk_g, snv_b, snv_h, snv_g,
         D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+        WRITE: tl.constexpr,
     ):  # fmt: skip
-        """Row g's rep query heads of K/V head j over its own response keys so far."""
+        """Row g's rep query heads of K/V head j over its own response keys so far; with
+        WRITE, first the step's own key and value into the row's buffer."""
         offs_d = tl.arange(0, BLOCK_D)
         dims = offs_d < D
+        step = tl.load(step_ptr).to(tl.int32)
+        own = b * so_b + j * so_h + g * so_g
+        if WRITE:  # this program is the only one that reads row g's keys of head j
+            new_k = b * snk_b + j * snk_h + g * snk_g + offs_d
+            new_v = b * snv_b + j * snv_h + g * snv_g + offs_d
+            slot = own + step * so_t + offs_d
+            tl.store(ok_ptr + slot, tl.load(nk_ptr + new_k, mask=dims), mask=dims)
+            tl.store(ov_ptr + slot, tl.load(nv_ptr + new_v, mask=dims), mask=dims)
+            tl.debug_barrier()  # the block's stores visible to all its threads' loads
         offs_r = tl.arange(0, BLOCK_R)
         rows = offs_r < rep
         q = tl.load(
             q_ptr + b * sq_b + (j * rep + offs_r)[:, None] * sq_h + g * sq_g + offs_d[None, :],
             mask=rows[:, None] & dims[None, :], other=0.0,
         )  # fmt: skip
-        stop = tl.minimum(tl.load(step_ptr).to(tl.int32) + 1, own_keys)
-        own = b * so_b + j * so_h + g * so_g
+        stop = tl.minimum(step + 1, own_keys)
         m, total, acc = _flash(
             q, ok_ptr + own, ov_ptr + own, 0, stop, so_t, offs_d, dims, scale,
             BLOCK_R, BLOCK_D, BLOCK_N,
@@ -149,11 +160,12 @@ if triton is not None:
     @triton.jit
     def _partials(
         q_ptr, pk_ptr, pv_ptr, len_ptr, ok_ptr, ov_ptr, step_ptr,
-        pm_ptr, pl_ptr, po_ptr, om_ptr, ol_ptr, oo_ptr,
+        pm_ptr, pl_ptr, po_ptr, om_ptr, ol_ptr, oo_ptr, nk_ptr, nv_ptr,
         scale, kv_heads, group, rep, chunks, chunk_keys, tiles, own_keys,
         sq_b, sq_h, sq_g, sp_b, sp_h, sp_t, so_b, so_h, so_g, so_t,
+        snk_b, snk_h, snk_g, snv_b, snv_h, snv_g,
         D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
-        BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, WRITE: tl.constexpr,
     ):  # fmt: skip
         pair = tl.program_id(0)  # b * kv_heads + j
         piece = tl.program_id(1)  # (prefix chunk, query tile) pairs, then one per row
@@ -169,10 +181,10 @@ if triton is not None:
             )  # fmt: skip
         else:
             _own_piece(
-                q_ptr, ok_ptr, ov_ptr, step_ptr, om_ptr, ol_ptr, oo_ptr, pair,
-                piece - chunks * tiles,
-                b, j, scale, group, rep, own_keys, sq_b, sq_h, sq_g, so_b, so_h, so_g, so_t,
-                D, BLOCK_D, BLOCK_R, BLOCK_N,
+                q_ptr, ok_ptr, ov_ptr, step_ptr, om_ptr, ol_ptr, oo_ptr, nk_ptr, nv_ptr, pair,
+                piece - chunks * tiles, b, j, scale, group, rep, own_keys, sq_b, sq_h, sq_g,
+                so_b, so_h, so_g, so_t, snk_b, snk_h, snk_g, snv_b, snv_h, snv_g,
+                D, BLOCK_D, BLOCK_R, BLOCK_N, WRITE,
             )  # fmt: skip
 
     @triton.jit
@@ -221,11 +233,14 @@ def split_attention_kernel(
     step: torch.Tensor,
     scale: float,
     programs: int | None = None,
+    new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """attention.split_attention's contract on the two kernels: q [B, H, G, D] over prompt
     b's first `prefix_lengths[b]` prefix keys [B, Hkv, C, D] and row g's own response keys
     [B, Hkv, G, n, D] at steps <= `step`: [B, G, H * D]. `programs`: how many prefix
-    programs to aim for (default two per SM)."""
+    programs to aim for (default two per SM). `new_kv`: this step's K and V [B, Hkv, G, D],
+    which the kernel writes into own_k / own_v at `step` before reading them (instead of a
+    cache write of two launches before it)."""
     b, heads, g, d = q.shape
     kv_heads, cap, n = prefix_k.shape[1], prefix_k.shape[2], own_k.shape[3]
     rep = heads // kv_heads
@@ -237,6 +252,14 @@ def split_attention_kernel(
             raise ValueError(f"{name}'s head dimension must be contiguous")
     if own_v.stride() != own_k.stride():
         raise ValueError("own_v must be laid out as own_k")
+    new_k, new_v = new_kv if new_kv is not None else (own_k, own_v)  # unread without WRITE
+    if new_kv is not None and any(
+        t.shape != (b, kv_heads, g, d) or t.stride(-1) != 1 for t in new_kv
+    ):
+        raise ValueError(
+            f"new_kv must be two [B, Hkv, G, D] tensors with a contiguous head dimension, "
+            f"got {[tuple(t.shape) for t in new_kv]}"
+        )
     if programs is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 8
         programs = 2 * sms
@@ -254,12 +277,15 @@ def split_attention_kernel(
     out = q.new_empty(b, g, heads * d)
     _partials[(pairs, chunks * tiles + g)](
         q, prefix_k, prefix_v, prefix_lengths, own_k, own_v, step,
-        pm, pl, po, om, ol, oo,
+        pm, pl, po, om, ol, oo, new_k, new_v,
         scale, kv_heads, g, rep, chunks, chunk_keys, tiles, n,
         q.stride(0), q.stride(1), q.stride(2),
         prefix_k.stride(0), prefix_k.stride(1), prefix_k.stride(2),
         own_k.stride(0), own_k.stride(1), own_k.stride(2), own_k.stride(3),
+        new_k.stride(0), new_k.stride(1), new_k.stride(2),
+        new_v.stride(0), new_v.stride(1), new_v.stride(2),
         D=d, BLOCK_D=block_d, BLOCK_Q=block_q, BLOCK_R=_pow2(rep), BLOCK_N=BLOCK_KEYS,
+        WRITE=new_kv is not None,
         num_warps=4 if block_q * block_d <= 64 * 128 else 8,
     )  # fmt: skip
     _merge[(pairs, g)](

@@ -58,7 +58,9 @@ class DecodeStep:
     at most skinny.MAX_ROWS rows run the MLP's gate, up and SiLU as one skinny.py kernel and
     the LM head on its weight-streaming GEMM, the two places it beat cuBLAS on an H200; the
     other projections stay on cuBLAS. With `split_kernel` a cache laid out for "split"
-    attention is attended on split_kernel.py's two Triton kernels."""
+    attention is attended on split_kernel.py's two Triton kernels, and with
+    `kernel_writes_kv` (not measured on a GPU yet, so off by default) those kernels also
+    write the step's K/V into the cache, two launches a layer fewer."""
 
     def __init__(
         self,
@@ -68,10 +70,14 @@ class DecodeStep:
         compile_sampler: bool | None = None,
         skinny: bool = False,
         split_kernel: bool = False,
+        kernel_writes_kv: bool = False,
     ) -> None:
+        if kernel_writes_kv and not split_kernel:
+            raise ValueError("kernel_writes_kv needs split_kernel (its kernel does the write)")
         self.model = model
         self.skinny = skinny
         self.split_kernel = split_kernel
+        self.kernel_writes_kv = kernel_writes_kv
         silu = model.config.text_config.hidden_act == "silu"  # what skinny_gate_up computes
         lm = model.model.language_model
         self.rotary = rotary = rotary_fn(lm.layers[0].self_attn)
@@ -136,13 +142,30 @@ class DecodeStep:
         slots = cache.slots(step)
         for i, layer in enumerate(lm.layers):
             q, k, v = self.before(layer, h, cos, sin, *self.projection(i))
-            cache.write(i, k, v, slots)
-            out = attend_shared(layer.self_attn, q, cache, i, kv_len, self.split_kernel)
+            out = self.attend(cache, i, layer, q, k, v, slots, kv_len)
             h = self.after(layer, h, out)
         h = lm.norm(h)
         if self.skinny and b * g <= MAX_ROWS:
             return skinny_linear(h, model.lm_head.weight, model.lm_head.bias).view(b * g, -1)
         return model.lm_head(h).view(b * g, -1)
+
+    def attend(
+        self,
+        cache: SharedPrefixKV,
+        i: int,
+        layer: torch.nn.Module,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        slots: torch.Tensor,
+        kv_len: int,
+    ) -> torch.Tensor:
+        """Layer i's step K/V into the cache and its attention over it: [B, G, H * D]."""
+        in_kernel = self.kernel_writes_kv and cache.split is not None
+        if not in_kernel:
+            cache.write(i, k, v, slots)
+        new_kv = (k, v) if in_kernel else None
+        return attend_shared(layer.self_attn, q, cache, i, kv_len, self.split_kernel, new_kv)
 
     def projection(self, layer: int) -> tuple[torch.Tensor, torch.Tensor | None] | tuple[()]:
         """Layer `layer`'s stacked q/k/v weight and bias, or nothing when not fused."""
