@@ -102,9 +102,9 @@ def _check_triton_knobs(engine, device: str) -> None:
         return
     import torch
 
-    from rollplex.backends.torch.engine import skinny
+    from rollplex.backends.torch.engine.triton_support import usable
 
-    if skinny.usable(torch.device(device)):  # both need exactly CUDA (or the interpreter)
+    if usable(torch.device(device)):
         return
     name = next(k for k, on in knobs.items() if on)
     raise ValueError(

@@ -27,20 +27,12 @@ from collections.abc import Callable
 
 import torch
 
-try:
-    import triton
+from rollplex.backends.torch.engine.triton_support import triton
+
+if triton is not None:
     import triton.language as tl
-except ImportError:  # CPU-only torch builds ship no Triton
-    triton = None
 
 MAX_ROWS = 32  # at 64 rows cuBLAS draws level (skinny.md)
-
-
-def usable(device: torch.device) -> bool:
-    """Whether these kernels run on `device`: CUDA with Triton, or Triton's CPU interpreter."""
-    if triton is None:
-        return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _row_tile(rows: int) -> int:

@@ -17,33 +17,22 @@ Prefix chunks spread a step over the SMs when few prompts share it (`prefix_chun
 7B's one prompt and four K/V heads would otherwise be four programs on a 132-SM GPU. Groups
 with more than MAX_QUERY_BLOCK folded query rows (G x query heads per K/V head; 56 at the
 7B with G = 8) take several query tiles per chunk, each reading the chunk (from L2 after the
-first). The
-rounding follows the torch version: scores and exps in float32, the exps cast to the
+first). The rounding follows the torch version: scores and exps in float32, the exps cast to the
 values' dtype for the PV product, normalised only after the merge."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-try:
-    import triton
+from rollplex.backends.torch.engine.triton_support import triton
+
+if triton is not None:
     import triton.language as tl
-except ImportError:  # CPU-only torch builds ship no Triton
-    triton = None
 
 BLOCK_KEYS = 64  # keys per tile in both kernels
 # folded query rows per prefix program: 128 x 128 float32 accumulators compile without
 # register spills for sm_90 (ptxas -v), 256 spill 1.5 KB a thread
 MAX_QUERY_BLOCK = 128
-
-
-def usable(device: torch.device) -> bool:
-    """Whether the kernels run on `device`: CUDA with Triton, or Triton's CPU interpreter."""
-    if triton is None:
-        return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def prefix_chunks(pairs: int, prefix_cap: int, programs: int) -> tuple[int, int]:

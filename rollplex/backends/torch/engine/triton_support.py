@@ -1,0 +1,22 @@
+"""Where the engine's Triton kernels (skinny.py, split_kernel.py) can run: Triton must be
+installed (CPU-only torch builds ship none), and the device CUDA, or the process under
+Triton's CPU interpreter (TRITON_INTERPRET=1, set before the kernels are defined: what the
+CPU tests run them under)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton
+except ImportError:
+    triton = None
+
+
+def usable(device: torch.device) -> bool:
+    """Whether the kernels run on `device`."""
+    if triton is None:
+        return False
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
