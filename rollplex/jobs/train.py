@@ -53,6 +53,7 @@ from rollplex.jobs.train_outputs import (
 )
 from rollplex.runtime.evaluate import evaluate
 from rollplex.specs.run import RunSpec
+from rollplex.specs.torch_engine import TorchEngineSpec
 from rollplex.trace import write_scalars
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ def check_spec(spec: RunSpec) -> None:
         )
 
 
-def _check_triton_knobs(engine, device: str) -> None:
+def _check_triton_knobs(engine: TorchEngineSpec, device: str) -> None:
     """The decode engine's Triton knobs asked for where their kernels cannot run: refused
     by name before any model loads (left unset, each is on where it runs)."""
     knobs = {"skinny_gemm": engine.skinny_gemm, "split_kernel": engine.split_kernel}

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from rollplex.backends.torch.prefix import PrefixState
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -25,7 +27,7 @@ def run_interpreted(module: str, marker: str) -> None:
     assert marker in done.stdout
 
 
-def tiny_prefix():
+def tiny_prefix() -> tuple[torch.nn.Module, PrefixState]:
     """The tiny model and two prompts of unequal length prefilled (conftest's batch)."""
     from rollplex.backends.torch.model import build_model
     from rollplex.backends.torch.prefix import prefix_forward, vision_encode
@@ -53,7 +55,9 @@ def tiny_prefix():
         return model, prefix_forward(model, batch, feats, grad=False)
 
 
-def decodes_agree(knob: str, attr: str, temperature: float, seed: int, atol: float, **engine):
+def decodes_agree(
+    knob: str, attr: str, temperature: float, seed: int, atol: float, **engine: object
+) -> None:
     """A decode with `knob` on equals one with it off (the engine's forward.`attr` says
     which ran): tokens and lengths exactly, logprobs within `atol`."""
     from rollplex.backends.torch.engine.session import DecodeEngine

@@ -44,7 +44,16 @@ def check_attention(gen: torch.Generator) -> None:
         check_write(gen, q, pk, pv, lengths, ok, ov, programs)
 
 
-def check_write(gen, q, pk, pv, lengths, ok, ov, programs) -> None:
+def check_write(
+    gen: torch.Generator,
+    q: torch.Tensor,
+    pk: torch.Tensor,
+    pv: torch.Tensor,
+    lengths: torch.Tensor,
+    ok: torch.Tensor,
+    ov: torch.Tensor,
+    programs: int,
+) -> None:
     """With new_kv the kernel writes the step's K/V into the row's slot, then attends as
     if the cache had been written first: same output, same buffers, no other slot moved."""
     b, kv_heads, g, n, d = ok.shape
