@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
@@ -54,13 +53,7 @@ def attend_shared(
         return out.transpose(1, 2).reshape(b, g, heads * d)
     if cache.split is not None:
         own = cache.split
-        if kernel:
-            call = functools.partial(split_attention_kernel, new_kv=new_kv)
-        elif q.is_cuda:
-            call = split_call()
-        else:
-            call = split_attention
-        return call(
+        args = (
             q,
             cache.keys[layer],
             cache.values[layer],
@@ -70,6 +63,9 @@ def attend_shared(
             own.step,
             scale,
         )
+        if kernel:
+            return split_attention_kernel(*args, new_kv=new_kv)
+        return (split_call() if q.is_cuda else split_attention)(*args)
     # Query head j * rep + r reads K/V head j (transformers' repeat_kv order): fold r into
     # the query length, as rows r * G + g.
     q = q.reshape(b, kv_heads, (heads // kv_heads) * g, d)

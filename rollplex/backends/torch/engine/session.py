@@ -27,7 +27,7 @@ from rollplex.backends.torch.engine.cache import Attention, round_up
 from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows, ride_alone
 from rollplex.backends.torch.engine.sampling import row_seeds
 from rollplex.backends.torch.engine.step import DecodeStep
-from rollplex.backends.torch.engine.triton_support import usable as triton_usable
+from rollplex.backends.torch.engine.triton_support import resolve
 from rollplex.backends.torch.engine.workspace import Shape, Workspace
 from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv
 from rollplex.ops.formulas.engines import (
@@ -102,14 +102,8 @@ class DecodeEngine:
         self.attention: Literal["auto"] | Attention = attention
         # compiled layer pieces (step.py) on CUDA; CPU runs transformers' modules eagerly
         compiled = self.device.type == "cuda" if compile is None else compile
-        if skinny_gemm is None:
-            skinny_gemm = self.device.type == "cuda" and triton_usable(self.device)
-        elif skinny_gemm and not triton_usable(self.device):
-            raise ValueError("skinny_gemm needs CUDA and Triton (engine/skinny.py)")
-        if split_kernel is None:
-            split_kernel = self.device.type == "cuda" and triton_usable(self.device)
-        elif split_kernel and not triton_usable(self.device):
-            raise ValueError("split_kernel needs CUDA and Triton (engine/split_kernel.py)")
+        skinny_gemm = resolve(skinny_gemm, "skinny_gemm", self.device)
+        split_kernel = resolve(split_kernel, "split_kernel", self.device)
         self.forward = DecodeStep(
             model, compiled, fused_qkv, compile_sampler, skinny_gemm, split_kernel, kernel_writes_kv
         )

@@ -20,3 +20,13 @@ def usable(device: torch.device) -> bool:
     if triton is None:
         return False
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def resolve(asked: bool | None, knob: str, device: torch.device) -> bool:
+    """An engine knob that runs Triton kernels: unset, on exactly on CUDA with Triton; asked
+    for where the kernels cannot run, refused by name."""
+    if asked is None:
+        return device.type == "cuda" and usable(device)
+    if asked and not usable(device):
+        raise ValueError(f"{knob} needs CUDA and Triton (backends/torch/engine/)")
+    return asked
