@@ -131,6 +131,7 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
             "graph_error": graph_error,
             "warmup_capture_s": warm,
             "workspace_bytes": engine.workspace.cache.nbytes() if engine.workspace else 0,
+            "capture_retries": engine.capture_retries,  # captures CUDA invalidated, retaken
         }
         for attention, other in others.items():  # the same engine, another attention kernel
             draw = one_scan_draw() if attention == "one_scan" else contextlib.nullcontext()
@@ -145,6 +146,7 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
             o = roofline(weights, reads, kv_tok, steps, statistics.median(t), hw.hbm_bandwidth)
             entry[f"{attention}_ms_per_step"] = 1e3 * o.step_seconds
             entry[f"{attention}_hbm_share"] = o.efficiency
+            entry[f"{attention}_capture_retries"] = other.capture_retries
             if other.attention == "sdpa":
                 entry["sdpa_backend"] = sdpa_backend(model, other)
             if prompts * g not in args.profile:
@@ -188,9 +190,9 @@ VARIANTS = {
 }
 
 
-def kernel_profile(engine, prefix, g: int, dev, steps: int = 4, top: int = 8) -> dict:
-    """Kernels per decode step and the busiest kernels, from torch.profiler over `steps`
-    graph replays (or eager steps)."""
+def kernel_profile(engine, prefix, g: int, dev, steps: int = 4, top: int = 30) -> dict:
+    """Kernels per decode step and the busiest kernels (us and launches per step), from
+    torch.profiler over `steps` graph replays (or eager steps)."""
     from torch.profiler import ProfilerActivity, profile
 
     s = engine.start(prefix, g, steps + 8, 1.0, 1.0, torch.Generator(dev).manual_seed(1), -1)
@@ -201,13 +203,17 @@ def kernel_profile(engine, prefix, g: int, dev, steps: int = 4, top: int = 8) ->
         sync(dev)
     kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
     busy: dict[str, float] = {}
+    launches: dict[str, float] = {}
     for e in kernels:
         busy[e.name[:60]] = busy.get(e.name[:60], 0.0) + e.device_time / steps
+        launches[e.name[:60]] = launches.get(e.name[:60], 0.0) + 1 / steps
     total = sum(busy.values())
+    names = sorted(busy, key=lambda n: -busy[n])[:top]
     return {
         "kernels_per_step": len(kernels) / steps,
         "kernel_us_per_step": total,
-        "top_kernels_us": dict(sorted(busy.items(), key=lambda kv: -kv[1])[:top]),
+        "top_kernels_us": {n: busy[n] for n in names},
+        "top_kernels_launches": {n: launches[n] for n in names},
     }
 
 

@@ -17,6 +17,9 @@ captured again whenever the model's weights are no longer the tensors they read.
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Literal
 
@@ -40,6 +43,7 @@ from rollplex.runtime.green_contexts import PartitionGraph, green_stream
 
 # the planner prices the workspace these shape (ops/formulas/engines.py torch_engine_workspace)
 ROW_BUCKETS, PREFIX_ALIGN = ENGINE_ROW_BUCKETS, ENGINE_PREFIX_ALIGN
+log = logging.getLogger(__name__)
 
 
 class DecodeEngine:
@@ -109,6 +113,7 @@ class DecodeEngine:
         )
         self.workspace: Workspace | None = None
         self._pool = None
+        self.capture_retries = 0  # graph captures CUDA invalidated and taken again (_capture)
 
     def attention_for(self, prompts: int) -> Attention:
         """The attention a decode of `prompts` padded prompts runs (engine_attention for
@@ -227,32 +232,74 @@ class DecodeEngine:
         graph.replay()
 
     def _capture(self, ws: Workspace, kv_len: int) -> torch.cuda.CUDAGraph:
+        """`_capture_once`, tried again once when CUDA invalidated the capture. An H200 run
+        saw that intermittently at 64 and 256 rows ("operation failed due to a previous
+        error during capture", bench/results/gpu_decode/fusion.md) with the step's kernels
+        the same as in the warm-up just before; the process went on capturing other graphs
+        fine, so one more warm-up and capture recovers. The retry is logged and counted in
+        `capture_retries`; a second failure raises."""
+        try:
+            return self._capture_once(ws, kv_len)
+        except RuntimeError as err:  # torch.AcceleratorError is a RuntimeError
+            if "capture" not in str(err):
+                raise
+            log.warning(
+                "decode graph capture at %d rows, kv_len %d was invalidated (%s); warming up "
+                "and capturing again",
+                ws.shape.rows,
+                kv_len,
+                str(err).splitlines()[0],
+            )
+            self.capture_retries += 1
+            torch.cuda.synchronize(self.device)
+            return self._capture_once(ws, kv_len)
+
+    def _capture_once(self, ws: Workspace, kv_len: int) -> torch.cuda.CUDAGraph:
         """Warm up and capture `ws.body` at `kv_len`, leaving the workspace's state as it
-        was. The warm-up runs the current step for real; what it accumulates is restored
-        after, and what it overwrites (this step's K/V slots, mask slot and output column)
-        the replay that follows writes again with the same values."""
+        was (also when the capture fails). The warm-up runs the current step for real; what
+        it accumulates is restored after, and what it overwrites (this step's K/V slots,
+        mask slot and output column) the replay that follows writes again with the same
+        values. Python's cyclic collector is off during the capture: a collection there
+        may free CUDA objects of earlier graphs or streams mid-capture."""
         mutable = (ws.token, ws.position, ws.step, ws.done, ws.lengths)
         saved = [t.clone() for t in mutable]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            ws.body(self.forward, kv_len)  # warm-up: lazy inits and workspace allocations
-        torch.cuda.current_stream().wait_stream(stream)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        # On an SM partition's (green context's) stream, capture there: only a graph captured
-        # on it stays on its SMs. The graph notes a replay on a partition it was not captured
-        # on (runtime/green_contexts.py), which the executor reports.
-        green = green_stream()
-        graph = PartitionGraph()
-        graph.captured_on = green
-        with torch.cuda.graph(
-            graph, pool=self._pool, stream=None if green is None else green.stream
-        ):
-            ws.body(self.forward, kv_len)
-        for t, s in zip(mutable, saved, strict=True):
-            t.copy_(s)
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                ws.body(self.forward, kv_len)  # warm-up: lazy inits and workspace allocations
+            torch.cuda.current_stream().wait_stream(stream)
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            # On an SM partition's (green context's) stream, capture there: only a graph
+            # captured on it stays on its SMs. The graph notes a replay on a partition it was
+            # not captured on (runtime/green_contexts.py), which the executor reports.
+            green = green_stream()
+            graph = PartitionGraph()
+            graph.captured_on = green
+            with (
+                collector_paused(),
+                torch.cuda.graph(
+                    graph, pool=self._pool, stream=None if green is None else green.stream
+                ),
+            ):
+                ws.body(self.forward, kv_len)
+        finally:
+            for t, s in zip(mutable, saved, strict=True):
+                t.copy_(s)
         return graph
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside the block (as it was after)."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 class EngineSession:
