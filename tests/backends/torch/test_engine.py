@@ -23,6 +23,7 @@ from rollplex.backends.torch.task import QUESTIONS, VisualTask
 from rollplex.backends.torch.tokenizer import encode_prompt
 from rollplex.backends.torch.values import Pixels
 from rollplex.data.prompts import collate_prompts
+from tests.backends.torch.interpreted import decodes_agree
 from tests.backends.torch.test_video import BATCHES, hf_logits, renderer  # noqa: F401
 from tests.backends.torch.test_video import G as VIDEO_G
 
@@ -257,3 +258,10 @@ def test_forced_lengths_end_each_row_exactly(model, prefix, engine):
         assert (tokens[r, n:] == 0).all()
     with pytest.raises(ValueError, match="forced lengths"):
         DecodeEngine(model).start(prefix, G, R, 0.0, 1.0, None, eos, lengths=[R + 1] * rows)
+
+
+def test_compiled_layer_pieces_decode_as_the_eager_ones():
+    """The CUDA default compiles each layer's pieces (step.py: before / after / last, the
+    MLP residual carried into the next norm); Inductor's CPU backend runs the same code, so
+    a greedy decode on them equals the eager one here (~50 s of compilation)."""
+    decodes_agree("compile", "compiled", 0.0, 0, atol=1e-5)

@@ -40,9 +40,10 @@ def rotary_fn(attn: torch.nn.Module) -> Callable:
 class DecodeStep:
     """One decode forward of `model` over a shared-prefix cache.
 
-    Each decoder layer runs as three pieces: `before` (input norm, q/k/v projections,
-    rotary), the cache write and the attention, `after` (output projection, residual, post
-    norm, MLP, residual). With `compile` (the CUDA default) `before` and `after` are
+    Each decoder layer runs as three pieces: `before` (the previous layer's MLP residual,
+    input norm, q/k/v projections, rotary), the cache write and the attention, `after`
+    (output projection, residual, post norm, MLP); `last` adds the last MLP residual in the
+    final norm. With `compile` (the CUDA default) `before` and `after` are
     torch.compile'd: a decode step is bound by per-kernel latency more than by bandwidth
     once it is a CUDA graph (eager norms, rotary and activations are ~30 small kernels a
     layer), and fusing them leaves the GEMMs and a few fused kernels. One compilation
@@ -87,9 +88,11 @@ class DecodeStep:
         def few(x: torch.Tensor) -> bool:  # a guard of the compiled pieces: two graphs at most
             return skinny and x.shape[0] * x.shape[1] <= MAX_ROWS
 
-        def before(layer, x, cos, sin, weight=None, bias=None):
+        def before(layer, h, delta, cos, sin, weight=None, bias=None):
+            if delta is not None:  # the last layer's MLP residual, added beside this norm
+                h = h + delta
             attn = layer.self_attn
-            x = layer.input_layernorm(x)
+            x = layer.input_layernorm(h)
             b, g, _ = x.shape
             d = attn.head_dim
             if weight is None:
@@ -100,15 +103,20 @@ class DecodeStep:
             k = k.reshape(b, g, -1, d).transpose(1, 2)  # [B, Hkv, G, D]
             v = v.reshape(b, g, -1, d).transpose(1, 2)
             q, k = rotary(q, k, cos, sin)
-            return q, k, v
+            return h, q, k, v
 
         def after(layer, h, out):
+            """(the residual stream after attention, the MLP's output): the next piece adds
+            them in its norm's kernel (before, or last), one launch a layer fewer."""
             h = h + layer.self_attn.o_proj(out)
             x = layer.post_attention_layernorm(h)
             mlp = layer.mlp
             if not (silu and few(x)):
-                return h + mlp(x)
-            return h + mlp.down_proj(skinny_gate_up(x, mlp.gate_proj.weight, mlp.up_proj.weight))
+                return h, mlp(x)
+            return h, mlp.down_proj(skinny_gate_up(x, mlp.gate_proj.weight, mlp.up_proj.weight))
+
+        def last(norm, h, delta):
+            return norm(h + delta)
 
         self.compiled = bool(compile)
         choose = next_tokens
@@ -117,10 +125,11 @@ class DecodeStep:
             kw = {"dynamic": True} if mode is None else {"dynamic": False, "mode": mode}
             before = torch.compile(before, **kw)
             after = torch.compile(after, **kw)
+            last = torch.compile(last, **kw)
         if bool(compile) if compile_sampler is None else compile_sampler:
             # the draw: ~40 small kernels over [rows] and [rows, vocab] eagerly
             choose = torch.compile(next_tokens, dynamic=True)
-        self.before, self.after, self.choose = before, after, choose
+        self.before, self.after, self.last, self.choose = before, after, last, choose
 
     def __call__(
         self,
@@ -140,11 +149,12 @@ class DecodeStep:
         # Response tokens are text: the same position on all three M-RoPE axes.
         cos, sin = lm.rotary_emb(h, positions.view(1, b, g).expand(3, b, g))
         slots = cache.slots(step)
+        delta = None
         for i, layer in enumerate(lm.layers):
-            q, k, v = self.before(layer, h, cos, sin, *self.projection(i))
+            h, q, k, v = self.before(layer, h, delta, cos, sin, *self.projection(i))
             out = self.attend(cache, i, layer, q, k, v, slots, kv_len)
-            h = self.after(layer, h, out)
-        h = lm.norm(h)
+            h, delta = self.after(layer, h, out)
+        h = self.last(lm.norm, h, delta)
         if self.skinny and b * g <= MAX_ROWS:
             return skinny_linear(h, model.lm_head.weight, model.lm_head.bias).view(b * g, -1)
         return model.lm_head(h).view(b * g, -1)
