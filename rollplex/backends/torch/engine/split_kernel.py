@@ -11,7 +11,7 @@ its scores through memory. Here the same exact softmax is flash-decoding's two p
    - one row's own response keys at steps <= the current one, for that row's rep heads;
    each leaves its running (max, sum of exps, unnormalised output) in float32;
 2. `_merge`, one program per (prompt, K/V head, row): the row's pieces by log-sum-exp,
-   many prefix chunks a load, written as the layer's attention output [B, G, H * D].
+   written as the layer's attention output [B, G, H * D].
 
 Prefix chunks spread a step over the SMs when few prompts share it (`prefix_chunks`): the
 7B's one prompt and four K/V heads would otherwise be four programs on a 132-SM GPU. Groups
@@ -180,55 +180,36 @@ if triton is not None:
     def _merge(
         pm_ptr, pl_ptr, po_ptr, om_ptr, ol_ptr, oo_ptr, out_ptr,
         kv_heads, group, rep, chunks, sout_b, sout_g,
-        D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+        D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
     ):  # fmt: skip
-        """Row g's pieces by log-sum-exp, BLOCK_C prefix chunks a load: one round of loads
-        per pass where a chunk at a time took `chunks` dependent rounds (5.2 us a layer at
-        the 7B's 10 chunks)."""
         pair, g = tl.program_id(0), tl.program_id(1)
         b, j = pair // kv_heads, pair % kv_heads
         offs_r = tl.arange(0, BLOCK_R)
         offs_d = tl.arange(0, BLOCK_D)
-        offs_c = tl.arange(0, BLOCK_C)
         qrows = offs_r < rep
-        dims = offs_d < D
-        tile = qrows[:, None] & dims[None, :]
+        tile = qrows[:, None] & (offs_d < D)[None, :]
         own = (pair * group + g) * rep + offs_r
         # the row's own part always holds a key (its current step's), so `top` is finite
-        own_m = tl.load(om_ptr + own, mask=qrows, other=0.0)
-        top = own_m
-        for c0 in range(0, chunks, BLOCK_C):
-            cs = c0 + offs_c
-            at = (pair * chunks + cs)[:, None] * rep * group + (offs_r * group + g)[None, :]
-            live = (cs < chunks)[:, None] & qrows[None, :]
-            top = tl.maximum(top, tl.max(tl.load(pm_ptr + at, mask=live, other=float("-inf")), 0))
-        w = tl.exp(own_m - top)
+        top = tl.load(om_ptr + own, mask=qrows, other=0.0)
+        for c in range(0, chunks):
+            at = (pair * chunks + c) * rep * group + offs_r * group + g
+            top = tl.maximum(top, tl.load(pm_ptr + at, mask=qrows, other=float("-inf")))
+        w = tl.exp(tl.load(om_ptr + own, mask=qrows, other=0.0) - top)
         total = tl.load(ol_ptr + own, mask=qrows, other=0.0) * w
         acc = tl.load(oo_ptr + own[:, None] * D + offs_d[None, :], mask=tile, other=0.0)
         acc = acc * w[:, None]
-        for c0 in range(0, chunks, BLOCK_C):
-            cs = c0 + offs_c
-            at = (pair * chunks + cs)[:, None] * rep * group + (offs_r * group + g)[None, :]
-            live = (cs < chunks)[:, None] & qrows[None, :]
-            wc = tl.exp(tl.load(pm_ptr + at, mask=live, other=float("-inf")) - top[None, :])
-            total += tl.sum(tl.load(pl_ptr + at, mask=live, other=0.0) * wc, 0)
-            part = tl.load(
-                po_ptr + at[:, :, None] * D + offs_d[None, None, :],
-                mask=live[:, :, None] & dims[None, None, :], other=0.0,
-            )  # fmt: skip
-            acc += tl.sum(part * wc[:, :, None], 0)
+        for c in range(0, chunks):
+            at = (pair * chunks + c) * rep * group + offs_r * group + g
+            w = tl.exp(tl.load(pm_ptr + at, mask=qrows, other=float("-inf")) - top)
+            total += tl.load(pl_ptr + at, mask=qrows, other=0.0) * w
+            part = tl.load(po_ptr + at[:, None] * D + offs_d[None, :], mask=tile, other=0.0)
+            acc += part * w[:, None]
         out = acc / tl.where(qrows, total, 1.0)[:, None]  # padding heads: no 0 / 0
         cols = (j * rep + offs_r)[:, None] * D + offs_d[None, :]
         tl.store(
             out_ptr + b * sout_b + g * sout_g + cols, out.to(out_ptr.dtype.element_ty),
             mask=tile,
         )  # fmt: skip
-
-
-def merge_chunk_block(chunks: int, block_r: int, block_d: int) -> int:
-    """Prefix chunks `_merge` loads at once: all of them up to a [chunks, rows, D] float32
-    block of 16K values (16 chunks at the 7B's and 3B's head shapes)."""
-    return max(2, min(_pow2(chunks, 2), 16384 // (block_r * block_d)))
 
 
 def split_attention_kernel(
@@ -296,11 +277,8 @@ def split_attention_kernel(
         WRITE=new_kv is not None,
         num_warps=4 if block_q * block_d <= 64 * 128 else 8,
     )  # fmt: skip
-    block_r = _pow2(rep, 1)
-    block_c = merge_chunk_block(chunks, block_r, block_d)
     _merge[(pairs, g)](
         pm, pl, po, om, ol, oo, out, kv_heads, g, rep, chunks, out.stride(0), out.stride(1),
-        D=d, BLOCK_D=block_d, BLOCK_R=block_r, BLOCK_C=block_c,
-        num_warps=8 if block_c * block_r * block_d > 4096 else 4,
+        D=d, BLOCK_D=block_d, BLOCK_R=_pow2(rep, 1),
     )  # fmt: skip
     return out

@@ -97,17 +97,13 @@ class DecodeStep:
             d = attn.head_dim
             if weight is None:
                 q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
-                q = q.reshape(b, g, -1, d).transpose(1, 2)  # [B, H, G, D]
-                k = k.reshape(b, g, -1, d).transpose(1, 2)  # [B, Hkv, G, D]
-                v = v.reshape(b, g, -1, d).transpose(1, 2)
-                q, k = rotary(q, k, cos, sin)
-                return h, q, k, v
-            # q and k rotated as one tensor of H + Hkv heads: one kernel where two ran
-            qk, v = F.linear(x, weight, bias).split((widths[0] + widths[1], widths[2]), dim=-1)
-            qk = qk.reshape(b, g, -1, d).transpose(1, 2)  # [B, H + Hkv, G, D]
-            qk = rotary(qk, qk[:, :0], cos, sin)[0]  # the k slot empty: q's rule for all
-            q, k = qk.split((widths[0] // d, widths[1] // d), dim=1)
-            return h, q, k, v.reshape(b, g, -1, d).transpose(1, 2)
+            else:
+                q, k, v = F.linear(x, weight, bias).split(widths, dim=-1)
+            q = q.reshape(b, g, -1, d).transpose(1, 2)  # [B, H, G, D]
+            k = k.reshape(b, g, -1, d).transpose(1, 2)  # [B, Hkv, G, D]
+            v = v.reshape(b, g, -1, d).transpose(1, 2)
+            q, k = rotary(q, k, cos, sin)
+            return h, q, k, v
 
         def after(layer, h, out):
             """(the residual stream after attention, the MLP's output): the next piece adds
