@@ -180,8 +180,10 @@ VARIANTS = {
     "split": {"attention": "split"},  # prefix once + each row's own response K/V
     "split_kernel": {"attention": "split", "split_kernel": True},  # on split_kernel.py
     "split_torch": {"attention": "split", "split_kernel": False},  # on compiled matmuls
-    # the kernels also write the step's K/V (two launches a layer fewer; not yet measured)
+    # the kernels also write the step's K/V (two launches a layer fewer; the default since
+    # stop 24) and the cache's two index copies before them (the default before)
     "split_kernel_writes": {"attention": "split", "split_kernel": True, "kernel_writes_kv": True},
+    "index_copy_kv": {"attention": "split", "split_kernel": True, "kernel_writes_kv": False},
     "sdpa": {"attention": "sdpa"},
     "one_scan": {},  # the draw before its two-level inverse CDF (gpu_sampler_check.py)
     "flex": {"attention": "flex"},

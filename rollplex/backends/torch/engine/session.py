@@ -63,7 +63,8 @@ class DecodeEngine:
     `compile_sampler` (default: as `compile`) compiles the draw. `skinny_gemm` (default:
     on CUDA with Triton) runs steps of few rows on skinny.py's weight-streaming GEMMs;
     `split_kernel` (default: likewise) attends under "split" on split_kernel.py's kernels;
-    `kernel_writes_kv` has them write the step's K/V too (step.py; off until measured).
+    `kernel_writes_kv` (default: as `split_kernel`) has them write the step's K/V too
+    (step.py).
     `keep_workspace` (default: when graphs are used) keeps the buffers and graphs after a
     session finishes, for the next session of the same shape; otherwise they are freed with
     the finished session, as the eager loop's cache was."""
@@ -82,7 +83,7 @@ class DecodeEngine:
         compile_sampler: bool | None = None,
         skinny_gemm: bool | None = None,
         split_kernel: bool | None = None,
-        kernel_writes_kv: bool = False,
+        kernel_writes_kv: bool | None = None,
     ) -> None:
         if model.config.text_config.layer_types.count("full_attention") != len(
             model.config.text_config.layer_types
@@ -108,6 +109,8 @@ class DecodeEngine:
         compiled = self.device.type == "cuda" if compile is None else compile
         skinny_gemm = resolve(skinny_gemm, "skinny_gemm", self.device)
         split_kernel = resolve(split_kernel, "split_kernel", self.device)
+        # the kernels' own K/V write measured faster at every size (gpu_decode/fusion.md)
+        kernel_writes_kv = split_kernel if kernel_writes_kv is None else kernel_writes_kv
         self.forward = DecodeStep(
             model, compiled, fused_qkv, compile_sampler, skinny_gemm, split_kernel, kernel_writes_kv
         )

@@ -60,7 +60,8 @@ class DecodeStep:
     the LM head on its weight-streaming GEMM, the two places it beat cuBLAS on an H200; the
     other projections stay on cuBLAS. With `split_kernel` a cache laid out for "split"
     attention is attended on split_kernel.py's two Triton kernels, and with
-    `kernel_writes_kv` (not measured on a GPU yet, so off by default) those kernels also
+    `kernel_writes_kv` (the engine's default with them: 1.00-1.06x faster per step on an
+    H200, bench/results/gpu_decode/fusion.md) those kernels also
     write the step's K/V into the cache, two launches a layer fewer."""
 
     def __init__(
