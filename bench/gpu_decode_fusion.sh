@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The decode engine after stop 24's fusions, in one device call (carry .whl; ~9 min):
-# the 7B engine at 8 / 64 / 256 rows, the default side by side with the kernels also
-# writing the step's K/V (`split_kernel_writes`), kernels profiled at 8 and 64 rows; the
+# the 7B engine at 8 / 64 / 256 rows, the default side by side with $COMPARE (stop 24 ran
+# split_kernel_writes, since the default; now index_copy_kv), kernels profiled at 8 and 64 rows; the
 # 3B engine likewise; the split kernels' and the engine's CUDA tests; the vision tower at
 # 8 videos. Files land in $OUT; the tables print last.
 #   OUT=... bash bench/gpu_decode_fusion.sh
@@ -12,7 +12,7 @@ source bench/gpu_wheels.sh
 mkdir -p "$OUT"
 decode() {  # model, seconds, extra args
   timeout "$2" $PY bench/gpu_decode.py --models "$1" --batches 8,64,256 --repeats 2 \
-    --budget-s $(( $2 - 40 )) --eager-max-batch 0 --compare split_kernel_writes "${@:3}" \
+    --budget-s $(( $2 - 40 )) --eager-max-batch 0 --compare "${COMPARE:-index_copy_kv}" "${@:3}" \
     --out "$OUT/gpu_decode_fusion_${1#qwen2_5_vl_}.json" > "$OUT/gpu_decode_fusion_${1#qwen2_5_vl_}.log" 2>&1
 }
 decode qwen2_5_vl_7b 210 --profile 8,64
