@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from rollplex.backends.torch.prefix import PrefixState
+from rollplex.data.prompts import PromptBatch
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -27,8 +28,11 @@ def run_interpreted(module: str, marker: str) -> None:
     assert marker in done.stdout
 
 
-def tiny_prefix() -> tuple[torch.nn.Module, PrefixState]:
-    """The tiny model and two prompts of unequal length prefilled (conftest's batch)."""
+def tiny_prefix(
+    with_batch: bool = False,
+) -> tuple[torch.nn.Module, PrefixState] | tuple[torch.nn.Module, PrefixState, PromptBatch]:
+    """The tiny model and two prompts of unequal length prefilled (conftest's batch), and
+    with `with_batch` the batch itself."""
     from rollplex.backends.torch.model import build_model
     from rollplex.backends.torch.prefix import prefix_forward, vision_encode
     from rollplex.backends.torch.task import QUESTIONS, VisualTask
@@ -52,7 +56,8 @@ def tiny_prefix() -> tuple[torch.nn.Module, PrefixState]:
     assert batch.lengths[0] != batch.lengths[1]
     with torch.no_grad():
         feats = vision_encode(model, batch.pixel_values, batch.image_grid_thw)
-        return model, prefix_forward(model, batch, feats, grad=False)
+        prefix = prefix_forward(model, batch, feats, grad=False)
+    return (model, prefix, batch) if with_batch else (model, prefix)
 
 
 def decodes_agree(

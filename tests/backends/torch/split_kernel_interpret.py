@@ -10,7 +10,7 @@ import torch
 
 from rollplex.backends.torch.engine import split_kernel
 from rollplex.backends.torch.engine.attention import split_attention
-from tests.backends.torch.interpreted import decodes_agree
+from tests.backends.torch.interpreted import decodes_agree, tiny_prefix
 
 # (prompts, K/V heads, query heads per K/V head, G, prefix cap, response slots, head dim,
 # prefix programs aimed at): one chunk and many, ragged tiles, GQA 1 and 7 (the 7B's), one
@@ -87,10 +87,44 @@ def check_engine() -> None:
         )  # fmt: skip
 
 
+def check_ride() -> None:
+    """A training prefix riding a decode step on the kernels (which write the step's K/V,
+    the default with them) leaves the decode's draws as they are without it (the ride's
+    own outputs against a separate forward: test_riders.py)."""
+    from rollplex.backends.torch.engine.session import DecodeEngine
+    from rollplex.backends.torch.roles import features_of, freeze_for_graph
+    from rollplex.backends.torch.trainer import TorchTrainer
+    from rollplex.backends.torch.values import Pixels
+    from rollplex.specs import AlgoSpec
+    from rollplex.specs.model import MODEL_PRESETS
+
+    model, prefix, batch = tiny_prefix(with_batch=True)
+    spec = MODEL_PRESETS["tiny"]
+    freeze_for_graph(model, spec)
+    trainer = TorchTrainer(model, spec, AlgoSpec())
+    with torch.no_grad():
+        feats = features_of(model, Pixels.of(batch))
+    results = []
+    for ride in (False, True):
+        engine = DecodeEngine(model, attention="split", split_kernel=True, buckets=(16,))
+        assert engine.forward.kernel_writes_kv
+        s = engine.start(prefix, 3, 6, 1.0, 1.0, torch.Generator().manual_seed(3), -1)
+        s.advance(2)
+        if ride:
+            ridden = s.ride(trainer.ride_rows(feats, batch.text_only()))
+            assert not ridden.alone
+        s.advance()
+        results.append(s.result())
+    (t1, lp1, n1), (t2, lp2, n2) = results
+    assert torch.equal(t1, t2) and torch.equal(n1, n2)
+    torch.testing.assert_close(lp2, lp1, rtol=0, atol=1e-5)
+
+
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1" and split_kernel.triton is not None
     check_attention(torch.Generator().manual_seed(0))
     check_engine()
+    check_ride()
     print("split kernels agree")
 
 
