@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from rollplex.backends.torch.engine import session
-from rollplex.backends.torch.engine.session import DecodeEngine, collector_paused
+from rollplex.backends.torch.engine.session import DecodeEngine
+from rollplex.planner.gc_paused import cyclic_gc_paused as collector_paused
 
 INVALIDATED = "CUDA error: operation failed due to a previous error during capture"
 
@@ -58,6 +59,7 @@ def test_a_second_invalidation_and_other_errors_are_raised(model, no_cuda_sync):
 
 
 def test_the_collector_is_paused_inside_and_restored_after():
+    """What the capture (and the planner) pause the collector with."""
     assert gc.isenabled()
     with collector_paused():
         assert not gc.isenabled()

@@ -17,8 +17,6 @@ captured again whenever the model's weights are no longer the tensors they read.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Literal
@@ -39,6 +37,7 @@ from rollplex.ops.formulas.engines import (
     engine_attention,
     engine_prompts,
 )
+from rollplex.planner.gc_paused import cyclic_gc_paused
 from rollplex.runtime.green_contexts import PartitionGraph, green_stream
 
 # the planner prices the workspace these shape (ops/formulas/engines.py torch_engine_workspace)
@@ -281,7 +280,7 @@ class DecodeEngine:
             graph = PartitionGraph()
             graph.captured_on = green
             with (
-                collector_paused(),
+                cyclic_gc_paused(),
                 torch.cuda.graph(
                     graph, pool=self._pool, stream=None if green is None else green.stream
                 ),
@@ -291,18 +290,6 @@ class DecodeEngine:
             for t, s in zip(mutable, saved, strict=True):
                 t.copy_(s)
         return graph
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off inside the block (as it was after)."""
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()
 
 
 class EngineSession:
