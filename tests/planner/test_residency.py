@@ -191,3 +191,28 @@ def test_the_offload_picked_is_idle_at_the_peak_not_the_largest() -> None:
     assert _pick_offload(dev, lives, set(), graph).value == "small"
     # with the small one tried already, the big one is still taken: nothing else can move
     assert _pick_offload(dev, lives, {"small"}, graph).value == "big"
+
+
+@pytest.mark.parametrize(
+    ("name", "dedup"), [("serial", True), ("rollplex", True), ("serial", False)]
+)
+def test_each_copy_is_numbered_right_after_the_step_it_waits_for(name, dedup) -> None:
+    """The executor issues by index, and the host drives the decode to its end: a copy
+    numbered after it runs after it, whatever its planned start. So each copy comes right
+    after the step it waits for (its planned start), no other stream's step between, and
+    the reference's onload, planned beside the decode, is numbered before the decode."""
+    plan = _plan_7b(name, dedup, 139.8).plan
+    steps = {s.index: s for s in plan.all_steps()}
+    event_step = {e.id: e.step for e in plan.events}
+    copies = [s for s in steps.values() if s.kind in ("offload", "onload")]
+    assert copies
+    for c in copies:
+        anchors = [event_step[e] for e in c.waits if steps[event_step[e]].stream != c.stream]
+        if not anchors:
+            continue
+        between = [steps[i] for i in range(max(anchors) + 1, c.index)]
+        assert all(s.stream == c.stream for s in between), (c.name, [s.name for s in between])
+    decode = next(s for s in steps.values() if s.kind == "decode")
+    onloads = [s for s in copies if s.kind == "onload" and s.op == "ref.weights"]
+    if onloads and onloads[0].start_s < decode.end_s:  # planned beside the decode
+        assert onloads[0].index < decode.index
