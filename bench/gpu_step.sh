@@ -9,10 +9,10 @@ OUT=${OUT:-bench/results/gpu_step}
 source bench/gpu_env.sh  # wheels, tokenizer, $FOLDER, $PY
 mkdir -p "$OUT"
 $PY bench/gpu_step.py --shape "$SHAPE" --folder "$FOLDER" --out "$OUT" "$@" 2>&1 \
-  | grep -v -i -E "warn|^\s*$" | tee "$OUT/gpu_step_$SHAPE.log" | tail -40
+  | grep -v -E "UserWarning|warnings\.warn\(|^\s*$" | tee "$OUT/gpu_step_$SHAPE.log" | tail -40
 ROWS=$($PY -c "import json; w=json.load(open('$OUT/gpu_step_$SHAPE.json'))['workload']; print(w['prompts']*w['group'])")
 $PY bench/gpu_decode.py --models "$SHAPE" --batches "$ROWS" --repeats 2 --compare "" \
-  --eager-max-batch 0 --out "$OUT/gpu_decode_$SHAPE.json" 2>&1 | grep -v -i warn | tail -4
+  --eager-max-batch 0 --out "$OUT/gpu_decode_$SHAPE.json" 2>&1 | grep -v -E "UserWarning|warnings\.warn\(" | tail -4
 $PY - "$OUT/gpu_step_$SHAPE.json" "$OUT/gpu_decode_$SHAPE.json" <<'PYEOF'
 import json, sys
 step, dec = (json.load(open(p)) for p in sys.argv[1:3])
