@@ -28,13 +28,9 @@ def run_interpreted(module: str, marker: str) -> None:
     assert marker in done.stdout
 
 
-def tiny_prefix(
-    with_batch: bool = False,
-) -> tuple[torch.nn.Module, PrefixState] | tuple[torch.nn.Module, PrefixState, PromptBatch]:
-    """The tiny model and two prompts of unequal length prefilled (conftest's batch), and
-    with `with_batch` the batch itself."""
+def tiny_batch() -> tuple[torch.nn.Module, PromptBatch]:
+    """The tiny model and two prompts of unequal length (conftest's batch)."""
     from rollplex.backends.torch.model import build_model
-    from rollplex.backends.torch.prefix import prefix_forward, vision_encode
     from rollplex.backends.torch.task import QUESTIONS, VisualTask
     from rollplex.backends.torch.tokenizer import (
         build_image_processor,
@@ -54,10 +50,17 @@ def tiny_prefix(
     ]
     batch = collate_prompts(prompts, pad_id=spec.special_tokens.pad_token_id)
     assert batch.lengths[0] != batch.lengths[1]
+    return model, batch
+
+
+def tiny_prefix() -> tuple[torch.nn.Module, PrefixState]:
+    """`tiny_batch`'s model and its two prompts prefilled."""
+    from rollplex.backends.torch.prefix import prefix_forward, vision_encode
+
+    model, batch = tiny_batch()
     with torch.no_grad():
         feats = vision_encode(model, batch.pixel_values, batch.image_grid_thw)
-        prefix = prefix_forward(model, batch, feats, grad=False)
-    return (model, prefix, batch) if with_batch else (model, prefix)
+        return model, prefix_forward(model, batch, feats, grad=False)
 
 
 def decodes_agree(

@@ -10,7 +10,7 @@ import torch
 
 from rollplex.backends.torch.engine import split_kernel
 from rollplex.backends.torch.engine.attention import split_attention
-from tests.backends.torch.interpreted import decodes_agree, tiny_prefix
+from tests.backends.torch.interpreted import decodes_agree, tiny_batch
 
 # (prompts, K/V heads, query heads per K/V head, G, prefix cap, response slots, head dim,
 # prefix programs aimed at): one chunk and many, ragged tiles, GQA 1 and 7 (the 7B's), one
@@ -92,18 +92,20 @@ def check_ride() -> None:
     the default with them) leaves the decode's draws as they are without it (the ride's
     own outputs against a separate forward: test_riders.py)."""
     from rollplex.backends.torch.engine.session import DecodeEngine
+    from rollplex.backends.torch.prefix import prefix_forward
     from rollplex.backends.torch.roles import features_of, freeze_for_graph
     from rollplex.backends.torch.trainer import TorchTrainer
     from rollplex.backends.torch.values import Pixels
     from rollplex.specs import AlgoSpec
     from rollplex.specs.model import MODEL_PRESETS
 
-    model, prefix, batch = tiny_prefix(with_batch=True)
+    model, batch = tiny_batch()
     spec = MODEL_PRESETS["tiny"]
     freeze_for_graph(model, spec)
     trainer = TorchTrainer(model, spec, AlgoSpec())
     with torch.no_grad():
         feats = features_of(model, Pixels.of(batch))
+        prefix = prefix_forward(model, batch, feats.values, grad=False)
     results = []
     for ride in (False, True):
         engine = DecodeEngine(model, attention="split", split_kernel=True, buckets=(16,))

@@ -1,9 +1,9 @@
 """The engine's graph capture taken again once when CUDA invalidates it, with the CUDA part
-stubbed (CPU): what is retried, what is not, and what the retry leaves noted."""
+stubbed (CPU): what is retried, what is not, and what the retry leaves noted. (The
+collector it pauses during capture: tests/planner/test_gc_paused.py.)"""
 
 from __future__ import annotations
 
-import gc
 import logging
 from types import SimpleNamespace
 
@@ -11,7 +11,6 @@ import pytest
 
 from rollplex.backends.torch.engine import session
 from rollplex.backends.torch.engine.session import DecodeEngine
-from rollplex.planner.gc_paused import cyclic_gc_paused as collector_paused
 
 INVALIDATED = "CUDA error: operation failed due to a previous error during capture"
 
@@ -56,21 +55,3 @@ def test_a_second_invalidation_and_other_errors_are_raised(model, no_cuda_sync):
     with pytest.raises(RuntimeError, match="out of memory"):
         engine._capture(ws, 64)
     assert calls == [64] and engine.capture_retries == 0
-
-
-def test_the_collector_is_paused_inside_and_restored_after():
-    """What the capture (and the planner) pause the collector with."""
-    assert gc.isenabled()
-    with collector_paused():
-        assert not gc.isenabled()
-    assert gc.isenabled()
-    gc.disable()
-    try:
-        with pytest.raises(ValueError), collector_paused():
-            raise ValueError
-        assert not gc.isenabled()  # it was off before: it stays off
-    finally:
-        gc.enable()
-    with pytest.raises(ValueError), collector_paused():
-        raise ValueError
-    assert gc.isenabled()

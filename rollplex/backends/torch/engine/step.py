@@ -43,10 +43,11 @@ class DecodeStep:
     Each decoder layer runs as three pieces: `before` (the previous layer's MLP residual,
     input norm, q/k/v projections, rotary), the cache write and the attention, `after`
     (output projection, residual, post norm, MLP); `last` adds the last MLP residual in the
-    final norm. With `compile` (the CUDA default) `before` and `after` are
-    torch.compile'd: a decode step is bound by per-kernel latency more than by bandwidth
-    once it is a CUDA graph (eager norms, rotary and activations are ~30 small kernels a
-    layer), and fusing them leaves the GEMMs and a few fused kernels. One compilation
+    final norm. With `compile` (the CUDA default) the three are torch.compile'd (`before`
+    twice: the first layer has no residual to add): a decode step is bound by per-kernel
+    latency more than by bandwidth once it is a CUDA graph (eager norms, rotary and
+    activations are ~30 small kernels a layer), and fusing them leaves the GEMMs and a few
+    fused kernels. One compilation
     serves every layer (transformers' layers are the same code over other parameters) and,
     compiled with dynamic shapes, every row bucket. The cache write stays outside: an
     in-place scatter into a graph input is the one thing not to leave to the compiler.
