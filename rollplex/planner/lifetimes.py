@@ -57,11 +57,16 @@ def positions(dev: DevicePlan) -> tuple[list[Step], dict[int, int], dict[int, in
     return steps, begin, until, end
 
 
+def trained_weights(graph: Graph) -> set[str]:
+    """The weights values an optimizer step updates; every other weights value is frozen."""
+    return {op.inputs["weights"] for op in graph.ops.values() if op.kind == "optimizer_step"}
+
+
 def device_lifetimes(
     graph: Graph, dev: DevicePlan, sizer: DeviceSizer, rollout_tp_copy: bool
 ) -> list[Lifetime]:
     """Every tensor the device group holds over one step, as lifetimes."""
-    trained = {op.inputs["weights"] for op in graph.ops.values() if op.kind == "optimizer_step"}
+    trained = trained_weights(graph)
     steps, begin, until, end = positions(dev)
 
     syncs = [s for s in steps if s.kind == "weight_sync"]

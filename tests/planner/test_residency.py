@@ -216,3 +216,22 @@ def test_each_copy_is_numbered_right_after_the_step_it_waits_for(name, dedup) ->
     onloads = [s for s in copies if s.kind == "onload" and s.op == "ref.weights"]
     if onloads and onloads[0].start_s < decode.end_s:  # planned beside the decode
         assert onloads[0].index < decode.index
+
+
+@pytest.mark.parametrize(
+    ("name", "dedup"), [("serial", True), ("rollplex", True), ("serial", False)]
+)
+def test_frozen_weights_write_back_as_a_drop_and_everything_else_as_a_copy(name, dedup) -> None:
+    """The reference never changes: its host copy from the step before is current, so its
+    offload takes no copy time (host_memory.py drops the device copy). Its onload and the
+    moves of what an optimizer writes (AdamW's state, without dedup) are copies."""
+    plan = _plan_7b(name, dedup, 139.8).plan
+    copies = [s for s in plan.all_steps() if s.kind in ("offload", "onload")]
+    ref = {s.kind: s for s in copies if s.op == "ref.weights"}
+    assert set(ref) == {"offload", "onload"}
+    assert ref["offload"].end_s - ref["offload"].start_s == 0.0
+    assert ref["onload"].solo_s > 0.1  # 15 GiB over the host link
+    others = [s for s in copies if s.op != "ref.weights"]
+    assert all(s.solo_s > 0 for s in others)
+    if not dedup:
+        assert {s.kind for s in others if s.op == "policy.adam"} == {"offload", "onload"}

@@ -21,6 +21,7 @@ from rollplex.backends.capabilities import TORCH_SCORER, RoleCapabilities
 from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows, attach, rider_rows
 from rollplex.backends.torch.engine.step import rotary_fn
+from rollplex.backends.torch.host_memory import forget_tags
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs
 from rollplex.backends.torch.loss import policy_loss
 from rollplex.backends.torch.masters import (
@@ -237,6 +238,7 @@ class TorchTrainer(Trainer):
         if masters is not None:
             Masters.load(masters, self.masters, self.named)
         self.counter.n = int(state["version"])
+        forget_tags(self.model.parameters())  # a version number this process may have seen
 
     def save_weights(self, folder: Path) -> None:
         save_model(self.model, self.spec, folder)
@@ -251,5 +253,6 @@ class TorchTrainer(Trainer):
                 if name != other or p.shape != q.shape:
                     raise BackendError(f"{folder}: parameter {other} does not match {name}")
                 p.copy_(q)
+        forget_tags(self.model.parameters())  # same version, new values
         if self.masters is not None:  # the next step starts from these weights
             self.masters.assign(dict(loaded.named_parameters()))

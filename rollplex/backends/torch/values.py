@@ -214,8 +214,11 @@ class WeightsHandle:
         return iter(self.params)
 
     def move_to(self, device: torch.device | str) -> WeightsHandle:
+        # Tagged with the version the parameters hold now: an offload at the version of
+        # the last one (frozen weights, every step) finds its host copy current.
+        tag = (self.model, self.live.n)
         for p in self.params:  # in place: every alias of these parameters moves with them
-            p.data = move(p.data, device, p)
+            p.data = move(p.data, device, p, tag=tag)
         return self
 
 

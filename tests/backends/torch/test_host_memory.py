@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from rollplex.backends.torch.host_memory import to_device, to_host
-from rollplex.backends.torch.values import OptimizerHandle, WeightsHandle
+from rollplex.backends.torch.values import OptimizerHandle, VersionCounter, WeightsHandle
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -55,7 +55,7 @@ def test_on_cuda_weights_and_adamw_state_round_trip_through_the_same_buffers():
     opt.step()
     want = [p.detach().clone() for p in layer.parameters()]
     moments = [v.clone() for st in opt.state.values() for k, v in st.items() if k != "step"]
-    weights = WeightsHandle("policy", layer, tuple(layer.parameters()), 0, None)
+    weights = WeightsHandle("policy", layer, tuple(layer.parameters()), 0, VersionCounter())
     state = OptimizerHandle(opt)
     ptrs = []
     for _ in range(2):
@@ -91,3 +91,68 @@ def test_an_owner_keeps_one_buffer_per_slot_until_it_dies():
     del owner
     gc.collect()
     assert key not in host_memory._BUFFERS
+
+
+def _ref_handle(version: VersionCounter) -> tuple[nn.Linear, WeightsHandle]:
+    layer = nn.Linear(4, 3)
+    return layer, WeightsHandle("ref", layer, tuple(layer.parameters()), 0, version)
+
+
+def test_an_offload_at_the_version_its_host_copy_holds_copies_nothing():
+    """Frozen weights round-trip at one version: the second write-back finds the host copy
+    current and only drops the device copy. Poisoning the host copy between the two shows
+    which happened: a copy would overwrite the poison, a drop keeps it."""
+    version = VersionCounter()
+    layer, weights = _ref_handle(version)
+    want = [p.detach().clone() for p in layer.parameters()]
+    weights.move_to("cpu")  # the first write-back copies
+    assert all(torch.equal(p, w) for p, w in zip(layer.parameters(), want, strict=True))
+    host = [p.data for p in layer.parameters()]
+    weights.move_to("cpu")  # same version: a drop, into the same buffers
+    assert [p.data.data_ptr() for p in layer.parameters()] == [h.data_ptr() for h in host]
+    for h in host:
+        h.fill_(7.0)  # not how weights change: only the test writes behind the version
+    weights.move_to("cpu")
+    assert all(torch.all(p == 7.0) for p in layer.parameters())
+
+
+def test_a_version_bump_or_a_forgotten_tag_makes_the_next_offload_copy():
+    """An in-place update bumps the version; a checkpoint load (same version, new values)
+    forgets the tags. Either way the next write-back copies the live values."""
+    from rollplex.backends.torch.host_memory import forget_tags
+
+    version = VersionCounter()
+    layer, weights = _ref_handle(version)
+    weights.move_to("cpu")
+    for p in layer.parameters():
+        p.data.fill_(1.0)  # a stale host copy from here on, unless the copy runs again
+    version.n += 1
+    weights.move_to("cpu")
+    assert all(torch.all(p == 1.0) for p in layer.parameters())
+    fresh = [torch.full_like(p, 2.0) for p in layer.parameters()]
+    for p, f in zip(layer.parameters(), fresh, strict=True):
+        p.data = f  # the parameter lives elsewhere now, its buffer holds 1.0 tagged current
+    forget_tags(layer.parameters())
+    weights.move_to("cpu")
+    assert all(torch.all(p == 2.0) for p in layer.parameters())
+
+
+def test_the_trainers_weight_load_forgets_the_host_copies(spec, tmp_path):
+    """`load_weights` writes new values at the same version: the frozen tower's host copy,
+    tagged at that version, must not be taken for them by the next write-back."""
+    from rollplex.backends.torch.model import build_model, save_model
+    from rollplex.backends.torch.roles import vision_params
+    from rollplex.backends.torch.trainer import TorchTrainer
+    from rollplex.specs import AlgoSpec
+
+    trainer = TorchTrainer(build_model(spec, seed=0), spec, AlgoSpec())
+    other = build_model(spec, seed=1)
+    save_model(other, spec, tmp_path)
+    tower = vision_params(trainer.model)
+    weights = WeightsHandle("vision", trainer.model, tower, 0, VersionCounter())
+    weights.move_to("cpu")
+    for p in tower:  # an onload as on CUDA: a device copy apart from the host buffer
+        p.data = to_device(p.data, "cpu")
+    trainer.load_weights(tmp_path)
+    weights.move_to("cpu")
+    assert all(torch.equal(p, q) for p, q in zip(tower, vision_params(other), strict=True))
