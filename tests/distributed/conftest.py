@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,22 +51,40 @@ def command(nproc: int, module: str, args: list[str]) -> list[str]:
     return [*run, f"--nproc-per-node={nproc}", "-m", module, *args]
 
 
-def launch(nproc: int, module: str, args: list[str], timeout: float = TIMEOUT_S) -> str:
+# A rank aborting in torch's C++ runtime (a std::thread destroyed while joinable), seen once
+# in CI under full CPU load after a checkpoint write and not reproduced in 6 reruns: one
+# retry, from a clean run folder, with a warning in the test summary. Any other failure,
+# or this one twice, fails the test.
+ABORT = "terminate called without an active exception"
+
+
+def launch(
+    nproc: int, module: str, args: list[str], timeout: float = TIMEOUT_S, clean: Path | None = None
+) -> str:
     """Run to the end; fail the test with the output if it fails or hangs."""
-    try:
-        p = subprocess.run(
-            command(nproc, module, args),
-            cwd=ROOT,
-            env=env(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{nproc} processes of {module} {args} ran past {timeout}s:\n{e.stdout}")
-    if p.returncode != 0:
+    for attempt in (1, 2):
+        try:
+            p = subprocess.run(
+                command(nproc, module, args),
+                cwd=ROOT,
+                env=env(),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired as e:
+            pytest.fail(f"{nproc} processes of {module} {args} ran past {timeout}s:\n{e.stdout}")
+        if p.returncode == 0:
+            return p.stdout
+        if attempt == 1 and ABORT in p.stderr:
+            warnings.warn(
+                f"{module} {args}: a rank aborted ({ABORT!r}); retried once", stacklevel=2
+            )
+            if clean is not None:
+                shutil.rmtree(clean, ignore_errors=True)
+            continue
         pytest.fail(f"{module} {args} on {nproc} processes exited {p.returncode}:\n{p.stderr}")
-    return p.stdout
+    raise AssertionError("unreachable")
 
 
 def train(nproc: int, out: Path, steps: int, *extra: str) -> Path:
@@ -72,6 +92,7 @@ def train(nproc: int, out: Path, steps: int, *extra: str) -> Path:
         nproc,
         "rollplex.cli",
         ["train", *TRAIN, f"train.steps={steps}", *extra, f"hydra.run.dir={out}"],
+        clean=out,
     )
     return out
 
