@@ -12,8 +12,6 @@ TMP=${TMP:-/tmp} OUT=${OUT:-bench/results/gpu_checks}
 PY=${PY:-python3}
 source bench/gpu_wheels.sh
 mkdir -p "$OUT"
-# drop warnings and blank lines, but never pytest's summary (it says "N warnings" too)
-quiet() { awk 'tolower($0) ~ /passed|failed|error|^[|]/ || (tolower($0) !~ /warn/ && NF)' | tail -"$1"; }
 timeout 250 $PY bench/gpu_decode.py --models qwen2_5_vl_7b,qwen2_5_vl_3b --batches 8,32 \
   --repeats 2 --budget-s 210 --eager-max-batch 0 --compare cublas 2>&1 | quiet 8 \
   | tee "$OUT/gpu_decode.log"

@@ -8,8 +8,6 @@ TMP=${TMP:-/tmp} OUT=${OUT:-bench/results/gpu_decode}
 PY=${PY:-python3}
 source bench/gpu_wheels.sh
 mkdir -p "$OUT"
-# drop warnings and blank lines, but never pytest's summary (it says "N warnings" too)
-quiet() { awk 'tolower($0) ~ /passed|failed|error|^[|]/ || (tolower($0) !~ /warn/ && NF)' | tail -"$1"; }
 timeout 300 $PY bench/gpu_decode.py --models qwen2_5_vl_7b,qwen2_5_vl_3b --batches 8,64,256 \
   --repeats 2 --budget-s 260 --eager-max-batch 0 --compare "" \
   --out "$OUT/gpu_decode_sweep.json" 2>&1 | quiet 10 | tee "$OUT/gpu_decode_sweep.log"

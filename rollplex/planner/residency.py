@@ -249,10 +249,6 @@ def _offload(plan: Plan, dev: DevicePlan, lf: Lifetime, mem: Memory) -> None:
     persistent = lf.kind in {k.value for k in PERSISTENT}
     # Resident stretch: from just-in-time onload before the first use to the last use.
     first_use, last_use = users[0], users[-1]
-    # Frozen weights round-trip at one version: from the second step on, the host holds
-    # their values already and the write-back is a drop of the device copy
-    # (backends/torch/host_memory.py), free of copy time. The first step pays the copy.
-    frozen = lf.kind == "weights" and lf.value not in trained_weights(g)
     if persistent or makers:
         anchor = makers[-1] if makers else None
         if anchor is not None:  # write back right after it is made
@@ -263,6 +259,10 @@ def _offload(plan: Plan, dev: DevicePlan, lf: Lifetime, mem: Memory) -> None:
         )
         _wait(plan, first_use, on)
         if persistent:
+            # Frozen weights round-trip at one version: from the second step on, the host
+            # holds their values already and the write-back is a drop of the device copy
+            # (backends/torch/host_memory.py), free of copy time. The first step pays it.
+            frozen = lf.kind == "weights" and lf.value not in trained_weights(g)
             back = 0.0 if frozen else seconds
             _copy_step(plan, dev, copy, "offload", lf.value, back, after=last_use)
     _sort_copy_stream(dev, copy)

@@ -19,6 +19,11 @@ V = TypeVar("V")
 class ByIdentity(dict[int, tuple[weakref.ref, V]], Generic[V]):
     """id(obj) -> (a weak reference to obj, its value)."""
 
+    def find(self, obj: Any) -> V | None:
+        """`obj`'s value, or None if it has none (a dead object's reused id has none)."""
+        hit = self.get(id(obj))
+        return hit[1] if hit is not None and hit[0]() is obj else None
+
     def get_or_make(self, obj: Any, make: Callable[[], V]) -> V:
         key = id(obj)
         hit = self.get(key)

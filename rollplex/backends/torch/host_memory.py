@@ -77,10 +77,9 @@ def forget_tags(owners: Iterable[torch.Tensor]) -> None:
     device values without bumping their version (a checkpoint load) calls this, and the
     next offload copies."""
     for owner in owners:
-        slots = _BUFFERS.get(id(owner))
-        if slots is not None and slots[0]() is owner:
-            for slot, (buf, _) in list(slots[1].items()):
-                slots[1][slot] = (buf, None)
+        slots = _BUFFERS.find(owner)
+        if slots is not None:
+            slots.update({slot: (buf, None) for slot, (buf, _) in slots.items()})
 
 
 def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
