@@ -173,6 +173,7 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
 # Engines compared side by side with the default one (SDPA, compiled layers).
 VARIANTS = {
     "cublas": {"skinny_gemm": False},  # cuBLAS for every projection, as before skinny.py
+    "no_split_gemm": {"split_gemm": False},  # q/k/v, o, down on cuBLAS, as before stop 26
     "autotune": {"compile": "max-autotune-no-cudagraphs"},  # Triton GEMMs vs cuBLAS per bucket
     "default_again": {},  # the default engine measured once more, last: an order check
     "unfused": {"fused_qkv": False},  # three q/k/v GEMMs a layer, as before the stacked copy

@@ -98,7 +98,11 @@ def check_spec(spec: RunSpec) -> None:
 def _check_triton_knobs(engine: TorchEngineSpec, device: str) -> None:
     """The decode engine's Triton knobs asked for where their kernels cannot run: refused
     by name before any model loads (left unset, each is on where it runs)."""
-    knobs = {"skinny_gemm": engine.skinny_gemm, "split_kernel": engine.split_kernel}
+    knobs = {
+        "skinny_gemm": engine.skinny_gemm,
+        "split_kernel": engine.split_kernel,
+        "split_gemm": engine.split_gemm,
+    }
     if not any(knobs.values()):
         return
     import torch

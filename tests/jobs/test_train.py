@@ -184,7 +184,7 @@ def test_vllm_rollout_without_vllm_names_what_to_install(tmp_path):
     assert not (tmp_path / "out" / "plan.json").exists()  # nothing planned, nothing loaded
 
 
-@pytest.mark.parametrize("knob", ["skinny_gemm", "split_kernel"])
+@pytest.mark.parametrize("knob", ["skinny_gemm", "split_kernel", "split_gemm"])
 def test_triton_kernels_off_cuda_are_refused_before_any_work(tmp_path, knob):
     p = train(tmp_path / "out", f"backend.torch_engine.{knob}=true")
     assert p.returncode == 2 and "Traceback" not in p.stderr

@@ -200,6 +200,7 @@ class TorchRollout(RolloutRole):
                 fused_qkv=e.fused_qkv,
                 skinny_gemm=e.skinny_gemm,
                 split_kernel=e.split_kernel,
+                split_gemm=e.split_gemm,
             )
         s = sampling
         return TorchDecode(

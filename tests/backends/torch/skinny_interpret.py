@@ -9,8 +9,8 @@ import os
 import torch
 import torch.nn.functional as F
 
-from rollplex.backends.torch.engine import skinny
-from tests.backends.torch.interpreted import decodes_agree
+from rollplex.backends.torch.engine import skinny, step
+from tests.backends.torch.interpreted import decodes_agree, tiny_prefix
 
 ROWS = (1, 5, 16, 33, 64)
 SHAPES = ((70, 300), (128, 256))  # (N, K): ragged against the 16 x 64 tile, and even
@@ -38,9 +38,32 @@ def check_gate_up(gen: torch.Generator) -> None:
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
 
 
+def check_partials(gen: torch.Generator) -> None:
+    """Every split count, more slices than reduction tiles included (empty slices add 0)."""
+    for rows in ROWS:
+        for n, k in SHAPES:
+            x = torch.randn(rows, k, generator=gen)
+            w, b = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
+            for splits in (1, 2, 3, 8):
+                parts = skinny.skinny_partials(x.view(1, rows, k), w, splits)
+                assert parts.shape == (splits, rows, n) and parts.dtype == torch.float32
+                got = skinny.split_linear(x.view(1, rows, k), w, b, splits)
+                assert got.shape == (1, rows, n), got.shape
+                torch.testing.assert_close(got[0], F.linear(x, w, b), rtol=1e-4, atol=1e-4)
+
+
 def check_engine() -> None:
-    """A decode on the kernels equals one on the modules: tokens, logprobs, lengths."""
+    """A decode on the kernels equals one on the modules: tokens, logprobs, lengths; the
+    split o and down projections with 3 slices each."""
     decodes_agree("skinny_gemm", "skinny", 1.0, 4, atol=1e-4)
+    step.SPLITS = 3
+    calls = []
+    for name in ("skinny_partials", "split_linear"):  # count what ran: down, o
+        real = getattr(step, name)
+        setattr(step, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
+    decodes_agree("split_gemm", "split_gemm", 1.0, 4, atol=1e-4)
+    layers = 2 * len(tiny_prefix()[0].model.language_model.layers)  # one per layer per step
+    assert calls.count("split_linear") >= layers and calls.count("skinny_partials") >= layers
 
 
 def main() -> None:
@@ -48,6 +71,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     check_linear(gen)
     check_gate_up(gen)
+    check_partials(gen)
     check_engine()
     print("skinny kernels agree")
 

@@ -47,7 +47,8 @@ def test_bad_values_are_named(field, value):
 
 
 @pytest.mark.parametrize(
-    ("knob", "attr"), [("skinny_gemm", "skinny"), ("split_kernel", "split_kernel")]
+    ("knob", "attr"),
+    [("skinny_gemm", "skinny"), ("split_kernel", "split_kernel"), ("split_gemm", "split_gemm")],
 )
 def test_triton_knobs_reach_the_engine_and_cpu_refuses_them_by_name(
     model, spec, prefix, knob, attr

@@ -16,7 +16,10 @@ def test_kernels_and_a_decode_agree_under_the_interpreter():
     run_interpreted("tests.backends.torch.skinny_interpret", "skinny kernels agree")
 
 
-def test_off_by_default_on_cpu_and_refused_when_asked(model):
-    assert DecodeEngine(model).forward.skinny is False
-    with pytest.raises(ValueError, match="skinny_gemm needs CUDA and Triton"):
-        DecodeEngine(model, skinny_gemm=True)
+@pytest.mark.parametrize(
+    ("knob", "attr"), [("skinny_gemm", "skinny"), ("split_gemm", "split_gemm")]
+)
+def test_off_by_default_on_cpu_and_refused_when_asked(model, knob, attr):
+    assert getattr(DecodeEngine(model).forward, attr) is False
+    with pytest.raises(ValueError, match=f"{knob} needs CUDA and Triton"):
+        DecodeEngine(model, **{knob: True})

@@ -40,23 +40,39 @@ def test_bf16_kernels_within_cublas_rounding(rows, n, k):
     assert _err(skinny.skinny_gate_up(x, w, u), want) <= 2 * _err(blas, want) + 1e-3
 
 
-def _decode(model, prefix, on: bool, temperature: float):
+@pytest.mark.parametrize("rows", [1, 8, 33, 64])
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+@pytest.mark.parametrize("splits", [1, 4, 8])
+def test_bf16_split_partials_within_cublas_rounding(rows, n, k, splits):
+    gen = torch.Generator("cuda").manual_seed(rows)
+    x, w, b = (
+        torch.randn(*s, device="cuda", generator=gen).bfloat16() for s in ((rows, k), (n, k), (n,))
+    )
+    want = F.linear(x.float(), w.float(), b.float())
+    got = skinny.split_linear(x, w, b, splits)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+    assert _err(got, want) <= 2 * _err(F.linear(x, w, b), want) + 1e-3
+
+
+def _decode(model, prefix, on: bool, temperature: float, knob: str = "skinny_gemm"):
     torch.use_deterministic_algorithms(False)
-    engine = DecodeEngine(model, skinny_gemm=on, kv_chunk=16)
-    assert engine.forward.skinny is on
+    other = "split_gemm" if knob == "skinny_gemm" else "skinny_gemm"
+    engine = DecodeEngine(model, **{knob: on, other: False}, kv_chunk=16)
+    assert getattr(engine.forward, "skinny" if knob == "skinny_gemm" else knob) is on
     s = engine.start(prefix, 4, 24, temperature, 1.0, torch.Generator("cuda").manual_seed(3), -1)
     s.advance()
     return s.result()
 
 
+@pytest.mark.parametrize("knob", ["skinny_gemm", "split_gemm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_on_the_kernels_matches_cublas(model, batch, dtype):
+def test_decode_on_the_kernels_matches_cublas(model, batch, dtype, knob):
     model = model.to("cuda", dtype)
     b = batch.to("cuda")
     with torch.no_grad():
         feats = vision_encode(model, b.pixel_values.to(dtype), b.image_grid_thw)
         prefix = prefix_forward(model, b, feats, grad=False)
-    on, off = _decode(model, prefix, True, 0.0), _decode(model, prefix, False, 0.0)
+    on, off = _decode(model, prefix, True, 0.0, knob), _decode(model, prefix, False, 0.0, knob)
     if dtype == torch.float32:  # ieee dots on both sides: the same greedy path
         assert torch.equal(on[0], off[0])
         torch.testing.assert_close(on[1], off[1], atol=1e-4, rtol=0)

@@ -63,7 +63,8 @@ class DecodeEngine:
     on CUDA with Triton) runs steps of few rows on skinny.py's weight-streaming GEMMs;
     `split_kernel` (default: likewise) attends under "split" on split_kernel.py's kernels;
     `kernel_writes_kv` (default: as `split_kernel`) has them write the step's K/V too
-    (step.py).
+    (step.py); `split_gemm` (default: on CUDA with Triton) runs the o and down projections
+    of steps of at most 32 rows on skinny.py's split-reduction partials.
     `keep_workspace` (default: when graphs are used) keeps the buffers and graphs after a
     session finishes, for the next session of the same shape; otherwise they are freed with
     the finished session, as the eager loop's cache was."""
@@ -83,6 +84,7 @@ class DecodeEngine:
         skinny_gemm: bool | None = None,
         split_kernel: bool | None = None,
         kernel_writes_kv: bool | None = None,
+        split_gemm: bool | None = None,
     ) -> None:
         if model.config.text_config.layer_types.count("full_attention") != len(
             model.config.text_config.layer_types
@@ -110,8 +112,16 @@ class DecodeEngine:
         split_kernel = resolve(split_kernel, "split_kernel", self.device)
         # the kernels' own K/V write measured faster at every size (gpu_decode/fusion.md)
         kernel_writes_kv = split_kernel if kernel_writes_kv is None else kernel_writes_kv
+        split_gemm = resolve(split_gemm, "split_gemm", self.device)
         self.forward = DecodeStep(
-            model, compiled, fused_qkv, compile_sampler, skinny_gemm, split_kernel, kernel_writes_kv
+            model,
+            compiled,
+            fused_qkv,
+            compile_sampler,
+            skinny_gemm,
+            split_kernel,
+            kernel_writes_kv,
+            split_gemm,
         )
         self.workspace: Workspace | None = None
         self._pool = None

@@ -33,6 +33,9 @@ if triton is not None:
     import triton.language as tl
 
 MAX_ROWS = 32  # at 64 rows cuBLAS draws level (skinny.md)
+# split partials for the o and down projections: the best of 2 / 4 / 8 slices at 8-32 rows
+# of the 7B and 3B shapes; at 64 rows cuBLAS draws level on o (split_gemm.md)
+SPLIT_MAX_ROWS, SPLITS = 32, 4
 
 
 def _row_tile(rows: int) -> int:
@@ -108,17 +111,49 @@ if triton is not None:
         y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
         tl.store(y_ptrs, (act * up).to(dtype), mask=rows[:, None] & cols[None, :])
 
-    def _tuned(kernel: triton.JITFunction) -> Callable[[Callable], Callable]:
-        """grid -> launcher of `kernel`, its tile tuned per (rows tile, N, K). Triton's CPU
+    @triton.jit
+    def _partials_kernel(
+        x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn,
+        SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        # program (n, s): output columns n's slab over the s-th of SPLITS reduction ranges
+        offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        split = tl.program_id(1)
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_k = tl.arange(0, BLOCK_K)
+        rows, cols = offs_m < M, offs_n < N
+        tiles = tl.cdiv(K, BLOCK_K)
+        per = tl.cdiv(tiles, SPLITS)
+        start = split * per
+        stop = tl.minimum(start + per, tiles)
+        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + start * BLOCK_K + offs_k[None, :]
+        w_ptrs = w_ptr + offs_n[:, None] * stride_wn + start * BLOCK_K + offs_k[None, :]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for t in range(start, stop):
+            inside = offs_k[None, :] < K - t * BLOCK_K
+            x = tl.load(x_ptrs, mask=rows[:, None] & inside, other=0.0)
+            w = tl.load(w_ptrs, mask=cols[:, None] & inside, other=0.0)
+            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        y_ptrs = y_ptr + split * M * N + offs_m[:, None] * N + offs_n[None, :]
+        tl.store(y_ptrs, acc, mask=rows[:, None] & cols[None, :])
+
+    def _tuned(
+        kernel: triton.JITFunction, key: tuple[str, ...] = ("BLOCK_M", "N", "K")
+    ) -> Callable[[Callable], Callable]:
+        """grid -> launcher of `kernel`, its tile tuned per `key` (rows tile, N, K). Triton's CPU
         interpreter (TRITON_INTERPRET=1, what the CPU tests run) has no GPU to time tiles
         on, so there it gets one fixed tile."""
         if os.environ.get("TRITON_INTERPRET") == "1":
             return lambda grid: functools.partial(kernel[grid], BLOCK_N=16, BLOCK_K=64)
-        tuned = triton.autotune(configs=_configs(), key=["BLOCK_M", "N", "K"])(kernel)
+        tuned = triton.autotune(configs=_configs(), key=list(key))(kernel)
         return lambda grid: tuned[grid]
 
     _linear = _tuned(_linear_kernel)
     _gate_up = _tuned(_gate_up_kernel)
+    _partials = _tuned(_partials_kernel, ("BLOCK_M", "N", "K", "SPLITS"))
 
 
 def _rows_2d(x: torch.Tensor) -> torch.Tensor:
@@ -163,3 +198,37 @@ def skinny_gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tor
 @skinny_gate_up.register_fake
 def _(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], gate.shape[0])
+
+
+@torch.library.custom_op("rollplex::skinny_partials", mutates_args=())
+def skinny_partials(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor:
+    """x @ weight.T as `splits` float32 partial sums over slices of the reduction:
+    [..., K] -> [splits, rows, N]. More programs than output slabs alone give (what the
+    narrow projections lack); the sum is left to the consumer (`split_linear`), where a
+    compiled layer fuses it into the kernel that reads the output anyway."""
+    x2 = _rows_2d(x)
+    (m, k), n = x2.shape, weight.shape[0]
+    y = x2.new_empty(splits, m, n, dtype=torch.float32)
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), splits)  # noqa: E731
+    _partials(grid)(
+        x2, weight, y, m, n, k, x2.stride(0), weight.stride(0),
+        SPLITS=splits, BLOCK_M=_row_tile(m),
+    )  # fmt: skip
+    return y
+
+
+@skinny_partials.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor:
+    rows = x.numel() // x.shape[-1]
+    return x.new_empty(splits, rows, weight.shape[0], dtype=torch.float32)
+
+
+def split_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, splits: int
+) -> torch.Tensor:
+    """F.linear(x, weight, bias) on `skinny_partials`: summed in float32 with the bias and
+    rounded once, as cuBLAS rounds (the order of the float32 sum differs)."""
+    total = skinny_partials(x, weight, splits).sum(0)
+    if bias is not None:
+        total = total + bias.float()
+    return total.to(x.dtype).view(*x.shape[:-1], weight.shape[0])

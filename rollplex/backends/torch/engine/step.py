@@ -21,7 +21,15 @@ from rollplex.backends.torch.engine.attention import attend_shared
 from rollplex.backends.torch.engine.cache import SharedPrefixKV
 from rollplex.backends.torch.engine.fused_qkv import FusedQKV
 from rollplex.backends.torch.engine.sampling import next_tokens
-from rollplex.backends.torch.engine.skinny import MAX_ROWS, skinny_gate_up, skinny_linear
+from rollplex.backends.torch.engine.skinny import (
+    MAX_ROWS,
+    SPLIT_MAX_ROWS,
+    SPLITS,
+    skinny_gate_up,
+    skinny_linear,
+    skinny_partials,
+    split_linear,
+)
 
 
 def rotary_fn(attn: torch.nn.Module) -> Callable:
@@ -74,11 +82,13 @@ class DecodeStep:
         skinny: bool = False,
         split_kernel: bool = False,
         kernel_writes_kv: bool = False,
+        split_gemm: bool = False,
     ) -> None:
         if kernel_writes_kv and not split_kernel:
             raise ValueError("kernel_writes_kv needs split_kernel (its kernel does the write)")
         self.model = model
         self.skinny = skinny
+        self.split_gemm = split_gemm
         self.split_kernel = split_kernel
         self.kernel_writes_kv = kernel_writes_kv
         silu = model.config.text_config.hidden_act == "silu"  # what skinny_gate_up computes
@@ -87,12 +97,25 @@ class DecodeStep:
         self.fused = FusedQKV(lm.layers) if fused_qkv else None
         widths = self.fused.widths if self.fused is not None else ()
 
-        def few(x: torch.Tensor) -> bool:  # a guard of the compiled pieces: two graphs at most
+        def few(x: torch.Tensor) -> bool:  # guards of the compiled pieces: three graphs at most
             return skinny and x.shape[0] * x.shape[1] <= MAX_ROWS
+
+        def narrow(x: torch.Tensor) -> bool:
+            return split_gemm and x.shape[0] * x.shape[1] <= SPLIT_MAX_ROWS
+
+        splits = SPLITS
+
+        def settle(h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+            """The last layer's MLP residual added to `h`. Split, it comes as the down
+            projection's float32 partials [splits, B, G, H], summed here: with `splits` a
+            constant the compiler unrolls the sum into the norm's kernel."""
+            if delta.dim() == 4:
+                delta = delta.view(splits, *h.shape).sum(0).to(h.dtype)
+            return h + delta
 
         def before(layer, h, delta, cos, sin, weight=None, bias=None):
             if delta is not None:  # the last layer's MLP residual, added beside this norm
-                h = h + delta
+                h = settle(h, delta)
             attn = layer.self_attn
             x = layer.input_layernorm(h)
             b, g, _ = x.shape
@@ -110,15 +133,23 @@ class DecodeStep:
         def after(layer, h, out):
             """(the residual stream after attention, the MLP's output): the next piece adds
             them in its norm's kernel (before, or last), one launch a layer fewer."""
-            h = h + layer.self_attn.o_proj(out)
+            o = layer.self_attn.o_proj
+            h = h + (split_linear(out, o.weight, o.bias, splits) if narrow(out) else o(out))
             x = layer.post_attention_layernorm(h)
             mlp = layer.mlp
-            if not (silu and few(x)):
+            fused_act, split = silu and few(x), narrow(x) and mlp.down_proj.bias is None
+            if not (fused_act or split):
                 return h, mlp(x)
-            return h, mlp.down_proj(skinny_gate_up(x, mlp.gate_proj.weight, mlp.up_proj.weight))
+            if fused_act:
+                act = skinny_gate_up(x, mlp.gate_proj.weight, mlp.up_proj.weight)
+            else:
+                act = mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x)  # as Qwen2MLP.forward
+            if split:  # summed in the next piece's norm (settle)
+                return h, skinny_partials(act, mlp.down_proj.weight, splits).view(-1, *h.shape)
+            return h, mlp.down_proj(act)
 
         def last(norm, h, delta):
-            return norm(h + delta)
+            return norm(settle(h, delta))
 
         self.compiled = bool(compile)
         choose = next_tokens
