@@ -16,9 +16,9 @@ if [ "${KERNELS:-1}" != 0 ]; then
     --rows 8,32,64 --splits 2,4,8 2>&1 | quiet 24 | tee "$OUT/gpu_split_gemm.log"
 fi
 if [ "${ENGINE:-1}" != 0 ]; then
-  timeout 300 $PY bench/gpu_decode.py --models qwen2_5_vl_7b,qwen2_5_vl_3b \
-    --batches ${ROWS:-8,32} --repeats 2 --budget-s 260 --eager-max-batch 0 \
-    --compare split_gemm --profile 8 --out "$OUT/gpu_decode_split_gemm.json" 2>&1 \
+  timeout ${ENGINE_S:-300} $PY bench/gpu_decode.py --models ${MODELS:-qwen2_5_vl_7b,qwen2_5_vl_3b} \
+    --batches ${ROWS:-8,32} --repeats 2 --budget-s $(( ${ENGINE_S:-300} - 40 )) --eager-max-batch 0 \
+    --compare split_gemm --profile ${PROFILE-8} --out "$OUT/gpu_decode_split_gemm.json" 2>&1 \
     | quiet 10 | tee "$OUT/gpu_decode_split_gemm.log"
 fi
 if [ "${TESTS:-1}" != 0 ]; then

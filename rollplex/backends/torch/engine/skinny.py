@@ -223,12 +223,22 @@ def _(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor:
     return x.new_empty(splits, rows, weight.shape[0], dtype=torch.float32)
 
 
+def sum_partials(partials: torch.Tensor) -> torch.Tensor:
+    """partials.sum(0) written as pointwise adds: Inductor's Triton backend made `.sum(0)`
+    a reduction kernel of its own and did not fuse it into the norm that follows (an H200
+    profile, split_gemm.md), while adds fuse into it."""
+    total = partials[0]
+    for part in partials[1:]:
+        total = total + part
+    return total
+
+
 def split_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, splits: int
 ) -> torch.Tensor:
     """F.linear(x, weight, bias) on `skinny_partials`: summed in float32 with the bias and
     rounded once, as cuBLAS rounds (the order of the float32 sum differs)."""
-    total = skinny_partials(x, weight, splits).sum(0)
+    total = sum_partials(skinny_partials(x, weight, splits))
     if bias is not None:
         total = total + bias.float()
     return total.to(x.dtype).view(*x.shape[:-1], weight.shape[0])

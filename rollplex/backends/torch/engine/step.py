@@ -29,6 +29,7 @@ from rollplex.backends.torch.engine.skinny import (
     skinny_linear,
     skinny_partials,
     split_linear,
+    sum_partials,
 )
 
 
@@ -107,10 +108,10 @@ class DecodeStep:
 
         def settle(h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
             """The last layer's MLP residual added to `h`. Split, it comes as the down
-            projection's float32 partials [splits, B, G, H], summed here: with `splits` a
-            constant the compiler unrolls the sum into the norm's kernel."""
+            projection's float32 partials [splits, B, G, H], summed here, inside the norm's
+            kernel (`splits` is a constant, so the adds are unrolled)."""
             if delta.dim() == 4:
-                delta = delta.view(splits, *h.shape).sum(0).to(h.dtype)
+                delta = sum_partials(delta.view(splits, *h.shape)).to(h.dtype)
             return h + delta
 
         def before(layer, h, delta, cos, sin, weight=None, bias=None):
