@@ -97,30 +97,45 @@ def bench_shape(model: str, proj: str, n: int, k: int, bias: bool, rows: int, gb
     return entry
 
 
+def sweep(models: str, rows: str, bench, projections: str | None = None) -> list[dict]:
+    """`bench(model, proj, n, k, bias, rows)` over every model x projection x row count,
+    printed as it goes; a failing shape is recorded and does not lose the others."""
+    out = []
+    for model in models.split(","):
+        for proj, (n, k, bias) in shapes(model).items():
+            if projections is not None and proj not in projections.split(","):
+                continue
+            for r in (int(r) for r in rows.split(",")):
+                try:
+                    out.append(bench(model, proj, n, k, bias, r))
+                except Exception as e:
+                    out.append({"model": model, "proj": proj, "rows": r, "error": repr(e)})
+                print(json.dumps(out[-1]), flush=True)
+    return out
+
+
+def write_rows(script: str, out: list[dict]) -> None:
+    """The rows as $OUT/<script>.json (else bench/results/gpu_decode/), with the date, the
+    device and the command."""
+    dest = Path(os.environ.get("OUT", "bench/results/gpu_decode")) / f"{script}.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "command": f"python bench/{script}.py " + " ".join(sys.argv[1:]),
+    }
+    dest.write_text(json.dumps({**meta, "rows": out}, indent=1))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default="qwen2_5_vl_7b,qwen2_5_vl_3b")
     p.add_argument("--rows", default="8,16,32,64")
     args = p.parse_args()
     gbps = HARDWARE_PRESETS["h200"].hbm_bandwidth_gbps
-    out = []
-    for model in args.models.split(","):
-        for proj, (n, k, bias) in shapes(model).items():
-            for rows in (int(r) for r in args.rows.split(",")):
-                try:
-                    out.append(bench_shape(model, proj, n, k, bias, rows, gbps))
-                except Exception as e:  # one failing shape does not lose the others
-                    out.append({"model": model, "proj": proj, "rows": rows, "error": repr(e)})
-                print(json.dumps(out[-1]), flush=True)
-    dest = Path(os.environ.get("OUT", "bench/results/gpu_decode")) / "gpu_skinny_gemm.json"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "command": "python bench/gpu_skinny_gemm.py " + " ".join(sys.argv[1:]),
-    }
-    dest.write_text(json.dumps({**meta, "rows": out}, indent=1))
+    out = sweep(args.models, args.rows, lambda *shape: bench_shape(*shape, gbps))
+    write_rows("gpu_skinny_gemm", out)
     print(f"\n{'model':14} {'proj':8} {'rows':>4} {'cuBLAS us (HBM)':>17} "
           f"{'cuBLASLt':>17} {'Triton':>17} {'rel err':>8}")  # fmt: skip
     for e in out:

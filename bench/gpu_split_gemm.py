@@ -16,16 +16,11 @@ Prints a table last; JSON to $OUT/gpu_split_gemm.json (else bench/results/gpu_de
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
-from datetime import UTC, datetime
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from cuda_timing import graph_ms  # bench/ is on sys.path as the script's folder
-from gpu_skinny_gemm import shapes
+from gpu_skinny_gemm import sweep, write_rows
 
 from rollplex.backends.torch.engine.skinny import skinny_linear, skinny_partials, split_linear
 from rollplex.specs import HARDWARE_PRESETS
@@ -83,26 +78,9 @@ def main() -> None:
     args = p.parse_args()
     gbps = HARDWARE_PRESETS["h200"].hbm_bandwidth_gbps
     splits = [int(s) for s in args.splits.split(",")]
-    out = []
-    for model in args.models.split(","):
-        for proj, (n, k, bias) in shapes(model).items():
-            if proj not in args.projections.split(","):
-                continue
-            for rows in (int(r) for r in args.rows.split(",")):
-                try:
-                    out.append(bench_shape(model, proj, n, k, bias, rows, splits, gbps))
-                except Exception as e:  # one failing shape does not lose the others
-                    out.append({"model": model, "proj": proj, "rows": rows, "error": repr(e)})
-                print(json.dumps(out[-1]), flush=True)
-    dest = Path(os.environ.get("OUT", "bench/results/gpu_decode")) / "gpu_split_gemm.json"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "command": "python bench/gpu_split_gemm.py " + " ".join(sys.argv[1:]),
-    }
-    dest.write_text(json.dumps({**meta, "rows": out}, indent=1))
+    bench = lambda *shape: bench_shape(*shape, splits, gbps)  # noqa: E731
+    out = sweep(args.models, args.rows, bench, args.projections)
+    write_rows("gpu_split_gemm", out)
     keys = ["cublas", "skinny", *(f"partials{s}" for s in splits)]
     print(f"\n{'model':14} {'proj':5} {'rows':>4} " + " ".join(f"{k:>14}" for k in keys)
           + f" {'split+sum':>10}")  # fmt: skip
