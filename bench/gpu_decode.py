@@ -174,7 +174,6 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
 VARIANTS = {
     "cublas": {"skinny_gemm": False},  # cuBLAS for every projection, as before skinny.py
     "split_gemm": {"split_gemm": True},  # o and down on split partials (off by default)
-    "no_split_gemm": {"split_gemm": False},  # named so in split_gemm.md call 1 (then the default)
     "autotune": {"compile": "max-autotune-no-cudagraphs"},  # Triton GEMMs vs cuBLAS per bucket
     "default_again": {},  # the default engine measured once more, last: an order check
     "unfused": {"fused_qkv": False},  # three q/k/v GEMMs a layer, as before the stacked copy

@@ -54,11 +54,14 @@ def test_bf16_split_partials_within_cublas_rounding(rows, n, k, splits):
     assert _err(got, want) <= 2 * _err(F.linear(x, w, b), want) + 1e-3
 
 
+FORWARD_ATTR = {"skinny_gemm": "skinny", "split_gemm": "split_gemm"}  # knob -> DecodeStep's
+
+
 def _decode(model, prefix, on: bool, temperature: float, knob: str = "skinny_gemm"):
     torch.use_deterministic_algorithms(False)
-    other = "split_gemm" if knob == "skinny_gemm" else "skinny_gemm"
-    engine = DecodeEngine(model, **{knob: on, other: False}, kv_chunk=16)
-    assert getattr(engine.forward, "skinny" if knob == "skinny_gemm" else knob) is on
+    knobs = {**dict.fromkeys(FORWARD_ATTR, False), knob: on}  # only `knob` differs
+    engine = DecodeEngine(model, **knobs, kv_chunk=16)
+    assert getattr(engine.forward, FORWARD_ATTR[knob]) is on
     s = engine.start(prefix, 4, 24, temperature, 1.0, torch.Generator("cuda").manual_seed(3), -1)
     s.advance()
     return s.result()

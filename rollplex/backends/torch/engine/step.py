@@ -104,14 +104,12 @@ class DecodeStep:
         def narrow(x: torch.Tensor) -> bool:
             return split_gemm and x.shape[0] * x.shape[1] <= SPLIT_MAX_ROWS
 
-        splits = SPLITS
-
         def settle(h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
             """The last layer's MLP residual added to `h`. Split, it comes as the down
-            projection's float32 partials [splits, B, G, H], summed here, inside the norm's
-            kernel (`splits` is a constant, so the adds are unrolled)."""
+            projection's float32 partials [SPLITS, B, G, H], summed here, inside the norm's
+            kernel (SPLITS is a constant, so the adds are unrolled)."""
             if delta.dim() == 4:
-                delta = sum_partials(delta.view(splits, *h.shape)).to(h.dtype)
+                delta = sum_partials(delta.view(SPLITS, *h.shape)).to(h.dtype)
             return h + delta
 
         def before(layer, h, delta, cos, sin, weight=None, bias=None):
@@ -135,7 +133,7 @@ class DecodeStep:
             """(the residual stream after attention, the MLP's output): the next piece adds
             them in its norm's kernel (before, or last), one launch a layer fewer."""
             o = layer.self_attn.o_proj
-            h = h + (split_linear(out, o.weight, o.bias, splits) if narrow(out) else o(out))
+            h = h + (split_linear(out, o.weight, o.bias, SPLITS) if narrow(out) else o(out))
             x = layer.post_attention_layernorm(h)
             mlp = layer.mlp
             fused_act, split = silu and few(x), narrow(x) and mlp.down_proj.bias is None
@@ -146,7 +144,7 @@ class DecodeStep:
             else:
                 act = mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x)  # as Qwen2MLP.forward
             if split:  # summed in the next piece's norm (settle)
-                return h, skinny_partials(act, mlp.down_proj.weight, splits).view(-1, *h.shape)
+                return h, skinny_partials(act, mlp.down_proj.weight, SPLITS).view(-1, *h.shape)
             return h, mlp.down_proj(act)
 
         def last(norm, h, delta):
