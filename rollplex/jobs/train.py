@@ -97,7 +97,8 @@ def check_spec(spec: RunSpec) -> None:
 
 def _check_triton_knobs(engine: TorchEngineSpec, device: str) -> None:
     """The decode engine's Triton knobs asked for where their kernels cannot run: refused
-    by name before any model loads (left unset, each is on where it runs)."""
+    by name before any model loads (at their defaults skinny_gemm and split_kernel are on
+    where they run, split_gemm is off)."""
     knobs = {
         "skinny_gemm": engine.skinny_gemm,
         "split_kernel": engine.split_kernel,
@@ -114,7 +115,7 @@ def _check_triton_knobs(engine: TorchEngineSpec, device: str) -> None:
     name = next(k for k, on in knobs.items() if on)
     raise ValueError(
         f"backend.torch_engine.{name}=true with train.device={device}: its Triton kernels "
-        "need CUDA and Triton; leave it unset (on where they run)"
+        "need CUDA and Triton; leave it at its default"
     )
 
 
