@@ -4,7 +4,7 @@
 #   KERNELS: the kernels alone against cuBLAS over L2-defeating weight copies
 #   ENGINE:  the engine (o and down on cuBLAS) against it with them, side
 #            by side, 7B and 3B shapes at the rows they run at, kernels profiled at 8 rows
-#   TESTS:   their CUDA tests (test_skinny_cuda.py)
+#   TESTS:   their CUDA tests (test_skinny_cuda.py; TESTS_S seconds, default 200)
 #   OUT=... bash bench/gpu_split_gemm.sh
 set -uo pipefail
 TMP=${TMP:-/tmp} OUT=${OUT:-bench/results/gpu_decode}
@@ -22,6 +22,6 @@ if [ "${ENGINE:-1}" != 0 ]; then
     | quiet 10 | tee "$OUT/gpu_decode_split_gemm.log"
 fi
 if [ "${TESTS:-1}" != 0 ]; then
-  timeout 200 $PY -m pytest -q -p no:cacheprovider -rs tests/backends/torch/test_skinny_cuda.py \
+  timeout ${TESTS_S:-200} $PY -m pytest -q -p no:cacheprovider -rs tests/backends/torch/test_skinny_cuda.py \
     2>&1 | quiet 8 | tee "$OUT/gpu_split_gemm_tests.log"
 fi
