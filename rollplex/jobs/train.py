@@ -106,11 +106,9 @@ def _check_triton_knobs(engine: TorchEngineSpec, device: str) -> None:
     }
     if not any(knobs.values()):
         return
-    import torch
+    from rollplex.backends.torch.triton_support import usable
 
-    from rollplex.backends.torch.engine.triton_support import usable
-
-    if usable(torch.device(device)):
+    if usable(device.split(":")[0]):
         return
     name = next(k for k, on in knobs.items() if on)
     raise ValueError(

@@ -28,9 +28,9 @@ from rollplex.backends.torch.engine.cache import Attention, round_up
 from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows, ride_alone
 from rollplex.backends.torch.engine.sampling import row_seeds
 from rollplex.backends.torch.engine.step import DecodeStep
-from rollplex.backends.torch.engine.triton_support import resolve
 from rollplex.backends.torch.engine.workspace import Shape, Workspace
 from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv
+from rollplex.backends.torch.triton_support import resolve
 from rollplex.ops.formulas.engines import (
     ENGINE_PREFIX_ALIGN,
     ENGINE_ROW_BUCKETS,
@@ -108,12 +108,12 @@ class DecodeEngine:
         self.attention: Literal["auto"] | Attention = attention
         # compiled layer pieces (step.py) on CUDA; CPU runs transformers' modules eagerly
         compiled = self.device.type == "cuda" if compile is None else compile
-        skinny_gemm = resolve(skinny_gemm, "skinny_gemm", self.device)
-        split_kernel = resolve(split_kernel, "split_kernel", self.device)
+        skinny_gemm = resolve(skinny_gemm, "skinny_gemm", self.device.type)
+        split_kernel = resolve(split_kernel, "split_kernel", self.device.type)
         # the kernels' own K/V write measured faster at every size (gpu_decode/fusion.md)
         kernel_writes_kv = split_kernel if kernel_writes_kv is None else kernel_writes_kv
         # off unless asked: not yet measured faster in the engine (gpu_decode/split_gemm.md)
-        split_gemm = bool(split_gemm) and resolve(True, "split_gemm", self.device)
+        split_gemm = bool(split_gemm) and resolve(True, "split_gemm", self.device.type)
         self.forward = DecodeStep(
             model,
             compiled,
