@@ -73,18 +73,17 @@ def check_write(
 
 def check_engine() -> None:
     """A split decode on the kernels equals one on torch's matmuls (tokens, lengths,
-    logprobs; greedy and sampled), prompts of unequal prefix length and a bucket's padding
-    prompts included."""
-    for temperature, seed in ((0.0, 0), (1.0, 4)):
-        decodes_agree(
-            "split_kernel", "split_kernel", temperature, seed, atol=1e-5,
-            attention="split", buckets=(16,),
-        )  # fmt: skip
-        # the kernels writing the step's K/V against the cache's two index copies
-        decodes_agree(
-            "kernel_writes_kv", "kernel_writes_kv", temperature, seed, atol=1e-6,
-            attention="split", buckets=(16,), split_kernel=True,
-        )  # fmt: skip
+    logprobs), prompts of unequal prefix length and a bucket's padding prompts included.
+    One sampled and one greedy decode: the kernels see the same inputs either way, and
+    each decode costs ~18 s under the interpreter."""
+    decodes_agree(
+        "split_kernel", "split_kernel", 1.0, 4, atol=1e-5, attention="split", buckets=(16,)
+    )
+    # the kernels writing the step's K/V against the cache's two index copies
+    decodes_agree(
+        "kernel_writes_kv", "kernel_writes_kv", 0.0, 0, atol=1e-6,
+        attention="split", buckets=(16,), split_kernel=True,
+    )  # fmt: skip
 
 
 def check_ride() -> None:
