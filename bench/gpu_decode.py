@@ -173,7 +173,8 @@ def bench_model(name: str, args, dev: torch.device, deadline: float) -> list[dic
 # Engines compared side by side with the default one (SDPA, compiled layers).
 VARIANTS = {
     "cublas": {"skinny_gemm": False},  # cuBLAS for every projection, as before skinny.py
-    "split_gemm": {"split_gemm": True},  # o and down on split partials (off by default)
+    "split_gemm": {"split_gemm": True},  # o and down on split partials (the default on CUDA)
+    "no_split_gemm": {"split_gemm": False},  # o and down on cuBLAS, as before stop 26
     "autotune": {"compile": "max-autotune-no-cudagraphs"},  # Triton GEMMs vs cuBLAS per bucket
     "default_again": {},  # the default engine measured once more, last: an order check
     "unfused": {"fused_qkv": False},  # three q/k/v GEMMs a layer, as before the stacked copy
