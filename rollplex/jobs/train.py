@@ -97,8 +97,7 @@ def check_spec(spec: RunSpec) -> None:
 
 def _check_triton_knobs(engine: TorchEngineSpec, device: str) -> None:
     """The decode engine's Triton knobs asked for where their kernels cannot run: refused
-    by name before any model loads (at their defaults skinny_gemm and split_kernel are on
-    where they run, split_gemm is off)."""
+    by name before any model loads (at their defaults all three are on where they run)."""
     knobs = {
         "skinny_gemm": engine.skinny_gemm,
         "split_kernel": engine.split_kernel,

@@ -37,14 +37,15 @@ class TorchEngineSpec(Spec):
         "bench/results/gpu_decode/skinny.md). None: on CUDA when Triton is installed; true "
         "elsewhere is refused when the engine starts.",
     )
-    split_gemm: bool = Field(
-        False,
-        description="In decode steps of at most 32 rows, run the o and down projections on "
+    split_gemm: bool | None = Field(
+        None,
+        description="In decode steps of at most 8 rows, run the o and down projections on "
         "a Triton kernel that splits each one's reduction into float32 partial sums, which "
         "the next fused norm kernel adds up "
         "(backends/torch/engine/skinny.py; measured in bench/results/gpu_decode/"
-        "split_gemm.md: faster alone than cuBLAS, not yet faster in the engine, so off by "
-        "default). True without CUDA and Triton is refused when the engine starts.",
+        "split_gemm.md: 1.03-1.05x the step at 8 rows of the 7B and 3B shapes, level or "
+        "slower at 16). None: "
+        "on CUDA when Triton is installed; true elsewhere is refused when the engine starts.",
     )
     split_kernel: bool | None = Field(
         None,

@@ -63,8 +63,8 @@ class DecodeEngine:
     on CUDA with Triton) runs steps of few rows on skinny.py's weight-streaming GEMMs;
     `split_kernel` (default: likewise) attends under "split" on split_kernel.py's kernels;
     `kernel_writes_kv` (default: as `split_kernel`) has them write the step's K/V too
-    (step.py); `split_gemm` (default: off) runs the o and down projections of steps of at
-    most 32 rows on skinny.py's split-reduction partials.
+    (step.py); `split_gemm` (default: likewise) runs the o and down projections of steps of
+    at most 8 rows on skinny.py's split-reduction partials.
     `keep_workspace` (default: when graphs are used) keeps the buffers and graphs after a
     session finishes, for the next session of the same shape; otherwise they are freed with
     the finished session, as the eager loop's cache was."""
@@ -112,8 +112,8 @@ class DecodeEngine:
         split_kernel = resolve(split_kernel, "split_kernel", self.device.type)
         # the kernels' own K/V write measured faster at every size (gpu_decode/fusion.md)
         kernel_writes_kv = split_kernel if kernel_writes_kv is None else kernel_writes_kv
-        # off unless asked: not yet measured faster in the engine (gpu_decode/split_gemm.md)
-        split_gemm = bool(split_gemm) and resolve(True, "split_gemm", self.device.type)
+        # never slower in the engine once its adds fused into the norm (gpu_decode/split_gemm.md)
+        split_gemm = resolve(split_gemm, "split_gemm", self.device.type)
         self.forward = DecodeStep(
             model,
             compiled,

@@ -33,9 +33,10 @@ if triton is not None:
     import triton.language as tl
 
 MAX_ROWS = 32  # at 64 rows cuBLAS draws level (skinny.md)
-# split partials for the o and down projections: the best of 2 / 4 / 8 slices at 8-32 rows
-# of the 7B and 3B shapes; at 64 rows cuBLAS draws level on o (split_gemm.md)
-SPLIT_MAX_ROWS, SPLITS = 32, 4
+# split partials for the o and down projections: 4 slices were the best of 2 / 4 / 8 alone at
+# 8-32 rows of the 7B and 3B shapes; in the engine they won at 8 rows in three side-by-side
+# runs (1.03-1.05x the step) and drew level or lost at 16 (split_gemm.md), hence 8
+SPLIT_MAX_ROWS, SPLITS = 8, 4
 
 
 def _row_tile(rows: int) -> int:
