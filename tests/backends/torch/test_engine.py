@@ -124,6 +124,24 @@ def test_segments_resume_to_the_same_tokens(model, prefix):
     assert light.workspace is None
 
 
+def test_an_unfinished_session_holds_the_buffers_only_while_it_lives(model, prefix):
+    engine = DecodeEngine(model, keep_workspace=True)
+    first = engine.start(prefix, G, R, 0.0, 1.0, None, -1)
+    first.advance(1)
+    cached = first.ws
+    # In flight: the next decode gets buffers of its own, the first's stay intact.
+    second = engine.start(prefix, G, R, 0.0, 1.0, None, -1)
+    assert second.ws is not cached and engine.workspace is cached
+    assert not first.finished and first.steps_left == R - 2
+    # Dropped unfinished (as a profiler pass leaves one): the cached buffers are free again.
+    del first
+    third = engine.start(prefix, G, R, 0.0, 1.0, None, -1)
+    assert third.ws is cached
+    third.advance()
+    second.advance()
+    assert torch.equal(third.result()[0], second.result()[0])
+
+
 def test_prefix_kv_is_stored_per_prompt(model, prefix, spec):
     g = 8
     engine = DecodeEngine(model, buckets=(2 * g,))

@@ -18,6 +18,7 @@ captured again whenever the model's weights are no longer the tensors they read.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Literal
 
@@ -219,8 +220,14 @@ class DecodeEngine:
         if self.forward.fused is not None:
             weights += self.forward.fused.addresses()  # graphs read the stacked copy
         ws = self.workspace
-        if ws is not None and ws.owner is not None and not ws.owner.finished:
-            # a session still in flight holds the cached buffers: this one gets its own
+        if ws is not None and ws.in_use():
+            # a session still in flight holds the cached buffers: this one gets its own,
+            # and captures its own graphs as it goes (said, since that is slower)
+            log.info(
+                "decode at %d rows: another session is still decoding in the engine's cached "
+                "buffers; this one allocates its own and captures its own graphs",
+                shape.rows,
+            )
             fresh = Workspace(self.model, shape, self.device)
             fresh.weights = weights
             return fresh
@@ -308,7 +315,7 @@ class EngineSession:
 
     def __init__(self, engine: DecodeEngine, ws: Workspace, rows: int) -> None:
         self.engine, self.ws, self.rows = engine, ws, rows
-        ws.owner = self
+        ws.owner = weakref.ref(self)
         self.t = 1  # tokens drawn per row so far (token 0 came from the prefix logits)
         self.finished = False
         self._check_done()

@@ -35,7 +35,8 @@ if triton is not None:
 MAX_ROWS = 32  # at 64 rows cuBLAS draws level (skinny.md)
 # split partials for the o and down projections: 4 slices were the best of 2 / 4 / 8 alone at
 # 8-32 rows of the 7B and 3B shapes; in the engine they won at 8 rows in three side-by-side
-# runs (1.03-1.05x the step) and drew level or lost at 16 (split_gemm.md), hence 8
+# runs (1.03-1.05x the step); the 16-32-row runs were void (a bench fault, split_gemm.md
+# calls 7-8), so it stays at the 8 rows measured
 SPLIT_MAX_ROWS, SPLITS = 8, 4
 
 

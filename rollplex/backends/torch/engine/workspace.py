@@ -8,6 +8,7 @@ Python.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -71,7 +72,14 @@ class Workspace:
         self.logprobs = torch.zeros((n, r), dtype=torch.float32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.weights: tuple[int, ...] = ()
-        self.owner: Any = None  # the EngineSession decoding in it now
+        # the EngineSession decoding in it now, held weakly: a session dropped unfinished (a
+        # profiler pass, an error mid-decode) must not keep every later one off the buffers
+        self.owner: weakref.ReferenceType[Any] | None = None
+
+    def in_use(self) -> bool:
+        """Whether a live, unfinished session is decoding in these buffers."""
+        owner = None if self.owner is None else self.owner()
+        return owner is not None and not owner.finished
 
     def tensors(self) -> list[torch.Tensor]:
         mine = [self.token, self.position, self.step, self.seeds, self.done, self.lengths]
