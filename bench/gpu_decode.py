@@ -32,6 +32,7 @@ import torch
 from gpu_sampler_check import one_scan_draw  # bench/ is on sys.path as the script's folder
 
 from rollplex.backends.torch.decode import DecodeSession
+from rollplex.backends.torch.engine import step as step_module
 from rollplex.backends.torch.engine.roofline import (
     kv_bytes_per_token,
     kv_token_reads,
@@ -365,6 +366,12 @@ def main() -> None:
     ap.add_argument("--eager-steps", type=int, default=16)
     ap.add_argument("--check-steps", type=int, default=32, help="greedy agreement steps")
     ap.add_argument("--budget-s", type=float, default=200.0, help="skip configs after this")
+    ap.add_argument(
+        "--split-max-rows",
+        type=int,
+        default=None,
+        help="split_gemm's row threshold for every engine here (skinny.SPLIT_MAX_ROWS)",
+    )
     ap.add_argument("--hardware", default="h200")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", type=Path, default=None)
@@ -373,6 +380,8 @@ def main() -> None:
     args.compare = [a for a in args.compare.split(",") if a]
     args.profile = [int(x) for x in args.profile.split(",") if x]
     dev = torch.device(args.device)
+    if args.split_max_rows is not None:  # read by the layer code when it compiles
+        step_module.SPLIT_MAX_ROWS = args.split_max_rows
     # Every engine variant and model in this one process compiles the same layer functions
     # (their guards differ: module shapes, fused or not, one prompt or many); a run with
     # one engine compiles them 2-3 times, well inside dynamo's default limit of 8.

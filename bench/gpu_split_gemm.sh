@@ -5,6 +5,7 @@
 #   ENGINE:  the default engine (split_gemm on) against it with o and down on cuBLAS
 #            (no_split_gemm; COMPARE= another variant, or empty for none), side by side, 7B and 3B shapes at
 #            the rows they run at (ROWS), kernels profiled at 8 rows
+#            (SPLIT_MAX_ROWS=n: split_gemm up to n rows in every engine of the run)
 #   TESTS:   their CUDA tests (test_skinny_cuda.py; TESTS_S seconds, default 200)
 #   OUT=... bash bench/gpu_split_gemm.sh
 set -uo pipefail
@@ -19,7 +20,7 @@ fi
 if [ "${ENGINE:-1}" != 0 ]; then
   timeout ${ENGINE_S:-300} $PY bench/gpu_decode.py --models ${MODELS:-qwen2_5_vl_7b,qwen2_5_vl_3b} \
     --batches ${ROWS:-8,32} --repeats 2 --budget-s $(( ${ENGINE_S:-300} - 40 )) --eager-max-batch 0 \
-    --compare "${COMPARE-no_split_gemm}" --profile ${PROFILE-8} --out "$OUT/gpu_decode_split_gemm.json" 2>&1 \
+    --compare "${COMPARE-no_split_gemm}" --profile "${PROFILE-8}" ${SPLIT_MAX_ROWS:+--split-max-rows $SPLIT_MAX_ROWS} --out "$OUT/gpu_decode_split_gemm.json" 2>&1 \
     | quiet 10 | tee "$OUT/gpu_decode_split_gemm.log"
 fi
 if [ "${TESTS:-1}" != 0 ]; then

@@ -39,12 +39,11 @@ class TorchEngineSpec(Spec):
     )
     split_gemm: bool | None = Field(
         None,
-        description="In decode steps of at most 8 rows, run the o and down projections on "
+        description="In decode steps of at most 64 rows, run the o and down projections on "
         "a Triton kernel that splits each one's reduction into float32 partial sums, which "
         "the next fused norm kernel adds up "
         "(backends/torch/engine/skinny.py; measured in bench/results/gpu_decode/"
-        "split_gemm.md: 1.03-1.05x the step at 8 rows of the 7B and 3B shapes, level or "
-        "slower at 16). None: "
+        "split_gemm.md: 1.01-1.05x the step at 8-64 rows of the 7B and 3B shapes). None: "
         "on CUDA when Triton is installed; true elsewhere is refused when the engine starts.",
     )
     split_kernel: bool | None = Field(

@@ -61,7 +61,7 @@ def check_engine() -> None:
     for name in ("skinny_partials", "split_linear"):  # count what ran: down, o
         real = getattr(step, name)
         setattr(step, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
-    # 2 prompts x G = 3 in a 6-row bucket: within SPLIT_MAX_ROWS (the default 8 pads to 9)
+    # 2 prompts x G = 3 in a 6-row bucket: the default bucket 8 would pad them to 9 rows
     decodes_agree("split_gemm", "split_gemm", 1.0, 4, atol=1e-4, buckets=(6,))
     layers = 2 * len(tiny_prefix()[0].model.language_model.layers)  # one per layer per step
     assert calls.count("split_linear") >= layers and calls.count("skinny_partials") >= layers

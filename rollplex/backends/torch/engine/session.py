@@ -65,7 +65,7 @@ class DecodeEngine:
     `split_kernel` (default: likewise) attends under "split" on split_kernel.py's kernels;
     `kernel_writes_kv` (default: as `split_kernel`) has them write the step's K/V too
     (step.py); `split_gemm` (default: likewise) runs the o and down projections of steps of
-    at most 8 rows on skinny.py's split-reduction partials.
+    at most 64 rows on skinny.py's split-reduction partials.
     `keep_workspace` (default: when graphs are used) keeps the buffers and graphs after a
     session finishes, for the next session of the same shape; otherwise they are freed with
     the finished session, as the eager loop's cache was."""

@@ -34,10 +34,10 @@ if triton is not None:
 
 MAX_ROWS = 32  # at 64 rows cuBLAS draws level (skinny.md)
 # split partials for the o and down projections: 4 slices were the best of 2 / 4 / 8 alone at
-# 8-32 rows of the 7B and 3B shapes; in the engine they won at 8 rows in three side-by-side
-# runs (1.03-1.05x the step); the 16-32-row runs were void (a bench fault, split_gemm.md
-# calls 7-8), so it stays at the 8 rows measured
-SPLIT_MAX_ROWS, SPLITS = 8, 4
+# 8-32 rows of the 7B and 3B shapes; in the engine, side by side with o and down on cuBLAS,
+# they won at every row bucket measured up to 64 (split_gemm.md: 7B 1.05x at 8 and 16, 1.03x
+# at 32, 1.01x at 64; 3B 1.02-1.04x); 128 rows and more are compute-bound, left to cuBLAS
+SPLIT_MAX_ROWS, SPLITS = 64, 4
 
 
 def _row_tile(rows: int) -> int:
