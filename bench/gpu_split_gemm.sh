@@ -3,9 +3,9 @@
 # (nvidia-h200, carry .whl; ~8 min). Steps, each skipped with its variable set to 0:
 #   KERNELS: the kernels alone against cuBLAS over L2-defeating weight copies
 #   ENGINE:  the default engine (split_gemm on) against it with o and down on cuBLAS
-#            (no_split_gemm; COMPARE= another variant, or empty for none), side by side, 7B and 3B shapes at
-#            the rows they run at (ROWS), kernels profiled at 8 rows
-#            (SPLIT_MAX_ROWS=n: split_gemm up to n rows in every engine of the run)
+#            (no_split_gemm; COMPARE= other variants, empty for none), side by side, 7B
+#            and 3B shapes (MODELS) at ROWS rows, kernels profiled at PROFILE rows (8;
+#            empty for none); SPLIT_MAX_ROWS=n: split_gemm up to n rows in every engine
 #   TESTS:   their CUDA tests (test_skinny_cuda.py; TESTS_S seconds, default 200)
 #   OUT=... bash bench/gpu_split_gemm.sh
 set -uo pipefail

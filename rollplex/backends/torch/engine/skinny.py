@@ -13,10 +13,12 @@ Measured one at a time against cuBLAS on an H200 (bench/results/gpu_decode/skinn
 win where the weight is wide: gate + up at 8-32 rows (7B: 84% of HBM bandwidth against
 cuBLAS's two GEMMs and fused SiLU at 73%) and the LM head (92% against 87%); cuBLAS wins
 on the narrow q/k/v, o and down projections, so the engine uses only those two (step.py),
-up to MAX_ROWS rows.
+up to MAX_ROWS rows. For o and down, `skinny_partials` splits the reduction as well, for
+more programs than output slabs alone give; the engine runs them on it up to
+SPLIT_MAX_ROWS rows (`split_gemm`, bench/results/gpu_decode/split_gemm.md).
 
-Both are torch custom ops, so a compiled decode layer calls them as opaque kernels, and
-both tune their tile per (rows tile, N, K) on first use: the engine's eager warm-up before
+All three are torch custom ops, so a compiled decode layer calls them as opaque kernels, and
+each tunes its tile per (rows tile, N, K) on first use: the engine's eager warm-up before
 each graph capture runs that tuning, never the capture."""
 
 from __future__ import annotations
