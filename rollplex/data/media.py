@@ -45,11 +45,10 @@ def _ref(value: Any, base: Path, where: str) -> Path | bytes | Image.Image:
     raise DataError(f"{where}: expected an image path, bytes or {{'bytes': …}}, got {value!r:.80}")
 
 
-def check_image(value: Any, base: Path, where: str) -> None:
-    """Cheap eager check: a path exists (bytes are checked when decoded)."""
-    ref = _ref(value, base, where)
-    if isinstance(ref, Path) and not ref.is_file():
-        raise DataError(f"{where}: image file {ref} does not exist")
+def check_image(value: Any, base: Path, where: str) -> tuple[int, int]:
+    """Decode the image once, as a batch will: a corrupt or missing file stops the run
+    before the first step, naming its row. Returns its (width, height) for sizing."""
+    return load_image(value, base, where).size
 
 
 def load_image(value: Any, base: Path, where: str) -> Image.Image:
@@ -71,13 +70,18 @@ def uniform_indices(total: int, frames: int) -> list[int]:
     return [int(i) for i in np.linspace(0, total - 1, frames).round()]
 
 
-def check_video(value: Any, base: Path, where: str) -> None:
+def check_video(value: Any, base: Path, where: str) -> tuple[int, tuple[int, int]]:
+    """Decode every frame once (as `check_image`); returns (frame count, (width, height))."""
     items = _video_items(value, where)
     if isinstance(items, list):
-        for i, item in enumerate(items):
-            check_image(item, base, f"{where} frame {i}")
-    elif not (base / items).is_file():
-        raise DataError(f"{where}: video file {base / items} does not exist")
+        sizes = {check_image(item, base, f"{where} frame {i}") for i, item in enumerate(items)}
+        decoded = len(items)
+    else:
+        frames = _decode_file(base / items, where)
+        sizes, decoded = {f.size for f in frames}, len(frames)
+    if len(sizes) > 1:
+        raise DataError(f"{where}: video frames differ in size {sorted(sizes)}")
+    return decoded, next(iter(sizes))
 
 
 def load_video(value: Any, base: Path, frames: int, where: str) -> tuple[Image.Image, ...]:
@@ -86,7 +90,11 @@ def load_video(value: Any, base: Path, frames: int, where: str) -> tuple[Image.I
     if isinstance(items, list):
         picked = uniform_indices(len(items), frames)
         return tuple(load_image(items[i], base, f"{where} frame {i}") for i in picked)
-    path = base / items
+    decoded = _decode_file(base / items, where)
+    return tuple(decoded[i] for i in uniform_indices(len(decoded), frames))
+
+
+def _decode_file(path: Path, where: str) -> list[Image.Image]:
     if not path.is_file():
         raise DataError(f"{where}: video file {path} does not exist")
     decoded = _decode_pil(path) if path.suffix.lower() in PIL_VIDEO_SUFFIXES else None
@@ -94,7 +102,7 @@ def load_video(value: Any, base: Path, frames: int, where: str) -> tuple[Image.I
         decoded = _decode_av(path, where)
     if not decoded:
         raise DataError(f"{where}: video file {path} has no frames")
-    return tuple(decoded[i] for i in uniform_indices(len(decoded), frames))
+    return decoded
 
 
 def _video_items(value: Any, where: str) -> list[Any] | str:

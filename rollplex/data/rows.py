@@ -2,24 +2,26 @@
 
 A row has a question (`prompt_key`, with "<image>"/"<video>" placeholders or none), an
 answer (`answer_key`), and optionally images (`image_key`) and one video (`video_key`).
-Everything checkable without decoding is checked when the source is built (columns,
-answers, placeholder counts, that image and frame files exist), so a bad row stops the
-run before any model loads; pixels are decoded when a batch asks for the row.
+Every row is checked when the source is built: columns, answers, placeholder counts, and
+every image and frame decoded once (sizes kept for sizing the plan), so a bad row stops
+the run before any model loads; pixels are decoded again when a batch asks for the row.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from rollplex.data.media import as_list, check_image, check_video, load_image, load_video
 from rollplex.data.order import IndexedSource
-from rollplex.data.sample import DataError, Sample
+from rollplex.data.sample import DataError, RowMedia, Sample
 from rollplex.specs.data import DataSpec
 
 IMAGE, VIDEO = "<image>", "<video>"
+log = logging.getLogger(__name__)
 
 
 class RowSource(IndexedSource):
@@ -49,33 +51,54 @@ class RowSource(IndexedSource):
             dataset = dataset.select(range(max_rows))
         self.dataset = dataset
         super().__init__(name, split, seed, len(dataset))
+        self.media: list[RowMedia] = []
         self._check_rows()
+        self._say_resampled_videos()
 
     def _where(self, i: int, key: str) -> str:
         return f"{self.label} row {i} field '{key}'"
 
     def _check_rows(self) -> None:
+        from tqdm.auto import tqdm
+
         keys = [self.spec.prompt_key, self.spec.answer_key, self.image_key, self.video_key]
         cols = self.dataset.select_columns([k for k in keys if k])
-        checked: set[str] = set()  # datasets repeat images across questions (easy-vqa: ~10x)
+        seen: dict[str, tuple[int, int]] = {}  # rows repeat images (easy-vqa: ~10x)
+        bar = tqdm(
+            total=len(cols),
+            desc=f"checking {self.label}",
+            unit="row",
+            leave=False,
+            delay=2.0,  # only a slow pass shows a bar
+        )
         for start in range(0, len(cols), 1024):
             chunk = cols[start : start + 1024]
             for j in range(len(chunk[self.spec.prompt_key])):
-                self._check_row(start + j, {k: chunk[k][j] for k in chunk}, checked)
+                row = {k: chunk[k][j] for k in chunk}
+                self.media.append(self._check_row(start + j, row, seen))
+            bar.update(len(chunk[self.spec.prompt_key]))
+        bar.close()
 
-    def _check_row(self, i: int, row: dict[str, Any], checked: set[str]) -> None:
+    def _check_row(self, i: int, row: dict[str, Any], seen: dict[str, tuple[int, int]]) -> RowMedia:
         pk, ak = self.spec.prompt_key, self.spec.answer_key
         if not isinstance(row[pk], str):
             raise DataError(f"{self._where(i, pk)}: expected text, got {row[pk]!r:.80}")
         if row[ak] is None or (isinstance(row[ak], str) and not row[ak].strip()):
             raise DataError(f"{self._where(i, ak)}: the answer is missing")
+        if isinstance(row[ak], bool) or not isinstance(row[ak], str | int | float):
+            raise DataError(
+                f"{self._where(i, ak)}: an answer is a string or a number, got "
+                f"{type(row[ak]).__name__} {row[ak]!r:.80}"
+            )
         images = as_list(row[self.image_key]) if self.image_key else []
+        sizes = []
         for item in images:
-            if isinstance(item, str) and item in checked:
-                continue
-            check_image(item, self.base, self._where(i, self.image_key))
-            if isinstance(item, str):
-                checked.add(item)
+            size = seen.get(item) if isinstance(item, str) else None
+            if size is None:
+                size = check_image(item, self.base, self._where(i, self.image_key))
+                if isinstance(item, str):
+                    seen[item] = size
+            sizes.append(size)
         n_ph = row[pk].count(IMAGE)
         if n_ph and n_ph != len(images):
             raise DataError(
@@ -83,12 +106,47 @@ class RowSource(IndexedSource):
                 f"image(s) in '{self.image_key or self.spec.image_key}'"
             )
         video = row[self.video_key] if self.video_key else None
+        frames, frame_size = 0, None
         if video is not None and as_list(video):
-            check_video(video, self.base, self._where(i, self.video_key))
+            frames, frame_size = check_video(video, self.base, self._where(i, self.video_key))
         elif VIDEO in row[pk]:
             raise DataError(f"{self._where(i, pk)}: {VIDEO} placeholder but the row has no video")
         if row[pk].count(VIDEO) > 1:
             raise DataError(f"{self._where(i, pk)}: one {VIDEO} placeholder at most")
+        if sizes and frames:
+            raise DataError(f"{self._where(i, pk)}: has images and a video; a prompt holds one")
+        return RowMedia(tuple(sizes), frames, frame_size)
+
+    def _say_resampled_videos(self) -> None:
+        """Videos are sampled uniformly to `frames` (as qwen-vl-utils does); say so, never
+        silently: how many differ, by how much, and the first row that does."""
+        other = [
+            (i, m.video_frames)
+            for i, m in enumerate(self.media)
+            if m.video_frames and m.video_frames != self.frames
+        ]
+        if not other:
+            return
+        counts = [n for _, n in other]
+        log.warning(
+            "%s: %d of %d videos have other than workload.frames=%d frames (%d to %d; first: "
+            "row %d with %d): each is sampled uniformly to %d frames%s",
+            self.label,
+            len(other),
+            sum(m.video_frames > 0 for m in self.media),
+            self.frames,
+            min(counts),
+            max(counts),
+            other[0][0],
+            other[0][1],
+            self.frames,
+            ", repeating frames where it has fewer" if min(counts) < self.frames else "",
+        )
+
+    def prompt_rows(self) -> Iterator[tuple[str, str, RowMedia]]:
+        """(uid, problem, media) of every row, in file order, with no pixels decoded."""
+        for i, problem in enumerate(self.dataset[self.spec.prompt_key]):
+            yield self.uid(i), problem, self.media[i]
 
     def row(self, index: int) -> Sample:
         row = self.dataset[index]
@@ -118,12 +176,28 @@ def load_file(path: str, fmt: str) -> Any:
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
     try:
-        return datasets.load_dataset(builder, data_files=str(file), split="train")
+        return datasets.load_dataset(
+            builder, data_files=str(file), split="train", cache_dir=_cache_dir(file)
+        )
     except Exception as err:
         bad = _bad_json_line(file) if fmt == "jsonl" else None
         raise DataError(f"{file}: cannot read as {fmt}{bad or ''}: {_first_line(err)}") from None
     finally:
         quiet.setLevel(level)
+
+
+def _cache_dir(file: Path) -> str:
+    """datasets keys its cache by the file's path, size and mtime, so an edit that keeps
+    both is served stale rows; a folder per content hash cannot be."""
+    import hashlib
+
+    import datasets
+
+    digest = hashlib.sha256()
+    with file.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return str(Path(datasets.config.HF_DATASETS_CACHE) / f"rollplex-{digest.hexdigest()[:24]}")
 
 
 def _bad_json_line(file: Path) -> str | None:

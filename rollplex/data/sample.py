@@ -21,6 +21,15 @@ class Sample:
     video: tuple[Image.Image, ...] | None = None  # RGB frames, sampled to the frame count
 
 
+@dataclass(slots=True, frozen=True)
+class RowMedia:
+    """A row's visuals as the data pass decoded them: what sizing needs, no pixels."""
+
+    image_sizes: tuple[tuple[int, int], ...] = ()  # (width, height) of each image
+    video_frames: int = 0  # frames in the file or list, before sampling; 0: no video
+    video_size: tuple[int, int] | None = None  # (width, height) of its frames
+
+
 @runtime_checkable
 class PromptSource(Protocol):
     name: str

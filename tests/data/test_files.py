@@ -134,9 +134,10 @@ def test_mp4_needs_pyav_or_decodes(folder: Path) -> None:
     (folder / "clip.mp4").write_bytes(b"not really a video")
     rows = [{"problem": "<video>?", "answer": "a", "videos": ["clip.mp4"]}]
     spec = DataSpec(source="jsonl", path=str(_jsonl(folder / "m.jsonl", rows)))
-    src = build_source(spec, "train", 0, frames=2)  # the file exists: building passes
+    # Every video is decoded once when the source is built: a file that does not decode
+    # (or needs PyAV where it is missing) stops the run there, before any model loads.
     with pytest.raises(DataError, match=r"m\.jsonl row 0 field 'videos'.*clip\.mp4"):
-        src.batch(0, 1)
+        build_source(spec, "train", 0, frames=2)
 
 
 def test_eval_path_is_the_test_split(folder: Path) -> None:
@@ -191,14 +192,64 @@ def test_unreadable_files(folder: Path) -> None:
         build_source(DataSpec(source="jsonl", path=str(folder / "absent.jsonl")), "train", 0)
 
 
-def test_corrupt_image_is_named_when_decoded(folder: Path) -> None:
+def test_corrupt_image_is_named_when_the_source_is_built(folder: Path) -> None:
     (folder / "img" / "broken.png").write_bytes(b"no png here")
-    rows = [{"problem": "p", "answer": "a", "images": "img/broken.png"}]
-    src = build_source(
-        DataSpec(source="jsonl", path=str(_jsonl(folder / "d.jsonl", rows))), "train", 0
-    )
-    with pytest.raises(DataError, match=r"d\.jsonl row 0 field 'images': cannot decode image file"):
-        src.batch(0, 1)
+    rows = [{"problem": "p", "answer": "a", "images": "img/0.png"}] * 17
+    rows.append({"problem": "p", "answer": "a", "images": "img/broken.png"})
+    spec = DataSpec(source="jsonl", path=str(_jsonl(folder / "d.jsonl", rows)))
+    with pytest.raises(
+        DataError, match=r"d\.jsonl row 17 field 'images': cannot decode image file"
+    ):
+        build_source(spec, "train", 0)
+    import datasets  # bytes travel in parquet
+
+    good = _png_bytes(9)
+    images = [[{"bytes": good, "path": None}]] * 17 + [[{"bytes": good[:40], "path": None}]]
+    path = folder / "b.parquet"
+    datasets.Dataset.from_dict(
+        {"problem": ["p"] * 18, "answer": ["a"] * 18, "images": images}
+    ).to_parquet(str(path))
+    with pytest.raises(DataError, match=r"b\.parquet row 17 field 'images': cannot decode image"):
+        build_source(DataSpec(source="parquet", path=str(path)), "train", 0)
+
+
+@pytest.mark.parametrize("answer", [{"a": 1}, ["yes"], True])
+def test_an_answer_that_is_not_a_string_or_number_is_refused(folder: Path, answer) -> None:
+    rows = [{"problem": "p", "answer": "a"}, {"problem": "q", "answer": answer}]
+    path = _jsonl(folder / "d.jsonl", rows)
+    with pytest.raises(DataError, match=r"d\.jsonl row 1 field 'answer': an answer is a string"):
+        build_source(DataSpec(source="jsonl", path=str(path)), "train", 0)
+
+
+def test_an_edit_that_keeps_size_and_mtime_is_read_afresh(folder: Path) -> None:
+    import os
+
+    path = _jsonl(folder / "d.jsonl", [{"problem": "p", "answer": "old"}])
+    spec = DataSpec(source="jsonl", path=str(path))
+    assert build_source(spec, "train", 0).batch(0, 1)[0].answer == "old"
+    stat = path.stat()
+    _jsonl(path, [{"problem": "p", "answer": "new"}])  # same length
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    assert build_source(spec, "train", 0).batch(0, 1)[0].answer == "new"
+
+
+def test_videos_sampled_to_other_frame_counts_are_said(folder: Path, caplog) -> None:
+    frames = [f"img/{i}.png" for i in range(4)]
+    rows = [{"problem": "<video>", "answer": "a", "videos": [frames]}] * 2
+    rows.append({"problem": "<video>", "answer": "a", "videos": [frames[:2]]})
+    spec = DataSpec(source="jsonl", path=str(_jsonl(folder / "v.jsonl", rows)))
+    with caplog.at_level("WARNING", logger="rollplex.data.rows"):
+        build_source(spec, "train", 0, frames=4)
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "1 of 3 videos have other than workload.frames=4" in said
+    assert "row 2 with 2" in said and "repeating frames" in said
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rollplex.data.rows"):
+        build_source(spec, "train", 0, frames=2)
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "2 of 3 videos" in said and "(4 to 4; first: row 0 with 4)" in said
+    assert "repeating" not in said
 
 
 def test_placeholders_must_match_the_media(folder: Path) -> None:

@@ -154,6 +154,9 @@ def _bad_folder(hub_folder: Path, tmp_path: Path, missing: str) -> Path:
         ("no_tokenizer", "tokenizer.json"),
         ("no_processor", "preprocessor_config.json"),
         ("missing_image", r"rows\.jsonl.*row 1.*images"),
+        # Undecodable late in the set: found by the data pass, before any step or checkpoint.
+        ("corrupt_image_at_row_17", r"rows\.jsonl row 17 field 'images': cannot decode"),
+        ("answer_is_a_dict", r"rows\.jsonl row 2 field 'answer': an answer is a string"),
         ("no_answer_column", r"rows\.jsonl.*answer"),
         ("unknown_reward", "nope"),
     ],
@@ -168,6 +171,16 @@ def test_bad_input_exits_2_naming_it_before_any_model_loads(hub_folder, tmp_path
         folder = _bad_folder(hub_folder, tmp_path, "preprocessor_config.json")
     elif case == "missing_image":
         (tmp_path / "data" / "img1.png").unlink()
+    elif case == "corrupt_image_at_row_17":
+        rows = [json.loads(line) for line in data.read_text().splitlines() * 5]
+        (tmp_path / "data" / "broken.png").write_bytes(b"\x89PNG not really")
+        rows[17]["images"] = ["broken.png"]
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        extra = ("train.checkpoint_every=1",)
+    elif case == "answer_is_a_dict":
+        rows = [json.loads(line) for line in data.read_text().splitlines()]
+        rows[2]["answer"] = {"colour": "red"}
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     elif case == "no_answer_column":
         rows = [json.loads(line) for line in data.read_text().splitlines()]
         data.write_text(
@@ -186,5 +199,6 @@ def test_bad_input_exits_2_naming_it_before_any_model_loads(hub_folder, tmp_path
 
     assert re.search(message, done.stderr), done.stderr[-2000:]
     assert "Loading weights" not in done.stderr, "a model was loaded before the error"
+    assert not (tmp_path / "run" / "checkpoints").exists()
     after = {p: p.read_bytes() for p in (tmp_path / "data").rglob("*") if p.is_file()}
     assert after == before
