@@ -37,7 +37,7 @@ from rollplex.specs.model import ModelSpec
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from rollplex.data.sample import Sample
+    from rollplex.data.sample import RowMedia, Sample
 
 # qwen-vl-utils' video defaults, in units of one merged token (28 x 28 pixels for Qwen).
 VIDEO_MIN_TOKENS = 128
@@ -142,11 +142,16 @@ class PromptRenderer:
     # -- text ---------------------------------------------------------------------------
     def messages(self, sample: Sample) -> list[dict[str, Any]]:
         """The chat for `sample`: an optional system turn and the user turn's parts."""
-        text = self.template.replace("{problem}", sample.problem)
+        return self._messages(sample.uid, sample.problem, len(sample.images), sample.video)
+
+    def _messages(
+        self, uid: str, problem: str, images: int, video: object | None
+    ) -> list[dict[str, Any]]:
+        text = self.template.replace("{problem}", problem)
         pieces = _PLACEHOLDER.split(text)
         n_img, n_vid = pieces.count("<image>"), pieces.count("<video>")
-        images, video = len(sample.images), sample.video is not None
-        where = f"sample {sample.uid!r}"
+        video = video is not None
+        where = f"sample {uid!r}"
         if images and video:
             raise RenderError(f"{where}: has images and a video; a prompt holds one kind")
         if (n_img, n_vid) != (0, 0) and (n_img, n_vid) != (images, int(video)):
@@ -165,10 +170,34 @@ class PromptRenderer:
         return [*system, {"role": "user", "content": parts}]
 
     def _ids(self, sample: Sample) -> list[int]:
+        return self._chat_ids(self.messages(sample))
+
+    def _chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         text = self.tokenizer.apply_chat_template(
-            self.messages(sample), tokenize=False, add_generation_prompt=True
+            messages, tokenize=False, add_generation_prompt=True
         )
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def text_tokens(self, uid: str, problem: str, images: int, video: bool) -> int:
+        """Text tokens (chat template included, each visual's pad not counted) of a row."""
+        ids = self._chat_ids(self._messages(uid, problem, images, object() if video else None))
+        return len(ids) - images - int(video)
+
+    def visual_tokens(self, media: RowMedia, frames: int) -> int:
+        """Visual tokens `encode` gives a row of these decoded sizes, with no pixels: the
+        processor's resize rule per image; the video's frame size at `frames` sampled
+        frames, padded to the temporal patch."""
+        p = self.processor.patch_size
+        visual = 0
+        for w, h in media.image_sizes:
+            rh, rw = smart_resize(h, w, self.factor, self.min_pixels, self.max_pixels)
+            visual += (rh // p) * (rw // p) // self.merge
+        if media.video_size is not None:
+            w, h = media.video_size
+            rh, rw = self.video_size(h, w, frames)
+            grid_t = math.ceil(frames / self.processor.temporal_patch_size)
+            visual += grid_t * (rh // p) * (rw // p) // self.merge
+        return visual
 
     # -- pixels -------------------------------------------------------------------------
     def _images(self, images: Sequence[Image.Image]) -> tuple[torch.Tensor, torch.Tensor]:

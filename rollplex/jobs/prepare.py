@@ -82,14 +82,17 @@ def prepare(spec: RunSpec, eval_split: bool = True) -> Prepared:
     renderer = renderer_for(spec, folder, spec.workload)
     data = StepData(train_source, renderer, spec.workload.prompts_per_step)
     shape = measure_shape(data, folder.spec)
+    data.limits = shape  # a row longer than the plan's sizing is refused by name
     workload = measured_workload(spec.workload, shape)
     log.info(
-        "data '%s': %d train rows; prompts carry up to %d visual + %d text tokens (%d frames)",
+        "data '%s': %d train rows; prompts carry up to %d visual + %d text tokens (%d frames; "
+        "measured over %d prompts)",
         train_source.name,
         len(train_source),
         shape.visual_tokens,
         shape.text_tokens,
         shape.frames,
+        shape.prompts_seen,
     )
     scorer = ResponseScorer(renderer.tokenizer, reward)
     return Prepared(

@@ -1,0 +1,57 @@
+"""Data tests' shared fixtures: a tiny byte-level tokenizer with Qwen's chat template and
+special tokens, and the tiny preset's image processor."""
+
+from __future__ import annotations
+
+import pytest
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from rollplex.backends.torch.tokenizer import SPECIAL_TOKEN_NAMES, build_image_processor
+from rollplex.specs.model import MODEL_PRESETS
+
+SPEC = MODEL_PRESETS["tiny"]
+# Qwen2.5-VL's chat template (as its Hub folders ship it).
+QWEN_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    """Byte-level BPE with Qwen's special tokens at the tiny spec's ids."""
+    ids = SPEC.special_tokens.model_dump()
+    specials = sorted({ids[f]: n for f, n in reversed(SPECIAL_TOKEN_NAMES.items())}.items())
+    assert [i for i, _ in specials] == list(range(len(specials)))
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=[n for _, n in specials],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    text = ["You are a helpful assistant.", "What colour is the shape? Answer briefly."] * 20
+    tok.train_from_iterator(text, trainer)
+    tok.add_special_tokens([AddedToken(n, special=True) for _, n in specials])
+    out = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>")
+    out.chat_template = QWEN_TEMPLATE
+    return out
+
+
+@pytest.fixture(scope="module")
+def processor():
+    return build_image_processor(SPEC, max_pixels=56 * 56)
