@@ -117,6 +117,9 @@ def _check_triton_knobs(engine: TorchEngineSpec, device: str) -> None:
 
 
 def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
+    from rollplex.jobs.sizing import size_for_run
+
+    spec = size_for_run(spec, out)  # the device's hardware, GPU defaults, the response cap
     if spec.backend.trainer == "fsdp":
         from rollplex.backends.fsdp.checks import world_spec
 
