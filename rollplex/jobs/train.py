@@ -120,9 +120,11 @@ def _check_triton_knobs(engine: TorchEngineSpec, device: str) -> None:
 
 
 def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
+    from rollplex.jobs.pricing import pricing_for, resolve_auto
     from rollplex.jobs.sizing import size_for_run
 
     spec = size_for_run(spec, out)  # the device's hardware, GPU defaults, the response cap
+    spec = resolve_auto(spec, out)  # calibration=auto: an earlier run's file, or the default
     first_phase = phases.mark()  # summary.json lists this run's one-time phases
     if spec.backend.trainer == "fsdp":
         from rollplex.backends.fsdp.checks import world_spec
@@ -153,6 +155,7 @@ def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
     else:
         ckpt = read_checkpoint(t.resume, prepared.model, spec.seed) if t.resume else None
     summary = _train(spec, prepared, out, ckpt)
+    summary["priced_by"] = pricing_for(spec).source  # which constants priced the plan
     summary["phases"] = [
         {"name": p.name, "seconds": p.seconds} for p in phases.records(first_phase)
     ]

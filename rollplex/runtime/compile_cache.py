@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rollplex.specs import ModelSpec
+from rollplex.specs.calibration import model_shape  # what compiled code depends on
 
 log = logging.getLogger(__name__)
 KEY_FILE = "key.json"
@@ -43,11 +44,6 @@ def software_versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             out[name] = None
     return out
-
-
-def model_shape(model: ModelSpec) -> dict[str, Any]:
-    """What of a model spec its compiled code depends on: all but its name and folder."""
-    return model.model_dump(mode="json", exclude={"name", "path"})
 
 
 def key_inputs(model: ModelSpec, device_name: str, versions: dict[str, str | None]) -> dict:

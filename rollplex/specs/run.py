@@ -9,6 +9,7 @@ from pydantic import Field
 from rollplex.specs.algo import AlgoSpec
 from rollplex.specs.backend import BackendSpec
 from rollplex.specs.base import Spec
+from rollplex.specs.calibration import CalibrationSpec
 from rollplex.specs.data import DataSpec
 from rollplex.specs.hardware import HardwareSpec
 from rollplex.specs.model import ModelSpec
@@ -102,10 +103,11 @@ class RunSpec(Spec):
     workload: WorkloadSpec = Field(..., description="The workload (conf/workload).")
     schedule: ScheduleSpec = Field(..., description="The schedule (conf/schedule).")
     hardware: HardwareSpec = Field(..., description="The cluster (conf/hardware).")
-    calibration: str | None = Field(
-        None,
-        description="Measured op times (rollplex-calibration/1 JSON, e.g. "
-        "bench/results/calibration_h200_qwen2_5_vl_7b.json) that rescale the cost model.",
+    calibration: CalibrationSpec = Field(
+        default_factory=CalibrationSpec,
+        description="Measured op times that rescale the cost model: `calibration=<file>`, "
+        "`calibration=auto`, `calibration=none`, `calibration.strict=true` "
+        "(rollplex.specs.calibration.CalibrationSpec).",
     )
     data: DataSpec = Field(default_factory=DataSpec, description="Prompts (conf/data).")
     reward: RewardSpec = Field(
