@@ -143,3 +143,21 @@ def device_name(device: str) -> str:
     import torch
 
     return torch.cuda.get_device_name(torch.device(device))
+
+
+def report_prediction(summary: dict[str, Any]) -> None:
+    """Log a train run's planned step beside its measured one (the median over its
+    steps) and their ratio, and add the ratio to its summary."""
+    planned, measured = summary.get("plan_step_time_s"), summary.get("median_step_time_s")
+    if not planned or not measured:
+        return
+    summary["measured_over_predicted"] = measured / planned
+    log.info(
+        "step time: predicted %.2f s (priced by %s), measured %.2f s (median of %d steps), "
+        "measured/predicted %.2f",
+        planned,
+        summary.get("priced_by"),
+        measured,
+        summary.get("steps_run", 0),
+        measured / planned,
+    )

@@ -120,7 +120,7 @@ def _check_triton_knobs(engine: TorchEngineSpec, device: str) -> None:
 
 
 def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
-    from rollplex.jobs.pricing import pricing_for, resolve_auto
+    from rollplex.jobs.pricing import pricing_for, report_prediction, resolve_auto
     from rollplex.jobs.sizing import size_for_run
 
     spec = size_for_run(spec, out)  # the device's hardware, GPU defaults, the response cap
@@ -156,6 +156,7 @@ def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
         ckpt = read_checkpoint(t.resume, prepared.model, spec.seed) if t.resume else None
     summary = _train(spec, prepared, out, ckpt)
     summary["priced_by"] = pricing_for(spec).source  # which constants priced the plan
+    report_prediction(summary)
     summary["phases"] = [
         {"name": p.name, "seconds": p.seconds} for p in phases.records(first_phase)
     ]

@@ -217,6 +217,9 @@ def test_a_train_run_records_provenance_and_the_next_run_picks_it_up(tmp_path):
     assert second["priced_by"] == str(first["run"] / "calibration.json")
     assert f"plan priced by: {first['run'] / 'calibration.json'}" in second["log"]
     assert "plan priced by: uncalibrated" in first["log"]
+    ratio = second["median_step_time_s"] / second["plan_step_time_s"]
+    assert second["measured_over_predicted"] == pytest.approx(ratio)
+    assert f"measured/predicted {ratio:.2f}" in second["log"]
     names = [p["name"] for p in second["phases"]]
     assert names == ["model load", "first step (warm-up)"]  # CPU: nothing compiles
     assert all(f"{n}: " in second["log"] for n in names)
