@@ -70,10 +70,23 @@ def prepare_cache(root: Path, inputs: dict[str, Any]) -> tuple[Path, bool]:
     return folder, reused
 
 
+def _users(var: str) -> bool:
+    """Whether `var` holds a cache dir the user chose: not ours, nor the default Inductor
+    writes back into the environment once it has compiled anything."""
+    value = os.environ.get(var)
+    if not value or value == _SET_BY_US.get(var):
+        return False
+    if var == "TORCHINDUCTOR_CACHE_DIR":
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        return os.path.abspath(value) != os.path.abspath(default_cache_dir())
+    return True
+
+
 def use_compile_cache(model: ModelSpec, device_name: str, root: Path | None = None) -> Path | None:
     """Point Inductor and Triton at this model's, software's and device's cache folder
     (call before anything compiles); None where the user set their own cache dirs."""
-    if any(os.environ.get(v, _SET_BY_US.get(v)) != _SET_BY_US.get(v) for v in CACHE_VARS):
+    if any(_users(var) for var in CACHE_VARS):
         log.info("compile cache: the user's (TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR)")
         return None
     inputs = key_inputs(model, device_name, software_versions())

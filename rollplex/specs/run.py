@@ -42,8 +42,9 @@ class TrainSpec(Spec):
     max_new_tokens: int = Field(
         4,
         ge=1,
-        description="Generation cap of the tiny task (at most "
-        "workload.response_length.max, which the plan is sized for).",
+        description="Generation cap of a response. With response_lengths=model it also "
+        "sizes the plan's responses (fixed at this length), unless the command line sets "
+        "workload.response_length: then it must not exceed its max (jobs/sizing.py).",
     )
     response_lengths: Literal["model", "workload"] = Field(
         "model",
@@ -52,7 +53,13 @@ class TrainSpec(Spec):
         "capped by train.max_new_tokens, the same for every schedule of one seed "
         "(benchmarks: random-weight models never stop).",
     )
-    device: str = Field("cpu", description="torch device: cpu or cuda.")
+    device: str = Field(
+        "cpu",
+        description="torch device: cpu or cuda. On cuda the hardware is read from the device "
+        "unless `hardware=` is given (then it must match it), and conf/train_gpu.yaml "
+        "fills what the command line leaves unset: 16 prompts x G=8 per step, 128-token "
+        "responses (jobs/sizing.py).",
+    )
     deterministic: bool = Field(True, description="torch deterministic algorithms.")
     eval_every: int = Field(
         0,

@@ -153,3 +153,8 @@ def test_the_caches_point_at_the_keyed_folder_unless_the_user_set_their_own(tmp_
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert use_compile_cache(MODEL, "NVIDIA H200", root=tmp_path) is None
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+    # the default Inductor writes back once it has compiled anything is not the user's
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    assert use_compile_cache(MODEL, "NVIDIA H200", root=tmp_path) == folder
