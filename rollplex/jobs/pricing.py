@@ -55,6 +55,8 @@ def _price(spec: RunSpec) -> Pricing:
     path = spec.calibration.path
     if path == "none":
         return Pricing(base, UNCALIBRATED, None)
+    if path == "auto":  # a job resolves it against its run folder first
+        raise CalibrationError("calibration=auto: call resolve_auto(spec, run folder) first")
     if path is None:
         shipped = shipped_for(spec.hardware, spec.model)
         if shipped is None:

@@ -21,8 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollplex.specs.hardware import DeviceInfo, device_disagreement, hardware_for_device
+from rollplex.specs.hardware import (
+    DeviceInfo,
+    HardwareSpec,
+    device_disagreement,
+    hardware_for_device,
+)
 from rollplex.specs.run import RunSpec
+from rollplex.specs.workload import ResponseLengthSpec
 
 log = logging.getLogger(__name__)
 GPU_DEFAULTS_FILE = "train_gpu.yaml"
@@ -106,37 +112,61 @@ def size_train(
     notes: list[str] = []
     if device is not None:
         if keys is not None:
-            defaults = gpu_defaults() if defaults is None else defaults
-            applied = [k for k in defaults if not is_set(k, keys)]
-            for k in applied:
-                _set(raw, k, defaults[k])
-            if applied:
-                shown = ", ".join(f"{k}={defaults[k]}" for k in applied)
-                notes.append(f"GPU defaults ({GPU_DEFAULTS_FILE}): {shown}")
-        explicit = is_set("hardware", keys) if keys is not None else spec.hardware.name != "cpu"
-        hw = spec.hardware
-        if not explicit:  # the device's, with any `hardware.<field>=` the user gave on top
-            hw, how = hardware_for_device(device)
-            fields = {o.split(".")[1] for o in keys or () if o.startswith("hardware.")}
-            hw = hw.model_validate(hw.model_dump() | {f: getattr(spec.hardware, f) for f in fields})
-            notes.append(how + "".join(f", {f}={getattr(hw, f)}" for f in sorted(fields)))
-            raw["hardware"] = hw.model_dump()
-        why = device_disagreement(hw, device)
-        if why is not None:
-            raise ValueError(
-                f"hardware={hw.name} does not match the device: {why}; leave hardware unset "
-                "to read it from the device"
-            )
-    train = raw["train"]
-    # a workload preset (`workload=video`) sets its lengths, but only these keys the cap
-    explicit = keys is None or any(o.split(".")[:2] == RESPONSE_KEY.split(".") for o in keys)
-    if train["response_lengths"] == "model" and not explicit:
-        cap = train["max_new_tokens"]
-        fixed = {"distribution": "fixed", "mean": cap, "min": 1, "max": cap, "sigma": 0.6}
-        if raw["workload"]["response_length"] != fixed:
-            raw["workload"]["response_length"] = fixed
-            notes.append(f"{RESPONSE_KEY}: fixed at train.max_new_tokens={cap}")
+            _gpu_defaults(raw, keys, gpu_defaults() if defaults is None else defaults, notes)
+        _hardware(raw, spec.hardware, keys, device, notes)
+    _response_cap(raw, keys, notes)
     return Sized(RunSpec.model_validate(raw), notes)
+
+
+def _gpu_defaults(
+    raw: dict[str, Any], keys: frozenset[str], defaults: dict[str, Any], notes: list[str]
+) -> None:
+    applied = [k for k in defaults if not is_set(k, keys)]
+    for k in applied:
+        _set(raw, k, defaults[k])
+    if applied:
+        shown = ", ".join(f"{k}={defaults[k]}" for k in applied)
+        notes.append(f"GPU defaults ({GPU_DEFAULTS_FILE}): {shown}")
+
+
+def _hardware(
+    raw: dict[str, Any],
+    given: HardwareSpec,
+    keys: frozenset[str] | None,
+    device: DeviceInfo,
+    notes: list[str],
+) -> None:
+    """The device's spec where the user named none (with any `hardware.<field>=` they gave
+    on top); either way refused by name if it does not describe the device."""
+    explicit = is_set("hardware", keys) if keys is not None else given.name != "cpu"
+    hw = given
+    if not explicit:
+        hw, how = hardware_for_device(device)
+        fields = sorted({o.split(".")[1] for o in keys or () if o.startswith("hardware.")})
+        hw = HardwareSpec.model_validate(hw.model_dump() | {f: getattr(given, f) for f in fields})
+        notes.append(how + "".join(f", {f}={getattr(hw, f)}" for f in fields))
+        raw["hardware"] = hw.model_dump()
+    why = device_disagreement(hw, device)
+    if why is not None:
+        raise ValueError(
+            f"hardware={hw.name} does not match the device: {why}; leave hardware unset "
+            "to read it from the device"
+        )
+
+
+def _response_cap(raw: dict[str, Any], keys: frozenset[str] | None, notes: list[str]) -> None:
+    """Responses end at eos or max_new_tokens: the plan's are fixed at the cap (a step waits
+    for its longest), unless the command line set `workload.response_length.*` (a workload
+    preset such as `workload=video` does not count: it did not choose the cap)."""
+    train = raw["train"]
+    explicit = keys is None or any(o.split(".")[:2] == RESPONSE_KEY.split(".") for o in keys)
+    if train["response_lengths"] != "model" or explicit:
+        return
+    cap = train["max_new_tokens"]
+    fixed = ResponseLengthSpec(distribution="fixed", mean=cap, min=1, max=cap).model_dump()
+    if raw["workload"]["response_length"] != fixed:
+        raw["workload"]["response_length"] = fixed
+        notes.append(f"{RESPONSE_KEY}: fixed at train.max_new_tokens={cap}")
 
 
 def size_for_run(spec: RunSpec, out: Path) -> RunSpec:

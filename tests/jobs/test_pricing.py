@@ -208,3 +208,8 @@ def test_the_cli_refuses_an_unknown_kind_or_a_strict_mismatch_in_one_line(
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert f"calibration file '{path}'" in line
     assert ("'NVIDIA H100 80GB HBM3'" if strict else "unknown op kind 'prefil'") in line
+
+
+def test_an_unresolved_auto_is_refused_not_read_as_a_file():
+    with pytest.raises(CalibrationError, match="resolve_auto"):
+        pricing_for(spec_of("model=qwen2_5_vl_3b", "calibration=auto"))
