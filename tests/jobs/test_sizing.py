@@ -4,6 +4,8 @@ defaults where the command line set none, and the plan's responses from max_new_
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -21,8 +23,10 @@ ODD = DeviceInfo("NVIDIA GeForce RTX 4090", 24 * GIB, 2)
 DEVICES = (H200, H100, A100, ODD)
 
 
+@functools.cache
 def spec_and_keys(*overrides: str) -> tuple[RunSpec, frozenset[str]]:
-    """The spec `rollplex train <overrides>` validates, and the keys its command line sets."""
+    """The spec `rollplex train <overrides>` validates, and the keys its command line sets
+    (cached: composing costs ~1 s, and a RunSpec is frozen)."""
     with initialize_config_dir(config_dir=_conf_dir(), version_base="1.3"):
         cfg = compose(config_name="train", overrides=[*overrides, "job=train"])
     from omegaconf import OmegaConf
