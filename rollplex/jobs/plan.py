@@ -21,9 +21,9 @@ from rollplex.backends import (  # torch-free: the registry's copies
     trainer_capabilities,
 )
 from rollplex.jobs.pipeline import PlanResult, plan_step
+from rollplex.jobs.pricing import pricing_for, resolve_auto
 from rollplex.planner.cost_model import CostModel
 from rollplex.planner.plan import Plan, dump_plan
-from rollplex.specs.calibration import load_calibration
 from rollplex.specs.run import RunSpec
 from rollplex.trace import (
     markdown_table,
@@ -40,11 +40,8 @@ GIB = 1 << 30
 
 
 def cost_model_for(spec: RunSpec) -> CostModel:
-    cm = CostModel(spec.hardware)
-    if spec.calibration is None:
-        return cm
-    load_calibration(spec.calibration)  # validated first: one line naming file and field
-    return cm.calibrated(spec.calibration)
+    """Uncalibrated, the hardware's shipped constants, or a file (jobs/pricing.py)."""
+    return pricing_for(spec).cost_model
 
 
 def _baselines(spec: RunSpec) -> dict[str, PlanResult | None]:
@@ -86,6 +83,7 @@ def _ratio(base: PlanResult | None, t: float) -> float | None:
 
 
 def run_plan(spec: RunSpec, out: Path) -> dict[str, Any]:
+    spec = resolve_auto(spec, out)  # calibration=auto: an earlier run's file, or the default
     result = plan_step(
         spec.model,
         spec.workload,
@@ -123,7 +121,8 @@ def run_plan(spec: RunSpec, out: Path) -> dict[str, Any]:
         "offloads": sum(1 for d in plan.devices for s in d.steps if s.kind == "offload"),
         "decisions": plan.notes,
         "graph_hash": plan.graph_hash,
-        "calibration": spec.calibration,
+        "calibration": pricing_for(spec).path,
+        "priced_by": pricing_for(spec).source,
     }
     table = _summary_table(plan, summary)
     (out / "plan.md").write_text(table)
@@ -141,6 +140,7 @@ def _summary_table(plan: Plan, s: dict[str, Any]) -> str:
 
     rows = [
         ["step time", f"{s['step_time_s'] * 1e3:.1f} ms"],
+        ["priced by", s["priced_by"]],
         ["speedup vs serial (verl)", x(s["speedup_vs_serial"])],
         ["speedup vs serial + dedup", x(s["speedup_vs_serial_dedup"])],
         ["speedup vs disaggregated", x(s["speedup_vs_disaggregated"])],

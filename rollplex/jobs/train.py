@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,8 @@ from rollplex.jobs.train_outputs import (
     step_line,
     write_csv,
 )
+from rollplex.runtime import phases
+from rollplex.runtime.compile_cache import use_compile_cache
 from rollplex.runtime.evaluate import evaluate
 from rollplex.specs.run import RunSpec
 from rollplex.specs.torch_engine import TorchEngineSpec
@@ -117,6 +120,12 @@ def _check_triton_knobs(engine: TorchEngineSpec, device: str) -> None:
 
 
 def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
+    from rollplex.jobs.pricing import pricing_for, report_prediction, resolve_auto
+    from rollplex.jobs.sizing import size_for_run
+
+    spec = size_for_run(spec, out)  # the device's hardware, GPU defaults, the response cap
+    spec = resolve_auto(spec, out)  # calibration=auto: an earlier run's file, or the default
+    first_phase = phases.mark()  # summary.json lists this run's one-time phases
     if spec.backend.trainer == "fsdp":
         from rollplex.backends.fsdp.checks import world_spec
 
@@ -127,6 +136,9 @@ def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
 
     prepared = prepare(spec, eval_split=t.eval_every > 0)
     import torch
+
+    if t.device.startswith("cuda"):  # before anything compiles (runtime/compile_cache.py)
+        use_compile_cache(prepared.model, torch.cuda.get_device_name(torch.device(t.device)))
 
     from rollplex.runtime.checkpoint import read_checkpoint
 
@@ -142,7 +154,13 @@ def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
         ckpt = read_dcp_checkpoint(t.resume, prepared.model, spec.seed)
     else:
         ckpt = read_checkpoint(t.resume, prepared.model, spec.seed) if t.resume else None
-    return _train(spec, prepared, out, ckpt)
+    summary = _train(spec, prepared, out, ckpt)
+    summary["priced_by"] = pricing_for(spec).source  # which constants priced the plan
+    report_prediction(summary)
+    summary["phases"] = [
+        {"name": p.name, "seconds": p.seconds} for p in phases.records(first_phase)
+    ]
+    return summary
 
 
 def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
@@ -190,12 +208,13 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
 
         backend = build_pool_backend(config, spec.backend, pools)
     else:
-        backend = compose(
-            config,
-            spec.backend,
-            workdir=out,
-            **({"kv_cache_bytes": engine_kv} if engine_kv else {}),
-        )
+        with phases.phase("model load"):
+            backend = compose(
+                config,
+                spec.backend,
+                workdir=out,
+                **({"kv_cache_bytes": engine_kv} if engine_kv else {}),
+            )
     info = backend.dist if pools is not None else getattr(backend.trainer, "dist", None)
     main = not fsdp or info.is_main  # only rank 0 writes the run folder
     if fsdp:
@@ -269,7 +288,8 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
             if t.profile and main and prof is None and k >= t.steps - t.trace_steps:
                 prof = step_profiler(backend.device)
                 prof.start()
-            res = executor.run_step(k, data.step(k))
+            with phases.phase("first step (warm-up)") if k == start else nullcontext():
+                res = executor.run_step(k, data.step(k))
             recent.append(res)
             if prof is not None and k + 1 == t.steps:
                 prof.stop()

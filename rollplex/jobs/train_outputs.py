@@ -115,7 +115,11 @@ def export_traces(
         c = op_cost(graph, op, CostContext(spec.model, spec.workload, dp=step.chunks))
         return c.flops, c.bytes
 
-    write_measured_calibration(out / "calibration.json", device, recent, cost)
+    from rollplex.jobs.pricing import device_name, provenance
+
+    # with where it was measured: the device's name, the model shape, the software
+    name = device_name(device)
+    write_measured_calibration(out / "calibration.json", name, recent, cost, provenance(spec))
 
 
 def run_summary(spec: RunSpec, plan, rows, start, ckpt, ckpt_root, last_ckpt, recent) -> dict:

@@ -102,12 +102,16 @@ class CostModel:
             raise ValueError(
                 f"{path}: 'format' must be {CALIBRATION_FORMAT!r}, got {data.get('format')!r}"
             )
+        return self.calibrated_by(data.get("entries", []), where=str(path))
+
+    def calibrated_by(self, entries: list[dict], where: str = "calibration") -> CostModel:
+        """`calibrated` from entries already read ({"kind", "predicted_s", "measured_s"})."""
         ratios: dict[str, list[float]] = {}
         seconds: dict[str, list[float]] = {}  # kind -> [predicted, measured] summed
-        for i, entry in enumerate(data.get("entries", [])):
+        for i, entry in enumerate(entries):
             for key in ("kind", "predicted_s", "measured_s"):
                 if key not in entry:
-                    raise ValueError(f"{path}: entries[{i}] lacks '{key}'")
+                    raise ValueError(f"{where}: entries[{i}] lacks '{key}'")
             if entry["measured_s"] > 0 and entry["predicted_s"] > 0:
                 kind = entry["kind"]
                 ratios.setdefault(kind, []).append(entry["predicted_s"] / entry["measured_s"])
@@ -126,10 +130,12 @@ class CostModel:
         return CostModel(self.hardware, eff, self.launch_s)
 
 
-def write_calibration(path: str | Path, device: str, entries: list[dict]) -> None:
-    """The file `CostModel.calibrated` reads: one entry per measured op.
+def write_calibration(
+    path: str | Path, device: str, entries: list[dict], provenance: dict | None = None
+) -> None:
+    """The file `CostModel.calibrated` reads: one entry per measured op, and where they
+    were measured (`provenance`: hardware, model, model_shape, software).
 
     entry = {"kind", "op", "predicted_s", "measured_s", "flops", "bytes"}"""
-    Path(path).write_text(
-        json.dumps({"format": CALIBRATION_FORMAT, "device": device, "entries": entries}, indent=1)
-    )
+    data = {"format": CALIBRATION_FORMAT, "device": device, **(provenance or {})}
+    Path(path).write_text(json.dumps({**data, "entries": entries}, indent=1))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rollplex.planner.plan import Step
+from rollplex.runtime.phases import watch
 from rollplex.runtime.record import MeasuredStep, StepResult
 
 
@@ -43,7 +44,9 @@ class Callbacks(Callback):
 
 
 class Progress(Callback):
-    """A tqdm bar over RL steps with the latest metrics in its postfix."""
+    """A tqdm bar over RL steps with the latest metrics in its postfix, and the one-time
+    phase running (runtime/phases.py: model load, a compilation, a graph capture) in its
+    description."""
 
     def __init__(
         self,
@@ -63,6 +66,10 @@ class Progress(Callback):
             disable=disable,
             dynamic_ncols=True,
         )
+        self._unwatch = watch(self._show_phase)
+
+    def _show_phase(self, name: str | None) -> None:
+        self.bar.set_description("train" if name is None else f"train ({name})")
 
     def on_rl_step_end(self, result: StepResult) -> None:
         shown = {k: f"{result.metrics[k]:.3f}" for k in self.keys if k in result.metrics}
@@ -70,4 +77,5 @@ class Progress(Callback):
         self.bar.update(1)
 
     def close(self) -> None:
+        self._unwatch()
         self.bar.close()

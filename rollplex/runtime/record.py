@@ -160,9 +160,13 @@ def calibration_entries(results: Sequence[StepResult], cost: CostFn | None = Non
 
 
 def write_measured_calibration(
-    path, device: str, results: Sequence[StepResult], cost: CostFn | None = None
+    path,
+    device: str,
+    results: Sequence[StepResult],
+    cost: CostFn | None = None,
+    provenance: dict | None = None,
 ) -> None:
-    write_calibration(path, device, calibration_entries(results, cost))
+    write_calibration(path, device, calibration_entries(results, cost), provenance)
 
 
 def step_table(plan: Plan, results: Sequence[StepResult]) -> str:

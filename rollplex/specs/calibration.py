@@ -1,17 +1,19 @@
 """The calibration file (`rollplex-calibration/1`): measured op times that rescale the
-cost model. Validated here, before the cost model reads it, so a bad file ends the run
-with one line naming the file and the field."""
+cost model, and where they were measured (device, model shape, software). Validated here,
+before the cost model reads it, so a bad file (or an unknown op kind in it) ends the run
+with one line naming the file and the field. CalibrationSpec is the run's choice of one."""
 
 from __future__ import annotations
 
 import json
 import statistics
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
 from rollplex.specs.base import Spec
+from rollplex.specs.model import ModelSpec
 
 FORMAT = "rollplex-calibration/1"
 # One op on one GPU: a microsecond is below any kernel launch, a day is a typo.
@@ -39,8 +41,19 @@ class CalibrationEntry(Spec):
 
 class CalibrationFile(Spec):
     format: Literal["rollplex-calibration/1"] = Field(..., description="File format tag.")
-    device: str = Field(..., description="Device the times were measured on.")
+    device: str = Field(
+        ..., description="Device the times were measured on (its CUDA name, e.g. NVIDIA H200)."
+    )
     entries: tuple[CalibrationEntry, ...] = Field(..., description="Measured op steps.")
+    # provenance (files written before it have none: they are applied with a warning)
+    hardware: str | None = Field(None, description="Hardware spec the run was planned for.")
+    model: str | None = Field(None, description="Model name (a preset, or hub).")
+    model_shape: dict[str, Any] | None = Field(
+        None, description="The model's shape: every ModelSpec field but name and path."
+    )
+    software: dict[str, str | None] | None = Field(
+        None, description="torch, triton and transformers versions of the run."
+    )
 
     @model_validator(mode="after")
     def _scales_are_sane(self) -> CalibrationFile:
@@ -72,7 +85,7 @@ def load_calibration(path: str | Path) -> CalibrationFile:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CalibrationError(f"{where}: not valid JSON ({err})") from None
     try:
-        return CalibrationFile.model_validate(data)
+        file = CalibrationFile.model_validate(data)
     except ValidationError as err:
         e = err.errors()[0]
         field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"])
@@ -81,3 +94,45 @@ def load_calibration(path: str | Path) -> CalibrationFile:
         raise CalibrationError(
             f"{where}: {field}: {e['msg']} (got {e.get('input')!r}){more}"
         ) from None
+    _check_kinds(file, where)
+    return file
+
+
+def _check_kinds(file: CalibrationFile, where: str) -> None:
+    """Every entry's kind is a registered op kind: a misspelt one would rescale nothing."""
+    from rollplex.graph.schema import all_kinds
+
+    known = all_kinds()
+    for i, e in enumerate(file.entries):
+        if e.kind not in known:
+            raise CalibrationError(
+                f"{where}: entries[{i}].kind: unknown op kind '{e.kind}' (known: "
+                f"{', '.join(sorted(known))})"
+            )
+
+
+def model_shape(model: ModelSpec) -> dict[str, Any]:
+    """What of a model spec its op times depend on: every field but its name and folder."""
+    return model.model_dump(mode="json", exclude={"name", "path"})
+
+
+class CalibrationSpec(Spec):
+    """Which measured op times price the plan (`calibration=<file>` sets `path` alone)."""
+
+    path: str | None = Field(
+        None,
+        description="None: the hardware's shipped constants where it has some (H200), else "
+        "none; 'auto': the latest calibration.json of the same model and GPU among the "
+        "earlier runs beside this one (outputs/); 'none': the bare cost model; else a "
+        "rollplex-calibration/1 file (e.g. a train run's calibration.json).",
+    )
+    strict: bool = Field(
+        False,
+        description="Refuse a file measured on another GPU or model, or recording neither "
+        "(default: apply it with a warning naming both).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_bare_path(cls, data: Any) -> Any:
+        return {"path": data} if data is None or isinstance(data, str) else data

@@ -1,6 +1,10 @@
-"""HardwareSpec: the GPUs a plan runs on, in the units the cost model needs."""
+"""HardwareSpec: the GPUs a plan runs on, in the units the cost model needs; and the
+match between a spec and the device a job finds (DeviceInfo, `hardware_for_device`)."""
 
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass
 
 from pydantic import Field, model_validator
 
@@ -107,3 +111,80 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
         host_link_gbps=10,
     ),
 }
+
+
+# -- the device a job runs on ---------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """What torch.cuda says about the GPUs of this host (jobs/sizing.read_device): tests
+    feed made-up ones."""
+
+    name: str  # torch.cuda.get_device_name, e.g. "NVIDIA H200"
+    total_memory_bytes: int  # of one GPU
+    count: int  # GPUs visible to this process
+
+    @property
+    def total_gib(self) -> float:
+        return self.total_memory_bytes / GIB
+
+
+# Peak rates of GPUs with no preset, from the vendors' data sheets (SXM parts): a detected one
+# is planned with these. model -> (HBM GB/s, dense bf16 TFLOP/s, SMs, NVLink GB/s one way)
+GPU_RATES: dict[str, tuple[float, float, int, float]] = {
+    "H200": (4800, 989, 132, 450),
+    "H100": (3350, 989, 132, 450),
+    "H800": (3350, 989, 132, 200),
+    "H20": (4000, 148, 78, 450),
+    "A100": (2039, 312, 108, 300),
+    "A800": (2039, 312, 108, 200),
+}
+# An unknown GPU is planned with an A100's rates (the oldest part listed), and said so.
+FALLBACK_MODEL = "A100"
+
+
+def gpu_model(name: str) -> str:
+    """The model token of a device or preset name: "NVIDIA H100 80GB HBM3" -> "H100",
+    "NVIDIA A100-SXM4-80GB" -> "A100", "CPU" -> "CPU"."""
+    words = re.split(r"[\s\-_]+", name.upper().replace("NVIDIA", " ").strip())
+    return words[0] if words and words[0] else name.upper()
+
+
+def hardware_for_device(info: DeviceInfo) -> tuple[HardwareSpec, str]:
+    """The one-GPU spec for the detected device, and a line saying where it came from: the
+    preset of the same GPU model, else one built from GPU_RATES and the device's memory."""
+    model = gpu_model(info.name)
+    for preset in HARDWARE_PRESETS.values():
+        if preset.num_gpus == 1 and gpu_model(preset.gpu) == model:
+            if preset.hbm_gib <= info.total_gib * 1.02:
+                return preset, f"hardware '{preset.name}' (detected {info.name})"
+            smaller = preset.model_copy(update={"hbm_gib": round(info.total_gib, 1)})
+            return smaller, (
+                f"hardware '{preset.name}' with hbm_gib={smaller.hbm_gib:g} (detected "
+                f"{info.name} with {info.total_gib:.1f} GiB)"
+            )
+    known = model in GPU_RATES
+    bw, tflops, sms, nvlink = GPU_RATES[model if known else FALLBACK_MODEL]
+    spec = HardwareSpec(
+        name=f"detected-{model.lower()}",
+        gpu=info.name,
+        num_gpus=1,
+        gpus_per_node=max(1, info.count),
+        hbm_gib=round(info.total_gib * 0.98, 1),  # what the CUDA context leaves, roughly
+        hbm_bandwidth_gbps=bw,
+        bf16_tflops=tflops,
+        sm_count=sms,
+        nvlink_gbps=nvlink,
+    )
+    how = "its data-sheet rates" if known else f"an {FALLBACK_MODEL}'s rates (unknown GPU)"
+    return spec, f"hardware '{spec.name}' built for {info.name} from {how}"
+
+
+def device_disagreement(hw: HardwareSpec, info: DeviceInfo) -> str | None:
+    """Why an explicit `hardware` spec does not describe the detected device (None: it does)."""
+    if gpu_model(hw.gpu) != gpu_model(info.name):
+        return f"hardware.gpu='{hw.gpu}' but the device is '{info.name}'"
+    if hw.hbm_gib > info.total_gib * 1.02:
+        return f"hardware.hbm_gib={hw.hbm_gib:g} but the device has {info.total_gib:.1f} GiB"
+    if min(hw.num_gpus, hw.gpus_per_node) > info.count:
+        return f"hardware.num_gpus={hw.num_gpus} but this host shows {info.count} GPU(s)"
+    return None

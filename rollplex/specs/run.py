@@ -9,6 +9,7 @@ from pydantic import Field
 from rollplex.specs.algo import AlgoSpec
 from rollplex.specs.backend import BackendSpec
 from rollplex.specs.base import Spec
+from rollplex.specs.calibration import CalibrationSpec
 from rollplex.specs.data import DataSpec
 from rollplex.specs.hardware import HardwareSpec
 from rollplex.specs.model import ModelSpec
@@ -41,8 +42,9 @@ class TrainSpec(Spec):
     max_new_tokens: int = Field(
         4,
         ge=1,
-        description="Generation cap of the tiny task (at most "
-        "workload.response_length.max, which the plan is sized for).",
+        description="Generation cap of a response. With response_lengths=model it also "
+        "sizes the plan's responses (fixed at this length), unless the command line sets "
+        "workload.response_length: then it must not exceed its max (jobs/sizing.py).",
     )
     response_lengths: Literal["model", "workload"] = Field(
         "model",
@@ -51,7 +53,13 @@ class TrainSpec(Spec):
         "capped by train.max_new_tokens, the same for every schedule of one seed "
         "(benchmarks: random-weight models never stop).",
     )
-    device: str = Field("cpu", description="torch device: cpu or cuda.")
+    device: str = Field(
+        "cpu",
+        description="torch device: cpu or cuda. On cuda the hardware is read from the device "
+        "unless `hardware=` is given (then it must match it), and conf/train_gpu.yaml "
+        "fills what the command line leaves unset: 16 prompts x G=8 per step, 128-token "
+        "responses (jobs/sizing.py).",
+    )
     deterministic: bool = Field(True, description="torch deterministic algorithms.")
     eval_every: int = Field(
         0,
@@ -102,10 +110,11 @@ class RunSpec(Spec):
     workload: WorkloadSpec = Field(..., description="The workload (conf/workload).")
     schedule: ScheduleSpec = Field(..., description="The schedule (conf/schedule).")
     hardware: HardwareSpec = Field(..., description="The cluster (conf/hardware).")
-    calibration: str | None = Field(
-        None,
-        description="Measured op times (rollplex-calibration/1 JSON, e.g. "
-        "bench/results/calibration_h200_qwen2_5_vl_7b.json) that rescale the cost model.",
+    calibration: CalibrationSpec = Field(
+        default_factory=CalibrationSpec,
+        description="Measured op times that rescale the cost model: `calibration=<file>`, "
+        "`calibration=auto`, `calibration=none`, `calibration.strict=true` "
+        "(rollplex.specs.calibration.CalibrationSpec).",
     )
     data: DataSpec = Field(default_factory=DataSpec, description="Prompts (conf/data).")
     reward: RewardSpec = Field(

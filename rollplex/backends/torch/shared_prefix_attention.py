@@ -35,6 +35,8 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from rollplex.runtime.phases import first_call
+
 SUFFIX = "+shared_prefix"  # the dispatcher's name is the original implementation's + this
 
 
@@ -146,7 +148,8 @@ def _flex() -> Callable:
     cfg = torch._dynamo.config
     cfg.recompile_limit = max(cfg.recompile_limit, 64)
     cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 1024)
-    return torch.compile(flex_attention, fullgraph=True)
+    # its first call compiles: a logged phase (runtime/phases.py)
+    return first_call(torch.compile(flex_attention, fullgraph=True), "compile flex attention")
 
 
 def shared_prefix_attention(

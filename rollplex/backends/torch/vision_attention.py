@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from rollplex.backends.torch.by_identity import ByIdentity
+from rollplex.runtime.phases import first_forward
 
 VARLEN = "flash_varlen_torch"  # "flash" in the name: transformers then passes cu_seqlens
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
@@ -109,4 +110,5 @@ def compile_vision_blocks(model: torch.nn.Module) -> torch.nn.Module:
     tower = getattr(getattr(model, "model", model), "visual", model)
     for block in tower.blocks:
         block.compile(dynamic=True)
+    first_forward(tower, "compile vision tower (its first forward)")  # a logged phase
     return model

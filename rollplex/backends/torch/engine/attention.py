@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from rollplex.backends.torch.engine import flex
 from rollplex.backends.torch.engine.cache import SharedPrefixKV
 from rollplex.backends.torch.engine.split_kernel import split_attention_kernel
+from rollplex.runtime.phases import first_call
 
 _compiled: Callable | None = None
 
@@ -91,7 +92,8 @@ def split_call() -> Callable:
         # past the limit dynamo would silently run it eagerly
         cfg = torch._dynamo.config
         cfg.recompile_limit = max(cfg.recompile_limit, 64)
-        _compiled = torch.compile(split_attention, dynamic=True)
+        compiled = torch.compile(split_attention, dynamic=True)
+        _compiled = first_call(compiled, "compile split attention")  # a logged phase
     return _compiled
 
 

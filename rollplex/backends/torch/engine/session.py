@@ -40,6 +40,7 @@ from rollplex.ops.formulas.engines import (
 )
 from rollplex.planner.gc_paused import cyclic_gc_paused
 from rollplex.runtime.green_contexts import PartitionGraph, green_stream
+from rollplex.runtime.phases import phase
 
 # the planner prices the workspace these shape (ops/formulas/engines.py torch_engine_workspace)
 ROW_BUCKETS, PREFIX_ALIGN = ENGINE_ROW_BUCKETS, ENGINE_PREFIX_ALIGN
@@ -248,7 +249,9 @@ class DecodeEngine:
             return
         graph = ws.graphs.get(kv_len)
         if graph is None:
-            graph = ws.graphs[kv_len] = self._capture(ws, kv_len)
+            name = f"CUDA-graph capture ({ws.shape.rows} rows, kv {kv_len})"
+            with phase(name):  # one log line per bucket (runtime/phases.py)
+                graph = ws.graphs[kv_len] = self._capture(ws, kv_len)
         graph.replay()
 
     def _capture(self, ws: Workspace, kv_len: int) -> torch.cuda.CUDAGraph:

@@ -31,6 +31,7 @@ from rollplex.backends.torch.engine.skinny import (
     split_linear,
     sum_partials,
 )
+from rollplex.runtime.phases import first_call
 
 
 def rotary_fn(attn: torch.nn.Module) -> Callable:
@@ -155,12 +156,13 @@ class DecodeStep:
         if compile:
             mode = compile if isinstance(compile, str) else None
             kw = {"dynamic": True} if mode is None else {"dynamic": False, "mode": mode}
-            before = torch.compile(before, **kw)
-            after = torch.compile(after, **kw)
-            last = torch.compile(last, **kw)
+            # each piece's first call compiles it: a logged phase (runtime/phases.py)
+            before = first_call(torch.compile(before, **kw), "compile decode layer (before)")
+            after = first_call(torch.compile(after, **kw), "compile decode layer (after)")
+            last = first_call(torch.compile(last, **kw), "compile decode final norm")
         if bool(compile) if compile_sampler is None else compile_sampler:
             # the draw: ~40 small kernels over [rows] and [rows, vocab] eagerly
-            choose = torch.compile(next_tokens, dynamic=True)
+            choose = first_call(torch.compile(next_tokens, dynamic=True), "compile sampler")
         self.before, self.after, self.last, self.choose = before, after, last, choose
 
     def __call__(
