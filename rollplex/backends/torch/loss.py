@@ -44,6 +44,18 @@ def group_advantages(
     return (centred / (r.std(dim=1, keepdim=True) + eps)).view(-1)
 
 
+def group_of_one_note(estimator: str, group_size: int) -> str | None:
+    """What a run logs once when GRPO meets groups of one (None otherwise)."""
+    if estimator != "grpo" or group_size != 1:
+        return None
+    return (
+        "algo=grpo with workload.group_size=1: a group of one has no baseline, so each "
+        "sample's advantage is its raw reward (r / (1 + 1e-6)), as verl's "
+        "compute_grpo_outcome_advantage gives; sample G > 1 responses for group-relative "
+        "advantages"
+    )
+
+
 def leave_one_out_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """RLOO: r_i minus the mean reward of the other G - 1 samples of its group [N]."""
     if group_size < 2 or rewards.numel() % group_size:
