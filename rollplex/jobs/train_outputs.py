@@ -26,7 +26,6 @@ CSV_FIELDS = (
     "clip_frac_lower",
     "loss_kl",  # the KL term of the loss (0 when the run puts the KL only in the reward)
     "reward_kl",  # kl_in_reward: the per-token KL the rewards were penalised by (else empty)
-    "entropy",  # the policy's entropy on its responses, aggregated as the loss is
     "response_length",
     "eval_accuracy",
     "step_time_s",

@@ -90,7 +90,9 @@ class AlgoSpec(Spec):
     entropy_coeff: float = Field(
         0.0,
         description="Subtract this times the policy's entropy (aggregated as the loss is) "
-        "from the loss [entropy_coeff]. The entropy is logged either way.",
+        "from the loss [entropy_coeff]. The loss supports it (backends/torch/loss.py), but "
+        "the training forward does not compute the entropy yet (it needs each position's "
+        "full logits carried through the micro-batches): only 0 is accepted for now.",
     )
     kl_loss_type: str = Field(
         "low_var_kl",
@@ -166,6 +168,11 @@ class AlgoSpec(Spec):
         if self.kl_in_reward and self.name != "ppo":
             raise ValueError(f"kl_in_reward is PPO's (GAE over token rewards), not {self.name}'s")
         self._check_kl_options()
+        if self.entropy_coeff != 0:
+            raise ValueError(
+                "entropy_coeff: the training forward does not compute the policy's entropy "
+                "yet, so the term would be silently absent; set entropy_coeff=0"
+            )
         if self.loss_scale_factor is not None and self.loss_agg_mode != "seq-mean-token-sum-norm":
             raise ValueError(
                 "loss_scale_factor divides seq-mean-token-sum-norm's sum; loss_agg_mode is "

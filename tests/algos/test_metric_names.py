@@ -30,7 +30,7 @@ class _Writer:
 def test_csv_carries_the_kl_split_and_the_clip_fractions(tmp_path):
     row = metrics_row(_result())
     assert row["step"] == 5 and row["step_time_s"] == 1.5 and row["peak_resident_bytes"] == 1024
-    for k in ("reward_kl", "loss_kl", "clip_frac", "clip_frac_lower", "entropy", "kl"):
+    for k in ("reward_kl", "loss_kl", "clip_frac", "clip_frac_lower", "kl"):
         assert row[k] == METRICS[k], k
     assert row["train_micro_batches"] == 2.0 and row["eval_accuracy"] == ""
     write_csv(tmp_path / "m.csv", [row])
@@ -41,9 +41,9 @@ def test_csv_carries_the_kl_split_and_the_clip_fractions(tmp_path):
 
 def test_a_metric_missing_from_a_step_is_an_empty_cell():
     res = _result()
-    del res.metrics["reward_kl"], res.metrics["entropy"]
+    del res.metrics["reward_kl"]
     row = metrics_row(res)
-    assert row["reward_kl"] == "" and row["entropy"] == ""
+    assert row["reward_kl"] == ""
 
 
 def test_tensorboard_has_verls_keys_beside_ours():

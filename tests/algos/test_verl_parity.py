@@ -275,6 +275,8 @@ def test_defaults_are_verls():
         ({"loss_scale_factor": 100}, "loss_scale_factor"),
         ({"clip_ratio_low": 1.0}, "clip_ratio_low"),
         ({"clip_ratio_high": 0.0}, "clip_ratio_high"),
+        # the loss has the term (tested above); the trainer's forward gives no entropy yet
+        ({"entropy_coeff": 0.001}, "entropy_coeff"),
         ({"name": "ppo", "kl_in_reward": True, "use_reference": False, "kl_coef": 0}, "kl_in_"),
     ],
 )
@@ -287,4 +289,4 @@ def test_good_combinations_pass():
     AlgoSpec(name="ppo", kl_in_reward=True, kl_loss_coef=0.001, kl_penalty="low_var_kl",
              kl_ctrl="adaptive", target_kl=0.05, kl_horizon=1000)  # fmt: skip
     AlgoSpec(loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=1024)
-    AlgoSpec(clip_ratio_low=0.2, clip_ratio_high=0.28, entropy_coeff=0.001, kl_loss_type="k3+")
+    AlgoSpec(clip_ratio_low=0.2, clip_ratio_high=0.28, kl_loss_type="k3+")
