@@ -193,6 +193,8 @@ class AlgoSpec(Spec):
                         f"{name} applies with kl_in_reward=true (the reward's KL penalty); "
                         "without it kl_coef weighs the loss's KL term"
                     )
+        if self.kl_ctrl == "adaptive" and self.kl_coef == 0:
+            raise ValueError("kl_ctrl=adaptive scales kl_coef from where it starts; it is 0")
         if self.kl_ctrl == "fixed":
             for name in ("target_kl", "kl_horizon"):
                 if getattr(self, name) != type(self).model_fields[name].default:

@@ -268,6 +268,7 @@ def test_defaults_are_verls():
         ({"kl_loss_coef": 0.01}, "kl_loss_coef"),
         ({"kl_penalty": "k3"}, "kl_penalty"),
         ({"kl_ctrl": "adaptive"}, "kl_ctrl"),
+        ({"name": "ppo", "kl_in_reward": True, "kl_ctrl": "adaptive", "kl_coef": 0}, "kl_ctrl"),
         ({"name": "ppo", "kl_in_reward": True, "target_kl": 0.5}, "target_kl"),
         ({"name": "ppo", "kl_in_reward": True, "kl_horizon": 10}, "kl_horizon"),
         ({"kl_loss_type": "full"}, "kl_loss_type"),

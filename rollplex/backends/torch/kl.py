@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-BASE_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-KL_ESTIMATORS = BASE_ESTIMATORS + tuple(f"{n}+" for n in BASE_ESTIMATORS)
+from rollplex.specs.algo import KL_ESTIMATORS
 
 
 def kl_estimate(
