@@ -107,7 +107,8 @@ def metrics_row(res) -> dict[str, Any]:
 
 def step_line(row: dict[str, Any]) -> str:
     """One step's metrics for the run log (reward, KL, loss, time, peak)."""
-    parts = [f"{k} {row[k]:.4g}" for k in ("reward", "kl", "loss") if isinstance(row[k], float)]
+    keys = ("reward", "kl", "reward_kl", "loss")  # reward_kl: only a kl_in_reward run's
+    parts = [f"{k} {row[k]:.4g}" for k in keys if isinstance(row.get(k), float)]
     parts.append(f"{row['step_time_s']:.2f} s")
     parts.append(f"peak resident {row['peak_resident_bytes'] / 2**30:.2f} GiB")
     if isinstance(row.get("train_micro_batches"), float):

@@ -58,3 +58,13 @@ def test_tensorboard_has_verls_keys_beside_ours():
     # every verl key comes from a metric of ours, and no two of ours share one
     assert len(set(VERL_NAMES.values())) == len(VERL_NAMES)
     assert {v for k, v in VERL_NAMES.items() if k in METRICS} <= set(w.tags)
+
+
+def test_the_step_line_shows_the_reward_kl_only_where_there_is_one():
+    from rollplex.jobs.train_outputs import step_line
+
+    res = _result()
+    assert "reward_kl 0.043" in step_line(metrics_row(res))
+    del res.metrics["reward_kl"]
+    line = step_line(metrics_row(res))
+    assert "reward_kl" not in line and "kl 0" in line
