@@ -27,13 +27,15 @@ class AlgoSpec(Spec):
     kl_coef: float = Field(
         0.04,
         ge=0,
-        description="Weight of the KL to the reference: of the k3 loss term [kl_loss_coef], "
-        "or with kl_in_reward of the per-token reward penalty [algorithm.kl_ctrl.kl_coef].",
+        description="Weight of the KL to the reference: of the loss's kl_loss_type term "
+        "[kl_loss_coef], or with kl_in_reward of the per-token reward penalty (the adaptive "
+        "controller's start) [algorithm.kl_ctrl.kl_coef].",
     )
     kl_in_reward: bool = Field(
         False,
-        description="PPO only: subtract kl_coef * (old - ref logprob) from each token's reward "
-        "before GAE [use_kl_in_reward, kl_penalty='kl'] instead of adding a k3 term to the loss.",
+        description="PPO only: subtract kl_coef * KL(old, ref) (kl_penalty's estimator) from "
+        "each token's reward before GAE [use_kl_in_reward]; the loss then has a KL term "
+        "only with kl_loss_coef.",
     )
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip [clip_ratio].")
     clip_ratio_c: float = Field(
