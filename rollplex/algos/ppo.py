@@ -47,13 +47,15 @@ def build_ppo(model: ModelSpec, workload: WorkloadSpec, algo: AlgoSpec) -> Graph
 
     with b.phase(Phase.TRAIN):
         actor = b.per_sample_logprob(prompts, responses, policy, g, train=True)
+        # with kl_in_reward a loss KL term too only if kl_loss_coef asks (verl's use_kl_loss)
+        loss_kl = algo.kl_loss_coef if kl_in_reward else algo.kl_coef
         loss = b.policy_loss(
             actor["logprobs"],
             old_logprobs,
             advantages,
-            None if kl_in_reward else ref_logprobs,
+            None if kl_in_reward and not loss_kl else ref_logprobs,
             clip_eps=algo.clip_eps,
-            kl_coef=0.0 if kl_in_reward else algo.kl_coef,
+            kl_coef=loss_kl or 0.0,
         )
         policy_grads = b.backward(loss, policy, [actor["saved"]])
 

@@ -34,16 +34,23 @@ def run_eval(spec: RunSpec, out: Path) -> dict[str, Any]:
     torch.manual_seed(spec.seed)
     config = StepConfig(folder.spec, spec.algo, spec.seed, e.max_new_tokens, device=e.device)
     backend = compose(config, spec.backend)
-    res = evaluate(backend, source, renderer, e.prompts, e.max_new_tokens)
+    from rollplex.data.rewards import accuracy_scorer
+
+    score = accuracy_scorer(spec.reward)  # the run's own reward; exact match beside it
+    res = evaluate(backend, source, renderer, e.prompts, e.max_new_tokens, score=score)
     print(
-        f"accuracy {res.accuracy:.3f} on {res.prompts} {e.split} prompts of '{source.name}' "
-        f"(always '{res.majority_answer}': {res.majority_accuracy:.3f}); folder {folder.path}"
+        f"accuracy {res.accuracy:.3f} by {res.scored_by} (exact match "
+        f"{res.exact_match_accuracy:.3f}) on {res.prompts} {e.split} prompts of "
+        f"'{source.name}' (always '{res.majority_answer}': {res.majority_accuracy:.3f}); "
+        f"folder {folder.path}"
     )
     return {
         "model_path": str(folder.path),
         "data": source.name,
         "split": e.split,
         "accuracy": res.accuracy,
+        "scored_by": res.scored_by,
+        "exact_match_accuracy": res.exact_match_accuracy,
         "prompts": res.prompts,
         "majority_answer": res.majority_answer,
         "majority_accuracy": res.majority_accuracy,

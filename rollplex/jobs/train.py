@@ -43,6 +43,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from rollplex.data.rewards import accuracy_scorer
 from rollplex.jobs.train_outputs import (
     Scalars,
     eval_summary,
@@ -235,6 +236,10 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
         sum(len(d.streams) for d in plan.devices),
         "; ".join(plan.notes) or "no overlap",
     )
+    from rollplex.backends.torch.loss import group_of_one_note
+
+    if note := group_of_one_note(spec.algo.name, spec.workload.group_size):
+        log.warning("%s", note)
     start = 0
     if ckpt is not None:
         _restore(fsdp, backend, ckpt, pools)
@@ -266,14 +271,23 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
         if not main:
             return None
         res = evaluate(
-            backend, prepared.eval_source, prepared.renderer, t.eval_prompts, t.max_new_tokens
+            backend,
+            prepared.eval_source,
+            prepared.renderer,
+            t.eval_prompts,
+            t.max_new_tokens,
+            score=accuracy_scorer(spec.reward),  # the run's own reward; exact match beside
         )
         evals.append((step, res))
-        write_scalars(writer, {"eval/accuracy": res.accuracy}, step=step)
+        scalars = {"eval/accuracy": res.accuracy, "eval/exact_match": res.exact_match_accuracy}
+        write_scalars(writer, scalars, step=step)
         log.info(
-            "step %d: held-out accuracy %.3f on %d prompts (always '%s': %.3f)",
+            "step %d: held-out accuracy %.3f by %s (exact match %.3f) on %d prompts "
+            "(always '%s': %.3f)",
             step,
             res.accuracy,
+            res.scored_by,
+            res.exact_match_accuracy,
             res.prompts,
             res.majority_answer,
             res.majority_accuracy,

@@ -1,8 +1,9 @@
 """What a `rollplex train` run writes into its run folder besides checkpoints: one metrics
 row per RL step (`metrics.csv`; a run-log line where no progress bar shows it),
-TensorBoard scalars, the planned and measured timelines with their planned-vs-measured
-table, `calibration.json` (measured op times in the cost model's format) and the numbers
-`summary.json` holds."""
+TensorBoard scalars (each metric as train/<name>, and under verl's key where verl has one:
+VERL_NAMES, e.g. clip_frac as actor/pg_clipfrac), the planned and measured timelines with
+their planned-vs-measured table, `calibration.json` (measured op times in the cost model's
+format) and the numbers `summary.json` holds."""
 
 from __future__ import annotations
 
@@ -18,10 +19,13 @@ from rollplex.trace import write_scalars
 CSV_FIELDS = (
     "step",
     "reward",
-    "kl",
+    "kl",  # the loss term's KL (= loss_kl; kept for older readers)
     "loss",
     "pg_loss",
     "clip_frac",
+    "clip_frac_lower",
+    "loss_kl",  # the KL term of the loss (0 when the run puts the KL only in the reward)
+    "reward_kl",  # kl_in_reward: the per-token KL the rewards were penalised by (else empty)
     "response_length",
     "eval_accuracy",
     "step_time_s",
@@ -40,6 +44,7 @@ class Scalars(Callback):
 
     def on_rl_step_end(self, result) -> None:
         values = {f"train/{k}": v for k, v in result.metrics.items()}
+        values |= {VERL_NAMES[k]: v for k, v in result.metrics.items() if k in VERL_NAMES}
         values["train/step_time_s"] = result.seconds
         values["memory/peak_resident_bytes"] = max(result.peak_resident_bytes.values())
         write_scalars(self.writer, values, step=result.rl_step + 1)
@@ -61,6 +66,9 @@ def eval_summary(evals: list[tuple[int, Any]]) -> dict[str, Any]:
     return {
         "eval_accuracy_first": first.accuracy,
         "eval_accuracy_last": last.accuracy,
+        "eval_scored_by": last.scored_by,  # the run's own reward (runtime/evaluate.py)
+        "eval_exact_match_first": first.exact_match_accuracy,
+        "eval_exact_match_last": last.exact_match_accuracy,
         "eval_prompts": last.prompts,
         "majority_answer": last.majority_answer,
         "majority_accuracy": last.majority_accuracy,
@@ -68,21 +76,39 @@ def eval_summary(evals: list[tuple[int, Any]]) -> dict[str, Any]:
     }
 
 
+# The same scalars under verl's metric keys too (TensorBoard), so its dashboards carry over.
+VERL_NAMES = {
+    "pg_loss": "actor/pg_loss",
+    "clip_frac": "actor/pg_clipfrac",
+    "clip_frac_lower": "actor/pg_clipfrac_lower",
+    "ppo_kl": "actor/ppo_kl",
+    "entropy": "actor/entropy",
+    "loss_kl": "actor/kl_loss",
+    "reward_kl": "actor/reward_kl_penalty",
+    "reward_kl_coef": "actor/reward_kl_penalty_coeff",
+    "vf_loss": "critic/vf_loss",
+    "vf_clip_frac": "critic/vf_clipfrac",
+    "reward": "critic/score/mean",
+    "response_length": "response_length/mean",
+}
+
+
 def metrics_row(res) -> dict[str, Any]:
     m = res.metrics
-    return {
-        "step": res.rl_step + 1,
-        **{k: m.get(k, "") for k in CSV_FIELDS[1:7]},
-        "eval_accuracy": "",
-        "step_time_s": res.seconds,
-        "peak_resident_bytes": max(res.peak_resident_bytes.values()),
-        **{k: m.get(k, "") for k in CSV_FIELDS[-3:]},
-    }
+    row: dict[str, Any] = {k: m.get(k, "") for k in CSV_FIELDS}
+    row.update(
+        step=res.rl_step + 1,
+        eval_accuracy="",
+        step_time_s=res.seconds,
+        peak_resident_bytes=max(res.peak_resident_bytes.values()),
+    )
+    return row
 
 
 def step_line(row: dict[str, Any]) -> str:
     """One step's metrics for the run log (reward, KL, loss, time, peak)."""
-    parts = [f"{k} {row[k]:.4g}" for k in ("reward", "kl", "loss") if isinstance(row[k], float)]
+    keys = ("reward", "kl", "reward_kl", "loss")  # reward_kl: only a kl_in_reward run's
+    parts = [f"{k} {row[k]:.4g}" for k in keys if isinstance(row.get(k), float)]
     parts.append(f"{row['step_time_s']:.2f} s")
     parts.append(f"peak resident {row['peak_resident_bytes'] / 2**30:.2f} GiB")
     if isinstance(row.get("train_micro_batches"), float):

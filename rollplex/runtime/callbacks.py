@@ -52,7 +52,7 @@ class Progress(Callback):
         self,
         total: int,
         initial: int = 0,
-        keys: Sequence[str] = ("reward", "kl"),
+        keys: Sequence[str] = ("reward", "kl", "reward_kl"),  # each where the step has it
         disable: bool | None = None,
     ) -> None:
         from tqdm.auto import tqdm

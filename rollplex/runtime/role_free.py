@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rollplex.backends.base import BackendError
-from rollplex.backends.torch.loss import ADVANTAGES, group_advantages
+from rollplex.backends.torch.kl import KLController, sequence_mean_kl
+from rollplex.backends.torch.loss import ADVANTAGES, group_advantages, reward_kl
 from rollplex.backends.torch.task import first_token_reward, reward
 from rollplex.graph.ir import Op
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 class RoleFreeOps:
     def __init__(self, dispatch: RoleDispatch) -> None:
         self.d = dispatch
+        self.kl_ctrl: KLController | None = None  # the reward KL's coefficient, step to step
 
     def run(self, op: Op, x: dict[str, Any]) -> dict[str, Any]:
         d, k, a = self.d, op.kind, op.attrs
@@ -39,7 +41,7 @@ class RoleFreeOps:
                         f"'{op.name}': kl_in_reward needs the rollout's logprobs before "
                         f"training, and {type(d.rollout).__name__} gives none of logits/T"
                     )
-                kl = (x["old_logprobs"], x["ref_logprobs"], a["kl_coef"])
+                kl = self._reward_kl(x["old_logprobs"], x["ref_logprobs"], x["values"].mask, a)
             adv, returns = d.critic.advantages(x["rewards"], x["values"], a["gamma"], a["lam"], kl)
             return {"advantages": adv, "returns": returns}
         if k == "value_loss":
@@ -59,6 +61,22 @@ class RoleFreeOps:
                 return {"advantages": estimator(x["rewards"], a["group_size"], norm_by_std=norm)}
             return {"advantages": estimator(x["rewards"], a["group_size"])}
         raise BackendError(f"'{op.name}' ({k}) is not a role-free op")
+
+    def _reward_kl(self, old: Any, ref: Any, mask: torch.Tensor, attrs: dict) -> tuple:
+        """(old, ref, coefficient, estimator) for the critic's KL-penalised rewards, with
+        verl's metrics: reward_kl (per-sequence mean KL, averaged) and reward_kl_coef (the
+        coefficient this step used); then the controller sees this step's KL."""
+        algo = self.d.config.algo
+        if self.kl_ctrl is None:
+            self.kl_ctrl = KLController(
+                attrs["kl_coef"], algo.kl_ctrl, algo.target_kl, algo.kl_horizon
+            )
+        coef = self.kl_ctrl.value
+        current = sequence_mean_kl(reward_kl(old.values, ref.values, mask, algo.kl_penalty), mask)
+        self.d.metrics["reward_kl"] = torch.tensor(current)
+        self.d.metrics["reward_kl_coef"] = torch.tensor(coef)
+        self.kl_ctrl.update(current, n_steps=mask.shape[0])
+        return old, ref, coef, algo.kl_penalty
 
 
 def task_reward(kind: str, responses: Any, answers: torch.Tensor, group_size: int, eos: int):

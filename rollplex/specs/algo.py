@@ -7,11 +7,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rollplex.specs.base import Spec
 
-LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+LossAgg = Literal[
+    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+]
+# verl's kl_penalty names (backends/torch/kl.py); "+" keeps the value, takes k2's gradient
+KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+KL_ESTIMATORS += tuple(f"{n}+" for n in KL_ESTIMATORS)
 
 
 class AlgoSpec(Spec):
@@ -22,13 +27,15 @@ class AlgoSpec(Spec):
     kl_coef: float = Field(
         0.04,
         ge=0,
-        description="Weight of the KL to the reference: of the k3 loss term [kl_loss_coef], "
-        "or with kl_in_reward of the per-token reward penalty [algorithm.kl_ctrl.kl_coef].",
+        description="Weight of the KL to the reference: of the loss's kl_loss_type term "
+        "[kl_loss_coef], or with kl_in_reward of the per-token reward penalty (the adaptive "
+        "controller's start) [algorithm.kl_ctrl.kl_coef].",
     )
     kl_in_reward: bool = Field(
         False,
-        description="PPO only: subtract kl_coef * (old - ref logprob) from each token's reward "
-        "before GAE [use_kl_in_reward, kl_penalty='kl'] instead of adding a k3 term to the loss.",
+        description="PPO only: subtract kl_coef * KL(old, ref) (kl_penalty's estimator) from "
+        "each token's reward before GAE [use_kl_in_reward]; the loss then has a KL term "
+        "only with kl_loss_coef.",
     )
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip [clip_ratio].")
     clip_ratio_c: float = Field(
@@ -52,12 +59,73 @@ class AlgoSpec(Spec):
         "token-mean",
         description="How per-token losses become one number [loss_agg_mode]: token-mean "
         "(over all valid tokens of the batch), seq-mean-token-mean (mean per sequence, then "
-        "over sequences), seq-mean-token-sum (sum per sequence, then mean; Dr. GRPO).",
+        "over sequences), seq-mean-token-sum (sum per sequence, then mean over sequences), "
+        "seq-mean-token-sum-norm (the sum over every valid token divided by a constant, "
+        "loss_scale_factor: verl's Dr. GRPO recipe).",
+    )
+    loss_scale_factor: int | None = Field(
+        None,
+        gt=0,
+        description="seq-mean-token-sum-norm's divisor [loss_scale_factor]; unset, the "
+        "padded response width (train's max_new_tokens), as verl's loss_mask.shape[-1].",
     )
     norm_adv_by_std_in_grpo: bool = Field(
         True,
         description="GRPO: divide group-centred rewards by the group's std (+1e-6); false "
-        "keeps only the centring, as Dr. GRPO does [norm_adv_by_std_in_grpo].",
+        "keeps only the centring, as Dr. GRPO does [norm_adv_by_std_in_grpo]. A group of "
+        "one (workload.group_size=1) has no baseline: as in verl its advantage is the raw "
+        "reward (/ (1 + 1e-6) with the std), and the train job says so in its log.",
+    )
+    clip_ratio_low: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Lower ratio clip: r is clipped below at 1 - this [clip_ratio_low]; "
+        "unset, clip_eps.",
+    )
+    clip_ratio_high: float | None = Field(
+        None,
+        gt=0,
+        description="Upper ratio clip: r is clipped above at 1 + this [clip_ratio_high]; "
+        "unset, clip_eps. DAPO's clip-higher sets 0.28 with clip_ratio_low 0.2.",
+    )
+    entropy_coeff: float = Field(
+        0.0,
+        description="Subtract this times the policy's entropy (aggregated as the loss is) "
+        "from the loss [entropy_coeff]. The loss supports it (backends/torch/loss.py), but "
+        "the training forward does not compute the entropy yet (it needs each position's "
+        "full logits carried through the micro-batches): only 0 is accepted for now.",
+    )
+    kl_loss_type: str = Field(
+        "low_var_kl",
+        description="Estimator of the KL loss term [kl_loss_type]: kl/k1 (logp - ref), abs, "
+        "mse/k2 (half the squared difference), low_var_kl/k3 (clamped e^-d + d - 1); a "
+        "trailing '+' (k3+, low_var_kl+ ...) keeps the value but takes k2's gradient.",
+    )
+    kl_penalty: str = Field(
+        "kl",
+        description="With kl_in_reward: the estimator of the reward's per-token KL penalty, "
+        "names as kl_loss_type [algorithm.kl_penalty].",
+    )
+    kl_loss_coef: float | None = Field(
+        None,
+        ge=0,
+        description="With kl_in_reward: also add this times the kl_loss_type KL to the loss, "
+        "so both penalties apply [use_kl_loss, kl_loss_coef]; unset, only the reward's. "
+        "Without kl_in_reward kl_coef is the loss term's weight, and this is refused.",
+    )
+    kl_ctrl: Literal["fixed", "adaptive"] = Field(
+        "fixed",
+        description="With kl_in_reward: the reward penalty's coefficient stays kl_coef "
+        "(fixed) or follows verl's AdaptiveKLController (adaptive): after each step it is "
+        "multiplied by 1 + clip(kl / target_kl - 1, +-0.2) * batch / kl_horizon "
+        "[algorithm.kl_ctrl.type].",
+    )
+    target_kl: float = Field(
+        0.1, gt=0, description="Adaptive KL: the KL to steer to [kl_ctrl.target_kl]."
+    )
+    kl_horizon: int = Field(
+        10000, gt=0, description="Adaptive KL: samples over which it adapts [kl_ctrl.horizon]."
     )
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
@@ -83,10 +151,55 @@ class AlgoSpec(Spec):
         0, ge=0, description="Learned reward models scored after rollout (0: rule reward only)."
     )
 
+    @field_validator("kl_loss_type", "kl_penalty")
+    @classmethod
+    def _estimator(cls, v: str, info) -> str:
+        if v in ("full", "full+"):
+            raise ValueError(
+                f"{info.field_name}={v!r} needs the whole vocabulary's logprobs (verl does "
+                f"not implement it either); use one of {KL_ESTIMATORS}"
+            )
+        if v not in KL_ESTIMATORS:
+            raise ValueError(f"{info.field_name}={v!r}: expected one of {KL_ESTIMATORS}")
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> AlgoSpec:
         if self.kl_coef > 0 and not self.use_reference:
             raise ValueError("kl_coef > 0 needs use_reference=true (set kl_coef=0 to drop it)")
         if self.kl_in_reward and self.name != "ppo":
             raise ValueError(f"kl_in_reward is PPO's (GAE over token rewards), not {self.name}'s")
+        self._check_kl_options()
+        if self.entropy_coeff != 0:
+            raise ValueError(
+                "entropy_coeff: the training forward does not compute the policy's entropy "
+                "yet, so the term would be silently absent; set entropy_coeff=0"
+            )
+        if self.loss_scale_factor is not None and self.loss_agg_mode != "seq-mean-token-sum-norm":
+            raise ValueError(
+                "loss_scale_factor divides seq-mean-token-sum-norm's sum; loss_agg_mode is "
+                f"{self.loss_agg_mode!r}"
+            )
         return self
+
+    def _check_kl_options(self) -> None:
+        """The reward-KL options need kl_in_reward; each one set without it is refused."""
+        if not self.kl_in_reward:
+            for name, unused in (
+                ("kl_loss_coef", self.kl_loss_coef is not None),
+                ("kl_penalty", self.kl_penalty != "kl"),
+                ("kl_ctrl", self.kl_ctrl != "fixed"),
+            ):
+                if unused:
+                    raise ValueError(
+                        f"{name} applies with kl_in_reward=true (the reward's KL penalty); "
+                        "without it kl_coef weighs the loss's KL term"
+                    )
+        if self.kl_ctrl == "adaptive" and self.kl_coef == 0:
+            raise ValueError("kl_ctrl=adaptive scales kl_coef from where it starts; it is 0")
+        if self.kl_ctrl == "fixed":
+            for name in ("target_kl", "kl_horizon"):
+                if getattr(self, name) != type(self).model_fields[name].default:
+                    raise ValueError(f"{name} steers kl_ctrl=adaptive; kl_ctrl is fixed")
+        if self.kl_in_reward and not self.use_reference:
+            raise ValueError("kl_in_reward needs use_reference=true (the KL is to the reference)")

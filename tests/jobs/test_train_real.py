@@ -45,11 +45,11 @@ def test_three_steps_from_a_hub_folder_save_a_folder_transformers_loads(hub_fold
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     run = tmp_path / "run"
+    # a user reward by import path: random answers all score 0 on exact match
+    reward = "reward.components=[{name: 'tests.jobs.user_rewards:longer_is_better', weight: 1.0}]"
     done = rollplex(
         "train", run, "model=hub", f"model.path={hub_folder}", "data=easyvqa",
-        "train.steps=3", "train.eval_every=3", "train.eval_prompts=8", *SMALL,
-        # a user reward by import path: random answers all score 0 on exact match
-        "reward.components=[{name: 'tests.jobs.user_rewards:longer_is_better', weight: 1.0}]",
+        "train.steps=3", "train.eval_every=3", "train.eval_prompts=8", *SMALL, reward,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     ckpt = run / "checkpoints" / "step-000003" / "model"
@@ -91,12 +91,16 @@ def test_three_steps_from_a_hub_folder_save_a_folder_transformers_loads(hub_fold
         "data=easyvqa",
         "eval.prompts=8",
         "eval.max_new_tokens=2",
+        reward,  # held-out accuracy is by the run's own reward, exact match beside it
     )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     scored = json.loads((tmp_path / "eval" / "summary.json").read_text())
     assert scored["prompts"] == 8 and scored["accuracy"] == pytest.approx(
         summary["eval_accuracy_last"]
     ), "eval of the checkpoint must score the train job's last evaluation"
+    by = "tests.jobs.user_rewards:longer_is_better"
+    assert scored["scored_by"] == summary["eval_scored_by"] == by
+    assert scored["exact_match_accuracy"] == pytest.approx(summary["eval_exact_match_last"])
 
 
 def _png(path: Path, rgb: tuple[int, int, int]) -> str:

@@ -47,7 +47,8 @@ from rollplex.specs import AlgoSpec, ModelSpec
 from rollplex.specs.fsdp import FsdpSpec
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-AGGREGATED = frozenset({"loss", "pg_loss", "kl"})  # aggregated by loss_agg_mode
+# aggregated by loss_agg_mode
+AGGREGATED = frozenset({"loss", "pg_loss", "kl", "loss_kl", "entropy"})
 UNSCALED = frozenset({"tokens", "train_micro_batches"})  # the same on every rank
 
 
@@ -141,7 +142,9 @@ class FsdpTrainer(TorchTrainer):
         mask = logprobs.mask.bool()
         tokens = self._share(mask.sum())
         loss_share = tokens if self.algo.loss_agg_mode == "token-mean" else None
-        if loss_share is None:  # the seq-mean modes average over sequences with a token
+        if self.algo.loss_agg_mode == "seq-mean-token-sum-norm":  # sum / a constant: the
+            loss_share = torch.tensor(float(self.world), device=mask.device)  # ranks' add up
+        elif loss_share is None:  # the seq-mean modes average over sequences with a token
             loss_share = self._share(agg_units(mask, self.algo.loss_agg_mode))
         # Metrics too, so their mean over ranks (end_step) is the global batch's.
         metrics = {

@@ -128,15 +128,17 @@ class TorchCritic:
         old_values: TokenLogprobs,
         gamma: float,
         lam: float,
-        kl: tuple[TokenLogprobs, TokenLogprobs, float] | None = None,
+        kl: tuple | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """GAE with the sequence reward on each response's last valid token: (whitened
-        advantages [S, R], returns [S, R]). `kl=(old, ref, coef)` first subtracts
-        coef * (old - ref) from every token's reward (verl's apply_kl_penalty, 'kl')."""
+        advantages [S, R], returns [S, R]). `kl=(old, ref, coef[, estimator])` first
+        subtracts coef * KL(old, ref) from every token's reward (verl's apply_kl_penalty;
+        the estimator is its kl_penalty, 'kl' = old - ref unless given)."""
         scores = token_rewards(rewards, old_values.mask)
         if kl is not None:
+            estimator = kl[3] if len(kl) > 3 else "kl"
             scores = kl_penalized_rewards(
-                scores, kl[0].values, kl[1].values, old_values.mask, kl[2]
+                scores, kl[0].values, kl[1].values, old_values.mask, kl[2], estimator
             )
         return gae(scores, old_values.values.detach(), old_values.mask, gamma, lam)
 

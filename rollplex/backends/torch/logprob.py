@@ -43,6 +43,15 @@ def token_logprobs(
     return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
 
 
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) per position, in fp32: logsumexp(z) -
+    sum(softmax(z) * z), verl's entropy_from_logits on the logits it divides by T."""
+    z = logits.float()
+    if temperature > 0 and temperature != 1.0:
+        z = z / temperature
+    return z.logsumexp(-1) - (torch.softmax(z, -1) * z).sum(-1)
+
+
 # fp32 logits one chunk of head_logprobs may hold: at a real vocab (152k) 1 GiB is ~1,700
 # tokens, where [64 x 256] responses would need 10 GiB at once (and again for backward).
 HEAD_CHUNK_BYTES = 1 << 30

@@ -1,17 +1,27 @@
 """Advantages (GRPO group-normalised, RLOO leave-one-out, PPO's GAE), the clipped policy
-loss with a k3 KL penalty, and the critic's clipped value loss.
+loss with its KL and entropy terms, and the critic's clipped value loss.
 
-The formulas are verl's `core_algos` (vanilla policy loss, low_var_kl, agg_loss,
-compute_gae_advantage_return, compute_value_loss); tests/backends/torch/test_loss.py
-re-derives each of them on fixed tensors. Padding may hold anything (-inf included):
-every reduction selects valid tokens with `where`, since inf * 0 is NaN.
+The formulas are verl's `core_algos` (compute_policy_loss_vanilla, kl_penalty, agg_loss,
+compute_grpo_outcome_advantage, compute_gae_advantage_return, compute_value_loss);
+tests/backends/torch/test_loss_verl.py and tests/algos/test_verl_parity.py re-derive each
+of them on fixed tensors. Padding may hold anything (-inf included): every reduction
+selects valid tokens with `where`, since inf * 0 is NaN.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+from rollplex.backends.torch.kl import kl_estimate
+
+AGG_MODES = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
 
 
 def group_advantages(
@@ -20,15 +30,30 @@ def group_advantages(
     """(r - mean) / (std + eps) within each group of `group_size` consecutive rewards [N];
     `norm_by_std=False` keeps only the centring (Dr. GRPO).
 
-    std is the unbiased one, as in verl's GRPO; a group of one has no baseline to compare
-    against, so it gets advantage 0."""
+    std is the unbiased one, as in verl's GRPO. A group of one has no baseline: verl
+    (compute_grpo_outcome_advantage) takes mean 0 and std 1 there, so the advantage is the
+    raw reward, r / (1 + eps) (r without the std); so does this."""
     if group_size < 1 or rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
     r = rewards.float().view(-1, group_size)
+    if group_size == 1:
+        return (r / (1.0 + eps) if norm_by_std else r).view(-1)
     centred = r - r.mean(dim=1, keepdim=True)
-    if group_size == 1 or not norm_by_std:  # a group of one centres to 0
+    if not norm_by_std:
         return centred.view(-1)
     return (centred / (r.std(dim=1, keepdim=True) + eps)).view(-1)
+
+
+def group_of_one_note(estimator: str, group_size: int) -> str | None:
+    """What a run logs once when GRPO meets groups of one (None otherwise)."""
+    if estimator != "grpo" or group_size != 1:
+        return None
+    return (
+        "algo=grpo with workload.group_size=1: a group of one has no baseline, so each "
+        "sample's advantage is its raw reward (r / (1 + 1e-6)), as verl's "
+        "compute_grpo_outcome_advantage gives; sample G > 1 responses for group-relative "
+        "advantages"
+    )
 
 
 def leave_one_out_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -59,11 +84,20 @@ def kl_penalized_rewards(
     ref_logprobs: torch.Tensor,
     mask: torch.Tensor,
     coef: float,
+    estimator: str = "kl",
 ) -> torch.Tensor:
-    """Token rewards [N, R] minus coef * (old - ref) on valid tokens: verl's
-    apply_kl_penalty with its default k1 estimator (use_kl_in_reward)."""
-    kl = torch.where(mask.bool(), old_logprobs.detach() - ref_logprobs.detach(), 0.0)
+    """Token rewards [N, R] minus coef * KL(old, ref) on valid tokens: verl's
+    apply_kl_penalty (use_kl_in_reward) with its `kl_penalty` estimator, k1 by default."""
+    kl = reward_kl(old_logprobs, ref_logprobs, mask, estimator)
     return rewards - coef * kl
+
+
+def reward_kl(
+    old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, estimator: str
+) -> torch.Tensor:
+    """The per-token KL [N, R] that the reward penalty subtracts, 0 on padding."""
+    kl = kl_estimate(old_logprobs.detach(), ref_logprobs.detach(), estimator)
+    return torch.where(mask.bool(), kl, 0.0)
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -101,15 +135,21 @@ def gae(
     return masked_whiten(out, valid), returns
 
 
-def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+def aggregate(
+    loss: torch.Tensor, mask: torch.Tensor, mode: str, scale: float | None = None
+) -> torch.Tensor:
     """verl's agg_loss: one number from per-token losses [N, R]. Sequences with no valid
-    token are left out of the seq-mean modes."""
+    token are left out of the seq-mean modes. seq-mean-token-sum-norm (Dr. GRPO) is the
+    sum of every valid token's loss over a constant: `scale` [loss_scale_factor], by
+    default the padded response width R (verl's loss_mask.shape[-1])."""
     valid = mask.bool()
     x = torch.where(valid, loss, torch.zeros_like(loss))
     if mode == "token-mean":
         return x.sum() / valid.sum().clamp(min=1)
     if mode not in AGG_MODES:
         raise ValueError(f"loss_agg_mode {mode!r}: expected one of {AGG_MODES}")
+    if mode == "seq-mean-token-sum-norm":
+        return x.sum() / (scale if scale is not None else loss.shape[-1])
     tokens = valid.sum(-1)
     per_seq = x.sum(-1)
     if mode == "seq-mean-token-mean":
@@ -120,7 +160,10 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor
 
 def agg_units(mask: torch.Tensor, mode: str) -> torch.Tensor:
     """What `aggregate` averages over: valid tokens (token-mean) or sequences with a valid
-    token (the seq-mean modes)."""
+    token (the seq-mean modes). seq-mean-token-sum-norm averages over nothing (a constant
+    divides the sum), so it has no units."""
+    if mode == "seq-mean-token-sum-norm":
+        raise ValueError("seq-mean-token-sum-norm divides by a constant: it has no units")
     if mode not in AGG_MODES:
         raise ValueError(f"loss_agg_mode {mode!r}: expected one of {AGG_MODES}")
     valid = mask.bool()
@@ -132,7 +175,10 @@ def micro_batch_weights(
 ) -> list[torch.Tensor]:
     """Weights w_k of row ranges `rows` of a batch [N, R] such that sum_k w_k *
     aggregate(x[lo_k:hi_k]) == aggregate(x) for any per-token x: each range's share of the
-    tokens (token-mean) or of the sequences with a token (seq-mean modes)."""
+    tokens (token-mean) or of the sequences with a token (seq-mean modes); 1 each under
+    seq-mean-token-sum-norm, whose constant divisor makes the parts' sums add up."""
+    if mode == "seq-mean-token-sum-norm":
+        return [torch.tensor(1.0) for _ in rows]
     total = agg_units(mask, mode).clamp(min=1).to(torch.float32)
     return [agg_units(mask[lo:hi], mode).to(torch.float32) / total for lo, hi in rows]
 
@@ -140,8 +186,7 @@ def micro_batch_weights(
 def k3_kl(logprobs: torch.Tensor, ref: torch.Tensor, log_clamp: float, kl_clamp: float):
     """Schulman's k3 = e^d - d - 1 with d = ref - logp clamped to +-log_clamp, the result
     clamped to +-kl_clamp (verl's low_var_kl): one outlier token gives at most kl_clamp."""
-    d = (ref - logprobs).clamp(-log_clamp, log_clamp)
-    return (torch.exp(d) - d - 1.0).clamp(-kl_clamp, kl_clamp)
+    return kl_estimate(logprobs, ref, "low_var_kl", log_clamp, kl_clamp)
 
 
 def policy_loss(
@@ -153,34 +198,58 @@ def policy_loss(
     clip_eps: float,
     kl_coef: float,
     *,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
+    loss_scale_factor: float | None = None,
     log_ratio_clamp: float = 20.0,
     kl_clamp: float = 10.0,
+    kl_loss_type: str = "low_var_kl",
+    entropy: torch.Tensor | None = None,
+    entropy_coeff: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Dual-clip PPO loss aggregated by `loss_agg_mode`, plus kl_coef * k3 KL.
+    """Dual-clip PPO loss aggregated by `loss_agg_mode`, plus kl_coef * KL, minus
+    entropy_coeff * entropy (verl's compute_policy_loss_vanilla, then dp_actor's terms).
 
-    Per token, with r = exp(clamp(logp - old, +-log_ratio_clamp)):
-        clipped = max(-A r, -A clip(r, 1-eps, 1+eps)),
+    Per token, with r = exp(clamp(logp - old, +-log_ratio_clamp)), lo = clip_ratio_low and
+    hi = clip_ratio_high (each clip_eps when None: verl's fallback to clip_ratio):
+        clipped = max(-A r, -A clip(r, 1-lo, 1+hi)),
         loss = min(clipped, -A clip_ratio_c) where A < 0, else clipped.
-    `advantages` is [N] (one per sequence) or [N, R]. `clip_frac` counts tokens where the
-    clip binds (the clipped term is the larger), `clip_frac_lower` those where the dual
-    clip does. Metrics are detached 0-dim tensors: no device sync until someone reads them."""
+    The KL term is `kl_loss_type`'s estimator (kl.py) of logp against the reference, the
+    entropy term the per-token `entropy` [N, R] of the trained distribution, each
+    aggregated as the loss is. `advantages` is [N] (one per sequence) or [N, R].
+    `clip_frac` counts tokens where the clip binds (the clipped term is the larger),
+    `clip_frac_lower` those where the dual clip does. Metrics are detached 0-dim tensors:
+    no device sync until someone reads them."""
     if clip_ratio_c <= 1:
         raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
+    low = clip_eps if clip_ratio_low is None else clip_ratio_low
+    high = clip_eps if clip_ratio_high is None else clip_ratio_high
     valid = mask.bool()
     adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     log_ratio = (logprobs - old_logprobs).clamp(-log_ratio_clamp, log_ratio_clamp)
     ratio = torch.exp(log_ratio)
     pg1 = -adv * ratio
-    pg2 = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
+    pg2 = -adv * ratio.clamp(1.0 - low, 1.0 + high)
     clipped = torch.maximum(pg1, pg2)
     pg3 = -adv * clip_ratio_c
     pg = torch.where(adv < 0, torch.minimum(clipped, pg3), clipped)
-    kl = k3_kl(logprobs, ref_logprobs, log_ratio_clamp, kl_clamp)
-    pg_loss = aggregate(pg, valid, loss_agg_mode)
-    kl_loss = aggregate(kl, valid, loss_agg_mode)
-    loss = pg_loss + kl_coef * kl_loss
+
+    def agg(x: torch.Tensor) -> torch.Tensor:
+        return aggregate(x, valid, loss_agg_mode, loss_scale_factor)
+
+    pg_loss = agg(pg)
+    loss = pg_loss
+    # measured even at kl_coef 0: the KL to the reference is worth watching either way
+    kl_loss = agg(kl_estimate(logprobs, ref_logprobs, kl_loss_type, log_ratio_clamp, kl_clamp))
+    if kl_coef:
+        loss = loss + kl_coef * kl_loss
+    entropy_loss = None
+    if entropy is not None:
+        entropy_loss = agg(entropy)
+        if entropy_coeff:
+            loss = loss - entropy_coeff * entropy_loss
     with torch.no_grad():
         tokens = valid.sum().clamp(min=1).to(torch.float32)
 
@@ -190,17 +259,36 @@ def policy_loss(
         metrics = {
             "loss": loss.detach(),
             "pg_loss": pg_loss.detach(),
-            "kl": kl_loss.detach(),
+            "kl": kl_loss.detach(),  # the loss term's KL (older name of loss_kl)
+            "loss_kl": kl_loss.detach(),
             "clip_frac": mean((pg2 > pg1).float()),
             "clip_frac_lower": mean(((clipped > pg3) & (adv < 0)).float()),
             "ppo_kl": mean(-log_ratio),
             "ratio_mean": mean(ratio),
             "tokens": tokens,
         }
+        if entropy_loss is not None:
+            metrics["entropy"] = entropy_loss.detach()
     return loss, metrics
 
 
 grpo_loss = policy_loss  # the name the GRPO engine and older tests use
+
+
+def loss_options(algo: Any) -> dict[str, Any]:
+    """policy_loss's keyword settings from an AlgoSpec (clip_eps and kl_coef come from
+    the graph's op attrs)."""
+    return {
+        "clip_ratio_low": algo.clip_ratio_low,
+        "clip_ratio_high": algo.clip_ratio_high,
+        "clip_ratio_c": algo.clip_ratio_c,
+        "loss_agg_mode": algo.loss_agg_mode,
+        "loss_scale_factor": algo.loss_scale_factor,
+        "log_ratio_clamp": algo.log_ratio_clamp,
+        "kl_clamp": algo.kl_clamp,
+        "kl_loss_type": algo.kl_loss_type,
+        "entropy_coeff": algo.entropy_coeff,
+    }
 
 
 def value_loss(

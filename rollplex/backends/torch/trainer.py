@@ -23,7 +23,7 @@ from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows, attac
 from rollplex.backends.torch.engine.step import rotary_fn
 from rollplex.backends.torch.host_memory import forget_tags
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs
-from rollplex.backends.torch.loss import policy_loss
+from rollplex.backends.torch.loss import loss_options, policy_loss
 from rollplex.backends.torch.masters import (
     Masters,
     StateMismatch,
@@ -192,10 +192,7 @@ class TorchTrainer(Trainer):
                 logprobs.mask[rows],
                 clip_eps,
                 kl_coef if ref is not None else 0.0,
-                clip_ratio_c=a.clip_ratio_c,
-                loss_agg_mode=a.loss_agg_mode,
-                log_ratio_clamp=a.log_ratio_clamp,
-                kl_clamp=a.kl_clamp,
+                **loss_options(a),
             )
 
         return micro_loss(run, logprobs, a.loss_agg_mode)

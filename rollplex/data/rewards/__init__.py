@@ -3,13 +3,23 @@ RewardSpec. A user reward is named by import path, "pkg.module:fn", with that si
 
 from rollplex.data.rewards.builtin import REWARDS, exact_match, format_reward, math_equal
 from rollplex.data.rewards.extract import extract_answer, has_format, normalize
-from rollplex.data.rewards.reward import Reward, RewardFn, RewardResult, build_reward, resolve
+from rollplex.data.rewards.reward import (
+    AccuracyScorer,
+    Reward,
+    RewardFn,
+    RewardResult,
+    accuracy_scorer,
+    build_reward,
+    resolve,
+)
 
 __all__ = [
     "REWARDS",
+    "AccuracyScorer",
     "Reward",
     "RewardFn",
     "RewardResult",
+    "accuracy_scorer",
     "build_reward",
     "exact_match",
     "extract_answer",

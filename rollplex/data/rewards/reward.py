@@ -71,3 +71,26 @@ def resolve(name: str) -> RewardFn:
 def build_reward(spec: RewardSpec) -> Reward:
     """Resolve every component now, so a bad name stops the run before any model loads."""
     return Reward([(c.name, c.weight, resolve(c.name)) for c in spec.components])
+
+
+@dataclass(slots=True, frozen=True)
+class AccuracyScorer:
+    """Held-out correctness as the run's reward judges it: the weighted mean of its
+    components other than `format` (which says how an answer is marked, not whether it is
+    right), 1 when each of them scores 1; exact_match when `format` is all there is."""
+
+    name: str  # e.g. "math", "exact_match", "math+pkg.mod:fn"
+    components: tuple[tuple[float, RewardFn], ...]
+
+    def __call__(self, response: str, sample: Sample) -> float:
+        total = sum(w for w, _ in self.components)
+        return sum(w * _score(self.name, fn, response, sample) for w, fn in self.components) / total
+
+
+def accuracy_scorer(spec: RewardSpec) -> AccuracyScorer:
+    parts = [c for c in spec.components if c.name != "format" and c.weight > 0]
+    if not parts:
+        return AccuracyScorer("exact_match", ((1.0, REWARDS["exact_match"]),))
+    return AccuracyScorer(
+        "+".join(c.name for c in parts), tuple((c.weight, resolve(c.name)) for c in parts)
+    )

@@ -66,7 +66,8 @@ def test_group_advantages():
     assert (adv[1] == 0).all()  # all equal: no signal
     torch.testing.assert_close(adv[2].std(), torch.tensor(1.0), atol=1e-4, rtol=0)
     assert adv[0, 0] > 0 > adv[0, 1]
-    assert (group_advantages(rewards, 1) == 0).all()
+    # a group of one: verl's raw score, r / (1 + 1e-6) (tests/algos/test_verl_parity.py)
+    torch.testing.assert_close(group_advantages(rewards, 1), rewards / (1 + 1e-6))
     with pytest.raises(ValueError):
         group_advantages(rewards, 2)
 
