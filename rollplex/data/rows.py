@@ -47,6 +47,8 @@ class RowSource(IndexedSource):
         self.video_key = spec.video_key if spec.video_key in columns else None
         if max_rows is not None and max_rows < len(dataset):
             dataset = dataset.select(range(max_rows))
+        if len(dataset) == 0:
+            raise DataError(f"{label}: no rows")
         self.dataset = dataset
         super().__init__(name, split, seed, len(dataset))
         self._check_rows()
@@ -69,6 +71,10 @@ class RowSource(IndexedSource):
             raise DataError(f"{self._where(i, pk)}: expected text, got {row[pk]!r:.80}")
         if row[ak] is None or (isinstance(row[ak], str) and not row[ak].strip()):
             raise DataError(f"{self._where(i, ak)}: the answer is missing")
+        if isinstance(row[ak], bool) or not isinstance(row[ak], str | int | float):
+            raise DataError(
+                f"{self._where(i, ak)}: the answer must be text or a number, got {row[ak]!r:.80}"
+            )
         images = as_list(row[self.image_key]) if self.image_key else []
         for item in images:
             if isinstance(item, str) and item in checked:
@@ -110,6 +116,8 @@ def load_file(path: str, fmt: str) -> Any:
     file = Path(path)
     if not file.is_file():
         raise DataError(f"data file {file} does not exist")
+    if fmt == "jsonl" and not any(line.strip() for line in file.open("rb")):
+        raise DataError(f"{file}: no rows (the file is empty)")
     import datasets  # imported late: it takes seconds
 
     datasets.disable_progress_bars()
