@@ -37,7 +37,13 @@ def run_job(spec: RunSpec, out: Path) -> dict[str, Any]:
     summary = run(spec, out)
     if main:
         write_summary(out, summary)
+        if spec.job in ("plan", "weights"):  # graph and train name their folder themselves
+            print(f"run folder: {out.resolve()} ({', '.join(sorted(_listing(out)))})")
     return summary
+
+
+def _listing(out: Path) -> list[str]:
+    return [p.name + ("/" if p.is_dir() else "") for p in out.iterdir() if p.name[0] != "."]
 
 
 def write_summary(out: Path, summary: dict[str, Any]) -> None:

@@ -48,7 +48,7 @@ EXAMPLES = (
     "rollplex plan model=qwen2_5_vl_32b hardware=h800x32",
     "rollplex plan -m schedule=serial,disaggregated,rollplex hardware=h200x8",
     "rollplex train train.steps=200",
-    "rollplex eval model.path=outputs/train/<run>/checkpoints/step-000200",
+    "rollplex eval model=hub model.path=outputs/train/<run>/checkpoints/step-000200",
     "rollplex weights model=qwen2_5_vl_32b weights.train_fsdp=8 weights.rollout_tp=4",
 )
 
