@@ -110,7 +110,14 @@ def _field_lines(lines: list[str], key: str, info: Any, value: Any) -> None:
     text = (info.description or "").strip()
     lines.append(head)
     if text:
-        lines += textwrap.wrap(text, 96, initial_indent="      ", subsequent_indent="      ")
+        lines += textwrap.wrap(
+            text,
+            96,
+            initial_indent="      ",
+            subsequent_indent="      ",
+            break_on_hyphens=False,
+            break_long_words=False,
+        )
 
 
 def _spec_type(annotation: Any) -> type[BaseModel] | None:
