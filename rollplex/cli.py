@@ -55,7 +55,9 @@ def main(argv: list[str] | None = None) -> None:
             _help(job, config, overrides, wants_help)
             return
         checked = check_overrides(_conf_dir(), config, job, overrides, multirun)
-        folder = folder_overrides(checked.cfg, multirun)
+        # Hydra's informational flags (--cfg job, --info...) run nothing: no folder to claim.
+        runs = not any(a.startswith("-") and a not in ("-m", "--multirun") for a in rest)
+        folder = folder_overrides(checked.cfg, multirun) if runs else []
     except ConfigError as err:
         _fail(str(err))
     import hydra  # imported late: `rollplex --help` stays instant

@@ -4,8 +4,11 @@ The commands are read from README.md: each line of its fenced bash blocks (backs
 continuations joined, comments dropped) and each inline `rollplex ...` span. A CPU command
 runs with small-run overrides appended (fewer steps and held-out prompts); `<run>` and
 `<folder>` placeholders become a checkpoint made here. A command that needs CUDA, a server
-or the make targets is recognised and skipped with the reason; the torchrun and vLLM lines
-run on CPU (gloo; vLLM's CPU build) as slow tests.
+or the make targets is recognised and skipped with the reason. The torchrun (gloo) and
+vLLM (CPU build) lines are runs other tests already make (they are named in the skip
+reason; ROLLPLEX_README_ALL=1 runs them here too, ~1-3 min each on 2 cores). Every
+rollplex and torchrun line, run or skipped, has its config composed and validated, so an
+unknown key or preset fails here whatever machine the line is for.
 """
 
 from __future__ import annotations
@@ -60,12 +63,21 @@ class Command:
             return "needs a CUDA device (GPU tests run it: tests/**/test_*cuda*, bench/)"
         return None
 
-    def slow_reason(self) -> str | None:
+    def covered_elsewhere(self) -> str | None:
+        """The test that already makes this run on CPU, when it is a costly one."""
+        if os.environ.get("ROLLPLEX_README_ALL") == "1":
+            return None
         words = self.argv()
         if words[0].endswith("torchrun"):
-            return "two gloo ranks"
+            return "2 gloo ranks: tests/distributed (fsdp runs, test_share_eval, test_disagg)"
         if "backend.rollout=vllm" in words:
-            return "starts vLLM's CPU engine"
+            return "vLLM's CPU engine: tests/backends/vllm/test_train.py runs this job"
+        return None
+
+    def slow_reason(self) -> str | None:
+        words = self.argv()
+        if words[0].endswith("torchrun") or "backend.rollout=vllm" in words:
+            return "two gloo ranks or vLLM's CPU engine"
         if words[1] in ("train", "eval") and "--help" not in words:
             return "loads a model and runs it on CPU (10-25 s)"
         return None
@@ -105,18 +117,18 @@ def help_examples() -> list[Command]:
 
 
 def unique(commands: list[Command]) -> list[Command]:
-    """One of each command (the venv prefix and comments aside): the README names
-    `rollplex train` in prose several times, and --help repeats README lines."""
+    """One of each run (the same job and overrides once the small-run ones are appended):
+    the README names `rollplex train` in prose several times, and --help repeats lines."""
     seen, out = set(), []
     for c in commands:
-        key = " ".join(c.argv()).removeprefix(".venv/bin/")
+        runnable = c.argv()[0].endswith(("rollplex", "torchrun"))
+        argv = concrete(c, Path("CKPT")) if runnable else c.argv()
+        overrides = dict(w.split("=", 1) for w in argv if "=" in w and not w.startswith("-"))
+        key = (tuple(w for w in argv if "=" not in w), tuple(sorted(overrides.items())))
         if key not in seen:
             seen.add(key)
             out.append(c)
     return out
-
-
-COMMANDS = unique(readme_commands(README.read_text()) + help_examples())
 
 
 def _param(c: Command):
@@ -138,7 +150,7 @@ def checkpoint(tmp_path_factory) -> Path:
 def concrete(c: Command, checkpoint: Path) -> list[str]:
     """The command as this test runs it: this interpreter, placeholders filled, small."""
     text = re.sub(r"outputs/train/<run>/checkpoints/step-\d+", str(checkpoint), c.text)
-    text = text.replace("<folder>", str(checkpoint))
+    text = re.sub(r"<(folder|your Qwen2.5-VL folder)>", str(checkpoint), text)
     words = shlex.split(text, comments=True)
     assert not any("<" in w for w in words), f"an unfilled placeholder in {c.text!r}"
     head, rest = words[0], words[1:]
@@ -150,6 +162,35 @@ def concrete(c: Command, checkpoint: Path) -> list[str]:
         argv = [sys.executable, "-m", "rollplex.cli", *rest]
         job = rest[0]
     return argv + SMALL.get(job, [])
+
+
+COMMANDS = unique(readme_commands(README.read_text()) + help_examples())
+
+
+@pytest.mark.parametrize(
+    "command",
+    [pytest.param(c, id=f"{c.where}: {c.text[:60]}") for c in COMMANDS if c.argv()[0] != "make"],
+)
+def test_readme_command_config_is_valid(command: Command) -> None:
+    """Composed and validated as the CLI would, for every line (CUDA and torchrun ones too):
+    a Hub folder placeholder is the demo folder, so `model=hub` reads a real config.json."""
+    from omegaconf import OmegaConf
+
+    from rollplex.jobs.overrides import check_overrides
+    from rollplex.models import ensure_demo_folder
+    from rollplex.specs.run import RunSpec
+
+    words = command.argv()
+    if words[0].endswith("tensorboard"):
+        pytest.skip("not a rollplex command")
+    argv = concrete(command, ensure_demo_folder())
+    rest = argv[argv.index("rollplex.cli") + 1 :]
+    job, args = rest[0], [w for w in rest[1:] if not w.startswith("-")]
+    config = "train" if job in ("train", "eval") else "config"
+    cfg = check_overrides(_conf_dir(), config, job, args, multirun="-m" in rest).cfg
+    OmegaConf.set_struct(cfg, False)
+    cfg.pop("hydra")
+    RunSpec.model_validate(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
 
 
 def test_readme_commands_are_found_and_use_the_venv() -> None:
@@ -167,7 +208,7 @@ def test_readme_commands_are_found_and_use_the_venv() -> None:
 
 @pytest.mark.parametrize("command", [_param(c) for c in COMMANDS])
 def test_readme_command_runs(command: Command, request, tmp_path: Path) -> None:
-    reason = command.skip_reason()
+    reason = command.skip_reason() or command.covered_elsewhere()
     if reason:
         pytest.skip(reason)
     if "backend.rollout=vllm" in command.argv() and importlib.util.find_spec("vllm") is None:
