@@ -53,7 +53,7 @@ def test_bad_field_is_named_without_traceback(tmp_path: Path, override: str, fie
 
 def test_unknown_model_is_named(tmp_path: Path) -> None:
     p = rollplex(tmp_path, "graph", "model=qwen9_vl")
-    assert p.returncode != 0
+    assert p.returncode == 2
     assert "qwen9_vl" in p.stderr and "Traceback" not in p.stderr
 
 
