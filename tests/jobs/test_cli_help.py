@@ -78,3 +78,21 @@ def test_job_help_refuses_a_bad_override_or_section(tmp_path: Path, monkeypatch,
     assert "model 'x'" in line
     line = refusal_line(rollplex_here(tmp_path, monkeypatch, capsys, "plan", "--help", "nope"))
     assert "'nope'" in line and "schedule" in line
+
+
+@pytest.mark.parametrize(
+    "args", [("plan",), ("plan", "-m", "schedule=serial,disaggregated,rollplex")]
+)
+def test_bare_plan_fits_its_default_hardware(tmp_path: Path, monkeypatch, capsys, args):
+    """`rollplex plan` with no override (and its sweep over the schedules) plans within the
+    default hardware's budget, and says where it wrote."""
+    import json
+
+    r = rollplex_here(tmp_path, monkeypatch, capsys, *args)
+    assert r.returncode == 0, r.stderr
+    summaries = list(tmp_path.glob("*/plan/*/summary.json")) + list(
+        tmp_path.glob("multirun/plan/*/*/summary.json")
+    )
+    assert len(summaries) == (3 if "-m" in args else 1)
+    assert all(json.loads(s.read_text())["fits_budget"] for s in summaries)
+    assert r.stdout.count("run folder: ") == len(summaries)
