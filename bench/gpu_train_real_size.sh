@@ -22,6 +22,7 @@ t0=$(date +%s)
 python3 -m rollplex.models.make_folder --shape "$SHAPE" --tokenizer-dir /tmp/qtok \
   --out "/tmp/$SHAPE" --device cuda
 echo "make_folder: $(( $(date +%s) - t0 )) s"
+rm -rf "/tmp/run_$SHAPE"  # a taken run folder name would be suffixed: read the new run
 python3 -m rollplex.cli train model="$SHAPE" model.path="/tmp/$SHAPE" hardware=h200 \
   train.device=cuda train.deterministic=false data=easyvqa \
   workload.prompts_per_step=8 workload.group_size=8 train.max_new_tokens=256 \

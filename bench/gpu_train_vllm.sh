@@ -27,6 +27,7 @@ if [ "$1" = prepare ]; then
   exit 0
 fi
 [ -f /tmp/site/vllm/_C_stable_libtorch.abi3.so ] || tar -C /tmp/site -xJf .gpu2/c.tar.xz
+rm -rf "/tmp/run_vllm_$SHAPE"  # a taken run folder name would be suffixed: read the new run
 python3 -m rollplex.cli train model="$SHAPE" model.path="/tmp/$SHAPE" hardware=h200 \
   train.device=cuda train.deterministic=false data=easyvqa backend.rollout=vllm \
   backend.vllm.gpu_memory_utilization=0.3 backend.vllm.sleep="${SLEEP:-always}" \

@@ -2,8 +2,11 @@
 
 The job (graph, plan, train) is the first argument; the rest are Hydra overrides, so
 `rollplex plan -m schedule=serial,rollplex` sweeps. The config is validated once, here,
-into a RunSpec; a bad field ends the run with one paragraph naming it and exit code 2,
-before any model is built.
+into a RunSpec; a bad field ends the run with one line naming it and exit code 2,
+before any model is built. Before Hydra runs, the overrides are tried against the composed
+config (an unknown job, preset or key is named with the valid names: jobs/overrides.py) and
+the run claims a folder of its own (jobs/run_folder.py): a run never writes into another's.
+`rollplex --help` and `rollplex <job> --help` are written from conf/ and the specs.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ import sys
 from pathlib import Path
 
 JOBS = ("graph", "plan", "train", "eval", "weights")
+# Hydra's own flags that take a value (the value is not an override).
+_VALUE_FLAGS = frozenset({"--cfg", "-c", "--package", "-p", "--config-path", "-cp",
+                          "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"})
 
 
 def _conf_dir() -> str:
@@ -30,28 +36,68 @@ log = logging.getLogger("rollplex")
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in JOBS:
-        print(
-            f"usage: rollplex {{{','.join(JOBS)}}} [hydra overrides]\n"
-            "  e.g. rollplex graph model=qwen2_5_vl_7b algo=grpo workload.group_size=8\n"
-            "       rollplex plan -m schedule=serial,disaggregated,rollplex\n"
-            "       rollplex train model=tiny workload=tiny hardware=cpu\n"
-            "       rollplex eval model.path=outputs/train/<run>/checkpoints/step-000200\n"
-            "       rollplex weights model=qwen2_5_vl_32b weights.train_fsdp=8 weights.rollout_tp=4"
-        )
-        sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
-    job, overrides = argv[0], argv[1:]
+    if not argv or argv[0] in ("-h", "--help"):
+        from rollplex.jobs.cli_help import general_help
+
+        print(general_help(_conf_dir()))
+        sys.exit(0 if argv else 2)
+    if argv[0] not in JOBS:
+        _fail(f"unknown job '{argv[0]}': the jobs are {', '.join(JOBS)} (rollplex --help)")
+    job, rest = argv[0], argv[1:]
+    overrides, multirun, wants_help = _split(rest)
+    # `train` defaults to a tiny CPU run (conf/train.yaml); the planning jobs to 7B on 8 H200s.
+    config = "train" if job in ("train", "eval") else "config"
+    from rollplex.jobs.overrides import ConfigError, check_overrides
+    from rollplex.jobs.run_folder import folder_overrides
+
+    try:
+        if wants_help is not None:
+            _help(job, config, overrides, wants_help)
+            return
+        checked = check_overrides(_conf_dir(), config, job, overrides, multirun)
+        # Hydra's informational flags (--cfg job, --info...) run nothing: no folder to claim.
+        runs = not any(a.startswith("-") and a not in ("-m", "--multirun") for a in rest)
+        folder = folder_overrides(checked.cfg, multirun) if runs else []
+    except ConfigError as err:
+        _fail(str(err))
     import hydra  # imported late: `rollplex --help` stays instant
 
-    sys.argv = [f"rollplex-{job}", *overrides, f"job={job}"]
-    # `train` defaults to a tiny CPU run (conf/train.yaml); the planning jobs to 7B on H200s.
-    config = "train" if job in ("train", "eval") else "config"
+    sys.argv = [f"rollplex-{job}", *rest, *folder, f"job={job}"]
     hydra.main(config_path=_conf_dir(), config_name=config, version_base="1.3")(_run)()
     from rollplex.jobs.sweep import FAILED_RUNS
 
     if FAILED_RUNS:  # a sweep went on past them; say so in the exit code
         print(f"rollplex: {len(FAILED_RUNS)} run(s) of the sweep failed", file=sys.stderr)
         sys.exit(1)
+
+
+def _split(args: list[str]) -> tuple[list[str], bool, list[str] | None]:
+    """(the overrides, multirun?, the sections asked for by --help or None)."""
+    overrides, multirun, wants_help, skip = [], False, None, False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in ("-m", "--multirun"):
+            multirun = True
+        elif a in ("-h", "--help"):
+            wants_help = []
+        elif a in _VALUE_FLAGS:
+            skip = True
+        elif a.startswith("-"):
+            continue
+        elif wants_help is not None and "=" not in a:
+            wants_help.append(a)  # `rollplex train --help train`: one section
+        else:
+            overrides.append(a)
+    return overrides, multirun, wants_help
+
+
+def _help(job: str, config: str, overrides: list[str], sections: list[str]) -> None:
+    from rollplex.jobs.cli_help import job_help
+    from rollplex.jobs.overrides import check_overrides
+
+    checked = check_overrides(_conf_dir(), config, job, overrides, multirun=True)
+    print(job_help(_conf_dir(), job, checked.cfg, sections))
 
 
 def _run(cfg) -> None:
@@ -105,7 +151,9 @@ def _explain(err) -> str:
     lines = []
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"])
-        lines.append(f"'{where}': {e['msg']} (got {e.get('input')!r})")
+        got = e.get("input")
+        shown = "" if isinstance(got, dict) else f" (got {got!r:.80})"  # a section: too long
+        lines.append(f"'{where}': {e['msg']}{shown}")
     return "invalid config: " + "; ".join(lines) + ". Fix the field(s) named above."
 
 

@@ -49,6 +49,8 @@ class RowSource(IndexedSource):
         self.video_key = spec.video_key if spec.video_key in columns else None
         if max_rows is not None and max_rows < len(dataset):
             dataset = dataset.select(range(max_rows))
+        if len(dataset) == 0:
+            raise DataError(f"{label}: no rows")
         self.dataset = dataset
         super().__init__(name, split, seed, len(dataset))
         self.media: list[RowMedia] = []
@@ -168,6 +170,8 @@ def load_file(path: str, fmt: str) -> Any:
     file = Path(path)
     if not file.is_file():
         raise DataError(f"data file {file} does not exist")
+    if fmt == "jsonl" and not any(line.strip() for line in file.open("rb")):
+        raise DataError(f"{file}: no rows (the file is empty)")
     import datasets  # imported late: it takes seconds
 
     datasets.disable_progress_bars()

@@ -11,6 +11,15 @@ from rollplex.specs.run import RunSpec
 
 
 def run_job(spec: RunSpec, out: Path) -> dict[str, Any]:
+    # Inputs a job would find bad only after loading data and models: refused first.
+    if spec.calibration is not None and spec.job in ("plan", "train"):
+        from rollplex.specs.calibration import load_calibration
+
+        load_calibration(spec.calibration)
+    if spec.job in ("train", "eval"):
+        from rollplex.jobs.devices import check_device
+
+        check_device(f"{spec.job}.device", getattr(spec, spec.job).device)
     out.mkdir(parents=True, exist_ok=True)
     main = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 writes
     if main:
@@ -28,7 +37,13 @@ def run_job(spec: RunSpec, out: Path) -> dict[str, Any]:
     summary = run(spec, out)
     if main:
         write_summary(out, summary)
+        if spec.job in ("plan", "weights"):  # graph and train name their folder themselves
+            print(f"run folder: {out.resolve()} ({', '.join(sorted(_listing(out)))})")
     return summary
+
+
+def _listing(out: Path) -> list[str]:
+    return [p.name + ("/" if p.is_dir() else "") for p in out.iterdir() if p.name[0] != "."]
 
 
 def write_summary(out: Path, summary: dict[str, Any]) -> None:

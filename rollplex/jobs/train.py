@@ -262,13 +262,15 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     evals: list[tuple[int, Any]] = []
 
     def held_out(step: int) -> float | None:
-        # The rollout is a full local model on every rank: rank 0 evaluates alone. A
-        # rollout pool first takes the trainers' latest weights (all ranks, out of plan).
+        # A full local rollout model on every rank: rank 0 evaluates alone. A TP rollout
+        # (rollout_sync=share) decodes in lockstep over its group: every rank runs the same
+        # prompts, rank 0 logs. A rollout pool first takes the trainers' latest weights.
         if t.eval_every <= 0 or prepared.eval_source is None:
             return None
         if executor.pooled is not None:
             executor.pooled.sync_weights()
-        if not main:
+        lockstep = getattr(getattr(backend, "rollout", None), "group", None) is not None
+        if not (main or lockstep):
             return None
         res = evaluate(
             backend,
@@ -278,6 +280,8 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
             t.max_new_tokens,
             score=accuracy_scorer(spec.reward),  # the run's own reward; exact match beside
         )
+        if not main:
+            return None
         evals.append((step, res))
         scalars = {"eval/accuracy": res.accuracy, "eval/exact_match": res.exact_match_accuracy}
         write_scalars(writer, scalars, step=step)

@@ -78,6 +78,8 @@ def load_calibration(path: str | Path) -> CalibrationFile:
     """Read and validate; raise CalibrationError (a ValueError) naming file and field."""
     path = Path(path)
     where = f"calibration file '{path}'"
+    if path.is_dir():
+        raise CalibrationError(f"{where}: a folder, not a calibration JSON file")
     if not path.is_file():
         raise CalibrationError(f"{where}: no such file")
     try:

@@ -3,7 +3,7 @@ price its ops and build the real transformers model from the same numbers."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -109,7 +109,9 @@ class ModelSpec(Spec):
     )
     max_position_embeddings: int = Field(128_000, ge=1, description="Longest position.")
     rms_norm_eps: float = Field(1e-6, gt=0, description="RMSNorm epsilon.")
-    dtype: str = Field("bfloat16", description="Parameter dtype for rollout and reference.")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="Parameter dtype for rollout and reference."
+    )
     vision: VisionSpec = Field(..., description="The vision tower.")
     trainable_vision: bool = Field(
         False, description="Train the vision tower too. Frozen towers let phases share features."
@@ -137,6 +139,9 @@ class ModelSpec(Spec):
             raw = json.loads(config.read_text())
         except (OSError, ValueError) as err:
             raise ValueError(f"model.path: cannot read {config}: {err}") from err
+        if not isinstance(raw, dict):
+            kind = type(raw).__name__
+            raise ValueError(f"model.path: {config} holds a JSON {kind}, not an object")
         keep = {k: data[k] for k in ("dtype", "trainable_vision") if k in data}
         return cls.from_hf_config(raw, name=folder.name, path=str(folder), **keep).model_dump()
 

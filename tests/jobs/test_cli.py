@@ -11,22 +11,7 @@ from pathlib import Path
 import pytest
 
 from rollplex.planner.plan import load_plan
-
-
-def rollplex(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(
-        [sys.executable, "-m", "rollplex.cli", *args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
-def run_dir(tmp_path: Path, job: str) -> Path:
-    (out,) = (tmp_path / "outputs" / job).iterdir()
-    return out
+from tests.jobs.cli_run import rollplex, run_dir
 
 
 def test_graph_job_shows_the_prefix_saving(tmp_path: Path) -> None:
@@ -68,7 +53,7 @@ def test_bad_field_is_named_without_traceback(tmp_path: Path, override: str, fie
 
 def test_unknown_model_is_named(tmp_path: Path) -> None:
     p = rollplex(tmp_path, "graph", "model=qwen9_vl")
-    assert p.returncode != 0
+    assert p.returncode == 2
     assert "qwen9_vl" in p.stderr and "Traceback" not in p.stderr
 
 

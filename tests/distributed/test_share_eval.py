@@ -1,0 +1,25 @@
+"""The README's `torchrun ... backend=fsdp backend.fsdp.rollout_sync=share
+backend.fsdp.rollout_tp=2` with held-out evaluation on: a TP rollout decodes in lockstep
+over its group, so every rank runs the evaluation (rank 0 alone used to hang its peer's
+collectives into the training step: "zip() argument 2 is shorter than argument 1")."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from tests.distributed.conftest import train
+
+SHARE_TP2 = ("backend.fsdp.rollout_sync=share", "backend.fsdp.rollout_tp=2")
+
+
+@pytest.mark.slow  # a 2-rank run of 2 steps with three evaluations: ~35 s
+def test_tp_rollout_evaluates_on_every_rank(tmp_path):
+    run = train(2, tmp_path / "tp2", 2, *SHARE_TP2, "train.eval_every=1", "train.eval_prompts=8")
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    assert [r["step"] for r in rows] == ["1", "2"]
+    assert all(r["eval_accuracy"] != "" for r in rows)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["eval_accuracy_first"] is not None and summary["eval_accuracy_last"] is not None

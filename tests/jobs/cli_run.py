@@ -1,0 +1,70 @@
+"""Running `rollplex` as a user does, for the CLI tests: in a subprocess (the real exit
+code and streams), or in this process (no interpreter start-up or torch import per case:
+the refusals that come after the job's imports stay fast)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def rollplex(
+    cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """`python -m rollplex.cli *args` in `cwd` (created), with `env` added to the environ."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(
+        [sys.executable, "-m", "rollplex.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@dataclass(slots=True)
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def rollplex_here(cwd: Path, monkeypatch, capsys, *args: str) -> Result:
+    """`rollplex *args` through `rollplex.cli.main` in this process, run from `cwd`."""
+    from rollplex import cli
+
+    cwd.mkdir(parents=True, exist_ok=True)
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # main() rewrites it for Hydra
+    capsys.readouterr()
+    code = 0
+    try:
+        cli.main(list(args))
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    out = capsys.readouterr()
+    return Result(code, out.out, out.err)
+
+
+def refusal_line(result: Result | subprocess.CompletedProcess[str]) -> str:
+    """The one line a refusal prints (exit code 2, no traceback)."""
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    lines = [ln for ln in result.stderr.strip().splitlines() if ln.startswith("rollplex:")]
+    assert len(lines) == 1, result.stderr[-2000:]
+    return lines[0]
+
+
+def run_dir(cwd: Path, job: str) -> Path:
+    (out,) = (cwd / "outputs" / job).iterdir()
+    return out
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
