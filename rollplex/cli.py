@@ -17,8 +17,21 @@ from pathlib import Path
 
 JOBS = ("graph", "plan", "train", "eval", "weights")
 # Hydra's own flags that take a value (the value is not an override).
-_VALUE_FLAGS = frozenset({"--cfg", "-c", "--package", "-p", "--config-path", "-cp",
-                          "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"})
+_VALUE_FLAGS = frozenset(
+    {
+        "--cfg",
+        "-c",
+        "--package",
+        "-p",
+        "--config-path",
+        "-cp",
+        "--config-name",
+        "-cn",
+        "--config-dir",
+        "-cd",
+        "--experimental-rerun",
+    }
+)
 
 
 def _conf_dir() -> str:

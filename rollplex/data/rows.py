@@ -89,7 +89,7 @@ class RowSource(IndexedSource):
             raise DataError(f"{self._where(i, ak)}: the answer is missing")
         if isinstance(row[ak], bool) or not isinstance(row[ak], str | int | float):
             raise DataError(
-                f"{self._where(i, ak)}: an answer is a string or a number, got "
+                f"{self._where(i, ak)}: an answer is text or a number, got "
                 f"{type(row[ak]).__name__} {row[ak]!r:.80}"
             )
         images = as_list(row[self.image_key]) if self.image_key else []

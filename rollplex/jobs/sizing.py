@@ -66,8 +66,9 @@ def read_device(device: str) -> DeviceInfo | None:
         return None
     import torch
 
-    if not torch.cuda.is_available():
-        raise ValueError(f"train.device={device}: torch sees no CUDA device on this machine")
+    from rollplex.jobs.devices import check_device
+
+    check_device("train.device", device)  # one place says why a device cannot be used
     index = torch.device(device).index or 0
     props = torch.cuda.get_device_properties(index)
     return DeviceInfo(props.name, int(props.total_memory), torch.cuda.device_count())

@@ -217,7 +217,9 @@ def test_corrupt_image_is_named_when_the_source_is_built(folder: Path) -> None:
 def test_an_answer_that_is_not_a_string_or_number_is_refused(folder: Path, answer) -> None:
     rows = [{"problem": "p", "answer": "a"}, {"problem": "q", "answer": answer}]
     path = _jsonl(folder / "d.jsonl", rows)
-    with pytest.raises(DataError, match=r"d\.jsonl row 1 field 'answer': an answer is a string"):
+    with pytest.raises(
+        DataError, match=r"d\.jsonl row 1 field 'answer': an answer is text or a number"
+    ):
         build_source(DataSpec(source="jsonl", path=str(path)), "train", 0)
 
 

@@ -160,7 +160,7 @@ def _bad_folder(hub_folder: Path, tmp_path: Path, missing: str) -> Path:
         ("missing_image", r"rows\.jsonl.*row 1.*images"),
         # Undecodable late in the set: found by the data pass, before any step or checkpoint.
         ("corrupt_image_at_row_17", r"rows\.jsonl row 17 field 'images': cannot decode"),
-        ("answer_is_a_dict", r"rows\.jsonl row 2 field 'answer': an answer is a string"),
+        ("answer_is_a_dict", r"rows\.jsonl row 2 field 'answer': an answer is text or a number"),
         ("no_answer_column", r"rows\.jsonl.*answer"),
         ("unknown_reward", "nope"),
     ],
