@@ -91,7 +91,7 @@ def plan_graph(
     renumber_in_issue_order(plan)
     if enforce_budget:
         check_budget(plan)
-    validate_plan(plan, graph, budget=enforce_budget)
+    validate_plan(plan, graph, budget=enforce_budget, graph_hash=ctx.graph_hash)
     return plan
 
 

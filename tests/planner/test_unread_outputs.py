@@ -26,7 +26,7 @@ from rollplex.specs import (
 )
 from tests.planner.random_steps import TINY, random_case, random_schedules
 
-RANDOM_GRAPHS = 200
+RANDOM_GRAPHS = 150
 
 
 def grpo_without_old_logprobs(model: ModelSpec, workload: WorkloadSpec) -> Graph:
@@ -110,7 +110,7 @@ def test_random_steps_with_unread_outputs_always_validate():
                 passes=case.passes, rollout=case.rollout, trainer=case.trainer,
                 enforce_budget=False,
             )  # fmt: skip
-            validate_plan(load_plan(dump_plan(r.plan)), r.graph, budget=False)
+            load_plan(dump_plan(r.plan), r.graph, budget=False)
             kinds = {r.graph.ops[s.op].kind for s in r.plan.all_steps() if s.chunks > 1}
             segmented += bool(kinds & {"decode", "generate"})
             chunked += bool(kinds - {"decode", "generate"})
