@@ -6,25 +6,65 @@
 3. ops use registered kinds and only their ports; required ports are wired;
 4. along every edge the value's kind, dtype and shape fit the consuming port;
 5. training is on-policy: no train/update op reads data made under a policy version other
-   than the one the optimizer step updates.
+   than the one the optimizer step updates (external data counts with its own stamp);
+6. values are well formed: a known dtype, positive dims, weights versions `<model>@<n>`;
+   `group_size` attributes are positive integers;
+7. what an optimizer step trains is versioned (else the on-policy check would see nothing)
+   and is not frozen: neither the model whose logprobs feed a `ref_logprobs` port (the KL
+   reference) nor a vision tower of its own (the builder keeps the tower apart only when it
+   is frozen and shared; `trainable_vision` puts it inside the model's weights).
 Each failure raises `GraphError` naming the op or value at fault.
 """
 
 from __future__ import annotations
 
-from rollplex.graph.ir import Graph, GraphError, Op, Phase, Value, ValueKind, version_model
+from rollplex.graph.frozen import check_trained
+from rollplex.graph.ir import (
+    DTYPE_BYTES,
+    Graph,
+    GraphError,
+    Op,
+    Phase,
+    Value,
+    ValueKind,
+    version_model,
+)
 from rollplex.graph.lineage import lineage
 from rollplex.graph.schema import OpKind, Port, get_kind
 
 
 def lint(graph: Graph) -> Graph:
     """Raise `GraphError` on the first broken invariant; return the graph unchanged."""
+    for v in graph.values.values():
+        _check_value(v)
     _check_producers(graph)
     _check_acyclic(graph)
     for op in graph.ops.values():
         _check_op(graph, op, get_kind(op.kind))
+    check_trained(graph)
     _check_on_policy(graph)
     return graph
+
+
+def _check_value(v: Value) -> None:
+    where = f"value '{v.name}'"
+    if v.dtype not in DTYPE_BYTES:
+        raise GraphError(where, f"has unknown dtype {v.dtype!r} (known: {sorted(DTYPE_BYTES)})")
+    if not isinstance(v.shape, tuple) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in v.shape
+    ):
+        raise GraphError(where, f"shape {v.shape!r} must be a tuple of positive integers")
+    if not isinstance(v.kind, ValueKind):
+        raise GraphError(where, f"kind {v.kind!r} is not one of {[str(k) for k in ValueKind]}")
+    if v.version is not None and not _is_version(v.version):
+        raise GraphError(where, f"version {v.version!r} is not '<model>@<n>'")
+
+
+def _is_version(version: object) -> bool:
+    if not isinstance(version, str) or version.count("@") != 1:
+        return False
+    model, n = version.split("@")
+    return bool(model) and n.lstrip("-").isdigit()
 
 
 def _check_producers(graph: Graph) -> dict[str, Op]:
@@ -53,6 +93,11 @@ def _check_producers(graph: Graph) -> dict[str, Op]:
 
 def _check_op(graph: Graph, op: Op, kind: OpKind) -> None:
     where = f"op '{op.name}' ({op.kind})"
+    if not isinstance(op.phase, Phase):
+        raise GraphError(where, f"phase {op.phase!r} is not one of {[str(p) for p in Phase]}")
+    g = op.attrs.get("group_size", 1)
+    if not isinstance(g, int) or isinstance(g, bool) or g < 1:
+        raise GraphError(where, f"group_size={g!r} must be a positive integer")
     for p, schema in kind.inputs.items():
         if p not in op.inputs and not schema.optional:
             raise GraphError(where, f"required input '{p}' is not wired")
