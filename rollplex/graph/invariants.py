@@ -7,9 +7,12 @@
 4. along every edge the value's kind, dtype and shape fit the consuming port;
 5. training is on-policy: no train/update op reads data made under a policy version other
    than the one the optimizer step updates (external data counts with its own stamp);
-6. values are well formed: a known dtype, positive dims, weights versions `<model>@<n>`;
+6. a backward's `saved_*` inputs are what training forwards (logprob kinds) kept for it,
+   through the weights it differentiates; phases run in order (rollout, reference, train,
+   update): no op reads what a later phase makes;
+7. values are well formed: a known dtype, positive dims, weights versions `<model>@<n>`;
    `group_size` attributes are positive integers;
-7. what an optimizer step trains is versioned (else the on-policy check would see nothing)
+8. what an optimizer step trains is versioned (else the on-policy check would see nothing)
    and is not frozen: neither the model whose logprobs feed a `ref_logprobs` port (the KL
    reference) nor a vision tower of its own (the builder keeps the tower apart only when it
    is frozen and shared; `trainable_vision` puts it inside the model's weights).
@@ -41,8 +44,10 @@ def lint(graph: Graph) -> Graph:
     _check_acyclic(graph)
     for op in graph.ops.values():
         _check_op(graph, op, get_kind(op.kind))
+    _check_phase_order(graph)
     check_trained(graph)
     _check_on_policy(graph)
+    _check_saved(graph)
     return graph
 
 
@@ -144,6 +149,48 @@ def _check_port(where: str, what: str, schema: Port, value: Value, sym: dict[str
                 f"{what} '{value.name}' has {s}={size} on axis {axis}, but "
                 f"another port of this op has {s}={sym[s]} (shape mismatch)",
             )
+
+
+_PHASE_ORDER = {p: i for i, p in enumerate(Phase)}
+
+
+def _check_phase_order(graph: Graph) -> None:
+    made = graph.producers()
+    for op in graph.ops.values():
+        for p, v in op.inputs.items():
+            src = made.get(v)
+            if src is not None and _PHASE_ORDER[src.phase] > _PHASE_ORDER[op.phase]:
+                raise GraphError(
+                    f"op '{op.name}' ({op.phase})",
+                    f"input '{p}' reads '{v}', made by '{src.name}' in the later phase "
+                    f"{src.phase} (phases run {[str(x) for x in Phase]})",
+                )
+
+
+_FORWARDS = ("logprob", "logprob_prefix", "logprob_response")
+
+
+def _check_saved(graph: Graph) -> None:
+    made = graph.producers()
+    for op in graph.ops.values():
+        if op.kind != "backward":
+            continue
+        for p, v in op.inputs.items():
+            if not p.startswith("saved"):
+                continue
+            src = made.get(v)
+            if src is None or src.kind not in _FORWARDS or src.outputs.get("saved") != v:
+                raise GraphError(
+                    f"op '{op.name}' (backward)",
+                    f"input '{p}' reads '{v}', which is not a training forward's 'saved' output",
+                )
+            if src.inputs.get("weights") != op.inputs.get("weights"):
+                raise GraphError(
+                    f"op '{op.name}' (backward)",
+                    f"input '{p}' reads '{v}', kept by '{src.name}' through "
+                    f"'{src.inputs.get('weights')}', but it differentiates "
+                    f"'{op.inputs.get('weights')}'",
+                )
 
 
 def _check_acyclic(graph: Graph) -> None:
