@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import get_args
 
 from rollplex.graph.ir import Graph
 from rollplex.graph.serialize import stable_hash
 from rollplex.planner.plan import DevicePlan, Plan, Step
+from rollplex.specs import ScheduleSpec
 
 
 class PlanError(ValueError):
@@ -26,6 +28,8 @@ class PlanError(ValueError):
 
 
 COPY_KINDS = ("offload", "onload", "transfer")
+SCHEDULE_NAMES = get_args(ScheduleSpec.model_fields["name"].annotation)
+TRANSFER_KINDS = ("weights", "rollout outputs")
 _STEP_MEMORY = (".scratch", ".kv_pool")
 _ROLLOUT_COPY = ("@rollout.next", "@rollout")
 
@@ -34,10 +38,13 @@ def check_references(plan: Plan, graph: Graph | None, graph_hash: str | None = N
     """Raise PlanError on the first dangling reference, bad number or backward time.
     `graph_hash`: the graph's `stable_hash` when the caller already knows it."""
     _finite("plan", "step_time_s", plan.step_time_s)
+    if plan.schedule not in SCHEDULE_NAMES:
+        raise PlanError(f"plan: schedule {plan.schedule!r} is not one of {list(SCHEDULE_NAMES)}")
     if not plan.devices:
         raise PlanError("plan has no device groups")
     steps = _index_steps(plan)
     _check_devices(plan)
+    _check_summary(plan, steps)
     events = _check_events(plan, steps)
     for dev in plan.devices:
         _check_streams(dev)
@@ -48,7 +55,7 @@ def check_references(plan: Plan, graph: Graph | None, graph_hash: str | None = N
         expected = graph_hash or stable_hash(graph)
         if plan.graph_hash != expected:
             raise PlanError(
-                f"plan graph_hash {plan.graph_hash!r} is not the graph's ({expected!r}): "
+                f"plan: graph_hash {plan.graph_hash!r} is not the graph's ({expected!r}): "
                 "the plan was made for another graph"
             )
         for dev in plan.devices:
@@ -107,10 +114,35 @@ def _check_devices(plan: Plan) -> None:
         for field in ("tp", "dp"):
             if getattr(dev, field) < 1:
                 raise PlanError(f"{where}: {field}={getattr(dev, field)} must be >= 1")
+        if dev.tp * dev.dp != len(dev.ranks):
+            raise PlanError(f"{where}: tp={dev.tp} x dp={dev.dp} is not its {len(dev.ranks)} ranks")
         for field in ("budget_bytes", "peak_bytes", "lower_bound_bytes"):
             _finite(where, field, getattr(dev, field))
         for lane, size in dev.arena_bytes.items():
             _finite(where, f"arena_bytes[{lane}]", size)
+        arenas = sum(dev.arena_bytes.values())
+        if dev.peak_bytes < max(arenas, dev.lower_bound_bytes):
+            raise PlanError(
+                f"{where}: peak_bytes {dev.peak_bytes} is below its arenas ({arenas} B) "
+                f"or its lower bound ({dev.lower_bound_bytes} B)"
+            )
+
+
+def _check_summary(plan: Plan, steps: dict[int, Step]) -> None:
+    """The plan's totals agree with its steps, and what the trainer reads of `meta` is sane."""
+    last = max((s.end_s for s in steps.values()), default=0.0)
+    if abs(plan.step_time_s - last) > 1e-9 * max(1.0, last):
+        raise PlanError(
+            f"plan: step_time_s={plan.step_time_s} is not its last step's end ({last}s)"
+        )
+    micro = plan.meta.get("train_micro_batches", 1)
+    if not isinstance(micro, int) or isinstance(micro, bool) or micro < 1:
+        raise PlanError(f"plan: meta.train_micro_batches={micro!r} must be a positive integer")
+    if not isinstance(plan.meta.get("train_micro_recompute", False), bool):
+        raise PlanError("plan: meta.train_micro_recompute must be true or false")
+    for t in plan.transfers:
+        if t.what not in TRANSFER_KINDS:
+            raise PlanError(f"transfer at step {t.step}: what={t.what!r} is not {TRANSFER_KINDS}")
 
 
 def _check_events(plan: Plan, steps: dict[int, Step]) -> dict[int, int]:

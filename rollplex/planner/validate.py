@@ -162,6 +162,11 @@ def _check_policy(plan: Plan, graph: Graph, steps: dict[int, Step]) -> None:
         if op.kind == "optimizer_step"
     }
     models = {version_model(v) for v in trained}
+    if trained and plan.policy_version not in trained:
+        raise PlanError(
+            f"plan: policy_version {plan.policy_version!r} is not what the update trains "
+            f"({sorted(trained)})"
+        )
     for s in steps.values():
         v = s.weights_version
         if v is None or s.kind == "weight_sync" or version_model(v) not in models:

@@ -216,3 +216,19 @@ def test_plan_of_another_graph_is_refused(plans: dict[str, PlanResult]) -> None:
     with pytest.raises(PlanError, match="0000000000"):
         load_plan(dump_plan(plan), r.graph)
     load_plan(dump_plan(plan))  # without a graph there is nothing to compare it with
+
+
+def test_plan_totals_and_labels_agree_with_the_graph(plans: dict[str, PlanResult]) -> None:
+    r = plans["piggyback"]
+    for edit, culprit in (
+        (lambda p: setattr(p, "policy_version", "policy@1"), "policy_version"),
+        (lambda p: setattr(p, "schedule", "verl"), "schedule"),
+        (lambda p: setattr(p, "step_time_s", p.step_time_s / 2), "step_time_s"),
+        (lambda p: p.meta.update(train_micro_batches=0), "train_micro_batches"),
+        (lambda p: setattr(p.devices[0], "dp", 2), "tp=1 x dp=2"),
+        (lambda p: setattr(p.devices[0], "peak_bytes", 1), "peak_bytes"),
+    ):
+        plan = copy.deepcopy(r.plan)
+        edit(plan)
+        with pytest.raises(PlanError, match=culprit):
+            validate_plan(plan, r.graph)
