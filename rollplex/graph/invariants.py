@@ -6,25 +6,70 @@
 3. ops use registered kinds and only their ports; required ports are wired;
 4. along every edge the value's kind, dtype and shape fit the consuming port;
 5. training is on-policy: no train/update op reads data made under a policy version other
-   than the one the optimizer step updates.
+   than the one the optimizer step updates (external data counts with its own stamp);
+6. a backward's `saved_*` inputs are what training forwards (logprob kinds) kept for it,
+   through the weights it differentiates; phases run in order (rollout, reference, train,
+   update): no op reads what a later phase makes;
+7. values are well formed: a known dtype, positive dims, weights versions `<model>@<n>`;
+   `group_size` attributes are positive integers;
+8. what an optimizer step trains is versioned (else the on-policy check would see nothing)
+   and is not frozen: neither the model whose logprobs feed a `ref_logprobs` port (the KL
+   reference) nor a vision tower of its own (the builder keeps the tower apart only when it
+   is frozen and shared; `trainable_vision` puts it inside the model's weights).
 Each failure raises `GraphError` naming the op or value at fault.
 """
 
 from __future__ import annotations
 
-from rollplex.graph.ir import Graph, GraphError, Op, Phase, Value, ValueKind, version_model
+from rollplex.graph.frozen import check_trained
+from rollplex.graph.ir import (
+    DTYPE_BYTES,
+    Graph,
+    GraphError,
+    Op,
+    Phase,
+    Value,
+    ValueKind,
+    version_model,
+)
 from rollplex.graph.lineage import lineage
 from rollplex.graph.schema import OpKind, Port, get_kind
 
 
 def lint(graph: Graph) -> Graph:
     """Raise `GraphError` on the first broken invariant; return the graph unchanged."""
+    for v in graph.values.values():
+        _check_value(v)
     _check_producers(graph)
     _check_acyclic(graph)
     for op in graph.ops.values():
         _check_op(graph, op, get_kind(op.kind))
+    _check_phase_order(graph)
+    check_trained(graph)
     _check_on_policy(graph)
+    _check_saved(graph)
     return graph
+
+
+def _check_value(v: Value) -> None:
+    where = f"value '{v.name}'"
+    if v.dtype not in DTYPE_BYTES:
+        raise GraphError(where, f"has unknown dtype {v.dtype!r} (known: {sorted(DTYPE_BYTES)})")
+    if not isinstance(v.shape, tuple) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in v.shape
+    ):
+        raise GraphError(where, f"shape {v.shape!r} must be a tuple of positive integers")
+    if not isinstance(v.kind, ValueKind):
+        raise GraphError(where, f"kind {v.kind!r} is not one of {[str(k) for k in ValueKind]}")
+    if v.version is not None and not _is_version(v.version):
+        raise GraphError(where, f"version {v.version!r} is not '<model>@<n>'")
+
+
+def _is_version(version: object) -> bool:
+    if not isinstance(version, str) or version.count("@") != 1:
+        return False
+    model, n = version.split("@")
+    return bool(model) and n.lstrip("-").isdigit()
 
 
 def _check_producers(graph: Graph) -> dict[str, Op]:
@@ -53,6 +98,11 @@ def _check_producers(graph: Graph) -> dict[str, Op]:
 
 def _check_op(graph: Graph, op: Op, kind: OpKind) -> None:
     where = f"op '{op.name}' ({op.kind})"
+    if not isinstance(op.phase, Phase):
+        raise GraphError(where, f"phase {op.phase!r} is not one of {[str(p) for p in Phase]}")
+    g = op.attrs.get("group_size", 1)
+    if not isinstance(g, int) or isinstance(g, bool) or g < 1:
+        raise GraphError(where, f"group_size={g!r} must be a positive integer")
     for p, schema in kind.inputs.items():
         if p not in op.inputs and not schema.optional:
             raise GraphError(where, f"required input '{p}' is not wired")
@@ -99,6 +149,48 @@ def _check_port(where: str, what: str, schema: Port, value: Value, sym: dict[str
                 f"{what} '{value.name}' has {s}={size} on axis {axis}, but "
                 f"another port of this op has {s}={sym[s]} (shape mismatch)",
             )
+
+
+_PHASE_ORDER = {p: i for i, p in enumerate(Phase)}
+
+
+def _check_phase_order(graph: Graph) -> None:
+    made = graph.producers()
+    for op in graph.ops.values():
+        for p, v in op.inputs.items():
+            src = made.get(v)
+            if src is not None and _PHASE_ORDER[src.phase] > _PHASE_ORDER[op.phase]:
+                raise GraphError(
+                    f"op '{op.name}' ({op.phase})",
+                    f"input '{p}' reads '{v}', made by '{src.name}' in the later phase "
+                    f"{src.phase} (phases run {[str(x) for x in Phase]})",
+                )
+
+
+_FORWARDS = ("logprob", "logprob_prefix", "logprob_response")
+
+
+def _check_saved(graph: Graph) -> None:
+    made = graph.producers()
+    for op in graph.ops.values():
+        if op.kind != "backward":
+            continue
+        for p, v in op.inputs.items():
+            if not p.startswith("saved"):
+                continue
+            src = made.get(v)
+            if src is None or src.kind not in _FORWARDS or src.outputs.get("saved") != v:
+                raise GraphError(
+                    f"op '{op.name}' (backward)",
+                    f"input '{p}' reads '{v}', which is not a training forward's 'saved' output",
+                )
+            if src.inputs.get("weights") != op.inputs.get("weights"):
+                raise GraphError(
+                    f"op '{op.name}' (backward)",
+                    f"input '{p}' reads '{v}', kept by '{src.name}' through "
+                    f"'{src.inputs.get('weights')}', but it differentiates "
+                    f"'{op.inputs.get('weights')}'",
+                )
 
 
 def _check_acyclic(graph: Graph) -> None:

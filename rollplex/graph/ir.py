@@ -189,16 +189,22 @@ class Graph:
         if len(placed) == len(succ):
             return None
         names = list(self.ops)
-        # Every op Kahn could not place waits on a cycle; walk unplaced successors from one
-        # until an op repeats.
+        # Every op Kahn could not place waits on an unplaced predecessor (it may sit only
+        # downstream of a cycle, so its successors need not lead back): walk unplaced
+        # predecessors from one until an op repeats, then read that loop forwards.
+        pred: list[list[int]] = [[] for _ in succ]
+        for i, after in enumerate(succ):
+            for j in after:
+                pred[j].append(i)
         i = next(i for i in range(len(succ)) if i not in placed)
         path: list[int] = []
         seen: dict[int, int] = {}
         while i not in seen:
             seen[i] = len(path)
             path.append(i)
-            i = next(j for j in succ[i] if j not in placed)
-        return [names[k] for k in path[seen[i] :]] + [names[i]]
+            i = next(j for j in pred[i] if j not in placed)
+        loop = path[seen[i] :][::-1]
+        return [names[k] for k in loop] + [names[loop[0]]]
 
     def subgraph(self, phase: Phase) -> Graph:
         """The ops of one phase; values made elsewhere become external inputs."""

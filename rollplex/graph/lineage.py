@@ -1,8 +1,10 @@
 """Which (weights version, external input) pairs reach a value.
 
 A pair (w, x) reaches v when external input x flows into some op that reads weights
-version w, and that op's result flows on into v. Passes that keep the meaning of a step
-keep these sets for every logprob, whatever they do to batching or op boundaries."""
+version w, and that op's result flows on into v. External data stamped with a version
+(made under those weights outside the step, e.g. last step's logprobs) starts as (w, x).
+Passes that keep the meaning of a step keep these sets for every logprob, whatever they
+do to batching or op boundaries."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ def lineage(graph: Graph) -> dict[str, frozenset[Pair]]:
     tags: dict[str, frozenset[Pair]] = {}
     for v in graph.values.values():
         if v.external and v.kind is not ValueKind.WEIGHTS:
-            tags[v.name] = frozenset({(None, v.name)})
+            tags[v.name] = frozenset({(v.version, v.name)})
     for op in graph.topo_order():
         ins = graph.inputs_of(op)
         versions = [v.version for v in ins.values() if v.kind is ValueKind.WEIGHTS]

@@ -84,14 +84,24 @@ def prefix_flops(graph: Graph, op: Op, ctx: CostContext) -> float:
 
 
 def decode_steps(graph: Graph, op: Op, ctx: CostContext) -> int:
-    """Decode steps one rank runs (until its longest response ends); `generate` too."""
-    rows = ctx.per_rank(_prompt_rows(graph, op))
-    return _decode(ctx.model, ctx.workload, int(rows), op.attrs["group_size"], ctx.tp).steps
+    """Decode steps a rank runs: until the step's longest response ends, over every sample
+    of the op on all ranks (a synchronous step waits for it); `generate` too."""
+    return _rank_decode(graph, op, ctx).steps
+
+
+def _rank_decode(graph: Graph, op: Op, ctx: CostContext) -> F.DecodeRollout:
+    """One rank's share of a decode (or generate) op's rows, decoding as long as the op's
+    longest sample (all of its rows, every rank) runs."""
+    rows = _prompt_rows(graph, op)
+    group = op.attrs["group_size"]
+    return _decode(ctx.model, ctx.workload, int(ctx.per_rank(rows)), group, ctx.tp, rows * group)
 
 
 @lru_cache(maxsize=64)
-def _decode(model: ModelSpec, workload: WorkloadSpec, prompts: int, group: int, tp: int):
-    return F.decode_rollout(model, workload, prompts, group, tp)
+def _decode(
+    model: ModelSpec, workload: WorkloadSpec, prompts: int, group: int, tp: int, samples: int
+):
+    return F.decode_rollout(model, workload, prompts, group, tp, step_samples=samples)
 
 
 def _prefix_tokens(ins: dict[str, Value]) -> int:
@@ -141,7 +151,7 @@ def _generate(g: Graph, op: Op, ctx: CostContext) -> Cost:
     cost = F.vision_encode(ctx.model, rows, px.shape[1], ctx.tp)
     cost += F.prefix_prefill(ctx.model, rows, visual + text.shape[1], ctx.tp)
     group = op.attrs["group_size"]
-    dec = _decode(ctx.model, ctx.workload, int(rows), group, ctx.tp)
+    dec = _rank_decode(g, op, ctx)
     # The engine allocates its KV pool whole (in place of `decode_rollout`'s expected-peak
     # response KV); the largest step's activations come on top of it.
     first = F.decode_step(ctx.model, rows * group, visual + text.shape[1], ctx.tp)
@@ -161,7 +171,7 @@ def engine_kv_pool(g: Graph, op: Op, ctx: CostContext, at_cap: bool = False) -> 
 def _decode_cost(g: Graph, op: Op, ctx: CostContext) -> Cost:
     ins = g.inputs_of(op)
     rows = int(ctx.per_rank(ins["kv"].shape[2]))
-    cost = _decode(ctx.model, ctx.workload, rows, op.attrs["group_size"], ctx.tp).cost
+    cost = _rank_decode(g, op, ctx).cost
     if not op.meta.get("static_kv"):
         return cost
     # The torch engine's static workspace (at the cap, in place of the expected peak of

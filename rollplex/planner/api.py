@@ -9,6 +9,7 @@ algorithm builder and the passes first, then calls this once per parallel layout
 
 from __future__ import annotations
 
+from rollplex.graph.invariants import lint
 from rollplex.graph.ir import Graph
 from rollplex.ops.costs import CostContext, engine_kv_pool, static_kv
 from rollplex.planner.cost_model import CostModel
@@ -41,8 +42,10 @@ def plan_graph(
     interference: InterferenceModel | None = None,
     enforce_budget: bool = True,
 ) -> Plan:
-    """Plan `graph` under `schedule`. Raises PlanOverBudget when `enforce_budget` and the
-    settled plan does not fit, and PlanError when the plan breaks an invariant."""
+    """Plan `graph` under `schedule`. Raises GraphError when the graph fails lint,
+    PlanOverBudget when `enforce_budget` and the settled plan does not fit, and PlanError
+    when the plan breaks an invariant."""
+    lint(graph)  # whatever made it: a planner fed an ill-formed graph plans nonsense
     ctx = PlanningContext(
         graph,
         model,
@@ -91,7 +94,7 @@ def plan_graph(
     renumber_in_issue_order(plan)
     if enforce_budget:
         check_budget(plan)
-    validate_plan(plan, graph, budget=enforce_budget)
+    validate_plan(plan, graph, budget=enforce_budget, graph_hash=ctx.graph_hash)
     return plan
 
 

@@ -3,6 +3,12 @@
 time = max(flops / (peak * compute_eff), bytes / (hbm_bw * bandwidth_eff))
        + launches * launch_s + exposed communication
 
+An op run in m micro-batches (forwards and backwards: `schedule.train_micro_tokens`) is m
+runs of 1/m of its rows: each reads the weights again, and each launches its kernels
+(`kernels` per micro-batch) at `launch_s` apiece, which a micro-batch too small to cover
+them cannot hide. So its body is m * max(compute / m, (other bytes / m + weight bytes) /
+bandwidth, kernels * launch_s).
+
 Defaults follow FACTS.md's H200 measurements: a CUDA-graphed decode reaches ~77% of HBM
 bandwidth and large prefix GEMMs ~60% of bf16 peak. Tensor-parallel all-reduces run on
 NVLink inside the op; FSDP gathers and reduce-scatters overlap the training compute, so
@@ -59,6 +65,9 @@ class Timing:
     comm_s: float
     rate_class: str  # "bandwidth" if memory-bound, else "compute"
     scratch_bytes: float = 0.0  # transient memory while it runs
+    # what kernel launches add to max(compute_s, memory_s): micro-batches too small to
+    # hide them (memory_s already holds every micro-batch's weight reads)
+    launch_bound_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -78,17 +87,29 @@ class CostModel:
         comm_bytes: float = 0.0,
         comm_gbps: float | None = None,
         overlap_comm: bool = False,
+        micro_batches: int = 1,
+        kernels: int = 0,
     ) -> Timing:
+        """`micro_batches`: runs of 1/m of the rows each; `kernels`: launches per run."""
+        if micro_batches < 1 or kernels < 0:
+            raise ValueError(f"micro_batches={micro_batches} must be >= 1, kernels >= 0")
         e = self.eff(kind)
         hw = self.hardware
+        m = micro_batches
+        bandwidth = hw.hbm_bandwidth * e.bandwidth
         compute = cost.flops / (hw.peak_flops * e.compute)
-        memory = cost.bytes / (hw.hbm_bandwidth * e.bandwidth)
+        # each micro-batch reads the weights once more (the first read is in cost.bytes)
+        memory = (cost.bytes + (m - 1) * cost.weight_bytes) / bandwidth
+        launched = m * kernels * self.launch_s
         link = (comm_gbps or hw.nvlink_gbps) * 1e9
         comm = comm_bytes / link
-        body = max(compute, memory)
+        body = max(compute, memory, launched)
         exposed = max(0.0, comm - body) if overlap_comm else comm
         bound = "bandwidth" if memory >= compute or kind in BANDWIDTH_KINDS else "compute"
-        return Timing(body + exposed + launches * self.launch_s, compute, memory, comm, bound)
+        seconds = body + exposed + launches * self.launch_s
+        return Timing(
+            seconds, compute, memory, comm, bound, launch_bound_s=body - max(compute, memory)
+        )
 
     def transfer_s(self, nbytes: float, gbps: float) -> float:
         return nbytes / (gbps * 1e9) + self.launch_s
@@ -128,6 +149,13 @@ class CostModel:
             base = self.eff(kind)
             eff[kind] = Efficiency(base.compute * k, base.bandwidth * k)
         return CostModel(self.hardware, eff, self.launch_s)
+
+
+# Kernels one decoder layer (or vision block) launches per micro-batch, counted in
+# transformers' eager Qwen2 layer (aten ops other than views, a torch dispatch mode, torch
+# 2.13 CPU, SDPA attention): 30 in the forward, 67 in its backward.
+FORWARD_KERNELS_PER_LAYER = 30
+BACKWARD_KERNELS_PER_LAYER = 67
 
 
 def write_calibration(

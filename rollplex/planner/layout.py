@@ -15,7 +15,12 @@ from rollplex.ops import formulas as F
 from rollplex.ops.costs import CostContext, decode_steps, op_cost
 from rollplex.ops.formulas import Cost
 from rollplex.ops.formulas.llm import decoder_weight_bytes, lm_head_weight_bytes
-from rollplex.planner.cost_model import CostModel, Timing
+from rollplex.planner.cost_model import (
+    BACKWARD_KERNELS_PER_LAYER,
+    FORWARD_KERNELS_PER_LAYER,
+    CostModel,
+    Timing,
+)
 from rollplex.planner.shared_weights import alias_sync_bytes, replica_sync_bytes
 from rollplex.planner.sizing import micro_batch_count, train_micro_batches
 from rollplex.specs import HardwareSpec, ModelSpec, WorkloadSpec
@@ -77,13 +82,41 @@ class OpTimer:
         )
 
     def time(self, op: Op, chunks: int = 1) -> Timing:
-        """Solo time of `op`, or of one of its `chunks` row chunks, on one GPU."""
+        """Solo time of `op`, or of one of its `chunks` row chunks, on one GPU: priced in
+        its micro-batches (each reads the weights and launches its kernels again)."""
         ctx = self.context(op, chunks)
         cost = op_cost(self.graph, op, ctx)
+        micro = self._micro_batches(op, ctx, cost)
+        # A step-wide count (the trainer's) is shared by the op's row chunks.
+        runs = micro if self._step_count(op) is None else max(1, math.ceil(micro / chunks))
         return replace(
-            self._time(op, ctx, cost),
-            scratch_bytes=cost.transient_bytes / self._micro_batches(op, ctx, cost),
+            self._time(op, ctx, cost, (runs, self._kernels(op, ctx))),
+            scratch_bytes=cost.transient_bytes / micro,
         )
+
+    def _step_count(self, op: Op) -> int | None:
+        """The trainer's micro-batch count, for the ops it runs in it; else None."""
+        if op.phase is Phase.TRAIN and op.kind in ("logprob", "logprob_response", "backward"):
+            return train_micro_batches(
+                self.model, self.workload, self.train.gpus, self.micro_tokens
+            )
+        return None
+
+    def _kernels(self, op: Op, ctx: CostContext) -> int:
+        """Kernels one micro-batch of `op` launches: per layer, a forward's, or a backward's
+        with the forward it recomputes (checkpointing) and the one it runs again
+        (`train_micro_recompute`); decode steps are graph replays (priced per step)."""
+        if op.kind in ("decode", "generate", "optimizer_step", "weight_sync"):
+            return 0
+        if op.kind == "vision_encode":
+            return self.model.vision.depth * FORWARD_KERNELS_PER_LAYER
+        if op.kind == "backward":
+            forwards = int(ctx.checkpointing) + int(ctx.recompute_forward)
+            per_layer = BACKWARD_KERNELS_PER_LAYER + forwards * FORWARD_KERNELS_PER_LAYER
+            return self.model.num_layers * per_layer
+        if op.kind in LOGPROB_KINDS or op.kind == "prefix_prefill" or "weights" in op.inputs:
+            return self.model.num_layers * FORWARD_KERNELS_PER_LAYER
+        return 0  # rewards, advantages, losses: a few kernels, in `launches`
 
     def _micro_batches(self, op: Op, ctx: CostContext, cost: Cost) -> int:
         """Forwards and backwards run in micro-batches of `micro_tokens` tokens per GPU (a
@@ -95,10 +128,9 @@ class OpTimer:
             or self.micro_tokens <= 0
         ):
             return 1
-        if op.phase is Phase.TRAIN and op.kind in ("logprob", "logprob_response", "backward"):
-            return train_micro_batches(
-                self.model, self.workload, self.train.gpus, self.micro_tokens
-            )
+        step = self._step_count(op)
+        if step is not None:
+            return step
         tokens = cost.flops / max(1.0, self._flops_per_token(ctx))
         if op.kind == "logprob_response":
             # A micro-batch is counted in tokens of sequence, context included, as the
@@ -122,8 +154,8 @@ class OpTimer:
                     )
         return count
 
-    def _time(self, op: Op, ctx: CostContext, cost: Cost) -> Timing:
-        t = self._solo_time(op, ctx, cost)
+    def _time(self, op: Op, ctx: CostContext, cost: Cost, micro: tuple[int, int]) -> Timing:
+        t = self._solo_time(op, ctx, cost, micro)
         if (
             op.phase is Phase.ROLLOUT
             or ctx.tp == 1
@@ -146,8 +178,10 @@ class OpTimer:
         s = self.cost_model.transfer_s(comm, self.hardware.nvlink_gbps)
         return replace(t, seconds=t.seconds + s, comm_s=t.comm_s + s)
 
-    def _solo_time(self, op: Op, ctx: CostContext, cost: Cost) -> Timing:
+    def _solo_time(self, op: Op, ctx: CostContext, cost: Cost, micro: tuple[int, int]) -> Timing:
+        """`micro`: (micro-batches, kernels each) of a forward or backward."""
         hw, cm = self.hardware, self.cost_model
+        runs, kernels = micro
         if op.kind in ("decode", "generate"):  # generate: an engine's prefill + decode
             steps = decode_steps(self.graph, op, ctx)
             comm = (
@@ -163,7 +197,7 @@ class OpTimer:
         if op.phase is Phase.ROLLOUT:
             tokens = cost.flops / max(1.0, self._flops_per_token(ctx))
             comm = F.tp_allreduce_bytes(self.model, tokens, ctx.tp) if ctx.tp > 1 else 0.0
-            return cm.time(op.kind, cost, comm_bytes=comm)
+            return cm.time(op.kind, cost, comm_bytes=comm, micro_batches=runs, kernels=kernels)
         if self._fsdp(op, cost):
             return cm.time(
                 op.kind,
@@ -171,8 +205,10 @@ class OpTimer:
                 comm_bytes=self._fsdp_comm_bytes(op, ctx, cost),
                 comm_gbps=self.train.link_gbps(hw),
                 overlap_comm=True,
+                micro_batches=runs,
+                kernels=kernels,
             )
-        return cm.time(op.kind, cost)
+        return cm.time(op.kind, cost, micro_batches=runs, kernels=kernels)
 
     def _fsdp(self, op: Op, cost: Cost) -> bool:
         return cost.weight_bytes > 0 and op.kind != "optimizer_step" and self.train.gpus > 1
@@ -213,7 +249,8 @@ class OpTimer:
         if not self._fsdp(prefix, cost) or tp_.comm_s <= 0:
             return tp_, tr
         launch = self.cost_model.launch_s
-        body_p, body_r = max(tp_.compute_s, tp_.memory_s), max(tr.compute_s, tr.memory_s)
+        body_p = max(tp_.compute_s, tp_.memory_s) + tp_.launch_bound_s
+        body_r = max(tr.compute_s, tr.memory_s) + tr.launch_bound_s
         comm = max(tp_.comm_s, tr.comm_s)
         exposed = max(0.0, comm - body_p - body_r)
         return (

@@ -118,16 +118,17 @@ def device_lifetimes(
         else:
             # Steps are listed in start order, and positions rise with it: the first step
             # holds the first position.
+            # It lives until its last reader ends, and never before its last writer does:
+            # a segmented op writes it in every segment, read or not.
             first_step = (producers or consumers)[0]
             first = begin[first_step.index]
-            if len(consumers) == 1:
-                last_step = consumers[0]
+            touching = consumers if consumers and len(producers) < 2 else producers + consumers
+            if len(touching) == 1:
+                last_step = touching[0]
                 last = until[last_step.index]
-            elif consumers:
-                last = max(until[s.index] for s in consumers)
-                last_step = max(consumers, key=_end_s)
             else:
-                last, last_step = until[producers[0].index], producers[-1]
+                last = max(until[s.index] for s in touching)
+                last_step = max(touching, key=_end_s)
         phase = _PHASES[producers[0].phase] if producers else None
         size = sizer.value_bytes(v, phase)
         lane = producers[0].stream if producers else 0

@@ -15,9 +15,12 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import TypeAdapter
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+if TYPE_CHECKING:
+    from rollplex.graph.ir import Graph
 
 
 class CoRun(StrEnum):
@@ -199,6 +202,12 @@ class Plan:
         return all(d.peak_bytes <= d.budget_bytes for d in self.devices)
 
 
+# plan.json is read strictly: an unknown field (a typo, a newer format) or a NaN is refused.
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+for _record in (Step, Event, StreamPlan, MemoryEffect, Slot, DevicePlan, Route, Transfer, Plan):
+    _record.__pydantic_config__ = _STRICT  # type: ignore[attr-defined]
+
+
 @functools.cache
 def _adapter() -> TypeAdapter[Plan]:
     return TypeAdapter(Plan)
@@ -209,6 +218,17 @@ def dump_plan(plan: Plan, indent: int | None = 1) -> str:
     return _adapter().dump_json(plan, indent=indent).decode()
 
 
-def load_plan(text: str | bytes) -> Plan:
-    """A Plan from `dump_plan`'s JSON, validated field by field (types, enums)."""
-    return _adapter().validate_json(text)
+def load_plan(text: str | bytes, graph: Graph | None = None, budget: bool = True) -> Plan:
+    """A Plan from `dump_plan`'s JSON: its schema (types, enums, no unknown field, finite
+    numbers), then `validate_plan` (with `graph`, also that it is that graph's plan).
+    Raises PlanError naming the field, step, slot or event at fault."""
+    from rollplex.planner.validate import PlanError, validate_plan  # validate imports plan
+
+    try:
+        plan = _adapter().validate_json(text)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "plan"
+        more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+        raise PlanError(f"plan.json: {where}: {first['msg']}{more}") from None
+    return validate_plan(plan, graph, budget=budget)

@@ -1,5 +1,7 @@
 """validate_plan: the invariants a plan must hold before anything runs it.
 
+0. every reference resolves, every number is finite and in range, times run forward, and
+   the plan is of `graph` (`plan_refs.check_references`);
 1. no two slots of one arena (device, lane) hold overlapping bytes while both are live;
 2. every step starts after each of its producers' steps, through stream order or an event
    it waits on (a missing event is a race even if the predicted times happen to agree);
@@ -19,31 +21,44 @@ import heapq
 
 from rollplex.graph.ir import Graph, version_model
 from rollplex.planner.plan import DevicePlan, Event, Plan, Slot, Step
+from rollplex.planner.plan_refs import COPY_KINDS, PlanError, check_references
+
+__all__ = ["PlanError", "validate_plan"]
 
 
-class PlanError(ValueError):
-    pass
-
-
-def validate_plan(plan: Plan, graph: Graph, budget: bool = True) -> Plan:
-    """Raise PlanError on the first broken invariant (`budget=False` skips rule 3)."""
+def validate_plan(
+    plan: Plan, graph: Graph | None, budget: bool = True, graph_hash: str | None = None
+) -> Plan:
+    """Raise PlanError on the first broken invariant (`budget=False` skips rule 3).
+    Without a graph only what the plan holds by itself is checked (rules 0-3 less the
+    graph's names and the producers); `graph_hash`: the graph's, if already known."""
+    check_references(plan, graph, graph_hash)
     steps = {s.index: s for d in plan.devices for s in d.steps}
+    if graph is None:
+        for dev in plan.devices:
+            _check_slots(dev, steps)
+            _check_budget(dev, budget)
+        return plan
     events = {e.id: e for e in plan.events}
     made = _producer_steps(graph, steps)
     for dev in plan.devices:
         _check_slots(dev, steps)
         _check_order(dev, graph, made, events)
-        if budget and dev.peak_bytes > dev.budget_bytes:
-            raise PlanError(
-                f"device '{dev.name}': predicted peak {dev.peak_bytes} B exceeds "
-                f"the budget {dev.budget_bytes} B by "
-                f"{dev.peak_bytes - dev.budget_bytes} B"
-            )
+        _check_budget(dev, budget)
     _check_policy(plan, graph, steps)
     if plan.schedule == "disaggregated":
         _check_transfer_first(plan, graph, steps, events)
     _check_routes(plan, steps)
     return plan
+
+
+def _check_budget(dev: DevicePlan, budget: bool) -> None:
+    if budget and dev.peak_bytes > dev.budget_bytes:
+        raise PlanError(
+            f"device '{dev.name}': predicted peak {dev.peak_bytes} B exceeds "
+            f"the budget {dev.budget_bytes} B by "
+            f"{dev.peak_bytes - dev.budget_bytes} B"
+        )
 
 
 def _check_routes(plan: Plan, steps: dict[int, Step]) -> None:
@@ -60,7 +75,7 @@ def _check_routes(plan: Plan, steps: dict[int, Step]) -> None:
                 )
 
 
-_COPIES = ("offload", "onload", "transfer")
+_COPIES = COPY_KINDS
 
 
 def _check_slots(dev: DevicePlan, steps: dict[int, Step]) -> None:
@@ -147,6 +162,11 @@ def _check_policy(plan: Plan, graph: Graph, steps: dict[int, Step]) -> None:
         if op.kind == "optimizer_step"
     }
     models = {version_model(v) for v in trained}
+    if trained and plan.policy_version not in trained:
+        raise PlanError(
+            f"plan: policy_version {plan.policy_version!r} is not what the update trains "
+            f"({sorted(trained)})"
+        )
     for s in steps.values():
         v = s.weights_version
         if v is None or s.kind == "weight_sync" or version_model(v) not in models:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from pydantic import ValidationError
 
 from rollplex.planner.plan import CoRun, dump_plan, load_plan
+from rollplex.planner.validate import PlanError
 
 from .conftest import plan_7b
 
@@ -38,5 +38,5 @@ def test_plan_round_trips(schedule: str, kw: dict) -> None:
 def test_a_corrupt_plan_is_named_by_field() -> None:
     data = json.loads(dump_plan(plan_7b("serial").plan))
     data["devices"][0]["steps"][0]["corun"] = "sideways"
-    with pytest.raises(ValidationError, match=r"devices\.0\.steps\.0\.corun"):
+    with pytest.raises(PlanError, match=r"devices\.0\.steps\.0\.corun"):
         load_plan(json.dumps(data))

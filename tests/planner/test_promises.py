@@ -146,7 +146,10 @@ def test_never_slower_at_any_budget_where_serial_fits(
     assert roomy is not None
     peak = max(d.peak_bytes for d in roomy.plan.devices) / GIB
     held = 0
-    for fraction in (0.6, 0.8, 0.97, 1.0, 1.2):
+    # 0.98: the 3B video step at 32 GPUs decodes to the step's longest response (the cap),
+    # which moves its fastest plan to rollout TP 4, whose offloads reach 0.98 of its peak
+    # but not 0.97: the grid keeps one budget that needs offloads there.
+    for fraction in (0.6, 0.8, 0.97, 0.98, 1.0, 1.2):
         h = hw(hardware, num_gpus=gpus, hbm_gib=round(peak * fraction, 2))
         baselines = [plan(model, workload, h, "serial", dedup) for dedup in (False, True)]
         fitting = [b for b in baselines if b is not None]

@@ -1,4 +1,5 @@
-"""Pass plumbing: a pass maps a graph to (new graph, changed); lint runs after each."""
+"""Pass plumbing: a pass maps a graph to (new graph, changed); lint runs on the input and
+after each pass, so even an empty pass list hands on only a linted graph."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ class PassRecord:
 
 
 def run_passes(graph: Graph, passes: Sequence[PassFn]) -> tuple[Graph, list[PassRecord]]:
-    """Apply passes in order on copies; the input graph is never mutated."""
+    """Lint `graph`, then apply passes in order on copies, linting each result; the input
+    graph is never mutated."""
+    lint(graph)
     records = []
     for p in passes:
         graph, changed = p(graph.copy())

@@ -166,6 +166,7 @@ def decode_rollout(
     prompts: int,
     group_size: int | None = None,
     tp: int = 1,
+    step_samples: int | None = None,
 ) -> DecodeRollout:
     """Decode of `prompts × group_size` sequences (default G: the workload's) after the prefill.
 
@@ -174,12 +175,19 @@ def decode_rollout(
     context grows step by step. Finished sequences free their KV (vLLM does), so the scratch
     is the live response KV at its peak. Each sequence reads its own prefix KV (no cascade
     attention). Output: token ids and logprobs, 2x4 B per token.
+
+    A synchronous step waits for its longest response anywhere: `step_samples` is every
+    sample of the step, all replicas (default: this batch), and decode runs until the
+    expected longest of them ends (capped at the generation limit). The replica that holds it
+    runs each of those steps with at least that one sequence, so a step's work never drops
+    below one row; tokens and KV stay this batch's expected ones.
     """
     group_size = workload.group_size if group_size is None else group_size
     batch = prompts * group_size
     lengths = workload.response_length
     prefix = workload.prefix_tokens(model.vision)
-    steps = decode_steps(workload, batch)
+    steps = decode_steps(workload, max(batch, step_samples or batch))
+    floor = min(1.0, float(batch))
     kv_tok = kv_bytes_per_token(model, tp)
     tokens = float(batch)  # the prefill's token 0
     peak_kv = 0.0
@@ -190,7 +198,7 @@ def decode_rollout(
         active = lengths.expected_active(batch, s + 1)
         if active <= 0:
             break
-        step = decode_step(model, active, prefix + s, tp)
+        step = decode_step(model, max(active, floor), prefix + s, tp)
         # The step's new K/V stays in the rollout's scratch; only the token leaves it.
         flops += step.flops
         read += step.bytes_read
