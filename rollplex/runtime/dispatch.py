@@ -170,10 +170,11 @@ class RoleDispatch(Backend):
         self._externals = self.roles.externals.bind(graph)
         self.roles.hooks.bind(graph)
 
-    def train_micro_batches(self, count: int, recompute: bool = False) -> None:
+    def train_micro_batches(self, count: int, recompute: bool = False, fused: bool = False) -> None:
         for owner in (self.trainer, self.critic):
             if owner is not None:
                 owner.micro_batches, owner.micro_recompute = count, recompute
+                owner.micro_fused = fused
 
     def begin_step(self, step: int, inputs: StepInputs) -> dict[str, Any]:
         hooks = self.roles.hooks

@@ -7,11 +7,12 @@ verl runs a colocated step with:
   plan misses its budget, priced at `hardware.host_link_gbps`, on every schedule;
 - gradient checkpointing: the trainer always checkpoints every decoder layer, and the cost
   model always prices the recompute (ops/formulas/training.py);
-- one micro-batch's activations at a time. verl runs forward and backward per
-  micro-batch; the nearest runtime here is `schedule.train_micro_recompute` (the forward
-  step keeps nothing, the backward runs each micro-batch's forward again with grad),
-  which holds the same activations for one more forward over the samples. It is priced
-  with that forward, so the baseline pays it: a verl that fuses the two is faster.
+- forward and backward per micro-batch (`schedule.train_micro_fused`): the forward step
+  runs nothing, the backward runs each micro-batch's forward with grad, its loss term and
+  its backward, so one micro-batch's activations are live at a time and no forward runs
+  twice (backends/torch/micro.py). Priced as such: the forward's cost moves into the
+  backward (ops/costs.py). A graph whose training logprobs something other than the loss
+  reads cannot defer them (`check_fused`).
 
 `variants` lists the schedules to try, cheapest first; `choose` keeps the fastest one that
 fits, else the one closest to fitting (reported as infeasible with what it needs);
@@ -34,7 +35,8 @@ OFFLOAD_NAMES = {
     ValueKind.WEIGHTS: "parameter offload",
 }
 CHECKPOINTING = "gradient checkpointing"
-ONE_MICRO_BATCH = "one micro-batch's activations at a time (forward again in the backward)"
+ONE_MICRO_BATCH = "forward and backward per micro-batch (one micro-batch's activations)"
+LOSS_KINDS = ("policy_loss", "value_loss")  # the readers a fused forward's values may have
 
 T = TypeVar("T")
 
@@ -48,17 +50,37 @@ class Variant:
 
 
 def variants(schedule: ScheduleSpec) -> list[Variant]:
-    """The plain schedule, then with one micro-batch's activations live at a time.
-    Offload is not a variant: residency offloads by itself when a plan misses its budget."""
+    """The plain schedule, then forward and backward per micro-batch (unless the schedule
+    already holds one micro-batch's activations). Offload is not a variant: residency
+    offloads by itself when a plan misses its budget."""
     out = [Variant((), schedule)]
-    if not schedule.train_micro_recompute:
+    if not (schedule.train_micro_recompute or schedule.train_micro_fused):
         out.append(
-            Variant(
-                (ONE_MICRO_BATCH,),
-                schedule.model_copy(update={"train_micro_recompute": True}),
-            )
+            Variant((ONE_MICRO_BATCH,), schedule.model_copy(update={"train_micro_fused": True}))
         )
     return out
+
+
+def check_fused(graph: Graph) -> None:
+    """Fused micro-batches defer the training forward's values to the backward: refuse a
+    graph in which anything but a loss reads them, naming the reader."""
+    readers: dict[str, list[str]] = {}
+    for op in graph:
+        for v in op.inputs.values():
+            readers.setdefault(v, []).append(op)
+    for op in graph:
+        if "saved" not in op.outputs or op.kind == "logprob_prefix":
+            continue
+        for port, v in op.outputs.items():
+            if port == "saved":
+                continue
+            for r in readers.get(v, []):
+                if r.kind not in LOSS_KINDS:
+                    raise ValueError(
+                        f"schedule.train_micro_fused: op '{r.name}' ({r.kind}) reads "
+                        f"'{v}' of training forward '{op.name}', which a fused step computes "
+                        "only inside the backward; use schedule.train_micro_recompute"
+                    )
 
 
 def choose(candidates: Sequence[tuple[Variant, T]], plan_of: Callable[[T], Plan]) -> int:
