@@ -17,9 +17,11 @@ hand-over's least bytes per GPU: each rollout GPU receives at least its TP shard
 weights (the cost model does not charge the senders when the layout algebra gives no
 routes, so neither does the bound); the outputs reach the receivers from the senders.
 Interference and offloads only add to it, and a split that does not fit scores infinite.
-The rollout sum depends only on (R, TP) and the training sum only on N-R, so they are
-priced once each. Splits are planned in order of that bound, and the search stops at the first whose
-bound is no less than the best score found: no later split can beat it.
+The rollout sum depends only on TP and the rows each replica gets, the training sum only
+on N-R, so each is priced once, and the training sum only for splits whose other parts
+leave room under the best step found so far. Splits are planned in order of that bound,
+and the search stops at the first whose bound is no less than the best score found: no
+later split can beat it.
 
 Both cross-pool steps say rank to rank what they move (`Plan.transfers`, from
 planner/transfers.py: the weights from the layout algebra, each rollout rank's TP shard
@@ -29,6 +31,7 @@ as the busiest GPU's sends or receives over the network.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 
 from rollplex.graph.ir import Phase, Value
@@ -71,13 +74,20 @@ def plan_disaggregated(
         raise ValueError(f"disaggregated: no rollout pool of {n} GPUs can hold the model")
     score = evaluate or (lambda p: replay(p, ctx.interference))
     bound = SplitBound(ctx, n)
-    ranked = sorted(options, key=lambda o: (bound(*o), o))
+    # (lower bound, whether it is the full bound, split): the training sum is priced only
+    # for splits whose other parts leave room under the best step found
+    heap = [(bound.partial(r, tp), False, r, tp) for r, tp in options]
+    heapq.heapify(heap)
     best: Plan | None = None
     closest: Plan | None = None  # the split nearest to fitting, while none fits
-    best_t, planned = float("inf"), 0
-    for r, tp in ranked:
-        if bound(r, tp) >= best_t:
-            break  # every later split's step is at least its bound: none beats the best
+    best_t, planned, plan = float("inf"), 0, None
+    while heap:
+        low, full, r, tp = heapq.heappop(heap)
+        if low >= best_t:
+            break  # every split left has a step at least its bound: none beats the best
+        if not full:
+            heapq.heappush(heap, (bound(r, tp), True, r, tp))
+            continue
         plan = _plan_pools(ctx, r, n - r, tp)
         t = score(plan)
         planned += 1
@@ -105,7 +115,8 @@ def plan_disaggregated(
 
 class SplitBound:
     """A lower bound on the step time of split (R rollout GPUs at TP, N-R training GPUs):
-    see the module docstring. Pool sums are kept per (R, TP) and per N-R."""
+    see the module docstring. Pool sums are kept per (TP, rows per rollout replica) and
+    per N-R."""
 
     def __init__(self, ctx: PlanningContext, n: int) -> None:
         g = ctx.graph
@@ -115,7 +126,16 @@ class SplitBound:
         self.handover = sum(g.values[v].nbytes for v in handover_values(g))
         syncs = [op for op in g if op.kind == "weight_sync"]
         self.synced = [g.values[op.inputs["weights"]].nbytes for op in syncs]
-        self._roll: dict[tuple[int, int], float] = {}
+        # the row counts the rollout ops split over their replicas
+        self.rows = sorted(
+            {
+                g.values[v].shape[0]
+                for op in self.rollout
+                for v in op.inputs.values()
+                if g.values[v].shape
+            }
+        )
+        self._roll: dict[tuple, float] = {}
         self._train: dict[int, float] = {}
         self._split: dict[tuple[int, int], float] = {}
 
@@ -123,19 +143,27 @@ class SplitBound:
         key = (r, tp)
         out = self._split.get(key)
         if out is None:
-            out = self._roll_s(r, tp) + self._train_s(r, tp)
-            out = self._split[key] = out + self._hand_s(r) + self._sync_s(r, tp)
+            out = self._split[key] = self.partial(r, tp) + self._train_s(r, tp)
         return out
+
+    def partial(self, r: int, tp: int) -> float:
+        """The bound less the training pool's sum: cheaper, and no larger."""
+        return self._roll_s(r, tp) + self._hand_s(r) + self._sync_s(r, tp)
 
     def _sync_s(self, r: int, tp: int) -> float:
         cm, gbps = self.ctx.cost_model, self.ctx.hardware.internode_gbps
         return sum(cm.transfer_s(w / tp, gbps) for w in self.synced)
 
     def _roll_s(self, r: int, tp: int) -> float:
-        out = self._roll.get((r, tp))
+        # A rollout op's price depends on its replica count only through the rows each
+        # replica gets (`CostContext.per_rank`): splits whose replicas get the same rows
+        # of every rollout input share one pricing (at 2,048 GPUs, ~60 per TP, not ~500).
+        replicas = max(1, r // tp)
+        key = (tp, *(-(-rows // replicas) for rows in self.rows))
+        out = self._roll.get(key)
         if out is None:
             timer = self.ctx.timer(r, self.n - r, tp, colocated=False)
-            out = self._roll[(r, tp)] = sum(timer(op).seconds for op in self.rollout)
+            out = self._roll[key] = sum(timer(op).seconds for op in self.rollout)
         return out
 
     def _train_s(self, r: int, tp: int) -> float:
