@@ -34,7 +34,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
-from rollplex.graph.ir import Phase, Value
+from rollplex.graph.ir import Phase, Value, ValueKind
 from rollplex.planner.placement import PlanBuilder
 from rollplex.planner.plan import DevicePlan, Plan, Route, Transfer
 from rollplex.planner.schedules.common import (
@@ -129,10 +129,10 @@ class SplitBound:
         # the row counts the rollout ops split over their replicas
         self.rows = sorted(
             {
-                g.values[v].shape[0]
+                v.shape[2 if v.kind is ValueKind.KV_CACHE else 0]  # (layers, 2, rows, ...)
                 for op in self.rollout
-                for v in op.inputs.values()
-                if g.values[v].shape
+                for v in g.inputs_of(op).values()
+                if v.shape and v.kind not in (ValueKind.WEIGHTS, ValueKind.OPTIMIZER_STATE)
             }
         )
         self._roll: dict[tuple, float] = {}
@@ -148,7 +148,11 @@ class SplitBound:
 
     def partial(self, r: int, tp: int) -> float:
         """The bound less the training pool's sum: cheaper, and no larger."""
-        return self._roll_s(r, tp) + self._hand_s(r) + self._sync_s(r, tp)
+        key = (-r, tp)
+        out = self._split.get(key)
+        if out is None:
+            out = self._split[key] = self._roll_s(r, tp) + self._hand_s(r) + self._sync_s(r, tp)
+        return out
 
     def _sync_s(self, r: int, tp: int) -> float:
         cm, gbps = self.ctx.cost_model, self.ctx.hardware.internode_gbps
