@@ -162,3 +162,28 @@ def test_cpu_verl_like_with_the_options_forced_trains_the_same(dedup: bool) -> N
     assert want["train_micro_batches"] > 1
     for key in ("loss", "pg_loss", "ppo_kl", "ratio_mean", "kl", "clip_frac"):
         assert got[key] == pytest.approx(want[key], abs=1e-6), key
+
+
+def test_plan_job_prints_no_ratio_against_a_misfit(tmp_path: Path) -> None:
+    from tests.jobs.test_cli import rollplex, run_dir
+
+    # a one-GPU training pool cannot hold 3B's training state in 46 GiB; colocated can
+    p = rollplex(
+        tmp_path,
+        "plan",
+        "model=qwen2_5_vl_3b",
+        "hardware=h200x2",
+        "hardware.hbm_gib=46",
+        "workload.prompts_per_step=16",
+    )
+    assert p.returncode == 0, p.stderr
+    out = run_dir(tmp_path, "plan")
+    s = json.loads((out / "summary.json").read_text())
+    assert s["fits_budget"] and s["speedup_vs_serial_dedup"] >= 1.0
+    assert s["speedup_vs_disaggregated"] is None
+    assert s["speedup_vs_disaggregated_note"].startswith("does not fit (needs ")
+    assert s["baselines"]["disaggregated"]["fits"] is False
+    table = (out / "plan.md").read_text()
+    (row,) = [ln for ln in table.splitlines() if ln.startswith("| speedup vs disaggregated")]
+    assert "does not fit (needs " in row and "x |" not in row
+    assert "does not fit (needs " in p.stdout
