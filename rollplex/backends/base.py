@@ -183,6 +183,7 @@ class Trainer(ABC):
     micro_batches: int = 1
     micro_recompute: bool = False
     micro_fused: bool = False  # `["train_micro_fused"]`: forward inside the backward
+    fused_micro_batches: ClassVar[bool] = True  # whether it can run `micro_fused`
 
     def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
         """See RolloutRole.merge_rows."""

@@ -187,3 +187,17 @@ def test_plan_job_prints_no_ratio_against_a_misfit(tmp_path: Path) -> None:
     (row,) = [ln for ln in table.splitlines() if ln.startswith("| speedup vs disaggregated")]
     assert "does not fit (needs " in row and "x |" not in row
     assert "does not fit (needs " in p.stdout
+
+
+def test_a_trainer_that_cannot_fuse_refuses_the_plan_by_name() -> None:
+    from rollplex.backends.base import BackendError
+    from rollplex.runtime.compose import compose
+    from rollplex.runtime.dispatch import StepConfig
+    from tests.runtime.conftest import ALGO, MODEL
+
+    backend = compose(StepConfig(MODEL, ALGO, seed=0, max_new_tokens=4))
+    backend.train_micro_batches(2, False, True)
+    assert backend.trainer.micro_fused and backend.trainer.micro_batches == 2
+    backend.trainer.fused_micro_batches = False  # as the FSDP2 trainer declares
+    with pytest.raises(BackendError, match="train_micro_fused"):
+        backend.train_micro_batches(2, False, True)
