@@ -201,3 +201,14 @@ def test_a_trainer_that_cannot_fuse_refuses_the_plan_by_name() -> None:
     backend.trainer.fused_micro_batches = False  # as the FSDP2 trainer declares
     with pytest.raises(BackendError, match="train_micro_fused"):
         backend.train_micro_batches(2, False, True)
+
+
+def test_cpu_ppo_fused_trains_policy_and_critic_the_same() -> None:
+    from tests.runtime.test_same_result_ppo import _run
+
+    several = ScheduleSpec(name="serial", train_micro_tokens=32)
+    _, _, plain, _ = _run(several, steps=2)
+    _, _, fused, results = _run(several.model_copy(update={"train_micro_fused": True}), steps=2)
+    assert results[-1].metrics["train_micro_batches"] > 1
+    for n in plain:  # the critic runs its fused forward as recompute: the same too
+        torch.testing.assert_close(fused[n], plain[n], atol=1e-6, rtol=0, msg=n)
