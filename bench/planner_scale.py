@@ -12,6 +12,15 @@ rollplex/planner/schedules/rollplex.py). Prints a markdown table last.
 
     OMP_NUM_THREADS=1 python bench/planner_scale.py --steps 1 100 770 --repeats 3
     OMP_NUM_THREADS=1 python bench/planner_scale.py --steps 1 100 770 --schedule rollplex
+
+`--gpus N...` times the `rollplex plan` job instead (72B, video, rollplex and its three
+baselines at their memory options, run folder and TensorBoard export included) at N GPUs
+on each hardware base (`hardware.num_gpus=N` over h800x32 and h200x8), as a subprocess of
+the tree on `--tree` (default: this one), so two trees are timed by one script. It reports
+wall time and the child's CPU time (user + sys): on the shared VM the CPU time is the figure
+that does not move with the load.
+
+    python bench/planner_scale.py --gpus 128 512 2048 [--tree /path/to/other/checkout]
 """
 
 from __future__ import annotations
@@ -19,8 +28,13 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -76,7 +90,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, nargs="+", default=[1, 10, 100, 770])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--schedule", default="serial")
+    ap.add_argument("--gpus", type=int, nargs="*", help="time `rollplex plan` at these sizes")
+    ap.add_argument("--tree", type=Path, default=Path(__file__).resolve().parents[1])
+    ap.add_argument("--timeout", type=float, default=900.0)
     args = ap.parse_args()
+    if args.gpus:
+        cluster_scale(args.gpus, args.tree, args.timeout)
+        return
     print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} cpus")
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     model, work = MODEL_PRESETS["qwen2_5_vl_7b"], WORKLOAD_PRESETS["video"]
@@ -115,6 +135,33 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for k, ops, steps, t, cpu, tp, ratio in rows:
         print(f"| {k} | {ops} | {steps} | {t:.3f} s | {cpu:.3f} s | {tp:.3f} s | {ratio:.3f} |")
+
+
+def cluster_scale(sizes: list[int], tree: Path, timeout: float) -> None:
+    """`rollplex plan model=qwen2_5_vl_72b` at each size on each hardware base."""
+    print(f"tree {tree}; python {platform.python_version()}, {os.cpu_count()} cpus")
+    print("| hardware | GPUs | wall | CPU (user + sys) | load avg | exit |")
+    print("|---|---|---|---|---|---|")
+    env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1")
+    for hw in ("h800x32", "h200x8"):
+        for n in sizes:
+            with tempfile.TemporaryDirectory() as out:
+                cmd = [
+                    sys.executable, "-m", "rollplex.cli", "plan", "model=qwen2_5_vl_72b",
+                    f"hardware={hw}", f"hardware.num_gpus={n}", f"hydra.run.dir={out}",
+                ]  # fmt: skip
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                t = time.perf_counter()
+                try:
+                    rc = subprocess.run(cmd, env=env, cwd=out, capture_output=True, timeout=timeout)
+                    code = str(rc.returncode)
+                except subprocess.TimeoutExpired:
+                    code = f"timeout {timeout:.0f} s"
+                wall = time.perf_counter() - t
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+                load = os.getloadavg()[0]
+                print(f"| {hw} | {n} | {wall:.1f} s | {cpu:.1f} s | {load:.1f} | {code} |")
 
 
 if __name__ == "__main__":

@@ -182,6 +182,8 @@ class Trainer(ABC):
     # whether each forward runs again in the backward (`["train_micro_recompute"]`).
     micro_batches: int = 1
     micro_recompute: bool = False
+    micro_fused: bool = False  # `["train_micro_fused"]`: forward inside the backward
+    fused_micro_batches: ClassVar[bool] = True  # whether it can run `micro_fused`
 
     def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
         """See RolloutRole.merge_rows."""
@@ -320,12 +322,13 @@ class Backend(ABC):
         """Copy `value` to host memory (offload) or back to the device (onload); returns the
         moved value. In-place holders (weights, optimizer state) move their tensors."""
 
-    def train_micro_batches(self, count: int, recompute: bool = False) -> None:
+    def train_micro_batches(self, count: int, recompute: bool = False, fused: bool = False) -> None:
         """Apply the plan's training micro-batch count (`Plan.meta["train_micro_batches"]`):
         the trainer runs each step's training forward and backward in that many, as the
         plan sized them; with `recompute` (`["train_micro_recompute"]`) each micro-batch's
         forward runs again inside the backward, so one micro-batch's activations are held
-        at a time. Backends without a trainer ignore it."""
+        at a time; with `fused` (`["train_micro_fused"]`) each runs its forward only there,
+        with its backward (verl's). Backends without a trainer ignore it."""
         return None
 
     def residency(self, action: Any) -> None:

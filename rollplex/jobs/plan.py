@@ -3,7 +3,9 @@
 Writes into the run folder: plan.json, plan.md (readable summary), tb/ (the planned
 timeline and memory for TensorBoard, plus scalars and hparams) and summary.json. The
 speedups are ratios of predicted step times from the same graph, cost model and
-interference model: verl's serial step (no dedup), serial with dedup, and disaggregated.
+interference model: verl's serial step (no dedup), serial with dedup, and disaggregated,
+each at its own memory options; against a baseline that does not fit there is no ratio,
+only "does not fit (needs X GiB)" (jobs/baselines.py).
 
 `naive_colocation_bytes` is verl's serial step (no dedup) with every tensor resident for
 the whole step, scratch included: the `naive` memory strategy's peak per GPU, which is
@@ -20,7 +22,16 @@ from rollplex.backends import (  # torch-free: the registry's copies
     rollout_capabilities,
     trainer_capabilities,
 )
-from rollplex.jobs.pipeline import PlanResult, plan_step
+from rollplex.jobs.baselines import (
+    KEYS,
+    LABELS,
+    Baseline,
+    baseline_text,
+    plan_baselines,
+    speedup_fields,
+    speedup_text,
+)
+from rollplex.jobs.pipeline import plan_step
 from rollplex.jobs.pricing import pricing_for, resolve_auto
 from rollplex.planner.cost_model import CostModel
 from rollplex.planner.plan import Plan, dump_plan
@@ -44,42 +55,26 @@ def cost_model_for(spec: RunSpec) -> CostModel:
     return pricing_for(spec).cost_model
 
 
-def _baselines(spec: RunSpec) -> dict[str, PlanResult | None]:
-    out: dict[str, PlanResult | None] = {}
-    variants = {
-        "serial": spec.schedule.model_copy(update={"name": "serial", "dedup": False}),
-        "serial_dedup": spec.schedule.model_copy(update={"name": "serial", "dedup": True}),
-    }
-    if spec.hardware.num_gpus >= 2:
-        variants["disaggregated"] = spec.schedule.model_copy(update={"name": "disaggregated"})
-    for key, sched in variants.items():
-        try:
-            out[key] = plan_step(
-                spec.model,
-                spec.workload,
-                spec.algo,
-                spec.hardware,
-                sched,
-                cost_model=cost_model_for(spec),
-                enforce_budget=False,
-                rollout=rollout_capabilities(spec.backend),
-                trainer=trainer_capabilities(spec.backend, spec.hardware.num_gpus),
-            )
-        except ValueError as err:
-            log.warning("baseline %s could not be planned: %s", key, err)
-            out[key] = None
-    return out
+def _baselines(spec: RunSpec) -> dict[str, Baseline]:
+    return plan_baselines(
+        spec.model,
+        spec.workload,
+        spec.algo,
+        spec.hardware,
+        spec.schedule,
+        cost_model=cost_model_for(spec),
+        rollout=rollout_capabilities(spec.backend),
+        trainer=trainer_capabilities(spec.backend, spec.hardware.num_gpus),
+    )
 
 
-def naive_colocation_bytes(verl_serial: PlanResult | None) -> int | None:
-    """Every slot of verl's serial step resident at once, on its fullest device."""
-    if verl_serial is None:
+def naive_colocation_bytes(verl_serial: Baseline | None) -> int | None:
+    """Every slot of verl's serial step (its plain plan: no options beyond offload)
+    resident at once, on its fullest device."""
+    res = None if verl_serial is None else (verl_serial.plain or verl_serial.result)
+    if res is None:
         return None
-    return max(sum(s.size for s in d.slots) for d in verl_serial.plan.devices)
-
-
-def _ratio(base: PlanResult | None, t: float) -> float | None:
-    return base.plan.step_time_s / t if base is not None and t > 0 else None
+    return max(sum(s.size for s in d.slots) for d in res.plan.devices)
 
 
 def run_plan(spec: RunSpec, out: Path) -> dict[str, Any]:
@@ -113,9 +108,7 @@ def run_plan(spec: RunSpec, out: Path) -> dict[str, Any]:
         "naive_colocation_bytes": naive_colocation_bytes(base.get("serial")),
         "budget_bytes": dev.budget_bytes,
         "fits_budget": plan.fits_budget,
-        "speedup_vs_serial": _ratio(base.get("serial"), plan.step_time_s),
-        "speedup_vs_serial_dedup": _ratio(base.get("serial_dedup"), plan.step_time_s),
-        "speedup_vs_disaggregated": _ratio(base.get("disaggregated"), plan.step_time_s),
+        **speedup_fields(base, plan.step_time_s),
         "busy_fraction": report.busy_fraction,
         "bubble_s": report.bubble_s,
         "offloads": sum(1 for d in plan.devices for s in d.steps if s.kind == "offload"),
@@ -132,8 +125,8 @@ def run_plan(spec: RunSpec, out: Path) -> dict[str, Any]:
 
 
 def _summary_table(plan: Plan, s: dict[str, Any]) -> str:
-    def x(v: float | None) -> str:
-        return "n/a" if v is None else f"{v:.3f}x"
+    def x(key: str) -> str:
+        return speedup_text(s[f"speedup_vs_{key}"], s[f"speedup_vs_{key}_note"])
 
     def gib(v: int | None) -> str:
         return "n/a" if v is None else f"{v / GIB:.2f} GiB"
@@ -141,9 +134,12 @@ def _summary_table(plan: Plan, s: dict[str, Any]) -> str:
     rows = [
         ["step time", f"{s['step_time_s'] * 1e3:.1f} ms"],
         ["priced by", s["priced_by"]],
-        ["speedup vs serial (verl)", x(s["speedup_vs_serial"])],
-        ["speedup vs serial + dedup", x(s["speedup_vs_serial_dedup"])],
-        ["speedup vs disaggregated", x(s["speedup_vs_disaggregated"])],
+        *[[f"speedup vs {LABELS[k]}", x(k)] for k in KEYS],
+        *[
+            [f"{LABELS[k]} plan", baseline_text(b)]
+            for k, b in s["baselines"].items()
+            if b.get("step_time_s") is not None
+        ],
         ["peak / GPU", f"{s['peak_gib_per_gpu']:.2f} GiB"],
         ["lower bound / GPU", f"{s['lower_bound_gib']:.2f} GiB"],
         ["naive colocation / GPU (verl serial, nothing freed)", gib(s["naive_colocation_bytes"])],
@@ -180,8 +176,8 @@ def _export_tensorboard(tb: Path, plan: Plan, spec: RunSpec, s: dict[str, Any]) 
     write_profiler_traces(timeline, tb)
     w = open_writer(tb)
     scalars = {"plan/step_time_s": s["step_time_s"], "plan/peak_gib": s["peak_gib_per_gpu"]}
-    for key in ("speedup_vs_serial", "speedup_vs_serial_dedup", "speedup_vs_disaggregated"):
-        if s[key] is not None:
+    for key in (f"speedup_vs_{k}" for k in KEYS):
+        if s[key] is not None:  # None: the baseline does not fit (no ratio against it)
             scalars[f"plan/{key}"] = s[key]
     write_scalars(w, scalars)
     write_text(w, "plan/summary", (tb.parent / "plan.md").read_text())

@@ -1,7 +1,9 @@
 """A Hydra callback that turns a multirun into one comparison table (markdown + CSV).
 
 A run that fails (bad input, a plan that cannot fit) does not end the sweep: it leaves a
-summary.json with `status: failed` and its reason, and the table shows that row.
+summary.json with `status: failed` and its reason, and the table shows that row. A
+speedup against a baseline that does not fit is empty in the CSV, with the reason in its
+`speedup_vs_<key>_note` column, and the markdown cell says "does not fit (needs X GiB)".
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ PREFERRED = (
     "speedup_vs_serial",
     "speedup_vs_serial_dedup",
     "speedup_vs_disaggregated",
+    "speedup_vs_serial_note",
+    "speedup_vs_serial_dedup_note",
+    "speedup_vs_disaggregated_note",
     "peak_gib_per_gpu",
     "lower_bound_gib",
     "fits_budget",
@@ -75,13 +80,17 @@ def write_comparison(sweep_dir: Path) -> Path | None:
         w = csv.DictWriter(f, fieldnames=scalar, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
-    shown = [k for k in scalar if k in PREFERRED or k == "run"]
+    # a note is shown in its speedup's cell
+    shown = [k for k in scalar if (k in PREFERRED or k == "run") and not k.endswith("_note")]
 
-    def fmt(v: Any) -> str:
+    def fmt(r: dict[str, Any], k: str) -> str:
+        v = r.get(k, "")
+        if k.startswith("speedup_vs_") and v is None:  # never a ratio against a misfit
+            return str(r.get(f"{k}_note") or "n/a")
         return f"{v:.4g}" if isinstance(v, float) else str(v)
 
     lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
-    lines += ["| " + " | ".join(fmt(r.get(k, "")) for k in shown) + " |" for r in rows]
+    lines += ["| " + " | ".join(fmt(r, k) for k in shown) + " |" for r in rows]
     path = sweep_dir / "comparison.md"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -32,6 +32,10 @@ class CostContext:
     # the training forward over responses runs without grad and again in the backward
     # (schedule.train_micro_recompute): it keeps nothing, the backward pays a forward
     recompute_forward: bool = False
+    # the training forward over responses runs inside the backward, per micro-batch, with
+    # its backward (schedule.train_micro_fused, verl's): the forward step does nothing,
+    # the backward pays the forward once
+    fused_forward: bool = False
 
     def per_rank(self, rows: int) -> float:
         return math.ceil(rows / self.dp)
@@ -198,6 +202,8 @@ def _logprob(part: str):
     def cost(g: Graph, op: Op, ctx: CostContext) -> Cost:
         ins = g.inputs_of(op)
         grad = "saved" in op.outputs
+        if ctx.fused_forward and grad and part != "prefix":
+            return Cost()  # it runs in the backward step (`_backward`)
         if part == "response":
             rows, prefix = ctx.per_rank(ins["responses"].shape[0]), ins["kv"].shape[3]
         else:
@@ -286,7 +292,7 @@ def _backward(g: Graph, op: Op, ctx: CostContext, prefix_only: bool = False) -> 
             checkpointing=ctx.checkpointing,
             shards=ctx.shards,
         )
-        if ctx.recompute_forward and part != "prefix":
+        if (ctx.recompute_forward or ctx.fused_forward) and part != "prefix":
             # The forward again, with grad, before its micro-batch's backward: what it
             # keeps lives beside that backward's scratch, not in an output.
             again = F.logprob(

@@ -25,6 +25,7 @@ from rollplex.planner.residency import (
     unshared_time,
 )
 from rollplex.planner.schedules import SCHEDULES, PlanningContext
+from rollplex.planner.schedules.memory_options import check_fused
 from rollplex.planner.shared_weights import sharing_note
 from rollplex.planner.sizing import DeviceSizer, train_micro_batches
 from rollplex.planner.validate import validate_plan
@@ -46,6 +47,8 @@ def plan_graph(
     PlanOverBudget when `enforce_budget` and the settled plan does not fit, and PlanError
     when the plan breaks an invariant."""
     lint(graph)  # whatever made it: a planner fed an ill-formed graph plans nonsense
+    if schedule.train_micro_fused:
+        check_fused(graph)
     ctx = PlanningContext(
         graph,
         model,
@@ -91,6 +94,7 @@ def plan_graph(
         model, workload, _train_gpus(plan, ctx), schedule.train_micro_tokens
     )
     plan.meta["train_micro_recompute"] = schedule.train_micro_recompute
+    plan.meta["train_micro_fused"] = schedule.train_micro_fused
     renumber_in_issue_order(plan)
     if enforce_budget:
         check_budget(plan)
@@ -116,7 +120,8 @@ def _sizers(plan: Plan, ctx: PlanningContext) -> dict[str, DeviceSizer]:
             train_gpus,
             ctx.schedule.train_micro_tokens,
             ctx.schedule.parallel.train_tp,
-            ctx.schedule.train_micro_recompute,
+            # fused or recomputed, the forward step keeps nothing for the backward
+            ctx.schedule.train_micro_recompute or ctx.schedule.train_micro_fused,
         )
         for d in plan.devices
     }

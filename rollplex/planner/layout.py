@@ -65,6 +65,7 @@ class OpTimer:
     micro_tokens: int = 16384
     colocated: bool = True  # False: the roles run on two pools (disaggregated)
     micro_recompute: bool = False  # schedule.train_micro_recompute
+    micro_fused: bool = False  # schedule.train_micro_fused
 
     def context(self, op: Op, chunks: int = 1) -> CostContext:
         """Chunks split a rank's rows further, like more data-parallel ranks would."""
@@ -79,6 +80,7 @@ class OpTimer:
             dp=t.dp * chunks,
             shards=t.gpus,
             recompute_forward=self.micro_recompute,
+            fused_forward=self.micro_fused,
         )
 
     def time(self, op: Op, chunks: int = 1) -> Timing:

@@ -150,8 +150,8 @@ def check_budget(plan: Plan) -> None:
             f"the peak: {resident}. Use more GPUs, a larger rollout TP, fewer prompts per step, "
             f"smaller train_micro_tokens (which bounds an op's scratch, not a training "
             f"forward's saved activations: every micro-batch's wait for the backward) or "
-            f"schedule.train_micro_recompute=true (one micro-batch's saved activations at a "
-            f"time, for one more forward over the responses)."
+            f"schedule.train_micro_fused=true (forward and backward per micro-batch, as verl "
+            f"runs them: one micro-batch's saved activations at a time)."
         )
 
 

@@ -170,10 +170,17 @@ class RoleDispatch(Backend):
         self._externals = self.roles.externals.bind(graph)
         self.roles.hooks.bind(graph)
 
-    def train_micro_batches(self, count: int, recompute: bool = False) -> None:
+    def train_micro_batches(self, count: int, recompute: bool = False, fused: bool = False) -> None:
         for owner in (self.trainer, self.critic):
             if owner is not None:
+                if fused and not getattr(owner, "fused_micro_batches", True):
+                    raise BackendError(
+                        f"plan meta train_micro_fused: {type(owner).__name__} cannot run a "
+                        "micro-batch's forward inside its backward; plan with "
+                        "schedule.train_micro_recompute=true instead"
+                    )
                 owner.micro_batches, owner.micro_recompute = count, recompute
+                owner.micro_fused = fused
 
     def begin_step(self, step: int, inputs: StepInputs) -> dict[str, Any]:
         hooks = self.roles.hooks

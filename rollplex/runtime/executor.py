@@ -111,13 +111,16 @@ class Executor:
         backend.bind(graph)
         self.train_micro_batches = plan_micro_batches(plan)
         recompute = bool(plan.meta.get("train_micro_recompute", False))
-        backend.train_micro_batches(self.train_micro_batches, recompute)
+        fused = bool(plan.meta.get("train_micro_fused", False))
+        backend.train_micro_batches(self.train_micro_batches, recompute, fused)
         log.info(
             "executor: training forward and backward in %d micro-batch(es) a step, as planned "
             "(schedule.train_micro_tokens%s); metric train_micro_batches is the count run",
             self.train_micro_batches,
             ", each forward again inside the backward: schedule.train_micro_recompute"
             if recompute
+            else ", each forward inside the backward: schedule.train_micro_fused"
+            if fused
             else "",
         )
         self._allocs, self._frees = self._effects()

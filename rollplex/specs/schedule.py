@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rollplex.specs.base import Spec
 from rollplex.specs.hardware import HardwareSpec
@@ -61,6 +61,14 @@ class ScheduleSpec(Spec):
         "one micro-batch's checkpointed layer inputs are live at a time instead of all of "
         "them, for one more forward pass over the responses.",
     )
+    train_micro_fused: bool = Field(
+        False,
+        description="Run each training micro-batch's forward together with its backward, "
+        "inside the backward step, as verl does: one micro-batch's checkpointed layer "
+        "inputs are live at a time and no forward runs twice (the forward step computes "
+        "nothing; the loss's value and metrics are filled in by the backward). Torch "
+        "trainer only; excludes train_micro_recompute.",
+    )
     decode_sm_fraction: float = Field(
         0.5, gt=0, lt=1, description="Share of SMs given to decode when partitioned."
     )
@@ -77,6 +85,15 @@ class ScheduleSpec(Spec):
         None, ge=1, description="Disaggregated only: GPUs in the rollout pool (None: best split)."
     )
     parallel: ParallelSpec = Field(default_factory=ParallelSpec, description="Parallel degrees.")
+
+    @model_validator(mode="after")
+    def _one_micro_mode(self) -> ScheduleSpec:
+        if self.train_micro_fused and self.train_micro_recompute:
+            raise ValueError(
+                "schedule.train_micro_fused and schedule.train_micro_recompute are two ways "
+                "to hold one micro-batch's activations: set one"
+            )
+        return self
 
 
 def check_parallel(schedule: ScheduleSpec, model: ModelSpec, hardware: HardwareSpec) -> None:

@@ -64,10 +64,13 @@ def test_the_plan_prices_one_micro_batch_at_a_time_and_a_forward_more(
 def test_a_step_refused_for_its_saved_inputs_fits_with_recompute():
     w = WORKLOAD_PRESETS["image"].model_copy(update={"prompts_per_step": 64})
     args = (MODEL_PRESETS["qwen2_5_vl_3b"], w, AlgoSpec(), HARDWARE_PRESETS["h200"])
-    with pytest.raises(PlanOverBudget, match="train_micro_recompute=true"):
+    with pytest.raises(PlanOverBudget, match="train_micro_fused=true"):
         plan_step(*args, ScheduleSpec(name="serial"), rollout=TORCH_ROLLOUT)
     fits = plan_step(*args, ScheduleSpec(name="serial", train_micro_recompute=True))
     assert fits.plan.fits_budget
+    fused = plan_step(*args, ScheduleSpec(name="serial", train_micro_fused=True))
+    assert fused.plan.fits_budget  # the same memory, the forward not run twice
+    assert fused.plan.step_time_s < fits.plan.step_time_s
 
 
 def test_the_cpu_run_trains_the_same_and_holds_less():

@@ -113,6 +113,9 @@ class TorchCritic:
         self.counter = VersionCounter(version)
         self.micro_batches = 1  # the plan's training micro-batches (runtime/dispatch.py)
         self.micro_recompute = False  # and whether each forward runs again in the backward
+        # fused (verl's forward and backward per micro-batch): the critic runs it as
+        # recompute, a forward more than planned, since its values may be read elsewhere
+        self.micro_fused = False
         self.scorer, self.trainer = CriticRole(self, train=False), CriticRole(self, train=True)
 
     def role(self, train: bool) -> CriticRole:
@@ -230,7 +233,7 @@ class CriticRole:
                 group_size,
                 self.critic.micro_batches,
                 score,
-                self.critic.micro_recompute,
+                self.critic.micro_recompute or self.critic.micro_fused,
             )
         with torch.no_grad():  # each prompt's G responses share its prefix K/V (no expand)
             tokens, lengths = responses.tokens, responses.lengths
@@ -252,7 +255,7 @@ class CriticRole:
                 responses,
                 self.critic.micro_batches,
                 score,
-                self.critic.micro_recompute,
+                self.critic.micro_recompute or self.critic.micro_fused,
             )
         with torch.no_grad():
             out = features_full_head_outputs(

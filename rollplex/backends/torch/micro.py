@@ -32,6 +32,12 @@ without grad (its values feed the loss's value and metrics) and keeps nothing; t
 backward runs each micro-batch's forward again with grad, its loss term, its backward, and
 frees it before the next (`MicroBatches.redo`): one micro-batch's inputs live at a time,
 for 5 forward-equivalents instead of 4. The plan prices it so (ops/costs.py `_backward`).
+With `schedule.train_micro_fused` (verl's forward and backward per micro-batch) the
+forward step runs nothing: its values are zeros that each micro-batch's forward, run with
+grad inside the backward, writes its rows into; the loss step makes the same deferred
+terms as recompute mode, and its value and metrics are placeholders that the backward
+fills in place (`Loss.finish`) from the values it wrote. 4 forward-equivalents, one
+micro-batch's inputs live at a time.
 """
 
 from __future__ import annotations
@@ -131,6 +137,9 @@ class MicroBatches:
     # recompute mode: the forward ran without grad, and redo(k) runs micro-batch k's again
     # with grad (in the backward, one at a time), returning its outputs
     redo: Callable[[int], torch.Tensor] | None = None
+    # fused mode: the forward step ran nothing; redo(k) writes its rows' values into `sink`
+    fused: bool = False
+    sink: torch.Tensor | None = None
 
     def add(self, rows: tuple[int, int], logprobs: torch.Tensor, saved: SavedActivations):
         self.rows.append(rows)
@@ -152,13 +161,15 @@ def forward_micro_batches(
     rows_per_unit: int,
     forward: Callable[[int, int, Boundary], torch.Tensor],
     recompute: bool = False,
+    fused: Responses | None = None,
 ) -> MicroBatches:
     """`forward(lo, hi, boundary)` with grad over each range of units (prompts or samples),
     every decoder layer checkpointed; it returns the [rows, R] outputs of units [lo, hi),
     which are sample rows [lo * rows_per_unit, hi * rows_per_unit). With `recompute` it
     runs without grad here, keeping nothing, and again with grad inside the backward, one
-    micro-batch at a time (`MicroBatches.redo`)."""
-    micro = MicroBatches()
+    micro-batch at a time (`MicroBatches.redo`). `fused` (the responses, in fused mode):
+    nothing runs here; each micro-batch's values are zeros until its redo in the backward."""
+    micro = MicroBatches(fused=fused is not None)
 
     def run(k: int) -> tuple[torch.Tensor, SavedActivations]:
         lo, hi = ranges[k]
@@ -168,6 +179,11 @@ def forward_micro_batches(
 
     for k, (lo, hi) in enumerate(ranges):
         rows = (lo * rows_per_unit, hi * rows_per_unit)
+        if fused is not None:
+            width, device = fused.tokens.shape[1], fused.tokens.device
+            empty = torch.zeros(rows[1] - rows[0], width, dtype=torch.float32, device=device)
+            micro.add(rows, empty, SavedActivations())
+            continue
         if not recompute:
             micro.add(rows, *run(k))
             continue
@@ -177,9 +193,12 @@ def forward_micro_batches(
     def redo(k: int) -> torch.Tensor:
         out, micro.saved[k] = run(k)
         micro.logprobs[k] = out
+        if micro.sink is not None:  # fused: the values the forward step left as zeros
+            lo, hi = micro.rows[k]
+            micro.sink[lo:hi].copy_(out.detach())
         return out
 
-    micro.redo = redo if recompute else None
+    micro.redo = redo if recompute or fused is not None else None
     return micro
 
 
@@ -189,6 +208,8 @@ def micro_logprobs(
     """The micro-batches' outputs as one value (detached; the graphs stay in `micro`) and
     what they keep for backward, as the graph's `logprobs` and `saved` values."""
     out = masked_logprobs(micro.values(), responses)
+    if micro.fused:
+        micro.sink = out.values
     return MicroLogprobs(out.values, out.mask, micro), SavedActivations(parts=list(micro.saved))
 
 
@@ -213,6 +234,7 @@ def response_micro_batches(
     count: int,
     score: Callable[[PrefixState, torch.Tensor, torch.Tensor, slice], torch.Tensor],
     recompute: bool = False,
+    fused: bool = False,
 ) -> tuple[MicroLogprobs, SavedActivations]:
     """The training forward over responses on a group-shared prefix, in `count`
     micro-batches of whole prompts' groups: `score(state, tokens, lengths, rows)` gives the
@@ -226,7 +248,9 @@ def response_micro_batches(
         return trimmed(lambda t: score(state, t, lengths, rows), tokens, lengths)
 
     ranges = planned_ranges(prefix.rows, count, GROUPS)
-    micro = forward_micro_batches(model, ranges, group_size, forward, recompute)
+    micro = forward_micro_batches(
+        model, ranges, group_size, forward, recompute, responses if fused else None
+    )
     return micro_logprobs(micro, responses)
 
 
@@ -238,6 +262,7 @@ def sample_micro_batches(
     count: int,
     score: Callable[[Any, torch.Tensor, torch.Tensor, torch.Tensor, slice], torch.Tensor],
     recompute: bool = False,
+    fused: bool = False,
 ) -> tuple[MicroLogprobs, SavedActivations]:
     """The per-sample (verl's) training forward in `count` micro-batches of whole samples:
     `score(text, visual, tokens, lengths, rows)` gives the [rows, R] outputs of samples
@@ -253,7 +278,10 @@ def sample_micro_batches(
         )
 
     ranges = planned_ranges(features.rows, count, "samples")
-    return micro_logprobs(forward_micro_batches(model, ranges, 1, forward, recompute), responses)
+    micro = forward_micro_batches(
+        model, ranges, 1, forward, recompute, responses if fused else None
+    )
+    return micro_logprobs(micro, responses)
 
 
 def backward_micro_batches(terms: list[Any], micro: MicroBatches) -> None:
@@ -275,6 +303,8 @@ def backward_loss(loss: Loss) -> None:
         loss.value.backward()
     else:
         backward_micro_batches(loss.terms, loss.micro)
+        if loss.finish is not None:
+            loss.finish()
 
 
 LossFn = Callable[[torch.Tensor, slice], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -303,7 +333,20 @@ def micro_loss(run: LossFn, values: Any, mode: str) -> Loss:
                 for (lo, hi), v, w in zip(micro.rows, micro.logprobs, weights, strict=True)
             ]
     metrics["train_micro_batches"] = torch.tensor(float(len(micro.rows)))
-    return Loss(value, metrics, terms, micro)
+    loss = Loss(value, metrics, terms, micro)
+    if micro.fused:  # the value and metrics above are of zeros: filled after the backward
+        loss.finish = partial(_fill_in, run, values, value, metrics)
+    return loss
+
+
+def _fill_in(run: LossFn, values: Any, value: torch.Tensor, metrics: dict) -> None:
+    """Fused mode: the whole batch's loss value and metrics, in place, from the values the
+    backward's forwards wrote (whoever holds these tensors sees the real ones)."""
+    with torch.no_grad():
+        real, real_metrics = run(values.values, slice(None))
+        value.copy_(real)
+        for k, v in real_metrics.items():
+            metrics[k].copy_(v)
 
 
 def _recomputed_term(run: LossFn, micro: MicroBatches, k: int, weight: Any) -> torch.Tensor:

@@ -145,6 +145,7 @@ class TorchTrainer(Trainer):
             self.micro_batches,
             score,
             self.micro_recompute,
+            self.micro_fused,
         )
 
     def logprob(
@@ -164,6 +165,7 @@ class TorchTrainer(Trainer):
             self.micro_batches,
             score,
             self.micro_recompute,
+            self.micro_fused,
         )
 
     def loss(

@@ -134,6 +134,9 @@ class Loss:
     # term is a callable making it when its forward runs in the backward (recompute mode)
     terms: list[Any] | None = None
     micro: MicroBatches | None = None
+    # fused mode (schedule.train_micro_fused): `value` and `metrics` hold placeholders that
+    # this fills in place once the backward has run every micro-batch's forward
+    finish: Any = None
 
     def tensors(self) -> Iterator[torch.Tensor]:
         yield self.value
@@ -141,6 +144,11 @@ class Loss:
 
     def scaled(self, factor: torch.Tensor) -> Loss:
         """The same loss times `factor` (its terms too); metrics as they are."""
+        if self.finish is not None:
+            raise RuntimeError(
+                "a fused micro-batch loss (schedule.train_micro_fused) cannot be rescaled: "
+                "its value is known only after the backward; use train_micro_recompute"
+            )
         terms = None if self.terms is None else [_times(t, factor) for t in self.terms]
         return Loss(self.value * factor.to(self.value.dtype), self.metrics, terms, self.micro)
 

@@ -66,6 +66,7 @@ class PlanningContext:
                 micro_tokens=self.schedule.train_micro_tokens,
                 colocated=colocated,
                 micro_recompute=self.schedule.train_micro_recompute,
+                micro_fused=self.schedule.train_micro_fused,
             )
         )
 

@@ -5,8 +5,23 @@ synchronous and on-policy, each pool waits for the other: the rollout needs this
 weights, the trainer needs this step's rollouts. The step begins with the transfer of the
 weights the previous step produced (the graph's `weight_sync`, across the network), then
 the rollout, the hand-over of its outputs, and the training phases. R is searched over
-multiples of every sensible rollout TP degree for the shortest predicted step, so the
-baseline is as strong as the cost model can make it.
+multiples of every sensible rollout TP degree for the shortest predicted step that fits
+the budget, so the baseline is as strong as the cost model can make it; a split whose
+pools cannot hold their state is never chosen, and if none fits the closest one is
+returned with a note saying so (the caller reports it as not fitting).
+
+The search is pruned by bounds (pool plans are not cached). A split's step is at least
+its rollout pool's compute ops back to back plus its training pool's (each op alone, a
+packed forward at the cheaper of packed and apart) plus the weight sync's and the
+hand-over's least bytes per GPU: each rollout GPU receives at least its TP shard of the
+weights (the cost model does not charge the senders when the layout algebra gives no
+routes, so neither does the bound); the outputs reach the receivers from the senders.
+Interference and offloads only add to it, and a split that does not fit scores infinite.
+The rollout sum depends only on TP and the rows each replica gets, the training sum only
+on N-R, so each is priced once, and the training sum only for splits whose other parts
+leave room under the best step found so far. Splits are planned in order of that bound,
+and the search stops at the first whose bound is no less than the best score found: no
+later split can beat it.
 
 Both cross-pool steps say rank to rank what they move (`Plan.transfers`, from
 planner/transfers.py: the weights from the layout algebra, each rollout rank's TP shard
@@ -16,9 +31,10 @@ as the busiest GPU's sends or receives over the network.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 
-from rollplex.graph.ir import Phase, Value
+from rollplex.graph.ir import Phase, Value, ValueKind
 from rollplex.planner.placement import PlanBuilder
 from rollplex.planner.plan import DevicePlan, Plan, Route, Transfer
 from rollplex.planner.schedules.common import (
@@ -54,22 +70,131 @@ def plan_disaggregated(
     if fixed is not None and not 1 <= fixed < n:
         raise ValueError(f"schedule.rollout_gpus={fixed} must leave GPUs for training (1..{n - 1})")
     options = _pool_layouts(ctx, n, fixed)
-    best: Plan | None = None
+    if not options:
+        raise ValueError(f"disaggregated: no rollout pool of {n} GPUs can hold the model")
     score = evaluate or (lambda p: replay(p, ctx.interference))
-    best_t = float("inf")
-    for r, tp in options:
+    bound = SplitBound(ctx, n)
+    # (lower bound, whether it is the full bound, split): the training sum is priced only
+    # for splits whose other parts leave room under the best step found
+    heap = [(bound.partial(r, tp), False, r, tp) for r, tp in options]
+    heapq.heapify(heap)
+    best: Plan | None = None
+    closest: Plan | None = None  # the split nearest to fitting, while none fits
+    best_t, planned, plan = float("inf"), 0, None
+    while heap:
+        low, full, r, tp = heapq.heappop(heap)
+        if low >= best_t:
+            break  # every split left has a step at least its bound: none beats the best
+        if not full:
+            heapq.heappush(heap, (bound(r, tp), True, r, tp))
+            continue
         plan = _plan_pools(ctx, r, n - r, tp)
         t = score(plan)
-        if best is None or t < best_t:
+        planned += 1
+        if t < best_t:
             best, best_t = plan, t
+        elif best is None and (
+            closest is None or plan.peak_bytes_per_gpu < closest.peak_bytes_per_gpu
+        ):
+            closest = plan
+    searched = f"planned {planned} of {len(options)} splits, the rest bounded out"
     if best is None:
-        raise ValueError(f"disaggregated: no rollout pool of {n} GPUs can hold the model")
+        best = closest or plan
+        best.notes.append(
+            f"no split fits the budget (planned all {planned}): the closest is shown, "
+            f"rollout pool {len(best.devices[0].ranks)} GPUs at TP {best.devices[0].tp}"
+        )
+        return best
     best.notes.append(
         f"rollout pool {len(best.devices[0].ranks)} GPUs at TP "
         f"{best.devices[0].tp}, training pool {len(best.devices[1].ranks)} GPUs "
-        f"(searched {len(options)} splits)"
+        f"({searched})"
     )
     return best
+
+
+class SplitBound:
+    """A lower bound on the step time of split (R rollout GPUs at TP, N-R training GPUs):
+    see the module docstring. Pool sums are kept per (TP, rows per rollout replica) and
+    per N-R."""
+
+    def __init__(self, ctx: PlanningContext, n: int) -> None:
+        g = ctx.graph
+        self.ctx, self.n = ctx, n
+        self.rollout = [op for op in g if op.phase is Phase.ROLLOUT and op.kind != "weight_sync"]
+        self.train = [op for op in g if op.phase is not Phase.ROLLOUT and op.kind != "weight_sync"]
+        self.handover = sum(g.values[v].nbytes for v in handover_values(g))
+        syncs = [op for op in g if op.kind == "weight_sync"]
+        self.synced = [g.values[op.inputs["weights"]].nbytes for op in syncs]
+        # the row counts the rollout ops split over their replicas
+        self.rows = sorted(
+            {
+                v.shape[2 if v.kind is ValueKind.KV_CACHE else 0]  # (layers, 2, rows, ...)
+                for op in self.rollout
+                for v in g.inputs_of(op).values()
+                if v.shape and v.kind not in (ValueKind.WEIGHTS, ValueKind.OPTIMIZER_STATE)
+            }
+        )
+        self._roll: dict[tuple, float] = {}
+        self._train: dict[int, float] = {}
+        self._split: dict[tuple[int, int], float] = {}
+
+    def __call__(self, r: int, tp: int) -> float:
+        key = (r, tp)
+        out = self._split.get(key)
+        if out is None:
+            out = self._split[key] = self.partial(r, tp) + self._train_s(r, tp)
+        return out
+
+    def partial(self, r: int, tp: int) -> float:
+        """The bound less the training pool's sum: cheaper, and no larger."""
+        key = (-r, tp)
+        out = self._split.get(key)
+        if out is None:
+            out = self._split[key] = self._roll_s(r, tp) + self._hand_s(r) + self._sync_s(r, tp)
+        return out
+
+    def _sync_s(self, r: int, tp: int) -> float:
+        cm, gbps = self.ctx.cost_model, self.ctx.hardware.internode_gbps
+        return sum(cm.transfer_s(w / tp, gbps) for w in self.synced)
+
+    def _roll_s(self, r: int, tp: int) -> float:
+        # A rollout op's price depends on its replica count only through the rows each
+        # replica gets (`CostContext.per_rank`): splits whose replicas get the same rows
+        # of every rollout input share one pricing (at 2,048 GPUs, ~60 per TP, not ~500).
+        replicas = max(1, r // tp)
+        key = (tp, *(-(-rows // replicas) for rows in self.rows))
+        out = self._roll.get(key)
+        if out is None:
+            timer = self.ctx.timer(r, self.n - r, tp, colocated=False)
+            out = self._roll[key] = sum(timer(op).seconds for op in self.rollout)
+        return out
+
+    def _train_s(self, r: int, tp: int) -> float:
+        t = self.n - r
+        out = self._train.get(t)
+        if out is None:
+            timer = self.ctx.timer(r, t, tp, colocated=False)
+            pairs = self.ctx.pairs
+            paired = {resp.name for resp in pairs.values()}
+            out = 0.0
+            for op in self.train:
+                if op.name in paired:
+                    continue  # priced with its prefix part
+                s = timer(op).seconds
+                resp = pairs.get(op.name)
+                if resp is not None:  # packed or apart, whichever is cheaper
+                    s = min(s + timer(resp).seconds, sum(x.seconds for x in timer.packed(op, resp)))
+                out += s
+            self._train[t] = out
+        return out
+
+    def _hand_s(self, r: int) -> float:
+        # every byte leaves one of the R senders and reaches one of the N-R receivers;
+        # the routes round each share down, by less than a byte per route (< R + N routes)
+        t = self.n - r
+        least = max(0.0, self.handover - (r + t)) / max(1, min(r, t))
+        return self.ctx.cost_model.transfer_s(least, self.ctx.hardware.internode_gbps)
 
 
 def _pool_layouts(ctx: PlanningContext, n: int, fixed: int | None) -> list[tuple[int, int]]:
