@@ -57,7 +57,11 @@ register(
             "text": port(*_DATA, dtype=INT, dims=("B", None)),
             "weights": port(K.WEIGHTS),
         },
-        outputs={"kv": port(K.KV_CACHE, dtype=FLOAT, dims=_KV)},
+        outputs={
+            "kv": port(K.KV_CACHE, dtype=FLOAT, dims=_KV),
+            # what the training prefix forward would keep (graph/passes/prefill_once.py)
+            "exported": port(K.BOUNDARY, dims=(None, "B"), optional=True),
+        },
         prefix=True,
     )
 )
@@ -125,6 +129,22 @@ register(
             "saved": port(K.BOUNDARY, dims=(None, "B"), optional=True),
         },
         prefix=True,
+        attrs={"head": "lm"},
+    )
+)
+register(
+    OpKind(
+        "attach_prefix",
+        "The training prefix from what the rollout's prefill exported (each layer's input, "
+        "the prefix K/V): no forward runs; the backward recomputes each layer from its "
+        "input, as a checkpointed forward's does (graph/passes/prefill_once.py).",
+        inputs={
+            "features": port(K.ACTIVATION, dtype=FLOAT, dims=_ROWS3),
+            "text": port(*_DATA, dtype=INT, dims=("B", None)),
+            "exported": port(K.BOUNDARY, dims=(None, "B")),
+            "weights": port(K.WEIGHTS),
+        },
+        outputs={"kv": port(K.BOUNDARY, dtype=FLOAT, dims=_KV)},
         attrs={"head": "lm"},
     )
 )

@@ -39,6 +39,14 @@ class ScheduleSpec(Spec):
         "predicts fastest, or serial if none pays (never slower than serial); an explicit "
         "mode is an ablation that places every eligible op that way; none: serial placement.",
     )
+    prefill_once: bool = Field(
+        True,
+        description="Let the rollout's prefill stand in for the first update's training "
+        "prefix forward (graph/passes/prefill_once.py) where both roles can hand over "
+        "activations and the weights version is the same: the planner keeps it when its "
+        "plan (holding each layer's input and the prefix K/V across the decode) fits and "
+        "is faster. false: always run the separate training prefix forward.",
+    )
     overlap_min_gain: float = Field(
         0.01,
         ge=0.0,
