@@ -7,7 +7,10 @@ Schedules (all colocated on one GPU, the torch rollout with the decode engine):
 - serial_dedup: schedule=serial (the prefix once per prompt, phases back to back);
 - rollplex:     schedule=rollplex (prefix work moved into the decode window);
 - rollplex_streams, rollplex_piggyback (not run by default): ablations with every eligible
-                prefix op on a second stream, or riding the decode's steps.
+                prefix op on a second stream, or riding the decode's steps;
+- serial_dedup_forward (not run by default): serial + dedup with schedule.prefill_once=false,
+                its own training prefix forward (serial_dedup and rollplex reuse the
+                rollout's prefill where the planner takes it: `decisions`).
 The disaggregated schedule needs two GPUs and torchrun: `bench/gpu_disagg.sh`.
 
 Workload: video prompts (synthetic moving shapes, `--frames` frames of `--size`^2 pixels),
@@ -62,6 +65,9 @@ SCHEDULES = {
     # eligible chunk riding a decode step's GEMMs (backends/torch/engine/riders.py)
     "rollplex_streams": ["schedule=rollplex", "schedule.overlap=streams"],
     "rollplex_piggyback": ["schedule=rollplex", "schedule.overlap=piggyback"],
+    # issue 31.1's lever alone: serial + dedup with its own training prefix forward (the
+    # planner otherwise reuses the rollout's prefill where it is predicted faster)
+    "serial_dedup_forward": ["schedule=serial", "schedule.prefill_once=false"],
 }
 
 

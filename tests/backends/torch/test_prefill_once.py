@@ -31,7 +31,7 @@ def _train(trainer, batch, feats, responses, exported=None):
     kv = [(k.detach().clone(), v.detach().clone()) for k, v in cache_kv(state.cache)]
     logits = state.last_logits.detach().clone()
     lp, _ = trainer.logprob_response(state, responses, G)
-    adv = torch.linspace(-1.0, 1.0, responses.tokens.shape[0])
+    adv = torch.linspace(-1.0, 1.0, responses.tokens.shape[0], device=lp.values.device)
     old = TokenLogprobs(lp.values.detach() - 0.05, lp.mask)
     trainer.backward(trainer.loss(lp, old, adv, None, 0.2, 0.0))
     grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
