@@ -9,9 +9,9 @@ noise band come out of the rounds, and when two runs are the same plan.
 - Ratio: per round, the baseline's paired seconds over the candidate's (the same RL steps);
   the value is the mean over rounds, the spread its half-width (max - min) / 2. A ratio
   is beyond noise only when value - spread > 1.
-- Same plan: two runs whose plans place the same ops, chunks, streams, co-run modes and SM
-  partitions in the same issue order run the same work; their ratio measures noise, so it
-  is reported as `same_plan: true` and never as a speedup.
+- Same plan: two runs whose plans place the same ops (and kinds), chunks, streams, co-run
+  modes and SM partitions in the same issue order run the same work; their ratio measures
+  noise, so it is reported as `same_plan: true` and never as a speedup.
 
 It lives in bench/, not in the package: only the benches compare schedules by timing
 them, and the package's plan/runtime never needs these rules.
@@ -73,7 +73,8 @@ def ratio_over_rounds(
 
 def placement(plan: dict[str, Any]) -> list[Any]:
     """What a plan runs, and where, from its `plan.json`: per device group, each step's op,
-    chunk, stream and co-run mode in issue order, and the streams' SM partitions. Predicted
+    kind (prefill_once keeps an op's name and changes its kind), chunk, stream and co-run
+    mode in issue order, and the streams' SM partitions. Predicted
     times, slot offsets and notes are left out: a calibrated and an uncalibrated plan of
     the same placement run the same work."""
     out: list[Any] = []
@@ -81,7 +82,10 @@ def placement(plan: dict[str, Any]) -> list[Any]:
         steps = sorted(device["steps"], key=lambda s: s["index"])
         out.append(
             [
-                [(s["op"], s["chunk"], s["chunks"], s["stream"], s["corun"]) for s in steps],
+                [
+                    (s["op"], s["kind"], s["chunk"], s["chunks"], s["stream"], s["corun"])
+                    for s in steps
+                ],
                 sorted((p["stream"], p["partition"]) for p in device["streams"]),
             ]
         )

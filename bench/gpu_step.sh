@@ -6,7 +6,8 @@
 # (decode_bw_efficiency), all in one call. Issue 31's two workloads (7B):
 #   SHAPE=qwen2_5_vl_7b bash bench/gpu_step.sh --frames 32 --mean-length 64 --max-length 256
 #   SHAPE=qwen2_5_vl_7b bash bench/gpu_step.sh --frames 8 --mean-length 448
-# Time: rounds x schedules x (steps + 1 warm-up run) steps; use --budget-s under the 600 s cap.
+# Time: --warmup-steps, then rounds x schedules x --steps steps (each run also loads and plans);
+# --budget-s starts no run past it, under the device's 600 s per command.
 #   SHAPE=qwen2_5_vl_3b bash bench/gpu_step.sh [gpu_step.py args]
 set -euo pipefail
 SHAPE=${SHAPE:-qwen2_5_vl_3b} DEVICE=cuda TMP=${TMP:-/tmp}

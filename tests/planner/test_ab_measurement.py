@@ -111,6 +111,10 @@ def test_times_and_notes_do_not_make_a_new_plan_but_a_stream_does(plans):
     moved = copy.deepcopy(base)
     moved["devices"][0]["steps"][-1]["stream"] += 1
     assert not ab.same_plan(base, moved)
+    attached = copy.deepcopy(base)  # prefill_once: the same op name, another kind
+    step = next(s for s in attached["devices"][0]["steps"] if s["op"] == "train.logprob_prefix")
+    step["kind"] = "attach_prefix"
+    assert not ab.same_plan(base, attached)
     swapped = copy.deepcopy(base)
     steps = swapped["devices"][0]["steps"]
     steps[0]["index"], steps[1]["index"] = steps[1]["index"], steps[0]["index"]
