@@ -26,6 +26,7 @@ from rollplex.graph.passes import (
     eliminate_dead_ops,
     run_passes,
 )
+from rollplex.graph.passes.early_backward import algo_refusal, early_backward_refusal
 from rollplex.graph.passes.prefill_once import prefill_once
 from rollplex.planner.api import plan_graph
 from rollplex.planner.capabilities import (
@@ -130,6 +131,7 @@ def plan_step(
     source, after, records = build_graph(
         model, workload, algo, schedule, graph, passes, rollout, trainer
     )
+    early = early_backward_note(schedule, algo, after)
     if engine_sleeps_possible(after) and engine_sleep is not True:
         awake = engine_awake(after)
         if engine_sleep is False:
@@ -162,7 +164,24 @@ def plan_step(
         if once is not None:
             after, best = once
             records.append(PassRecord("prefill_once", True, after))
+    if early:
+        best.notes.append(early)
     return PlanResult(best, after, source, records, report(best))
+
+
+def early_backward_note(schedule: ScheduleSpec, algo: AlgoSpec, graph: Graph) -> str | None:
+    """schedule.early_backward: a ValueError naming what makes the gradient nonlinear in
+    per-row advantages, else the plan's note that its placement is not planned yet."""
+    if not schedule.early_backward:
+        return None
+    why = algo_refusal(algo) or early_backward_refusal(graph)
+    if why:
+        raise ValueError(f"schedule.early_backward: refused, {why}")
+    return (
+        "early backward: the gradient is linear in per-row advantages (two accumulators "
+        "per group would be exact), but per-group placement beside the decode is not "
+        "planned yet: one backward after the decode"
+    )
 
 
 def exports_activations(rollout: RoleCapabilities | None, trainer: RoleCapabilities | None):

@@ -17,7 +17,7 @@ modes) is one number for the whole batch, known only when every row has ended: e
 adds its unnormalised term (its aggregate times its own units) and the sum is divided once
 at the end, before clipping; that is exactly what the batch gradient computes.
 
-Refused, by name (`refusal`, `RowOutsideBand`):
+Refused, by name (`refusal`: graph/passes/early_backward.py, with the graph's own checks):
 - PPO (per-token GAE advantages from a critic) and `kl_in_reward` (a PPO option): the
   advantage is not one scalar per row of the row's own reward;
 - a row whose ratio leaves the band (a later update, an off-policy step, or a rollout whose
@@ -33,28 +33,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rollplex.backends.torch.loss import AGG_MODES, agg_units, aggregate, k3_kl
+from rollplex.backends.torch.loss import agg_units, aggregate, k3_kl
+from rollplex.graph.passes.early_backward import algo_refusal as refusal
 from rollplex.specs import AlgoSpec
 
-ESTIMATORS = ("grpo", "rloo")
-
-
-def refusal(algo: AlgoSpec) -> str | None:
-    """Why `algo`'s gradient is not linear in a per-row scalar advantage, or None."""
-    if algo.name not in ESTIMATORS:
-        return (
-            f"algo.name={algo.name}: per-token GAE advantages from a critic are not a "
-            "scalar of the row's own reward (early backward covers grpo and rloo)"
-        )
-    if algo.kl_in_reward:
-        return "algo.kl_in_reward: the KL penalty enters the advantages (a PPO option)"
-    if algo.loss_agg_mode not in AGG_MODES:
-        return f"algo.loss_agg_mode={algo.loss_agg_mode}: not a mode whose normaliser is known"
-    return None
-
-
-class RowOutsideBand(ValueError):
-    """A row's ratio left the clip band: its gradient depends on the sign of A."""
+__all__ = ["GroupAccumulator", "buffer_bytes", "inside_clip_band", "refusal", "row_terms"]
 
 
 def inside_clip_band(
