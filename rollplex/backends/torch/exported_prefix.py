@@ -42,6 +42,7 @@ class ExportedPrefix:
         for k, v in r.kv:
             yield from (k, v)
         yield r.hidden
+        yield from (*r.rows.rope, r.rows.mask)  # what each layer's recompute reads besides
 
     def release(self) -> None:
         """The plan frees it after the backward; the autograd graph holds what it needs."""

@@ -60,6 +60,9 @@ def test_k_steps_train_what_the_separate_forward_trains(schedule, monkeypatch):
     ]
     for r in once.results:
         assert not any(m.deviations for m in r.steps)
+    # the export is held from the prefill to the backward, inside the plan's peak
+    planned = once.planned.plan.devices[0].peak_bytes
+    assert 0 < max(m.resident_bytes for r in once.results for m in r.steps) <= planned
 
 
 def test_an_export_of_another_version_is_refused():
