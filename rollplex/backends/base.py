@@ -169,6 +169,11 @@ class ReferenceScorer(ABC):
     def logprob(self, features: Any, text: Any, responses: Any) -> Any:
         """The full per-sample forward (no prefix reuse)."""
 
+    def logprob_prefix_exported(self, features: Any, text: Any) -> tuple[Any, Any]:
+        """(prefix, export): see RolloutRole.prefix_prefill_exported. A scorer whose
+        weights a training forward also reads (PPO's critic) implements it."""
+        raise BackendError(f"{type(self).__name__} cannot export its prefix activations")
+
 
 class Trainer(ABC):
     op_kinds: ClassVar[frozenset[str]] = frozenset(

@@ -127,6 +127,9 @@ register(
         outputs={
             "kv": port(K.KV_CACHE, K.BOUNDARY, dtype=FLOAT, dims=_KV),
             "saved": port(K.BOUNDARY, dims=(None, "B"), optional=True),
+            # a no-grad prefix forward (PPO's critic in the reference phase) that also keeps
+            # what the same weights' training forward would (graph/passes/prefill_once.py)
+            "exported": port(K.BOUNDARY, dims=(None, "B"), optional=True),
         },
         prefix=True,
         attrs={"head": "lm"},
@@ -135,8 +138,9 @@ register(
 register(
     OpKind(
         "attach_prefix",
-        "The training prefix from what the rollout's prefill exported (each layer's input, "
-        "the prefix K/V): no forward runs; the backward recomputes each layer from its "
+        "The training prefix from what a no-grad prefix forward of the same weights version "
+        "exported (the rollout's prefill; PPO's critic in the reference phase): each layer's "
+        "input and the prefix K/V. No forward runs; the backward recomputes each layer from its "
         "input, as a checkpointed forward's does (graph/passes/prefill_once.py).",
         inputs={
             "features": port(K.ACTIVATION, dtype=FLOAT, dims=_ROWS3),

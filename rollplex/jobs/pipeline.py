@@ -227,8 +227,9 @@ def _prefill_once(
             "the decode does not fit the memory budget"
         )
         return None
-    held = once.values[next(op for op in once if op.kind == "prefix_prefill").outputs["exported"]]
-    gib = held.nbytes / plan.devices[0].dp / 2**30
+    exports = [op.outputs["exported"] for op in once if "exported" in op.outputs]
+    held = sum(once.values[v].nbytes for v in exports)
+    gib = held / plan.devices[0].dp / 2**30
     if plan.step_time_s >= best.step_time_s:
         best.notes.append(
             f"prefill once not taken: step {plan.step_time_s * 1e3:.1f} ms against "

@@ -207,7 +207,7 @@ def _logprob(part: str):
             rows, prefix = ctx.per_rank(ins["responses"].shape[0]), ins["kv"].shape[3]
         else:
             rows, prefix = ctx.per_rank(ins["features"].shape[0]), _prefix_tokens(ins)
-        return F.logprob(
+        cost = F.logprob(
             ctx.model,
             rows,
             prefix,
@@ -217,6 +217,10 @@ def _logprob(part: str):
             grad=grad,
             checkpointing=ctx.checkpointing,
         )
+        if "exported" not in op.outputs:
+            return cost
+        kept = g.values[op.outputs["exported"]].nbytes / ctx.dp  # prefill_once (a critic)
+        return cost + Cost(bytes_written=kept, persistent_bytes=kept)
 
     return cost
 

@@ -254,6 +254,11 @@ class RoleDispatch(Backend):
                 state, exported = role.prefix_prefill_exported(x["features"], x["text"])
                 return {"kv": state, "exported": exported}
             return {"kv": role.prefix_prefill(x["features"], x["text"], **kw)}
+        if "exported" in op.outputs:  # a no-grad prefix forward that exports (PPO's critic)
+            if not head:
+                raise BackendError(f"'{op.name}' exports its activations: not in chunks")
+            state, exported = role.logprob_prefix_exported(x["features"], x["text"])
+            return {"kv": state, "exported": exported}
         out = role.logprob_prefix(x["features"], x["text"], **kw)
         if op.phase is Phase.TRAIN:
             return {"kv": out[0], "saved": out[1]} if "saved" in op.outputs else {"kv": out[0]}

@@ -2,7 +2,8 @@
 training prefix forward exactly where the graph proves they compute the same thing (same
 weights value and version, same features and tokens), and nowhere else: not for a later
 update (a second epoch reads the optimizer step's weights), not off-policy (the rollout
-read an older version), not for the critic's own trunk, not with a trained vision tower."""
+read an older version), not with a trained vision tower. PPO's critic attaches its own
+no-grad forward of old values (the reference phase, same critic weights)."""
 
 from __future__ import annotations
 
@@ -42,17 +43,28 @@ def test_the_first_update_reads_the_rollouts_prefill(model, workload, algo):
     after, changed = _once(before)
     assert changed
     (prefill,) = _ops(after, "prefix_prefill")
-    (attach,) = _ops(after, "attach_prefix")
+    attaches = {op.name: op for op in _ops(after, "attach_prefix")}
+    attach = attaches.pop("train.logprob_prefix")
     exported = after.values[prefill.outputs["exported"]]
-    # the policy's training prefix, no longer a forward; the critic's (PPO) keeps its own
-    assert attach.name == "train.logprob_prefix" and attach.phase is Phase.TRAIN
+    # the policy's training prefix, no longer a forward
+    assert attach.phase is Phase.TRAIN
     assert attach.inputs["exported"] == exported.name
     policy_w = after.values[prefill.inputs["weights"]]
     assert attach.inputs["weights"] == prefill.inputs["weights"]
     assert exported.version == policy_w.version == "policy@0"
     assert exported.kind is ValueKind.BOUNDARY
-    trains = _ops(after, "logprob_prefix", Phase.TRAIN)
-    assert [op.inputs["weights"] for op in trains] == (["critic.weights"] if algo == "ppo" else [])
+    assert not _ops(after, "logprob_prefix", Phase.TRAIN)  # no training prefix forward left
+    if algo == "ppo":  # the critic's: from its own no-grad forward of old values, critic@0
+        critic = attaches.pop("train.critic_prefix")
+        source = after.ops["reference.critic_prefix"]
+        assert critic.inputs["exported"] == source.outputs["exported"]
+        assert critic.inputs["weights"] == source.inputs["weights"] == "critic.weights"
+        assert after.values[critic.inputs["exported"]].version == "critic@0"
+        (ref,) = [
+            op for op in _ops(after, "logprob_prefix") if op.name == "reference.logprob_prefix"
+        ]
+        assert "exported" not in ref.outputs  # the frozen reference trains nothing
+    assert not attaches
     # every layer's input and K/V over every prompt's prefix
     saved = before.values[before.ops["train.logprob_prefix"].outputs["saved"]]
     kv = before.values[prefill.outputs["kv"]]

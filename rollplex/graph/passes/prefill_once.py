@@ -10,7 +10,13 @@ that runs no forward: the backward recomputes each layer from its exported input
 checkpointed forward's backward does. The backward reads `exported` in place of the
 forward's `saved`, so the plan holds it exactly as long as a separate forward's would be.
 
-Applied to a pair (prefill P, training prefix T) only when, read off the graph:
+The same holds for PPO's critic: its old values come from a no-grad prefix forward in the
+reference phase with the critic weights its training forward then reads (critic@0), so
+that forward exports too and the critic's training prefix attaches it. (This critic has a
+trunk of its own; a critic sharing the policy's trunk would read the policy's weights and
+pair with the rollout's prefill by the same rule.)
+
+Applied to a pair (source P, training prefix T) only when, read off the graph:
 - T reads the very weights value P reads, and both values carry the same version (a
   later update - a second PPO epoch or mini-batch - reads the optimizer step's output,
   an off-policy step reads an older version: neither matches, and T is left as it is);
@@ -30,7 +36,7 @@ from rollplex.graph.ir import Graph, Op, Phase, Value, ValueKind
 
 def prefill_once(graph: Graph) -> tuple[Graph, bool]:
     """Run only for roles that both declare `activation_export` (jobs/pipeline.py)."""
-    prefills = [op for op in graph if op.kind == "prefix_prefill"]
+    prefills = [op for op in graph if _is_source(op)]
     changed = False
     for train in list(graph):
         if not _is_training_prefix(train):
@@ -42,6 +48,14 @@ def prefill_once(graph: Graph) -> tuple[Graph, bool]:
     if not changed:
         return graph, False
     return Graph(graph.values.values(), graph.ops.values()), True
+
+
+def _is_source(op: Op) -> bool:
+    """A no-grad prefix forward: the rollout's prefill, or a reference-phase logprob_prefix
+    (PPO's critic scores old values there with the weights its training forward reads)."""
+    if op.kind == "prefix_prefill":
+        return True
+    return op.kind == "logprob_prefix" and op.phase is Phase.REFERENCE and "saved" not in op.outputs
 
 
 def _is_training_prefix(op: Op) -> bool:

@@ -17,15 +17,17 @@ from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
 from rollplex.runtime.dispatch import StepConfig
-from rollplex.specs import ScheduleSpec
+from rollplex.specs import AlgoSpec, ScheduleSpec
 from tests.runtime.conftest import ALGO, CPU, MODEL, WORKLOAD, Run, initial_params
 
+PPO = AlgoSpec(name="ppo", lr=1e-3, critic_lr=1e-3, use_reference=True, kl_coef=0.04)
 
-def _run(schedule: ScheduleSpec, steps: int = 3, seed: int = 0) -> Run:
+
+def _run(schedule: ScheduleSpec, steps: int = 3, seed: int = 0, algo: AlgoSpec = ALGO) -> Run:
     planned = plan_step(
-        MODEL, WORKLOAD, ALGO, CPU, schedule, rollout=TORCH_ROLLOUT, trainer=TORCH_SCORER
+        MODEL, WORKLOAD, algo, CPU, schedule, rollout=TORCH_ROLLOUT, trainer=TORCH_SCORER
     )
-    backend = compose(StepConfig(MODEL, ALGO, seed=seed, max_new_tokens=4, device="cpu"))
+    backend = compose(StepConfig(MODEL, algo, seed=seed, max_new_tokens=4, device="cpu"))
     executor = Executor(planned.plan, planned.graph, backend, [], device="cpu")
     data = TaskData(MODEL, WORKLOAD, seed=seed)
     results = [executor.run_step(k, data.step(k)) for k in range(steps)]
@@ -63,6 +65,19 @@ def test_k_steps_train_what_the_separate_forward_trains(schedule, monkeypatch):
     # the export is held from the prefill to the backward, inside the plan's peak
     planned = once.planned.plan.devices[0].peak_bytes
     assert 0 < max(m.resident_bytes for r in once.results for m in r.steps) <= planned
+
+
+def test_ppo_trains_policy_and_critic_as_with_separate_forwards():
+    """The policy attaches the rollout's prefill, the critic its own old-values forward."""
+    once = _run(ScheduleSpec(name="serial"), algo=PPO)
+    attached = {op.name for op in once.planned.graph if op.kind == "attach_prefix"}
+    assert attached == {"train.logprob_prefix", "train.critic_prefix"}
+    separate = _run(ScheduleSpec(name="serial", prefill_once=False), algo=PPO)
+    for model in ("trainer", "critic"):
+        a = dict(getattr(separate.backend, model).model.named_parameters())
+        b = dict(getattr(once.backend, model).model.named_parameters())
+        for n in a:
+            torch.testing.assert_close(b[n], a[n], atol=1e-6, rtol=0, msg=f"{model}.{n}")
 
 
 def test_an_export_of_another_version_is_refused():
