@@ -71,6 +71,42 @@ def ratio_over_rounds(
     return Ratio(None if same_plan else statistics.fmean(per), spread, per, same_plan)
 
 
+def paired_seconds(runs: dict[str, list[dict]], paired_from: int = 2) -> dict[str, list]:
+    """Each schedule's seconds per round over the same RL steps (`paired_from` .. the
+    shortest run's last, 1-based; None for a failed run): step k has the same prompts and
+    forced lengths under every schedule and round, so the totals compare like with like.
+    `runs`: schedule -> one entry per round, with `step_time_s` or an `error`."""
+    ok = [e for v in runs.values() for e in v if "error" not in e]
+    if not ok:
+        return {k: [None] * len(v) for k, v in runs.items()}
+    n = min(len(e["step_time_s"]) for e in ok)
+    first = min(paired_from, n) - 1
+    return {
+        k: [None if "error" in e else sum(e["step_time_s"][first:n]) for e in v]
+        for k, v in runs.items()
+    }
+
+
+def compare(runs: dict[str, list[dict]], paired: dict, base: str, cand: str) -> dict | None:
+    """`base` seconds / `cand` seconds over the rounds both completed, with its spread
+    (`ratio_over_rounds`); same_plan where every run of both had one placement (entries'
+    `placement_hash`), and then no speedup is claimed. None where either did not run."""
+    if base not in runs or cand not in runs:
+        return None
+    both = [
+        (b, c)
+        for b, c in zip(paired[base], paired[cand], strict=False)
+        if b is not None and c is not None
+    ]
+    plans = {
+        k: sorted({e["placement_hash"] for e in runs[k] if "error" not in e}) for k in (base, cand)
+    }
+    if len(both) < MIN_ROUNDS:
+        return {"error": f"{len(both)} complete round(s), need {MIN_ROUNDS}", "plans": plans}
+    same = len(set(plans[base]) | set(plans[cand])) == 1
+    return ratio_over_rounds(*zip(*both, strict=True), same_plan=same).as_json() | {"plans": plans}
+
+
 def placement(plan: dict[str, Any]) -> list[Any]:
     """What a plan runs, and where, from its `plan.json`: per device group, each step's op,
     kind (prefill_once keeps an op's name and changes its kind), chunk, stream and co-run

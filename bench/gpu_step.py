@@ -55,7 +55,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ab import MIN_ROUNDS, placement_hash, ratio_over_rounds, round_orders
+from ab import compare, paired_seconds, placement_hash, round_orders
 
 SCHEDULES = {
     "verl": ["schedule=serial", "schedule.dedup=false"],
@@ -69,6 +69,9 @@ SCHEDULES = {
     # planner otherwise reuses the rollout's prefill where it is predicted faster)
     "serial_dedup_forward": ["schedule=serial", "schedule.prefill_once=false"],
 }
+
+
+BASELINES = ("serial_dedup", "verl", "serial_dedup_forward")
 
 
 def overrides(args, schedule: str) -> list[str]:
@@ -275,51 +278,15 @@ def run_one(args, schedule: str, rnd: int, root: Path, calib: Path, start: float
     return entry
 
 
-def paired_seconds(runs: dict[str, list[dict]], paired_from: int = 2) -> dict[str, list]:
-    """Each schedule's seconds per round over the same RL steps (`paired_from` .. the
-    shortest run's last, 1-based; None for a failed run): step k has the same prompts and
-    forced lengths under every schedule and round, so the totals compare like with like."""
-    ok = [e for v in runs.values() for e in v if "error" not in e]
-    if not ok:
-        return {k: [None] * len(v) for k, v in runs.items()}
-    n = min(len(e["step_time_s"]) for e in ok)
-    first = min(paired_from, n) - 1
-    return {
-        k: [None if "error" in e else sum(e["step_time_s"][first:n]) for e in v]
-        for k, v in runs.items()
-    }
-
-
-def compare(runs: dict[str, list[dict]], paired: dict, base: str, cand: str) -> dict | None:
-    """`base` seconds / `cand` seconds over the rounds both completed, with its spread;
-    same_plan where both ran one placement (then no speedup is claimed)."""
-    if base not in runs or cand not in runs:
-        return None
-    both = [
-        (b, c)
-        for b, c in zip(paired[base], paired[cand], strict=False)
-        if b is not None and c is not None
-    ]
-    hashes = {e["placement_hash"] for e in (*runs[base], *runs[cand]) if "error" not in e}
-    plans = {
-        k: sorted({e["placement_hash"] for e in runs[k] if "error" not in e}) for k in (base, cand)
-    }
-    if len(both) < MIN_ROUNDS:
-        return {"error": f"{len(both)} complete round(s), need {MIN_ROUNDS}", "plans": plans}
-    same = len(hashes) == 1
-    return ratio_over_rounds(*zip(*both, strict=True), same_plan=same).as_json() | {"plans": plans}
-
-
 def summarize(args, runs: dict[str, list[dict]], wall: float) -> dict:
     import torch
 
     paired = paired_seconds(runs, args.paired_from)
-    cands = [s for s in runs if s.startswith("rollplex")]
+    # each rollplex run against the baselines; and prefill once's own share (31.1)
+    pairs = [(b, c) for c in runs if c.startswith("rollplex") for b in BASELINES]
+    pairs.append(("serial_dedup_forward", "serial_dedup"))
     ratios = {
-        f"{base}/{cand}": r
-        for cand in cands
-        for base in ("serial_dedup", "verl")
-        if (r := compare(runs, paired, base, cand)) is not None
+        f"{base}/{cand}": r for base, cand in pairs if (r := compare(runs, paired, base, cand))
     }
 
     def top(base: str, key: str):

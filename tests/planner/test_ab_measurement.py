@@ -119,3 +119,41 @@ def test_times_and_notes_do_not_make_a_new_plan_but_a_stream_does(plans):
     steps = swapped["devices"][0]["steps"]
     steps[0]["index"], steps[1]["index"] = steps[1]["index"], steps[0]["index"]
     assert not ab.same_plan(base, swapped)
+
+
+def _entry(times: list[float], plan: str = "p") -> dict:
+    return {"step_time_s": times, "placement_hash": plan}
+
+
+def test_paired_seconds_sum_the_same_steps_of_every_run():
+    runs = {
+        "a": [_entry([9.0, 2.0, 3.0]), {"error": "OOM"}],
+        "b": [_entry([8.0, 1.0, 1.5, 7.0]), _entry([5.0, 1.0, 1.0])],
+    }
+    # steps 2..3 (the shortest run has 3); the first step of each run is left out
+    assert ab.paired_seconds(runs, 2) == {"a": [5.0, None], "b": [2.5, 2.0]}
+    assert ab.paired_seconds(runs, 1) == {"a": [14.0, None], "b": [10.5, 7.0]}
+
+
+def test_compare_uses_the_rounds_both_completed():
+    runs = {
+        "base": [_entry([1, 2.2]), _entry([1, 2.0]), _entry([1, 2.1])],
+        "cand": [_entry([1, 2.0], "q"), {"error": "OOM"}, _entry([1, 1.0], "q")],
+    }
+    r = ab.compare(runs, ab.paired_seconds(runs), "base", "cand")
+    assert r["per_round"] == pytest.approx([1.1, 2.1])  # round 1 failed: left out
+    assert r["same_plan"] is False and r["plans"] == {"base": ["p"], "cand": ["q"]}
+    assert ab.compare(runs, ab.paired_seconds(runs), "base", "absent") is None
+
+
+def test_compare_reports_one_placement_as_the_same_plan_and_too_few_rounds_as_such():
+    same = {"a": [_entry([1, 2.0]), _entry([1, 2.2])], "b": [_entry([1, 2.1]), _entry([1, 2.0])]}
+    r = ab.compare(same, ab.paired_seconds(same), "a", "b")
+    assert r["same_plan"] is True and r["value"] is None and r["per_round"]
+    moved = {**same, "b": [_entry([1, 2.1]), _entry([1, 2.0], "other")]}  # replanned: not same
+    assert ab.compare(moved, ab.paired_seconds(moved), "a", "b")["same_plan"] is False
+    short = {"a": [_entry([1, 2.0]), {"error": "x"}], "b": same["b"]}
+    assert (
+        "1 complete round(s), need 2"
+        in ab.compare(short, ab.paired_seconds(short), "a", "b")["error"]
+    )
