@@ -177,10 +177,13 @@ def early_backward_note(schedule: ScheduleSpec, algo: AlgoSpec, graph: Graph) ->
     why = algo_refusal(algo) or early_backward_refusal(graph)
     if why:
         raise ValueError(f"schedule.early_backward: refused, {why}")
+    grads = [graph.values[op.outputs["grads"]] for op in graph if op.kind == "backward"]
+    gib = 2 * max(v.nbytes for v in grads) / 2**30  # S_R and S_1 of the policy's gradient
     return (
-        "early backward: the gradient is linear in per-row advantages (two accumulators "
-        "per group would be exact), but per-group placement beside the decode is not "
-        "planned yet: one backward after the decode"
+        f"early backward: the gradient is linear in per-row advantages (two accumulators "
+        f"per group, {gib:.2f} GiB per group in flight before sharding, would be exact), "
+        "but per-group placement beside the decode is not planned yet: one backward after "
+        "the decode"
     )
 
 

@@ -26,6 +26,8 @@ def test_an_eligible_step_is_planned_as_before_and_says_so(name, schedule):
     on, off = _plan(name, schedule, True), _plan(name, schedule, False)
     assert on.plan.notes[-1].startswith("early backward: the gradient is linear")
     assert "not planned yet" in on.plan.notes[-1]
+    grads = on.graph.values["train.backward.grads"]  # two buffers of the policy's gradient
+    assert f"{2 * grads.nbytes / 2**30:.2f} GiB per group in flight" in on.plan.notes[-1]
     assert on.plan.step_time_s == off.plan.step_time_s
     assert not any(n.startswith("early backward") for n in off.plan.notes)
 
