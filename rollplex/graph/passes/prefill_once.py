@@ -81,7 +81,9 @@ def _rewrite(graph: Graph, prefill: Op, train: Op) -> None:
     kv = graph.values[prefill.outputs["kv"]]
     layers, rows, prefix, width = saved.shape
     kv_dim = kv.shape[4]
-    # each layer's input [rows, prefix, width] and its K and V [rows, prefix, kv_dim]
+    # each layer's input [rows, prefix, width] and its K and V [rows, prefix, kv_dim]; the
+    # torch export's K/V are the rollout cache's own tensors, so while that cache lives the
+    # plan counts them twice (conservative by one prefix K/V, during the rollout only)
     exported = Value(
         f"{prefill.name}.exported",
         (layers, rows, prefix, width + 2 * kv_dim),

@@ -45,12 +45,17 @@ def test_exported_prefill_trains_as_the_separate_forward(spec, renderer, kind): 
     with torch.no_grad():
         plain = prefix_forward(model, text, feats.values, grad=False)
     state, exported = prefill_exported(model, feats.values, text, "policy@0")
-    # the decode's prefix: what the plain prefill gives it
+    # the decode's prefix: what the plain prefill gives it, bit for bit
     for (k0, v0), (k1, v1) in zip(cache_kv(plain.cache), cache_kv(state.cache), strict=True):
-        torch.testing.assert_close(k1, k0, **TOL)
-        torch.testing.assert_close(v1, v0, **TOL)
-    torch.testing.assert_close(state.last_logits, plain.last_logits, **TOL)
+        assert torch.equal(k1, k0) and torch.equal(v1, v0)
+    assert torch.equal(state.last_logits, plain.last_logits)
     assert torch.equal(state.next_positions, plain.next_positions)
+    # the export: one input per layer, and the cache's own K/V (no copy)
+    ridden = exported.ridden
+    assert len(ridden.inputs) == len(model.model.language_model.layers)
+    assert all(x.shape == ridden.hidden.shape for x in ridden.inputs)
+    for (k, v), (ek, ev) in zip(cache_kv(state.cache), ridden.kv, strict=True):
+        assert k.data_ptr() == ek.data_ptr() and v.data_ptr() == ev.data_ptr()
     session = _decode(model, batch, feats, seed=3)
     session.advance()
     tokens, _, lengths = session.result()
