@@ -7,7 +7,10 @@ Schedules (all colocated on one GPU, the torch rollout with the decode engine):
 - serial_dedup: schedule=serial (the prefix once per prompt, phases back to back);
 - rollplex:     schedule=rollplex (prefix work moved into the decode window);
 - rollplex_streams, rollplex_piggyback (not run by default): ablations with every eligible
-                prefix op on a second stream, or riding the decode's steps.
+                prefix op on a second stream, or riding the decode's steps;
+- serial_dedup_forward (not run by default): serial + dedup with schedule.prefill_once=false,
+                its own training prefix forward (serial_dedup and rollplex reuse the
+                rollout's prefill where the planner takes it: `decisions`).
 The disaggregated schedule needs two GPUs and torchrun: `bench/gpu_disagg.sh`.
 
 Workload: video prompts (synthetic moving shapes, `--frames` frames of `--size`^2 pixels),
@@ -18,8 +21,15 @@ discarded, so the compilations all schedules share in this process charge none o
 each run's first step still pays its own warm-up (graph capture, its new shapes) and is
 left out of the medians and of the paired totals (from `--paired-from`).
 
-Prediction: serial_dedup runs first; the other schedules are planned (and run) with the op
-times it measured (`calibration=<its calibration.json>`), so their predicted step times
+A/B rounds (`--rounds`, at least 2; bench/ab.py): every schedule runs once a round, the
+order reversed each round (A B C | C B A), so a drift over the process's life lands on both
+sides of each ratio. Each ratio (baseline seconds / rollplex seconds over the same steps) is
+the mean over rounds with its spread, the half-width over rounds; two schedules whose plans
+place the same work (`placement_hash`) are reported `same_plan: true`, not as a speedup.
+The JSON keeps every step time in the order run (`step_times`).
+
+Prediction: serial_dedup runs first in round 0; the other schedules are planned (and run)
+with the op times it measured (`calibration=<its calibration.json>`), so their predicted step times
 are out of sample: they test the planner's timeline, not a fit to the run they predict.
 
     python bench/gpu_step.py --folder /tmp/qwen2_5_vl_3b --shape qwen2_5_vl_3b   # one H200
@@ -43,6 +53,10 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ab import compare, paired_seconds, placement_hash, round_orders
+
 SCHEDULES = {
     "verl": ["schedule=serial", "schedule.dedup=false"],
     "serial_dedup": ["schedule=serial"],
@@ -51,7 +65,13 @@ SCHEDULES = {
     # eligible chunk riding a decode step's GEMMs (backends/torch/engine/riders.py)
     "rollplex_streams": ["schedule=rollplex", "schedule.overlap=streams"],
     "rollplex_piggyback": ["schedule=rollplex", "schedule.overlap=piggyback"],
+    # issue 31.1's lever alone: serial + dedup with its own training prefix forward (the
+    # planner otherwise reuses the rollout's prefill where it is predicted faster)
+    "serial_dedup_forward": ["schedule=serial", "schedule.prefill_once=false"],
 }
+
+
+BASELINES = ("serial_dedup", "verl", "serial_dedup_forward")
 
 
 def overrides(args, schedule: str) -> list[str]:
@@ -138,6 +158,7 @@ def run_schedule(args, schedule: str, root: Path, calibration: Path | None) -> d
         entry["step_time_median_s"] / entry["plan_step_time_s"]
     )
     entry["micro_batches"] = [r.get("train_micro_batches") for r in rows][-1:]
+    entry["placement_hash"] = placement_hash(json.loads((out / "plan.json").read_text()))
     del summary
     gc.collect()
     return entry
@@ -159,6 +180,13 @@ def main() -> None:
     ap.add_argument("--sigma", type=float, default=0.45)
     ap.add_argument("--max-length", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="A/B rounds (>= 2): every schedule runs once a round, the order reversed each "
+        "round; each ratio is reported with its half-width over the rounds",
+    )
     ap.add_argument(
         "--warmup-steps",
         type=int,
@@ -186,9 +214,12 @@ def main() -> None:
         saved = json.loads(args.resummarize.read_text())
         args.warmup_steps = saved.get("warmup_steps") or 0  # what that run did
         runs = saved["runs"]
-        ok = {k: v for k, v in runs.items() if "error" not in v}
-        again = summarize(args, runs, ok, saved["wall_s"])
-        keep = ("date", "device", "torch", "command", "shape", "workload", "decode_bw_efficiency")
+        if not all(isinstance(v, list) for v in runs.values()):
+            sys.exit(f"{args.resummarize}: a one-round result (before A/B rounds); rerun it")
+        args.rounds = saved["rounds"]
+        again = summarize(args, runs, saved["wall_s"])
+        keep = ("date", "device", "device_name", "torch", "command", "shape", "workload")
+        keep += ("decode_bw_efficiency",)
         saved |= {k: v for k, v in again.items() if k not in keep}
         args.resummarize.write_text(json.dumps(saved, indent=1) + "\n")
         print(table(saved))
@@ -200,73 +231,86 @@ def main() -> None:
     out = args.out or Path(os.environ.get("OUT") or "bench/results/gpu_step")
     root = out / f"runs_{args.shape}"
     start = time.perf_counter()
-    runs: dict[str, dict] = {}
-    calib = root / "serial_dedup" / "calibration.json"
-    order = sorted(args.schedules.split(","), key=lambda s: s != "serial_dedup")
+    first = sorted(args.schedules.split(","), key=lambda s: s != "serial_dedup")
+    orders = round_orders(first, args.rounds)  # A B .. | .. B A: no schedule always first
+    runs: dict[str, list[dict]] = {s: [] for s in first}
+    calib = root / "round0" / "serial_dedup" / "calibration.json"
     if args.warmup_steps:
         # Without it the first schedule measured paid compilations the others reused: on
         # the H200 (stop 19) serial + dedup's step 2 took 17.1 s, its step 3 7.3 s, while
         # rollplex, run after it, took 8.5 s at step 2.
-        print(f"== warm-up: {order[0]}, {args.warmup_steps} steps (discarded)", flush=True)
+        print(f"== warm-up: {first[0]}, {args.warmup_steps} steps (discarded)", flush=True)
         warm = argparse.Namespace(**{**vars(args), "steps": args.warmup_steps})
         try:
-            run_schedule(warm, order[0], root / "warmup", None)
+            run_schedule(warm, first[0], root / "warmup", None)
         finally:
             shutil.rmtree(root / "warmup", ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"gpu_step_{args.shape}.json"
-    for schedule in order:
-        elapsed = time.perf_counter() - start
-        if args.budget_s is not None and elapsed > args.budget_s:
-            why = f"skipped: {elapsed:.0f} s had passed, past --budget-s {args.budget_s:.0f}"
-            runs[schedule] = {"schedule": schedule, "error": why}
-            print(f"== {schedule} {why}", flush=True)
-            continue
-        print(f"== {schedule}", flush=True)
-        use = calib if schedule != "serial_dedup" and calib.exists() else None
-        try:
-            runs[schedule] = run_schedule(args, schedule, root, use)
-        except Exception as err:  # one schedule failing (OOM) keeps the others' numbers
-            runs[schedule] = {"schedule": schedule, "error": f"{type(err).__name__}: {err}"[:800]}
-            print(f"{schedule} failed: {runs[schedule]['error']}", flush=True)
-        print(json.dumps({k: v for k, v in runs[schedule].items() if k != "overrides"}), flush=True)
-        ok = {k: v for k, v in runs.items() if "error" not in v}
-        result = summarize(args, runs, ok, time.perf_counter() - start)
-        path.write_text(json.dumps(result, indent=1) + "\n")  # after each: a cut run keeps it
+    for rnd, order in enumerate(orders):
+        for schedule in order:
+            entry = run_one(args, schedule, rnd, root, calib, start)
+            entry["seq"] = sum(len(v) for v in runs.values())  # its place in the process
+            runs[schedule].append(entry)
+            result = summarize(args, runs, time.perf_counter() - start)
+            path.write_text(json.dumps(result, indent=1) + "\n")  # after each: a cut run keeps it
     print(f"\nwrote {path}")
     print(table(result))
 
 
-def paired_total(ok: dict, paired_from: int = 2) -> dict[str, float]:
-    """Each schedule's seconds over the same RL steps (`paired_from` .. the shortest run's
-    last, 1-based): step k has the same prompts and forced lengths under every schedule, so
-    the totals compare like with like (a median can pick different steps for different
-    schedules)."""
-    n = min(len(v["step_time_s"]) for v in ok.values())
-    first = min(paired_from, n) - 1
-    return {k: sum(v["step_time_s"][first:n]) for k, v in ok.items()}
+def run_one(args, schedule: str, rnd: int, root: Path, calib: Path, start: float) -> dict:
+    """One schedule's run in round `rnd`; an error (OOM, the budget spent) is recorded."""
+    elapsed = time.perf_counter() - start
+    if args.budget_s is not None and elapsed > args.budget_s:
+        why = f"skipped: {elapsed:.0f} s had passed, past --budget-s {args.budget_s:.0f}"
+        print(f"== round {rnd} {schedule} {why}", flush=True)
+        return {"schedule": schedule, "round": rnd, "error": why}
+    print(f"== round {rnd}: {schedule}", flush=True)
+    # every round plans with round 0's serial_dedup op times: the same plan each round
+    use = calib if schedule != "serial_dedup" and calib.exists() else None
+    try:
+        entry = run_schedule(args, schedule, root / f"round{rnd}", use)
+    except Exception as err:  # one schedule failing (OOM) keeps the others' numbers
+        entry = {"schedule": schedule, "error": f"{type(err).__name__}: {err}"[:800]}
+        print(f"{schedule} failed: {entry['error']}", flush=True)
+    entry["round"] = rnd
+    print(json.dumps({k: v for k, v in entry.items() if k != "overrides"}), flush=True)
+    return entry
 
 
-def summarize(args, runs: dict, ok: dict, wall: float) -> dict:
+def summarize(args, runs: dict[str, list[dict]], wall: float) -> dict:
     import torch
 
-    total = paired_total(ok, args.paired_from) if ok else {}
+    paired = paired_seconds(runs, args.paired_from)
+    # each rollplex run against the baselines; and prefill once's own share (31.1)
+    pairs = [(b, c) for c in runs if c.startswith("rollplex") for b in BASELINES]
+    pairs.append(("serial_dedup_forward", "serial_dedup"))
+    ratios = {
+        f"{base}/{cand}": r for base, cand in pairs if (r := compare(runs, paired, base, cand))
+    }
 
-    def ratio(base: str) -> float | None:
-        a, b = total.get(base), total.get("rollplex")
-        return a / b if a and b else None
+    def top(base: str, key: str):
+        r = ratios.get(f"{base}/rollplex") or {}
+        return r.get(key)
 
+    steps = [
+        {"seq": e["seq"], "round": e["round"], "schedule": e["schedule"], "step": k + 1, "s": t}
+        for e in sorted((e for v in runs.values() for e in v), key=lambda e: e["seq"])
+        for k, t in enumerate(e.get("step_time_s", []))
+    ]
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "device": device,
+        "device_name": device,
         "torch": torch.__version__,
         "command": "python " + " ".join(sys.argv),
         "shape": args.shape,
         "workload": {
+            "frames": args.frames,
             "prompts": args.prompts,
             "group": args.group,
-            "frames": args.frames,
+            "mean_length": args.mean_length,
             "size": args.size,
             "response_length": {
                 "distribution": "lognormal",
@@ -276,47 +320,71 @@ def summarize(args, runs: dict, ok: dict, wall: float) -> dict:
             },
         },
         "wall_s": wall,
-        "paired_total_s": total,
+        "rounds": args.rounds,
+        "round_orders": [
+            [
+                e["schedule"]
+                for e in sorted(
+                    (e for v in runs.values() for e in v if e["round"] == r), key=lambda e: e["seq"]
+                )
+            ]
+            for r in range(args.rounds)
+        ],
+        "paired_s": paired,
         "paired_from_step": args.paired_from,
         "warmup_steps": getattr(args, "warmup_steps", None),
-        "speedup_vs_serial_dedup": ratio("serial_dedup"),
-        "speedup_vs_serial_verl": ratio("verl"),
+        # a same-plan pair gives None here and same_plan true: its ratio is noise
+        "speedup_vs_serial_dedup": top("serial_dedup", "value"),
+        "speedup_vs_serial_verl": top("verl", "value"),
+        "spread": {b: top(b, "spread") for b in ("serial_dedup", "verl")},
+        "same_plan": bool(top("serial_dedup", "same_plan")),
+        "ratios": ratios,
         "speedup_vs_disaggregated": None,  # two GPUs: bench/gpu_disagg.sh
         "decode_bw_efficiency": None,  # bench/gpu_step.sh adds gpu_decode.py's, same call
-        "peak_measured_over_planned": {k: v["peak_measured_over_planned"] for k, v in ok.items()},
-        # planned with serial_dedup's measured op times (serial_dedup itself: the cost
-        # model's own times, uncalibrated)
-        "step_time_measured_over_predicted": {
-            k: v["step_time_measured_over_predicted"] for k, v in ok.items()
-        },
+        "peak_measured_over_planned": _per_round(runs, "peak_measured_over_planned"),
+        # planned with round 0 serial_dedup's measured op times (serial_dedup itself: the
+        # cost model's own times, uncalibrated)
+        "step_time_measured_over_predicted": _per_round(runs, "step_time_measured_over_predicted"),
+        "step_times": steps,  # every step of every run, in the order they ran
         "runs": runs,
     }
 
 
+def _per_round(runs: dict[str, list[dict]], key: str) -> dict[str, list]:
+    return {k: [e.get(key) for e in v] for k, v in runs.items()}
+
+
 def table(result: dict) -> str:
     lines = [
-        "| schedule | step s (median) | predicted s | measured / predicted "
-        "| peak GiB | planned GiB | peak / planned |",
-        "|---|---|---|---|---|---|---|",
+        "| schedule | round | step s (median) | predicted s | measured / predicted "
+        "| peak GiB | planned GiB | peak / planned | plan |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, e in result["runs"].items():
-        if "error" in e:
-            lines.append(f"| {name} | failed: {e['error'][:60]} | | | | | |")
-            continue
-        peak = e["cuda_max_memory_allocated"] or e["executor_peak_resident_bytes"]
-        pred = e["plan_step_time_s"]
-        ratio = e["step_time_measured_over_predicted"]
-        cal = " (calibrated)" if e.get("calibrated_from") else ""
-        lines.append(
-            f"| {name} | {e['step_time_median_s']:.2f} | {pred:.2f}{cal} | {ratio:.2f}"
-            f" | {peak / 2**30:.1f} | {e['plan_peak_bytes'] / 2**30:.1f} "
-            f"| {e['peak_measured_over_planned']:.2f} |"
-        )
+    for name, entries in result["runs"].items():
+        for e in entries:
+            if "error" in e:
+                lines.append(f"| {name} | {e['round']} | failed: {e['error'][:60]} |||||||")
+                continue
+            peak = e["cuda_max_memory_allocated"] or e["executor_peak_resident_bytes"]
+            pred = e["plan_step_time_s"]
+            ratio = e["step_time_measured_over_predicted"]
+            cal = " (calibrated)" if e.get("calibrated_from") else ""
+            lines.append(
+                f"| {name} | {e['round']} | {e['step_time_median_s']:.2f} | {pred:.2f}{cal} "
+                f"| {ratio:.2f} | {peak / 2**30:.1f} | {e['plan_peak_bytes'] / 2**30:.1f} "
+                f"| {e['peak_measured_over_planned']:.2f} | {e['placement_hash'][:8]} |"
+            )
     first = result.get("paired_from_step", 2)
-    lines.append(f"\nseconds over the same steps ({first}..): {result['paired_total_s']}")
-    for key in ("speedup_vs_serial_dedup", "speedup_vs_serial_verl"):
-        v = result[key]
-        lines.append(f"\n{key}: {v:.3f}" if v else f"\n{key}: -")
+    lines.append(f"\nseconds over the same steps ({first}..), per round: {result['paired_s']}")
+    for pair, r in result["ratios"].items():
+        if "error" in r:
+            lines.append(f"{pair}: - ({r['error']})")
+        elif r["same_plan"]:
+            rounds = ", ".join(f"{x:.3f}" for x in r["per_round"])
+            lines.append(f"{pair}: same plan, no speedup claimed (noise: {rounds})")
+        else:
+            beyond = "beyond noise" if r["beyond_noise"] else "inside the noise band"
+            lines.append(f"{pair}: {r['value']:.3f} +- {r['spread']:.3f} ({beyond})")
     return "\n".join(lines)
 
 

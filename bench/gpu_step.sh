@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # bench/gpu_step.py on one H200 through the device tool (carry .whl and .gpu): a random-weight
-# Hub-format folder of $SHAPE with Qwen's tokenizer, every one-GPU schedule side by side, then
-# the decode engine alone at the step's batch (decode_bw_efficiency), all in one call.
+# Hub-format folder of $SHAPE with Qwen's tokenizer, every one-GPU schedule side by side in
+# A/B rounds (--rounds, default 2: A B C | C B A; each ratio with its half-width, a same-plan
+# pair as same_plan: true), then the decode engine alone at the step's batch
+# (decode_bw_efficiency), all in one call. Issue 31's two workloads (7B):
+#   SHAPE=qwen2_5_vl_7b bash bench/gpu_step.sh --frames 32 --mean-length 64 --max-length 256
+#   SHAPE=qwen2_5_vl_7b bash bench/gpu_step.sh --frames 8 --mean-length 448
+# Time: --warmup-steps, then rounds x schedules x --steps steps (each run also loads and plans);
+# --budget-s starts no run past it, under the device's 600 s per command.
 #   SHAPE=qwen2_5_vl_3b bash bench/gpu_step.sh [gpu_step.py args]
 set -euo pipefail
 SHAPE=${SHAPE:-qwen2_5_vl_3b} DEVICE=cuda TMP=${TMP:-/tmp}

@@ -134,6 +134,12 @@ class RolloutRole(ABC):
         Only roles whose capabilities allow row chunks (prefix work) implement it."""
         raise BackendError(f"{type(self).__name__} cannot merge row chunks")
 
+    def prefix_prefill_exported(self, features: Any, text: Any) -> tuple[Any, Any]:
+        """(prefix, export): the prefill that also keeps what a checkpointed training
+        prefix forward keeps, for `Trainer.attach_exported`; only roles declaring
+        `capabilities.activation_export` implement it (graph/passes/prefill_once.py)."""
+        raise BackendError(f"{type(self).__name__} cannot export its prefill's activations")
+
     @abstractmethod
     def start_decode(
         self, prefix: Any, group_size: int, sampling: Sampling, generator: Any
@@ -163,12 +169,18 @@ class ReferenceScorer(ABC):
     def logprob(self, features: Any, text: Any, responses: Any) -> Any:
         """The full per-sample forward (no prefix reuse)."""
 
+    def logprob_prefix_exported(self, features: Any, text: Any) -> tuple[Any, Any]:
+        """(prefix, export): see RolloutRole.prefix_prefill_exported. A scorer whose
+        weights a training forward also reads (PPO's critic) implements it."""
+        raise BackendError(f"{type(self).__name__} cannot export its prefix activations")
+
 
 class Trainer(ABC):
     op_kinds: ClassVar[frozenset[str]] = frozenset(
         {
             "vision_encode",
             "logprob_prefix",
+            "attach_prefix",
             "logprob_response",
             "logprob",
             "policy_loss",
@@ -216,6 +228,11 @@ class Trainer(ABC):
     def attach_ridden(self, ridden: Any, features: Any, head: bool = True) -> tuple[Any, Any]:
         """What `logprob_prefix` returns, from a ride's result."""
         raise BackendError(f"{type(self).__name__} cannot take a ridden prefix")
+
+    def attach_exported(self, exported: Any, features: Any, head: bool = True) -> tuple[Any, Any]:
+        """What `logprob_prefix` returns, from a rollout's `prefix_prefill_exported` at this
+        trainer's weights version; only trainers declaring `activation_export`."""
+        raise BackendError(f"{type(self).__name__} cannot take an exported prefill")
 
     @abstractmethod
     def loss(

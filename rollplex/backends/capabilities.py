@@ -58,6 +58,13 @@ class RoleCapabilities:
     # them on bf16 parameters, and the optimizer step casts them onto float32 masters
     # (backends/torch/masters.py). The planner sizes the gradients and that cast by it.
     float32_grads: bool = False
+    # its prefix forward can hand over what a checkpointed training prefix forward keeps
+    # (each decoder layer's input, the prefix K/V, the last hidden state: torch's
+    # `ExportedPrefix`), or, on a trainer, take those in place of running that forward
+    # (`attach_exported`). Both ends declaring it let the prefill_once pass reuse the
+    # rollout's prefill as the training prefix forward; an engine that keeps its
+    # activations to itself (vLLM) does not, and its plan keeps the training forward.
+    activation_export: bool = False
 
 
 # -- what the built roles declare ------------------------------------------------------------
@@ -68,9 +75,13 @@ TORCH_ROLLOUT = RoleCapabilities(
     in_place_weight_load=True,  # LiveWeights: an alias, nothing copied
     scaled_logprobs=True,  # decode.py scores the sampled token under logits / T
     static_kv=True,  # engine/: static buffers and graphs kept across steps
+    activation_export=True,  # prefix_prefill(export=True): backends/torch/exported_prefix.py
 )
-TORCH_SCORER = RoleCapabilities(prefix_kv_export=True)  # torch reference and trainer
-FSDP_TRAINER = replace(TORCH_SCORER, float32_grads=True)
+# torch reference and trainer; the trainer attaches an exported prefix (attach_exported)
+TORCH_SCORER = RoleCapabilities(prefix_kv_export=True, activation_export=True)
+# FSDP2 gathers a layer's shards only inside that layer's own forward: a recompute from
+# exported inputs outside it would read shards (as for rides: piggyback_rows off)
+FSDP_TRAINER = replace(TORCH_SCORER, float32_grads=True, activation_export=False)
 VLLM_ROLLOUT = RoleCapabilities(
     segmented_decode=True,
     prefix_kv_export=False,
@@ -90,7 +101,7 @@ VLLM_SHARED_ROLLOUT = replace(VLLM_ROLLOUT, sleep_levels=(), weights_layout="alg
 # shard is the whole parameter: nothing added, as the algebra says on one GPU).
 # None hosts the trainer's rows: a ride runs the trainer's layers' submodules directly
 # (engine/riders.py), and FSDP2 gathers a layer's shards only in that layer's own forward.
-_FSDP_ROLLOUT = replace(TORCH_ROLLOUT, piggyback_rows=False)
+_FSDP_ROLLOUT = replace(TORCH_ROLLOUT, piggyback_rows=False, activation_export=False)
 FSDP_ROLLOUTS = {
     "gather": replace(_FSDP_ROLLOUT, weights_layout="replica"),
     "alias": _FSDP_ROLLOUT,

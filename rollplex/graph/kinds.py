@@ -57,7 +57,11 @@ register(
             "text": port(*_DATA, dtype=INT, dims=("B", None)),
             "weights": port(K.WEIGHTS),
         },
-        outputs={"kv": port(K.KV_CACHE, dtype=FLOAT, dims=_KV)},
+        outputs={
+            "kv": port(K.KV_CACHE, dtype=FLOAT, dims=_KV),
+            # what the training prefix forward would keep (graph/passes/prefill_once.py)
+            "exported": port(K.BOUNDARY, dims=(None, "B"), optional=True),
+        },
         prefix=True,
     )
 )
@@ -123,8 +127,28 @@ register(
         outputs={
             "kv": port(K.KV_CACHE, K.BOUNDARY, dtype=FLOAT, dims=_KV),
             "saved": port(K.BOUNDARY, dims=(None, "B"), optional=True),
+            # a no-grad prefix forward (PPO's critic in the reference phase) that also keeps
+            # what the same weights' training forward would (graph/passes/prefill_once.py)
+            "exported": port(K.BOUNDARY, dims=(None, "B"), optional=True),
         },
         prefix=True,
+        attrs={"head": "lm"},
+    )
+)
+register(
+    OpKind(
+        "attach_prefix",
+        "The training prefix from what a no-grad prefix forward of the same weights version "
+        "exported (the rollout's prefill; PPO's critic in the reference phase): each layer's "
+        "input and the prefix K/V. No forward runs; the backward recomputes each layer from its "
+        "input, as a checkpointed forward's does (graph/passes/prefill_once.py).",
+        inputs={
+            "features": port(K.ACTIVATION, dtype=FLOAT, dims=_ROWS3),
+            "text": port(*_DATA, dtype=INT, dims=("B", None)),
+            "exported": port(K.BOUNDARY, dims=(None, "B")),
+            "weights": port(K.WEIGHTS),
+        },
+        outputs={"kv": port(K.BOUNDARY, dtype=FLOAT, dims=_KV)},
         attrs={"head": "lm"},
     )
 )

@@ -16,6 +16,7 @@ from rollplex.graph.ir import DTYPE_BYTES, Graph, Op, Value
 from rollplex.graph.schema import get_kind
 from rollplex.ops import formulas as F
 from rollplex.ops.formulas import Cost
+from rollplex.ops.formulas.llm import lm_head_forward
 from rollplex.specs import ModelSpec, WorkloadSpec
 
 
@@ -136,7 +137,21 @@ def _vision(g: Graph, op: Op, ctx: CostContext) -> Cost:
 def _prefill(g: Graph, op: Op, ctx: CostContext) -> Cost:
     ins = g.inputs_of(op)
     rows = ctx.per_rank(ins["features"].shape[0])
-    return F.prefix_prefill(ctx.model, rows, _prefix_tokens(ins), ctx.tp)
+    cost = F.prefix_prefill(ctx.model, rows, _prefix_tokens(ins), ctx.tp)
+    if "exported" not in op.outputs:
+        return cost
+    # prefill_once: it also keeps each layer's input and K/V for the training backward
+    kept = g.values[op.outputs["exported"]].nbytes / ctx.dp
+    return cost + Cost(bytes_written=kept, persistent_bytes=kept)
+
+
+def _attach(g: Graph, op: Op, ctx: CostContext) -> Cost:
+    """attach_prefix: no forward; the exported K/V copied into the trainer's cache and the
+    LM head over each row's last prefix position."""
+    rows = ctx.per_rank(g.values[op.inputs["text"]].shape[0])
+    kv = g.values[op.outputs["kv"]].nbytes / ctx.dp
+    copy = Cost(bytes_read=kv, bytes_written=kv, persistent_bytes=kv)
+    return copy + lm_head_forward(ctx.model, rows, 1, ctx.tp)
 
 
 def _prompt_rows(g: Graph, op: Op) -> int:
@@ -208,7 +223,7 @@ def _logprob(part: str):
             rows, prefix = ctx.per_rank(ins["responses"].shape[0]), ins["kv"].shape[3]
         else:
             rows, prefix = ctx.per_rank(ins["features"].shape[0]), _prefix_tokens(ins)
-        return F.logprob(
+        cost = F.logprob(
             ctx.model,
             rows,
             prefix,
@@ -218,6 +233,10 @@ def _logprob(part: str):
             grad=grad,
             checkpointing=ctx.checkpointing,
         )
+        if "exported" not in op.outputs:
+            return cost
+        kept = g.values[op.outputs["exported"]].nbytes / ctx.dp  # prefill_once (a critic)
+        return cost + Cost(bytes_written=kept, persistent_bytes=kept)
 
     return cost
 
@@ -275,7 +294,10 @@ def _backward(g: Graph, op: Op, ctx: CostContext, prefix_only: bool = False) -> 
             continue
         seen.add(fwd.name)
         ins = g.inputs_of(fwd)
-        part = {"logprob": "full", "logprob_prefix": "prefix"}.get(fwd.kind, "response")
+        # a prefix_prefill's `exported` (prefill_once) is the prefix forward's saved inputs
+        part = {"logprob": "full", "logprob_prefix": "prefix", "prefix_prefill": "prefix"}.get(
+            fwd.kind, "response"
+        )
         if prefix_only and part != "prefix":
             continue
         if part == "response":
@@ -345,6 +367,7 @@ _COSTS = {
     "logprob": _logprob("full"),
     "logprob_prefix": _logprob("prefix"),
     "logprob_response": _logprob("response"),
+    "attach_prefix": _attach,
     "expand_group": _expand,
     "reward": _reward,
     "advantage": _advantage,

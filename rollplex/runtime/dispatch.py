@@ -12,6 +12,8 @@ through here; backends provide roles and their value types only. Per op:
   head deferred, and the last chunk merges all parts through the role's `merge_rows`.
   A chunk the plan piggybacks rides the live decode's next step (rollout_ops.ride);
   where it cannot, it runs separately and the step reports the deviation.
+  A prefill with an `exported` output (graph/passes/prefill_once.py) also keeps what
+  the training prefix forward would; `attach_prefix` hands that to the trainer;
   A row chunk runs matrix products with fewer rows, which may round differently from the
   whole batch, so chunked prefix results equal the unchunked ones to float rounding;
 - the rollout side (decode segments, engine prompts, weight syncs, the engine's
@@ -253,7 +255,17 @@ class RoleDispatch(Backend):
             return {"features": role.vision_encode(x["pixels"])}
         if op.kind == "prefix_prefill":
             self.rollout_ops.check_weights(op, x["weights"])
+            if "exported" in op.outputs:  # prefill_once: the training prefix forward too
+                if not head:
+                    raise BackendError(f"'{op.name}' exports its activations: not in chunks")
+                state, exported = role.prefix_prefill_exported(x["features"], x["text"])
+                return {"kv": state, "exported": exported}
             return {"kv": role.prefix_prefill(x["features"], x["text"], **kw)}
+        if "exported" in op.outputs:  # a no-grad prefix forward that exports (PPO's critic)
+            if not head:
+                raise BackendError(f"'{op.name}' exports its activations: not in chunks")
+            state, exported = role.logprob_prefix_exported(x["features"], x["text"])
+            return {"kv": state, "exported": exported}
         out = role.logprob_prefix(x["features"], x["text"], **kw)
         if op.phase is Phase.TRAIN:
             return {"kv": out[0], "saved": out[1]} if "saved" in op.outputs else {"kv": out[0]}
@@ -279,6 +291,8 @@ class RoleDispatch(Backend):
             owner.optimizer_step(x["grads"])
             return {"weights": owner.handle(), "state": x["state"]}
         role = self.role(op)
+        if k == "attach_prefix":
+            return {"kv": self._attach(op, role, x)}
         if k == "logprob_response":
             out = role.logprob_response(x["kv"], x["responses"], a.get("group_size", 1))
         elif k == "logprob":
@@ -290,6 +304,19 @@ class RoleDispatch(Backend):
                 return {"logprobs": out[0], "saved": out[1]}
             return {"logprobs": out[0]}
         return {"logprobs": out}
+
+    def _attach(self, op: Op, role: Any, x: dict[str, Any]) -> Any:
+        """attach_prefix: the trainer takes the rollout's exported prefill in place of its
+        prefix forward, only at the weights version that computed it (the plan proves it
+        from the graph; an update in between would make other gradients)."""
+        made, reads = getattr(x["exported"], "version", None), x["weights"].name
+        if made != reads:
+            raise BackendError(
+                f"'{op.name}' would attach a prefill of {made} to weights {reads}: "
+                "prefill_once needs the version the rollout prefilled with"
+            )
+        state, _ = role.attach_exported(x["exported"], x["features"])
+        return state
 
     def _reward(self, responses: Any, answers: Any, group_size: int) -> torch.Tensor:
         return rewards(self, responses, answers, group_size)  # tests may patch this hook

@@ -39,6 +39,22 @@ class ScheduleSpec(Spec):
         "predicts fastest, or serial if none pays (never slower than serial); an explicit "
         "mode is an ablation that places every eligible op that way; none: serial placement.",
     )
+    prefill_once: bool = Field(
+        True,
+        description="Let the rollout's prefill stand in for the first update's training "
+        "prefix forward (graph/passes/prefill_once.py) where both roles can hand over "
+        "activations and the weights version is the same: the planner keeps it when its "
+        "plan (holding each layer's input and the prefix K/V across the decode) fits and "
+        "is faster. false: always run the separate training prefix forward.",
+    )
+    early_backward: bool = Field(
+        False,
+        description="Opt in to the early backward of finished rows (issue 31.3; its math "
+        "is backends/torch/early_backward.py): the plan is refused, naming the setting, "
+        "where the gradient is not linear in per-row advantages (PPO/GAE, kl_in_reward, a "
+        "later update). Not yet placed: the plan keeps one backward after the decode and "
+        "says so in its notes.",
+    )
     overlap_min_gain: float = Field(
         0.01,
         ge=0.0,

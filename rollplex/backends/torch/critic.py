@@ -27,6 +27,9 @@ from torch import nn
 
 from rollplex.backends.base import BackendError
 from rollplex.backends.torch.checkpointing import checkpointed_layers
+from rollplex.backends.torch.engine.riders import attach
+from rollplex.backends.torch.engine.step import rotary_fn
+from rollplex.backends.torch.exported_prefix import ExportedPrefix, prefill_exported
 from rollplex.backends.torch.logprob import (
     features_full_head_outputs,
     response_head_outputs,
@@ -217,6 +220,24 @@ class CriticRole:
         with capture_saved(saved), checkpointed_layers(self.model, saved):
             state = prefix_forward(self.model, text, features.values, grad=self.train, head=head)
         return self._out(state, saved)
+
+    def logprob_prefix_exported(
+        self, features: Features, text: PromptBatch
+    ) -> tuple[PrefixState, ExportedPrefix]:
+        """The no-grad prefix forward (old values) that also keeps what the training
+        prefix forward at these weights would (prefill_once, exported_prefix.py)."""
+        version = self.critic.handle().name
+        return prefill_exported(self.model, features.values, text, version)
+
+    def attach_exported(self, exported: ExportedPrefix, features: Features, head: bool = True):
+        """The training prefix from `logprob_prefix_exported`'s export (the caller checked
+        the version): each layer recomputed from its kept input in the backward."""
+        if not self.train or exported.ridden is None:
+            raise BackendError("the critic attaches a live export in training only")
+        rotary = rotary_fn(self.model.model.language_model.layers[0].self_attn)
+        with capture_saved() as saved:
+            state = attach(self.model, rotary, exported.ridden, features.values, head)
+        return state, saved
 
     def logprob_response(self, prefix: PrefixState, responses: Responses, group_size: int):
         if self.train:  # in the plan's micro-batches of prompts' groups, as the trainer

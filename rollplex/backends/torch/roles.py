@@ -32,6 +32,7 @@ from rollplex.backends.capabilities import TORCH_ROLLOUT, TORCH_SCORER, RoleCapa
 from rollplex.backends.torch.decode import DecodeSession as TorchDecodeSession
 from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows
 from rollplex.backends.torch.engine.session import DecodeEngine, EngineSession
+from rollplex.backends.torch.exported_prefix import ExportedPrefix, prefill_exported
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs, response_mask
 from rollplex.backends.torch.model import load_model
 from rollplex.backends.torch.prefix import Model, PrefixState, prefix_forward
@@ -183,6 +184,13 @@ class TorchRollout(RolloutRole):
         self, features: Features, text: PromptBatch, head: bool = True
     ) -> PrefixState:
         return prefix_forward(self._model(), text, features.values, grad=False, head=head)
+
+    def prefix_prefill_exported(
+        self, features: Features, text: PromptBatch
+    ) -> tuple[PrefixState, ExportedPrefix]:
+        """The prefill that also keeps what the training prefix forward would
+        (capabilities.activation_export, exported_prefix.py)."""
+        return prefill_exported(self._model(), features.values, text, self._version)
 
     def start_decode(
         self, prefix: PrefixState, group_size: int, sampling: Sampling, generator: Any

@@ -21,6 +21,7 @@ from rollplex.backends.capabilities import TORCH_SCORER, RoleCapabilities
 from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows, attach, rider_rows
 from rollplex.backends.torch.engine.step import rotary_fn
+from rollplex.backends.torch.exported_prefix import ExportedPrefix
 from rollplex.backends.torch.host_memory import forget_tags
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs
 from rollplex.backends.torch.loss import loss_options, policy_loss
@@ -128,6 +129,15 @@ class TorchTrainer(Trainer):
         with capture_saved() as saved:  # the layer inputs the replay keeps, and the rest
             state = attach(self.model, rotary, ridden, features.values, head)
         return state, saved
+
+    def attach_exported(
+        self, exported: ExportedPrefix, features: Features, head: bool = True
+    ) -> tuple[PrefixState, SavedActivations]:
+        """`logprob_prefix`'s result from the rollout's exported prefill (prefill_once);
+        the caller has checked it was computed with this trainer's weights version."""
+        if exported.ridden is None:
+            raise BackendError("the exported prefill was already released")
+        return self.attach_ridden(exported.ridden, features, head)
 
     def logprob_response(
         self, prefix: PrefixState, responses: Responses, group_size: int

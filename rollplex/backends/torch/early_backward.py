@@ -1,0 +1,140 @@
+"""Early backward of finished rows: GRPO's gradient in its two-accumulator form (issue 31.3).
+
+A row's policy-gradient loss is -A_i * h(r_t) per token, with h the (dual-)clipped ratio.
+While every token's ratio r = exp(logp - old) lies strictly inside the clip band
+(1 - eps, 1 + eps) and below the dual clip c, h(r) = r on both signs of A, so the row's
+gradient is A_i * g_i, with g_i the gradient of the row's loss at A = 1: linear in its
+advantage. GRPO's advantage is A_i = (R_i - mu_g) / (sigma_g + e) (or R_i - mu_g without
+the std; RLOO's is G / (G - 1) * (R_i - mu_g)), so a group's part of the batch gradient is
+
+    sum_i A_i g_i = (S_R - mu_g * S_1) / (sigma_g + e),   S_R = sum_i R_i g_i,  S_1 = sum_i g_i
+
+and each row can run its backward as soon as it ends, adding R_i g_i and g_i to its
+group's two accumulators; the group combines them once its last reward gives mu_g and
+sigma_g. The k3 KL term does not involve A: its gradient goes straight to the batch sum.
+The aggregation's normaliser (valid tokens for token-mean, sequences for the seq-mean
+modes) is one number for the whole batch, known only when every row has ended: each row
+adds its unnormalised term (its aggregate times its own units) and the sum is divided once
+at the end, before clipping; that is exactly what the batch gradient computes.
+
+Refused, by name (`refusal`: graph/passes/early_backward.py, with the graph's own checks):
+- PPO (per-token GAE advantages from a critic) and `kl_in_reward` (a PPO option): the
+  advantage is not one scalar per row of the row's own reward;
+- a row whose ratio leaves the band (a later update, an off-policy step, or a rollout whose
+  logprobs disagree with the trainer's by more than the clip): its gradient then depends on
+  the sign of A_i, unknown until its group ends; such a row waits for its group and runs
+  with its advantage (`GroupAccumulator.add_late`), which is the batch gradient exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from rollplex.backends.torch.loss import agg_units, aggregate, k3_kl
+from rollplex.graph.passes.early_backward import algo_refusal as refusal
+from rollplex.specs import AlgoSpec
+
+__all__ = ["GroupAccumulator", "buffer_bytes", "inside_clip_band", "refusal", "row_terms"]
+
+
+def inside_clip_band(
+    logprobs: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, clip_eps: float, c: float
+) -> bool:
+    """Every valid token's ratio in (1 - eps, min(1 + eps, c)): h(r) = r for either sign."""
+    r = torch.exp((logprobs.detach() - old).double())
+    valid = mask.bool()
+    inside = (r > 1 - clip_eps) & (r < min(1 + clip_eps, c))
+    return bool((inside | ~valid).all())
+
+
+def row_terms(
+    logprobs: torch.Tensor,
+    old: torch.Tensor,
+    ref: torch.Tensor | None,
+    mask: torch.Tensor,
+    algo: AlgoSpec,
+    kl_coef: float,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(pg at A = 1, kl_coef * KL) of rows [n, R], each unnormalised: its aggregate times
+    its own units, so that summing over rows and dividing by the batch's units gives
+    `aggregate` over the batch. With the ratio inside the band, pg = -sum w_t r_t."""
+    valid = mask.bool()
+    r = torch.exp((logprobs - old).clamp(-algo.log_ratio_clamp, algo.log_ratio_clamp))
+    units = agg_units(valid, algo.loss_agg_mode).to(r.dtype)
+    pg = aggregate(-r, valid, algo.loss_agg_mode) * units
+    if ref is None or kl_coef == 0:
+        return pg, None
+    kl = k3_kl(logprobs, ref, algo.log_ratio_clamp, algo.kl_clamp)
+    return pg, kl_coef * aggregate(kl, valid, algo.loss_agg_mode) * units
+
+
+def _grad(term: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    grads = torch.autograd.grad(term, params, retain_graph=True, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
+
+
+@dataclass(slots=True)
+class GroupAccumulator:
+    """One group's S_R and S_1 (one gradient-sized buffer each, per parameter), the rewards
+    seen, and the rows that had to wait for the group (outside the band)."""
+
+    params: Sequence[torch.Tensor]
+    group_size: int
+    rewards: dict[int, float] = field(default_factory=dict)
+    s_r: list[torch.Tensor] | None = None
+    s_1: list[torch.Tensor] | None = None
+    late: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (row, pg at A=1)
+
+    def add(self, row: int, reward: float, pg_at_one: torch.Tensor) -> None:
+        """Row `row` ended: its gradient at A = 1 goes into S_1, times R into S_R."""
+        g = _grad(pg_at_one, self.params)
+        if self.s_r is None:
+            self.s_r = [reward * x for x in g]
+            self.s_1 = g
+        else:
+            for a, b, x in zip(self.s_r, self.s_1, g, strict=True):
+                a.add_(x, alpha=reward)
+                b.add_(x)
+        self.rewards[row] = reward
+
+    def add_late(self, row: int, reward: float, pg_at_one: torch.Tensor) -> None:
+        """A row outside the band: kept (its graph) until the group's advantages exist."""
+        self.late.append((row, pg_at_one))
+        self.rewards[row] = reward
+
+    @property
+    def complete(self) -> bool:
+        return len(self.rewards) == self.group_size
+
+    def combine(self, estimator: str, norm_by_std: bool, eps: float = 1e-6):
+        """The group's sum_i A_i g_i, as group_advantages / leave_one_out_advantages give
+        A_i (loss.py): (S_R - mu S_1) scaled, plus each late row's A_i g_i."""
+        if not self.complete:
+            raise ValueError(f"{len(self.rewards)} of {self.group_size} rows ended")
+        r = torch.tensor([self.rewards[k] for k in sorted(self.rewards)], dtype=torch.float64)
+        mu = r.mean()
+        if estimator == "rloo":
+            scale = self.group_size / (self.group_size - 1)
+        elif self.group_size == 1 or not norm_by_std:
+            scale = 1.0
+        else:
+            scale = 1.0 / (r.std() + eps)
+        out = [torch.zeros_like(p) for p in self.params]
+        if self.s_r is not None:
+            for o, a, b in zip(out, self.s_r, self.s_1, strict=True):
+                o.add_((a - float(mu) * b) * float(scale))
+        for row, pg in self.late:
+            adv = (self.rewards[row] - mu) * scale
+            for o, x in zip(out, _grad(pg, self.params), strict=True):
+                o.add_(x, alpha=float(adv))
+        self.s_r = self.s_1 = None  # the two buffers are freed once combined
+        self.late.clear()
+        return out
+
+
+def buffer_bytes(params: Sequence[torch.Tensor], groups_in_flight: int) -> int:
+    """The memory the accumulators hold: two gradient-sized buffers per group in flight."""
+    return 2 * groups_in_flight * sum(p.numel() * p.element_size() for p in params)

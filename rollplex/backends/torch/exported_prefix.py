@@ -1,0 +1,82 @@
+"""The rollout's prefill, exported as the training prefix forward (prefill_once).
+
+On-policy, the first update's training prefix forward runs the rollout's weights version
+over the rollout's tokens. With every decoder layer checkpointed, its backward needs each
+layer's input and the prefix K/V; the prefill computes those. So the prefill keeps them
+(`ExportedPrefix`, taken by hooks off the rollout's usual prefill: the decode sees the very
+state it always sees). The trainer `attach`es the export (engine/riders.py: one
+`_Replayed` node a layer, whose backward recomputes that layer from its kept input with
+`prefix_layer` and backpropagates through it), so no second prefix forward runs and the
+gradients are those of the separate checkpointed forward
+(tests/backends/torch/test_prefill_once.py).
+
+On a GPU the recompute's attention reads an explicit [c, 1, P, P] mask, as the rides'
+does; whether SDPA then keeps a fused kernel (GQA with a mask) is for the H200 run to
+show (bench/gpu_step.py's prefill_once timings).
+
+The export carries the weights version that computed it: the runtime refuses to attach it
+to a trainer whose weights have moved on (runtime/dispatch.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from rollplex.backends.torch.engine.riders import RiddenPrefix, rider_rows
+from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv, prefix_forward
+from rollplex.data.prompts import PromptBatch
+
+
+@dataclass(slots=True)
+class ExportedPrefix:
+    """What a prefill hands the trainer: each layer's input and K/V, the last layer's
+    output (`ridden`), and the weights version that computed them."""
+
+    ridden: RiddenPrefix | None
+    version: str
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        r = self.ridden
+        if r is None:
+            return
+        yield from r.inputs  # inputs[0] is the rows' embeddings
+        for k, v in r.kv:
+            yield from (k, v)
+        yield r.hidden
+        yield from (*r.rows.rope, r.rows.mask)  # what each layer's recompute reads besides
+
+    def release(self) -> None:
+        """The plan frees it after the backward; the autograd graph holds what it needs."""
+        self.ridden = None
+
+
+def prefill_exported(
+    model: Model, features: torch.Tensor, batch: PromptBatch, version: str, head: bool = True
+) -> tuple[PrefixState, ExportedPrefix]:
+    """(the decode's prefix state, the export) from one prefill over `batch`'s prompts with
+    visual `features`, without autograd. The prefill is the rollout's own (`prefix_forward`,
+    transformers' layers and attention kernels): hooks keep each decoder layer's input and
+    the final norm's; the K/V are the cache's own tensors (the decode extends the cache by
+    concatenation, so they stay as the prefill left them)."""
+    lm = model.model.language_model
+    inputs: list[torch.Tensor] = []
+    last: list[torch.Tensor] = []
+
+    def layer_input(_module, args, kwargs) -> None:
+        inputs.append(args[0] if args else kwargs["hidden_states"])
+
+    hooks = [layer.register_forward_pre_hook(layer_input, with_kwargs=True) for layer in lm.layers]
+    hooks.append(lm.norm.register_forward_pre_hook(lambda _m, args: last.append(args[0])))
+    try:
+        state = prefix_forward(model, batch, features, grad=False, head=head)
+    finally:
+        for h in hooks:
+            h.remove()
+    if len(inputs) != len(lm.layers) or len(last) != 1:
+        raise RuntimeError(f"prefill saw {len(inputs)} layer inputs, {len(last)} final norms")
+    rows = rider_rows(model, batch, features.detach())  # rotary and mask for the recompute
+    ridden = RiddenPrefix(rows, inputs, list(cache_kv(state.cache)), last[0])
+    return state, ExportedPrefix(ridden, version)

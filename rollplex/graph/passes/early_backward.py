@@ -1,0 +1,78 @@
+"""Whether a step's policy gradient may start before its rollout ends (issue 31.3).
+
+The two-accumulator form (backends/torch/early_backward.py) backpropagates each row as it
+ends and combines its group once the group's rewards are in. It is the batch gradient
+only where the graph says so; this reads the graph and names what breaks it:
+- every policy loss reads advantages from a `grpo` or `rloo` advantage op (one scalar per
+  row, a function of its group's rewards); `gae` (PPO) gives per-token advantages from a
+  critic's values;
+- every training forward that a policy loss differentiates reads the weights value and
+  version the rollout decoded with (the first update): a later update reads the optimizer
+  step's output, where ratios leave 1 and the clip makes a row's gradient depend on the
+  sign of its advantage.
+and of AlgoSpec's loss settings (`algo_refusal`): `kl_in_reward` (a PPO option: the KL
+enters the advantages), an aggregation whose normaliser is not one batch-wide number.
+"""
+
+from __future__ import annotations
+
+from rollplex.graph.ir import Graph, Op, Phase
+from rollplex.specs import AlgoSpec
+
+LINEAR_ESTIMATORS = ("grpo", "rloo")
+FORWARDS = ("logprob", "logprob_response")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
+def algo_refusal(algo: AlgoSpec) -> str | None:
+    """Why `algo`'s gradient is not linear in a per-row scalar advantage, or None."""
+    if algo.name not in LINEAR_ESTIMATORS:
+        return (
+            f"algo.name={algo.name}: per-token GAE advantages from a critic are not a "
+            "scalar of the row's own reward (early backward covers grpo and rloo)"
+        )
+    if algo.kl_in_reward:
+        return "algo.kl_in_reward: the KL penalty enters the advantages (a PPO option)"
+    if algo.loss_agg_mode not in AGG_MODES:
+        return f"algo.loss_agg_mode={algo.loss_agg_mode}: not a mode whose normaliser is known"
+    return None
+
+
+def early_backward_refusal(graph: Graph) -> str | None:
+    """Why this graph's policy gradient is not linear in per-row advantages, or None."""
+    losses = [op for op in graph if op.kind == "policy_loss"]
+    if not losses:
+        return "the graph has no policy_loss"
+    decodes = [op for op in graph if op.kind in ("decode", "generate")]
+    if len(decodes) != 1:
+        return f"{len(decodes)} rollouts in the graph (one is planned for)"
+    rollout_weights = decodes[0].inputs["weights"]
+    made = graph.producers()
+    for loss in losses:
+        adv = made.get(loss.inputs["advantages"])
+        estimator = adv.attrs.get("estimator") if adv is not None else None
+        if estimator not in LINEAR_ESTIMATORS:
+            where = f"'{adv.name}'" if adv is not None else "an external value"
+            return (
+                f"'{loss.name}' reads advantages from {where} (estimator {estimator}): not one "
+                "scalar per row of its group's rewards"
+            )
+        forward = _forward(graph, made, loss)
+        if forward is None:
+            return f"'{loss.name}': its logprobs come from no training forward"
+        w = forward.inputs["weights"]
+        reads, decoded = graph.values[w].version, graph.values[rollout_weights].version
+        if w != rollout_weights or reads != decoded:
+            return (
+                f"'{forward.name}' reads {reads}, the rollout decoded with {decoded}: a "
+                "later update, whose clipped ratio makes a row's gradient depend on the "
+                "sign of its advantage"
+            )
+    return None
+
+
+def _forward(graph: Graph, made: dict[str, Op], loss: Op) -> Op | None:
+    op = made.get(loss.inputs["logprobs"])
+    if op is None or op.kind not in FORWARDS or op.phase is not Phase.TRAIN:
+        return None
+    return op

@@ -1,0 +1,84 @@
+"""prefill_once on the torch roles (backends/torch/exported_prefix.py): the rollout's
+prefill, exported, gives the trainer what its separate checkpointed prefix forward gives
+(K/V, last logits, response logprobs, every gradient) in fp32 to 1e-6, and the decode the
+prefix state it would get from the plain prefill. Images, videos and mixed prompts of
+unequal length, on the tiny Qwen2.5-VL."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rollplex.backends.base import BackendError
+from rollplex.backends.torch.exported_prefix import prefill_exported
+from rollplex.backends.torch.prefix import cache_kv, prefix_forward
+from rollplex.backends.torch.values import Responses, TokenLogprobs
+from tests.backends.torch.test_riders import G, _decode, _setup
+from tests.backends.torch.test_video import BATCHES, renderer  # noqa: F401
+
+TOL = {"atol": 1e-6, "rtol": 0}
+
+
+def _train(trainer, batch, feats, responses, exported=None):
+    """Prefix (separate, or attached from `exported`) -> response logprobs -> a GRPO loss
+    with the clip active -> backward: (K/V, last logits, logprobs, {param: grad})."""
+    trainer.model.zero_grad(set_to_none=True)
+    text = batch.text_only()
+    if exported is None:
+        state, _ = trainer.logprob_prefix(feats, text)
+    else:
+        state, _ = trainer.attach_exported(exported, feats)
+    kv = [(k.detach().clone(), v.detach().clone()) for k, v in cache_kv(state.cache)]
+    logits = state.last_logits.detach().clone()
+    lp, _ = trainer.logprob_response(state, responses, G)
+    adv = torch.linspace(-1.0, 1.0, responses.tokens.shape[0], device=lp.values.device)
+    old = TokenLogprobs(lp.values.detach() - 0.05, lp.mask)
+    trainer.backward(trainer.loss(lp, old, adv, None, 0.2, 0.0))
+    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    return kv, logits, lp.values.detach(), grads
+
+
+@pytest.mark.parametrize("kind", ["image", "video", "mixed"])
+def test_exported_prefill_trains_as_the_separate_forward(spec, renderer, kind):  # noqa: F811
+    batch, trainer, feats = _setup(spec, renderer, kind)
+    model, text = trainer.model, batch.text_only()
+    with torch.no_grad():
+        plain = prefix_forward(model, text, feats.values, grad=False)
+    state, exported = prefill_exported(model, feats.values, text, "policy@0")
+    # the decode's prefix: what the plain prefill gives it, bit for bit
+    for (k0, v0), (k1, v1) in zip(cache_kv(plain.cache), cache_kv(state.cache), strict=True):
+        assert torch.equal(k1, k0) and torch.equal(v1, v0)
+    assert torch.equal(state.last_logits, plain.last_logits)
+    assert torch.equal(state.next_positions, plain.next_positions)
+    # the export: one input per layer, and the cache's own K/V (no copy)
+    ridden = exported.ridden
+    assert len(ridden.inputs) == len(model.model.language_model.layers)
+    assert all(x.shape == ridden.hidden.shape for x in ridden.inputs)
+    for (k, v), (ek, ev) in zip(cache_kv(state.cache), ridden.kv, strict=True):
+        assert k.data_ptr() == ek.data_ptr() and v.data_ptr() == ev.data_ptr()
+    session = _decode(model, batch, feats, seed=3)
+    session.advance()
+    tokens, _, lengths = session.result()
+    responses = Responses(tokens, lengths)
+
+    sep = _train(trainer, batch, feats, responses)
+    once = _train(trainer, batch, feats, responses, exported)
+    for (k0, v0), (k1, v1) in zip(sep[0], once[0], strict=True):
+        torch.testing.assert_close(k1, k0, **TOL)
+        torch.testing.assert_close(v1, v0, **TOL)
+    torch.testing.assert_close(once[1], sep[1], **TOL)
+    torch.testing.assert_close(once[2], sep[2], **TOL)
+    assert sep[3].keys() == once[3].keys()
+    assert any("layers.0." in n for n in sep[3])  # the prefix's layers really trained
+    for n, g in sep[3].items():
+        assert g.abs().max() > 0, n
+        torch.testing.assert_close(once[3][n], g, **TOL, msg=n)
+
+
+def test_a_released_export_is_refused(spec, renderer):  # noqa: F811
+    batch, trainer, feats = _setup(spec, renderer, "image")
+    _, exported = prefill_exported(trainer.model, feats.values, batch.text_only(), "policy@0")
+    exported.release()
+    assert list(exported.tensors()) == []
+    with pytest.raises(BackendError, match="already released"):
+        trainer.attach_exported(exported, feats)
