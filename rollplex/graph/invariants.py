@@ -168,6 +168,7 @@ def _check_phase_order(graph: Graph) -> None:
 
 
 _FORWARDS = ("logprob", "logprob_prefix", "logprob_response")
+_EXPORTERS = ("prefix_prefill", "logprob_prefix")
 
 
 def _check_saved(graph: Graph) -> None:
@@ -179,10 +180,17 @@ def _check_saved(graph: Graph) -> None:
             if not p.startswith("saved"):
                 continue
             src = made.get(v)
-            if src is None or src.kind not in _FORWARDS or src.outputs.get("saved") != v:
+            kept = src is not None and src.kind in _FORWARDS and src.outputs.get("saved") == v
+            # prefill once: a no-grad prefix forward's export stands for the training
+            # prefix forward's saved inputs (graph/passes/prefill_once.py)
+            exported = src is not None and src.kind in _EXPORTERS and (
+                src.outputs.get("exported") == v
+            )
+            if not (kept or exported):
                 raise GraphError(
                     f"op '{op.name}' (backward)",
-                    f"input '{p}' reads '{v}', which is not a training forward's 'saved' output",
+                    f"input '{p}' reads '{v}', which is not a training forward's 'saved' output "
+                    "(nor a prefix forward's 'exported' one)",
                 )
             if src.inputs.get("weights") != op.inputs.get("weights"):
                 raise GraphError(

@@ -108,8 +108,8 @@ class OpTimer:
         """Kernels one micro-batch of `op` launches: per layer, a forward's, or a backward's
         with the forward it recomputes (checkpointing) and the one it runs again
         (`train_micro_recompute`); decode steps are graph replays (priced per step)."""
-        if op.kind in ("decode", "generate", "optimizer_step", "weight_sync"):
-            return 0
+        if op.kind in ("decode", "generate", "optimizer_step", "weight_sync", "attach_prefix"):
+            return 0  # attach_prefix runs no forward: it hands the backward an export
         if op.kind == "vision_encode":
             return self.model.vision.depth * FORWARD_KERNELS_PER_LAYER
         if op.kind == "backward":
