@@ -215,6 +215,11 @@ class Trainer(ABC):
         """What `logprob_prefix` returns, from a ride's result."""
         raise BackendError(f"{type(self).__name__} cannot take a ridden prefix")
 
+    def scorer(self) -> ReferenceScorer:
+        """The trained model scored without grad at its live version: PPO mini-batches'
+        old-logprob forward (verl's compute_log_prob), before the first update."""
+        raise BackendError(f"{type(self).__name__} cannot score without grad (PPO mini-batches)")
+
     @abstractmethod
     def loss(
         self, logprobs: Any, old: Any, advantages: Any, ref: Any | None, **attrs: Any
@@ -256,6 +261,10 @@ class ValueOps(ABC):
     @abstractmethod
     def select(self, value: Any, lo: int, hi: int) -> Any:
         """Rows [lo, hi) of a row-wise value; anything else (weights) as is."""
+
+    def row_count(self, value: Any) -> int:
+        """Rows of one row-wise value (a PPO mini-batch's `select_rows` reads it)."""
+        raise BackendError(f"{type(self).__name__} cannot count the rows of {type(value)}")
 
     @abstractmethod
     def repeat(self, value: Any, group_size: int) -> Any:

@@ -42,6 +42,7 @@ from rollplex.backends.torch.micro import (
 from rollplex.backends.torch.model import load_model, save_model
 from rollplex.backends.torch.prefix import Model, PrefixState, prefix_forward
 from rollplex.backends.torch.roles import (
+    TorchReference,
     capture_saved,
     features_of,
     freeze_for_graph,
@@ -80,6 +81,7 @@ class TorchTrainer(Trainer):
             self.named, lr=algo.lr, betas=tuple(algo.adam_betas), weight_decay=algo.weight_decay
         )
         self.counter = VersionCounter(version)
+        self._scorer: TorchReference | None = None
 
     def master_tensors(self) -> tuple[torch.Tensor, ...]:
         """The float32 masters of their own (none for a float32 model): optimizer state,
@@ -114,6 +116,13 @@ class TorchTrainer(Trainer):
         with capture_saved(saved), checkpointed_layers(self.model, saved):
             state = prefix_forward(self.model, text, features.values, grad=True, head=head)
         return state, saved
+
+    def scorer(self) -> TorchReference:
+        """This model scored without grad (its live weights, the rollout's temperature):
+        the old-logprob forward of PPO mini-batches, before the first update."""
+        if self._scorer is None:
+            self._scorer = TorchReference(self.model, self.algo.temperature)
+        return self._scorer
 
     def ride_rows(self, features: Features, text: PromptBatch) -> RiderRows:
         """The prefix rows of `logprob_prefix`, to ride a decode step (engine/riders.py)."""
