@@ -126,8 +126,8 @@ def device_lifetimes(
             elif consumers:
                 last = max(until[s.index] for s in consumers)
                 last_step = max(consumers, key=_end_s)
-            else:
-                last, last_step = until[producers[0].index], producers[-1]
+            else:  # read by nothing: held while its producer writes it (every segment)
+                last, last_step = until[producers[-1].index], producers[-1]
         phase = _PHASES[producers[0].phase] if producers else None
         size = sizer.value_bytes(v, phase)
         lane = producers[0].stream if producers else 0
