@@ -82,9 +82,9 @@ def _run(algo: AlgoSpec, schedule: ScheduleSpec = VERL):
     backend = compose(StepConfig(MODEL, algo, seed=0, max_new_tokens=4))
     backend._reward = _reward
     rec = Recorder(backend)
-    result = Executor(planned.plan, planned.graph, backend, []).run_step(
-        0, TaskData(MODEL, WORKLOAD, seed=0).step(0)
-    )
+    rec.planned = planned
+    rec.executor = Executor(planned.plan, planned.graph, backend, [])
+    result = rec.executor.run_step(0, TaskData(MODEL, WORKLOAD, seed=0).step(0))
     return backend, rec, result
 
 
@@ -185,7 +185,12 @@ def test_overlapped_schedules_equal_serial_bit_for_bit(two_epochs, overlap) -> N
     """The mini-batched step keeps Rollplex's promise: the overlapped schedule trains the
     same weights as the serial one with the same dedup."""
     serial, _, serial_result = _run(_algo(1, 2), ScheduleSpec(name="serial"))
-    rollplex, _, result = _run(_algo(1, 2), ScheduleSpec(name="rollplex", overlap=overlap))
+    rollplex, rec, result = _run(_algo(1, 2), ScheduleSpec(name="rollplex", overlap=overlap))
+    # the old-logprob prefix reads the decode's version: it overlaps decode, as planned
+    old = next(s for s in rec.planned.plan.devices[0].steps if s.name.startswith(
+        "reference.old_logprob_prefix"))  # fmt: skip
+    assert old.corun.value == overlap
+    assert not [m for ms in rec.executor.deviations.values() for m in ms if "old_logprob" in m]
     for p, q in zip(serial.trainer.params, rollplex.trainer.params, strict=True):
         assert torch.equal(p, q)
     assert serial_result.metrics == result.metrics
