@@ -42,6 +42,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from rollplex.algos.updates import mini_batches
 from rollplex.jobs.train_outputs import (
     Scalars,
     eval_summary,
@@ -93,6 +94,7 @@ def check_spec(spec: RunSpec) -> None:
             f"train.max_new_tokens={t.max_new_tokens} exceeds workload."
             f"response_length.max={w.response_length.max}, which sizes the plan"
         )
+    mini_batches(w.prompts_per_step, spec.algo)  # a PPO mini-batch larger than the batch
 
 
 def _check_triton_knobs(engine: TorchEngineSpec, device: str) -> None:

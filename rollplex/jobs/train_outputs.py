@@ -22,6 +22,9 @@ CSV_FIELDS = (
     "loss",
     "pg_loss",
     "clip_frac",
+    "clip_frac_lower",
+    "ppo_kl",
+    "ppo_updates",  # policy optimizer steps this RL step (algo.ppo_mini_batch_size, ppo_epochs)
     "response_length",
     "eval_accuracy",
     "step_time_s",
@@ -72,7 +75,7 @@ def metrics_row(res) -> dict[str, Any]:
     m = res.metrics
     return {
         "step": res.rl_step + 1,
-        **{k: m.get(k, "") for k in CSV_FIELDS[1:7]},
+        **{k: m.get(k, "") for k in CSV_FIELDS[1 : CSV_FIELDS.index("eval_accuracy")]},
         "eval_accuracy": "",
         "step_time_s": res.seconds,
         "peak_resident_bytes": max(res.peak_resident_bytes.values()),

@@ -226,6 +226,8 @@ class RoleDispatch(Backend):
         for k, v in metrics.items():
             old = self.metrics.get(k)
             self.metrics[k] = v if n == 1 or old is None else old + (v - old) / n
+        if kind == "policy_loss":
+            self.metrics["ppo_updates"] = torch.tensor(float(n))
 
     def role(self, op: Op) -> Any:
         if op.name in self._critic_ops:
