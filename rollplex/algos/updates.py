@@ -13,6 +13,13 @@ Old logprobs come from one detached forward at the rollout's version, before any
 (verl's `compute_log_prob`): for the first update they equal its own logprobs (ratio 1);
 the later updates read them while their weights have moved, so the ratio leaves 1 and the
 clip engages. With one update (the defaults) the builders keep the single-update graph.
+
+Data-parallel ranks (FSDP2) each hold a contiguous share of the batch and take the same
+share of every mini-batch (`select_rows`, runtime/role_free.py), as verl's workers split
+their own rows into ppo_mini_batch_size / dp: a mini-batch's prompts then depend on the
+rank count, so runs on different rank counts match only with one update. The logged loss
+metrics are the mean over the step's updates (verl's `reduce_metrics` over micro-batches;
+its `actor/pg_loss` alone is a sum over mini-batches, ours a mean).
 """
 
 from __future__ import annotations

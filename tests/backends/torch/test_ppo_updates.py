@@ -194,3 +194,37 @@ def test_overlapped_schedules_equal_serial_bit_for_bit(two_epochs, overlap) -> N
     for p, q in zip(serial.trainer.params, rollplex.trainer.params, strict=True):
         assert torch.equal(p, q)
     assert serial_result.metrics == result.metrics
+
+
+def test_a_data_parallel_rank_takes_its_share_of_each_mini_batch() -> None:
+    """verl's per-rank split: each of W ranks holds a contiguous 1/W of the batch and cuts
+    ppo_mini_batch_size / W of it per update; a window that cannot fall on whole local
+    rows is refused by name."""
+    from rollplex.backends.base import BackendError
+    from rollplex.backends.torch.rows import TorchValues
+    from rollplex.backends.torch.values import Responses, TokenLogprobs
+    from rollplex.graph.ir import Op, Phase
+    from rollplex.runtime.role_free import RoleFreeOps
+
+    class Dispatch:
+        values = TorchValues()
+
+    ops = RoleFreeOps(Dispatch())
+
+    def select(lo: int, hi: int, value):
+        attrs = {"lo": lo, "hi": hi, "rows": 16}
+        op = Op("train.mini_batch_1.x", "select_rows", Phase.TRAIN, {"x": "a"}, {"y": "b"}, attrs)
+        return ops.run(op, {"x": value})["y"]
+
+    whole, half = torch.arange(16.0), torch.arange(8.0)
+    assert torch.equal(select(8, 16, whole), whole[8:16])  # one process: the window itself
+    assert torch.equal(select(8, 16, half), half[4:8])  # one of 2 ranks: its half of it
+    tokens = torch.arange(32).view(8, 4)
+    got = select(4, 8, Responses(tokens, torch.arange(8)))
+    assert torch.equal(got.tokens, tokens[2:4]) and torch.equal(got.lengths, torch.arange(2, 4))
+    lp = select(4, 8, TokenLogprobs(tokens.float(), tokens > 3))
+    assert torch.equal(lp.values, tokens[2:4].float()) and torch.equal(lp.mask, tokens[2:4] > 3)
+    with pytest.raises(BackendError, match=r"train.mini_batch_1.x.*algo.ppo_mini_batch_size"):
+        select(4, 8, torch.arange(6.0))  # 6 local rows: the window is 1.5 rows
+    with pytest.raises(BackendError, match="cannot count the rows of a str"):
+        select(0, 8, "not rows")
