@@ -200,3 +200,22 @@ def test_the_planner_prices_every_update(schedule: str, preset: str) -> None:
     for kind, one in seconds[1].items():
         assert one > 0
         assert seconds[2][kind] == pytest.approx(2 * one, rel=0.05), kind
+
+
+@pytest.mark.parametrize("overlap", ["piggyback", "streams"])
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_only_the_rollouts_version_overlaps_decode(preset: str, overlap: str) -> None:
+    """What the rollplex schedule runs beside decode reads the rollout's weights version
+    (policy@0): an update's forward at policy@k waits for update k-1's optimizer step."""
+    model, _ = _specs(preset)
+    workload = WORKLOAD_PRESETS["tiny" if preset == "tiny" else "image"]
+    hw = HARDWARE_PRESETS["cpu" if preset == "tiny" else "h200x8"]
+    n = workload.prompts_per_step
+    spec = AlgoSpec(name="grpo", ppo_mini_batch_size=max(1, n // 2), ppo_epochs=2)
+    planned = plan_step(model, workload, spec, hw, ScheduleSpec(name="rollplex", overlap=overlap))
+    steps = [s for d in planned.plan.devices for s in d.steps]
+    beside = [s for s in steps if s.corun.value != "none"]
+    assert any(s.name.startswith("reference.old_logprob") for s in beside)
+    versions = {s.weights_version for s in beside if version_model(s.weights_version) == "policy"}
+    assert versions == {"policy@0"}
+    assert {s.weights_version for s in steps if s.phase == "train"} >= {"policy@1", "policy@3"}
