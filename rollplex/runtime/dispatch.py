@@ -19,7 +19,7 @@ through here; backends provide roles and their value types only. Per op:
 - role-free ops (expand_group, select_rows, reward, advantage, value_loss): role_free.py;
 - PPO mini-batches (algos/updates.py): the old-logprob forward is a reference-phase op
   that reads the policy's weights; it runs on the trainer's no-grad scorer
-  (`Trainer.scorer`), as does any reference-phase op when no reference model is loaded.
+  (`Trainer.scorer`), as does its frozen vision tower's when no reference model is loaded.
   Each update's loss metrics are averaged over the step's updates, as verl's
   `reduce_metrics` averages its per-micro-batch `pg_clipfrac`, `ppo_kl`, ...;
 - step hooks (hooks.py): which prompts this process runs, the decode's generators and the
@@ -174,12 +174,14 @@ class RoleDispatch(Backend):
             if self.roles.critic_factory is None:
                 raise BackendError(f"ops {sorted(self._critic_ops)} need a critic: none built")
             self.critic = self.roles.critic_factory()
+        # the policy's, and the frozen tower's when no reference model would run it
+        scored = {"policy"} if self.reference is not None else {"policy", "vision"}
         self._policy_scoring = frozenset(
             op.name
             for op in graph
             if op.phase is Phase.REFERENCE
             and "weights" in op.inputs
-            and version_model(graph.values[op.inputs["weights"]].version) == "policy"
+            and version_model(graph.values[op.inputs["weights"]].version) in scored
         )
         self._externals = self.roles.externals.bind(graph)
         self.roles.hooks.bind(graph)
@@ -232,9 +234,7 @@ class RoleDispatch(Backend):
     def role(self, op: Op) -> Any:
         if op.name in self._critic_ops:
             return self.critic.role(train=op.phase is Phase.TRAIN)
-        if op.name in self._policy_scoring or (
-            op.phase is Phase.REFERENCE and self.reference is None
-        ):
+        if op.name in self._policy_scoring:
             return self.trainer.scorer()
         role = {
             Phase.ROLLOUT: self.rollout,

@@ -77,14 +77,16 @@ def _reward(responses, answers, group_size):  # varied rewards: nonzero advantag
     return (responses.tokens[:, 0] % 2).float()
 
 
-def _run(algo: AlgoSpec, schedule: ScheduleSpec = VERL):
-    planned = plan_step(MODEL, WORKLOAD, algo, CPU, schedule)
-    backend = compose(StepConfig(MODEL, algo, seed=0, max_new_tokens=4))
+def _run(algo: AlgoSpec, schedule: ScheduleSpec = VERL, model=MODEL):
+    planned = plan_step(model, WORKLOAD, algo, CPU, schedule)
+    backend = compose(StepConfig(model, algo, seed=0, max_new_tokens=4))
+    if not algo.use_reference:  # no reference role at all (a training pool has none)
+        backend.reference = None
     backend._reward = _reward
     rec = Recorder(backend)
     rec.planned = planned
     rec.executor = Executor(planned.plan, planned.graph, backend, [])
-    result = rec.executor.run_step(0, TaskData(MODEL, WORKLOAD, seed=0).step(0))
+    result = rec.executor.run_step(0, TaskData(model, WORKLOAD, seed=0).step(0))
     return backend, rec, result
 
 
@@ -172,6 +174,19 @@ def test_runtime_equals_verls_loop_by_hand(two_epochs) -> None:
     for (name, p), q in zip(trainer.model.named_parameters(), backend.trainer.model.parameters(),
                             strict=True):  # fmt: skip
         assert torch.equal(p, q), name
+
+
+@pytest.mark.parametrize("schedule", [VERL, ScheduleSpec(name="rollplex")])
+@pytest.mark.parametrize("trainable_vision", [False, True])
+def test_without_a_reference_model(trainable_vision: bool, schedule: ScheduleSpec) -> None:
+    """Without a reference role, the old-logprob forward and its frozen tower run on the
+    trainer's scorer."""
+    algo = _algo(2, 2).model_copy(update={"use_reference": False, "kl_coef": 0.0})
+    model = MODEL.model_copy(update={"trainable_vision": trainable_vision})
+    backend, rec, _ = _run(algo, schedule, model)
+    assert backend.reference is None and backend.trainer.counter.n == 4
+    assert rec.updates[0]["log_ratio"].abs().max() < 1e-5
+    assert rec.updates[-1]["log_ratio"].abs().max() > 1e-3
 
 
 def test_ppo_critic_loops_with_the_actor() -> None:
