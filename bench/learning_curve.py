@@ -1,13 +1,15 @@
 """The embedded default learns easy-VQA: reward and held-out accuracy of `rollplex train`.
 
     python bench/learning_curve.py [--steps 1000] [--eval-every 100] [--eval-prompts 512]
-                                   [--seed 0]
+                                   [--seed 0] [--tag NAME] [overrides ...]
 
 Runs the README's main job (`conf/train.yaml`: the demo model folder, easy-VQA, GRPO) for
 longer, through the CLI, and writes `learning_curve.csv` (reward per step) and
 `learning_curve.md`: the command, windowed mean reward, held-out accuracy at each
 evaluation, and the majority-answer baseline of the same held-out prompts (always giving
-the split's most common answer). CPU only.
+the split's most common answer), and the PPO clip fraction per window (nonzero only with
+several updates a step: `algo.ppo_mini_batch_size`, `algo.ppo_epochs`). `--tag` names
+the files of a variant (learning_curve_<tag>...). CPU only.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ def main() -> None:
     ap.add_argument("--eval-prompts", type=int, default=512)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--seed", type=int, default=0, help="the run's seed (0: the demo's)")
+    ap.add_argument("--tag", default="", help="a variant's name in the output file names")
     ap.add_argument("overrides", nargs="*", help="more `rollplex train` overrides")
     args = ap.parse_args()
-    suffix = "" if args.seed == 0 else f"_seed{args.seed}"
+    suffix = (f"_{args.tag}" if args.tag else "") + ("" if args.seed == 0 else f"_seed{args.seed}")
     overrides = [
         f"seed={args.seed}",
         f"train.steps={args.steps}",
@@ -58,10 +61,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     with (args.out / f"learning_curve{suffix}.csv").open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["step", "reward", "eval_accuracy"])
+        w.writerow(["step", "reward", "clip_frac", "eval_accuracy"])
         for r in rows:
-            w.writerow([r["step"], r["reward"], r["eval_accuracy"]])
+            w.writerow([r["step"], r["reward"], r["clip_frac"], r["eval_accuracy"]])
     rewards = [float(r["reward"]) for r in rows]
+    clips = [float(r["clip_frac"] or 0) for r in rows]
     lines = [
         "# The embedded default learns easy-VQA (CPU)",
         "",
@@ -74,16 +78,17 @@ def main() -> None:
         f"order; greedy answers; exact match. Always answering the most common one "
         f"('{summary['majority_answer']}') scores {summary['majority_accuracy']:.3f} there.",
         "",
-        f"| steps | mean reward (window of {WINDOW}) | held-out accuracy |",
-        "|---|---|---|",
+        f"| steps | mean reward (window of {WINDOW}) | mean clip_frac | held-out accuracy |",
+        "|---|---|---|---|",
     ]
     for r in rows:
         step = int(r["step"])
         if r["eval_accuracy"] or step % WINDOW == 0:
             lo = max(0, step - WINDOW)
             window = statistics.fmean(rewards[lo:step])
+            clip = statistics.fmean(clips[lo:step])
             acc = f"{float(r['eval_accuracy']):.3f}" if r["eval_accuracy"] else ""
-            lines.append(f"| {lo + 1}-{step} | {window:.3f} | {acc} |")
+            lines.append(f"| {lo + 1}-{step} | {window:.3f} | {clip:.4f} | {acc} |")
     lines += [
         "",
         f"Held-out accuracy {summary['eval_accuracy_first']:.3f} before training, "

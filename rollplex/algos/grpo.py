@@ -4,6 +4,7 @@ recompute vision and prefix per sample. The dedup passes remove that redundancy.
 
 from __future__ import annotations
 
+from rollplex.algos.updates import mini_batches, old_logprob_forward, policy_updates
 from rollplex.graph.builder import StepBuilder
 from rollplex.graph.ir import Graph, Phase
 from rollplex.specs import AlgoSpec, ModelSpec, WorkloadSpec
@@ -15,6 +16,7 @@ def build_grpo(
     """`estimator` names the advantage: "grpo" (group-normalised) or "rloo" (leave-one-out)."""
     b = StepBuilder(model, workload)
     g = workload.group_size
+    updates = mini_batches(workload.prompts_per_step, algo)  # refuses a bad size first
     policy = b.weights("policy")
     ref = b.weights("ref") if algo.use_reference else None
     adam = b.optimizer_state(policy)
@@ -29,6 +31,16 @@ def build_grpo(
     if ref is not None:
         with b.phase(Phase.REFERENCE):
             ref_logprobs = b.per_sample_logprob(prompts, responses, ref, g)["logprobs"]
+
+    if len(updates) > 1:  # PPO mini-batches and epochs (updates.py)
+        old = old_logprob_forward(b, prompts, responses, policy, g)
+        last = policy_updates(
+            b, updates, prompts, responses, policy, adam, g, old, advantages, ref_logprobs,
+            clip_eps=algo.clip_eps, kl_coef=algo.kl_coef,
+        )  # fmt: skip
+        with b.phase(Phase.UPDATE):
+            b.weight_sync(last)
+        return b.build()
 
     with b.phase(Phase.TRAIN):
         actor = b.per_sample_logprob(prompts, responses, policy, g, train=True)

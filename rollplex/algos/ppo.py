@@ -9,6 +9,12 @@ passes have work to do. PPO usually samples once per prompt, but any group size 
 
 from __future__ import annotations
 
+from rollplex.algos.updates import (
+    critic_updates,
+    mini_batches,
+    old_logprob_forward,
+    policy_updates,
+)
 from rollplex.graph.builder import StepBuilder
 from rollplex.graph.ir import Graph, Phase
 from rollplex.specs import AlgoSpec, ModelSpec, WorkloadSpec
@@ -17,6 +23,7 @@ from rollplex.specs import AlgoSpec, ModelSpec, WorkloadSpec
 def build_ppo(model: ModelSpec, workload: WorkloadSpec, algo: AlgoSpec) -> Graph:
     b = StepBuilder(model, workload)
     g = workload.group_size
+    updates = mini_batches(workload.prompts_per_step, algo)  # refuses a bad size first
     policy, critic = b.weights("policy"), b.weights("critic")
     ref = b.weights("ref") if algo.use_reference else None
     policy_adam, critic_adam = b.optimizer_state(policy), b.optimizer_state(critic)
@@ -44,6 +51,21 @@ def build_ppo(model: ModelSpec, workload: WorkloadSpec, algo: AlgoSpec) -> Graph
             )
         else:
             advantages, returns = b.gae(rewards, old_values, algo.gamma, algo.gae_lambda)
+
+    if len(updates) > 1:  # PPO mini-batches and epochs (updates.py)
+        old = old_logprob_forward(b, prompts, responses, policy, g)
+        last = policy_updates(
+            b, updates, prompts, responses, policy, policy_adam, g, old, advantages,
+            None if kl_in_reward else ref_logprobs,
+            clip_eps=algo.clip_eps, kl_coef=0.0 if kl_in_reward else algo.kl_coef,
+        )  # fmt: skip
+        with b.phase(Phase.UPDATE):
+            b.weight_sync(last)
+        critic_updates(
+            b, updates, prompts, responses, critic, critic_adam, g, returns, old_values,
+            algo.value_clip,
+        )  # fmt: skip
+        return b.build()
 
     with b.phase(Phase.TRAIN):
         actor = b.per_sample_logprob(prompts, responses, policy, g, train=True)

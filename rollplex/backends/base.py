@@ -234,6 +234,11 @@ class Trainer(ABC):
         trainer's weights version; only trainers declaring `activation_export`."""
         raise BackendError(f"{type(self).__name__} cannot take an exported prefill")
 
+    def scorer(self) -> ReferenceScorer:
+        """The trained model scored without grad at its live version: PPO mini-batches'
+        old-logprob forward (verl's compute_log_prob), before the first update."""
+        raise BackendError(f"{type(self).__name__} cannot score without grad (PPO mini-batches)")
+
     @abstractmethod
     def loss(
         self, logprobs: Any, old: Any, advantages: Any, ref: Any | None, **attrs: Any
@@ -275,6 +280,10 @@ class ValueOps(ABC):
     @abstractmethod
     def select(self, value: Any, lo: int, hi: int) -> Any:
         """Rows [lo, hi) of a row-wise value; anything else (weights) as is."""
+
+    def row_count(self, value: Any) -> int:
+        """Rows of one row-wise value (a PPO mini-batch's `select_rows` reads it)."""
+        raise BackendError(f"{type(self).__name__} cannot count the rows of {type(value)}")
 
     @abstractmethod
     def repeat(self, value: Any, group_size: int) -> Any:

@@ -164,6 +164,22 @@ class StepBuilder:
             "expand_group", {"x": x}, {"y": (shape, v.dtype, v.kind)}, name, group_size=group_size
         )["y"]
 
+    def select_rows(self, x: str, lo: int, hi: int, name: str | None = None) -> str:
+        """Rows [lo, hi) of a row-wise value: a PPO mini-batch's share of it."""
+        v = self.graph.values[x]
+        out = ((hi - lo, *v.shape[1:]), v.dtype, v.kind)
+        rows = v.shape[0]
+        return self.op("select_rows", {"x": x}, {"y": out}, name, lo=lo, hi=hi, rows=rows)["y"]
+
+    def select_prompts(self, prompts: Prompts, lo: int, hi: int, tag: str) -> Prompts:
+        """Prompt rows [lo, hi) (pixels and text; the answers stay whole, nothing in a
+        training update reads them)."""
+        return Prompts(
+            pixels=self.select_rows(prompts.pixels, lo, hi, f"{self._phase}.{tag}.pixels"),
+            text=self.select_rows(prompts.text, lo, hi, f"{self._phase}.{tag}.text"),
+            answers=prompts.answers,
+        )
+
     def rollout(self, prompts: Prompts, weights: str, group_size: int) -> tuple[str, str]:
         """Vision, prefix prefill and decode of `group_size` responses per prompt:
         returns (responses, their logprobs)."""

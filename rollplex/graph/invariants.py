@@ -16,6 +16,9 @@
    and is not frozen: neither the model whose logprobs feed a `ref_logprobs` port (the KL
    reference) nor a vision tower of its own (the builder keeps the tower apart only when it
    is frozen and shared; `trainable_vision` puts it inside the model's weights).
+9. each update's gradient path is computed with the version its optimizer step updates:
+   with PPO mini-batches (algos/updates.py) update k reads `policy@k`, so only the first
+   update may reuse work done with the rollout's weights (prefill, prefix K/V).
 Each failure raises `GraphError` naming the op or value at fault.
 """
 
@@ -48,6 +51,7 @@ def lint(graph: Graph) -> Graph:
     check_trained(graph)
     _check_on_policy(graph)
     _check_saved(graph)
+    _check_update_versions(graph)
     return graph
 
 
@@ -183,8 +187,8 @@ def _check_saved(graph: Graph) -> None:
             kept = src is not None and src.kind in _FORWARDS and src.outputs.get("saved") == v
             # prefill once: a no-grad prefix forward's export stands for the training
             # prefix forward's saved inputs (graph/passes/prefill_once.py)
-            exported = src is not None and src.kind in _EXPORTERS and (
-                src.outputs.get("exported") == v
+            exported = (
+                src is not None and src.kind in _EXPORTERS and (src.outputs.get("exported") == v)
             )
             if not (kept or exported):
                 raise GraphError(
@@ -237,3 +241,57 @@ def _check_on_policy(graph: Graph) -> None:
                     f"input '{p}' reads '{vname}', computed with {stale[0]}, but the step "
                     f"updates {sorted(u for u in updated if u)} (stale policy: not on-policy)",
                 )
+
+
+def _check_update_versions(graph: Graph) -> None:
+    """Rule 6: the backward reads the weights its optimizer step updates, and every op that
+    computes its kept activations or its loss's `logprobs`/`values` (walking back through
+    row ops, K/V and features; sampled `responses` are data) reads that model's weights at
+    that version too. A stale forward (say the rollout's prefix K/V at policy@0 feeding
+    update 1) would give gradients of other weights than the ones stepped."""
+    producer = {v: op for op in graph.ops.values() for v in op.outputs.values()}
+    step_of = {op.inputs["grads"]: op for op in graph.ops.values() if op.kind == "optimizer_step"}
+    for op in graph.ops.values():
+        step = step_of.get(op.outputs.get("grads", "")) if op.kind == "backward" else None
+        if step is None:
+            continue
+        want = graph.values[step.inputs["weights"]].version
+        have = graph.values[op.inputs["weights"]].version
+        if have != want:
+            raise GraphError(
+                f"op '{op.name}'", f"reads weights {have}, but its gradients update {want}"
+            )
+        sources = [v for p, v in op.inputs.items() if p.startswith("saved")]
+        loss = producer.get(op.inputs["loss"])
+        if loss is not None:
+            sources += [loss.inputs[p] for p in ("logprobs", "values") if p in loss.inputs]
+        for v in sources:
+            for who, ver in _forward_versions(graph, producer, v, version_model(want)):
+                if ver != want:
+                    raise GraphError(
+                        f"op '{who}'",
+                        f"computes with {ver} what '{op.name}' differentiates for {want}: "
+                        f"update of {want} reads work of another weights version",
+                    )
+
+
+def _forward_versions(
+    graph: Graph, producer: dict[str, Op], value: str, model: str | None
+) -> set[tuple[str, str]]:
+    """(op, version) for each op upstream of `value` that reads `model`'s weights."""
+    found: set[tuple[str, str]] = set()
+    seen: set[str] = set()
+    stack = [value]
+    while stack:
+        op = producer.get(stack.pop())
+        if op is None or op.name in seen:
+            continue
+        seen.add(op.name)
+        for port, vname in op.inputs.items():
+            v = graph.values[vname]
+            if v.kind is ValueKind.WEIGHTS:
+                if v.version is not None and version_model(v.version) == model:
+                    found.add((op.name, v.version))
+            elif port != "responses":
+                stack.append(vname)
+    return found

@@ -179,6 +179,29 @@ register(
         attrs={"group_size": 1},
     )
 )
+
+
+def _row_window(op: Op, sym: dict[str, int]) -> str | None:
+    lo, hi = op.attrs.get("lo", 0), op.attrs.get("hi", 0)
+    if not 0 <= lo < hi or ("N" in sym and hi > sym["N"]):
+        return f"rows [{lo}, {hi}) are not a non-empty window of N={sym.get('N')} rows"
+    if "M" in sym and sym["M"] != hi - lo:
+        return f"M={sym['M']} rows out, but the window [{lo}, {hi}) holds {hi - lo}"
+    return None
+
+
+register(
+    OpKind(
+        "select_rows",
+        "Rows [lo, hi) of a row-wise value: one PPO mini-batch of the step's batch.",
+        inputs={"x": port(*_DATA, dims=("N",))},
+        outputs={"y": port(*_DATA, dims=("M",))},
+        check=_row_window,
+        attrs={"lo": 0, "hi": 0, "rows": None},  # rows: the input's, whole batch
+    )
+)
+
+
 register(
     OpKind(
         "reward",

@@ -43,6 +43,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from rollplex.algos.updates import mini_batches
 from rollplex.data.rewards import accuracy_scorer
 from rollplex.jobs.train_outputs import (
     Scalars,
@@ -97,6 +98,7 @@ def check_spec(spec: RunSpec) -> None:
             f"train.max_new_tokens={t.max_new_tokens} exceeds workload."
             f"response_length.max={w.response_length.max}, which sizes the plan"
         )
+    mini_batches(w.prompts_per_step, spec.algo)  # a PPO mini-batch larger than the batch
 
 
 def _check_triton_knobs(engine: TorchEngineSpec, device: str) -> None:

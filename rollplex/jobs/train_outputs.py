@@ -26,6 +26,8 @@ CSV_FIELDS = (
     "clip_frac_lower",
     "loss_kl",  # the KL term of the loss (0 when the run puts the KL only in the reward)
     "reward_kl",  # kl_in_reward: the per-token KL the rewards were penalised by (else empty)
+    "ppo_kl",
+    "ppo_updates",  # policy optimizer steps this RL step (algo.ppo_mini_batch_size, ppo_epochs)
     "response_length",
     "eval_accuracy",
     "step_time_s",

@@ -248,6 +248,13 @@ def _expand(g: Graph, op: Op, ctx: CostContext) -> Cost:
     return Cost(bytes_read=x.nbytes / ctx.dp, bytes_written=out, persistent_bytes=out)
 
 
+def _select(g: Graph, op: Op, ctx: CostContext) -> Cost:
+    """A mini-batch's rows: a copy of hi - lo of the input's rows (a view where it can)."""
+    x = g.inputs_of(op)["x"]
+    out = x.nbytes * (op.attrs["hi"] - op.attrs["lo"]) / max(1, x.shape[0]) / ctx.dp
+    return Cost(bytes_read=out, bytes_written=out, persistent_bytes=out)
+
+
 def _reward(g: Graph, op: Op, ctx: CostContext) -> Cost:
     ins = g.inputs_of(op)
     rows = ctx.per_rank(ins["responses"].shape[0])
@@ -369,6 +376,7 @@ _COSTS = {
     "logprob_response": _logprob("response"),
     "attach_prefix": _attach,
     "expand_group": _expand,
+    "select_rows": _select,
     "reward": _reward,
     "advantage": _advantage,
     "combine_rewards": _combine,

@@ -28,7 +28,9 @@ from rollplex.ops.formulas import Cost
 from rollplex.specs import HardwareSpec
 
 CALIBRATION_FORMAT = "rollplex-calibration/1"
-BANDWIDTH_KINDS = frozenset({"decode", "generate", "weight_sync", "expand_group", "optimizer_step"})
+BANDWIDTH_KINDS = frozenset(
+    {"decode", "generate", "weight_sync", "expand_group", "select_rows", "optimizer_step"}
+)
 
 # Kinds whose ops run what their relatives' ops run, in other proportions. A calibration
 # without a kind's own measurements rescales it by its relatives' measured over predicted
@@ -52,6 +54,7 @@ DEFAULT_EFFICIENCY: dict[str, Efficiency] = {
     "generate": Efficiency(compute=0.6, bandwidth=0.77),  # mostly decode
     "optimizer_step": Efficiency(compute=0.5, bandwidth=0.7),
     "expand_group": Efficiency(compute=0.5, bandwidth=0.6),
+    "select_rows": Efficiency(compute=0.5, bandwidth=0.6),
 }
 
 

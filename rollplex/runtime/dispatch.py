@@ -18,7 +18,12 @@ through here; backends provide roles and their value types only. Per op:
   whole batch, so chunked prefix results equal the unchunked ones to float rounding;
 - the rollout side (decode segments, engine prompts, weight syncs, the engine's
   sleep/wake, evaluation's generate): rollout_ops.py;
-- role-free ops (expand_group, reward, advantage, value_loss): role_free.py;
+- role-free ops (expand_group, select_rows, reward, advantage, value_loss): role_free.py;
+- PPO mini-batches (algos/updates.py): the old-logprob forward is a reference-phase op
+  that reads the policy's weights; it runs on the trainer's no-grad scorer
+  (`Trainer.scorer`), as does its frozen vision tower's when no reference model is loaded.
+  Each update's loss metrics are averaged over the step's updates, as verl's
+  `reduce_metrics` averages its per-micro-batch `pg_clipfrac`, `ppo_kl`, ...;
 - step hooks (hooks.py): which prompts this process runs, the decode's generators and the
   logged metrics; a data-parallel trainer (FSDP2) brings its own.
 
@@ -56,7 +61,7 @@ from rollplex.specs import AlgoSpec, ModelSpec
 
 log = logging.getLogger(__name__)
 PREFIX_KINDS = frozenset({"vision_encode", "prefix_prefill", "logprob_prefix"})
-ROLE_FREE_KINDS = frozenset({"expand_group", "reward", "advantage", "value_loss"})
+ROLE_FREE_KINDS = frozenset({"expand_group", "select_rows", "reward", "advantage", "value_loss"})
 ROLE_KINDS = {
     Phase.ROLLOUT: RolloutRole.op_kinds,
     Phase.REFERENCE: ReferenceScorer.op_kinds,
@@ -122,6 +127,8 @@ class RoleDispatch(Backend):
         )
         self.critic = None
         self._critic_ops: frozenset[str] = frozenset()
+        self._policy_scoring: frozenset[str] = frozenset()
+        self._updates: dict[str, int] = {}
         self._externals: dict[str, str] = {}
         self._generator: Any = None  # a torch.Generator, or one per row (StepHooks)
         self._step = 0
@@ -169,6 +176,15 @@ class RoleDispatch(Backend):
             if self.roles.critic_factory is None:
                 raise BackendError(f"ops {sorted(self._critic_ops)} need a critic: none built")
             self.critic = self.roles.critic_factory()
+        # the policy's, and the frozen tower's when no reference model would run it
+        scored = {"policy"} if self.reference is not None else {"policy", "vision"}
+        self._policy_scoring = frozenset(
+            op.name
+            for op in graph
+            if op.phase is Phase.REFERENCE
+            and "weights" in op.inputs
+            and version_model(graph.values[op.inputs["weights"]].version) in scored
+        )
         self._externals = self.roles.externals.bind(graph)
         self.roles.hooks.bind(graph)
 
@@ -186,7 +202,7 @@ class RoleDispatch(Backend):
 
     def begin_step(self, step: int, inputs: StepInputs) -> dict[str, Any]:
         hooks = self.roles.hooks
-        self.metrics = {}
+        self.metrics, self._updates = {}, {}
         self._inputs = inputs = hooks.inputs(step, inputs)
         self._generator = hooks.generator(step, self.config.seed, self.device)
         self._step = step
@@ -215,9 +231,20 @@ class RoleDispatch(Backend):
             return OpResult(self.role_free.run(op, inputs), reads)
         return OpResult(self._role_op(op, inputs), reads)
 
+    def update_metrics(self, kind: str, metrics: dict[str, torch.Tensor]) -> None:
+        """One update's loss metrics, folded into their mean over the step's updates."""
+        n = self._updates[kind] = self._updates.get(kind, 0) + 1
+        for k, v in metrics.items():
+            old = self.metrics.get(k)
+            self.metrics[k] = v if n == 1 or old is None else old + (v - old) / n
+        if kind == "policy_loss":
+            self.metrics["ppo_updates"] = torch.tensor(float(n))
+
     def role(self, op: Op) -> Any:
         if op.name in self._critic_ops:
             return self.critic.role(train=op.phase is Phase.TRAIN)
+        if op.name in self._policy_scoring:
+            return self.trainer.scorer()
         role = {
             Phase.ROLLOUT: self.rollout,
             Phase.REFERENCE: self.reference,
@@ -281,7 +308,7 @@ class RoleDispatch(Backend):
             loss = self.trainer.loss(
                 x["logprobs"], old, x["advantages"], x.get("ref_logprobs"), **a
             )
-            self.metrics.update(loss.metrics)
+            self.update_metrics(k, loss.metrics)
             return {"loss": loss}
         if k == "backward":
             owner = self.critic if critic else self.trainer

@@ -1,4 +1,5 @@
-"""The ops no role owns: rows repeated per sample, rewards, advantages, the critic's loss.
+"""The ops no role owns: rows repeated per sample, a PPO mini-batch's rows, rewards,
+advantages, the critic's loss.
 
 They read values the roles produced (responses, logprobs, values) and are the same for
 every mix of roles, so they run here, once, rather than in each backend.
@@ -29,6 +30,8 @@ class RoleFreeOps:
         d, k, a = self.d, op.kind, op.attrs
         if k == "expand_group":
             return {"y": d.values.repeat(x["x"], a["group_size"])}
+        if k == "select_rows":
+            return {"y": self._select(op, x["x"])}
         if k == "reward":
             return {"rewards": d._reward(x["responses"], x["answers"], a["group_size"])}
         if (k == "value_loss" or a.get("estimator") == "gae") and d.critic is None:
@@ -48,7 +51,7 @@ class RoleFreeOps:
             loss = d.critic.loss(
                 x["values"], x["returns"], x.get("old_values"), a.get("clip_eps", 0.5)
             )
-            d.metrics.update(loss.metrics)
+            d.update_metrics(k, loss.metrics)
             return {"loss": loss}
         if k == "advantage":
             estimator = ADVANTAGES.get(a.get("estimator", "grpo"))
@@ -77,6 +80,24 @@ class RoleFreeOps:
         self.d.metrics["reward_kl_coef"] = torch.tensor(coef)
         self.kl_ctrl.update(current, n_steps=mask.shape[0])
         return old, ref, coef, algo.kl_penalty
+
+    def _select(self, op: Op, value: Any) -> Any:
+        """Rows [lo, hi) of the graph's batch. A data-parallel rank holds its share of the
+        batch (hooks.py): it takes the same share of the window, which must then fall on
+        whole rows of its own."""
+        lo, hi, whole = op.attrs["lo"], op.attrs["hi"], op.attrs.get("rows")
+        rows = self.d.values.row_count(value)
+        if whole is not None and rows != whole:
+            if (lo * rows) % whole or (hi * rows) % whole:
+                raise BackendError(
+                    f"'{op.name}': rows [{lo}, {hi}) of {whole} do not split evenly over this "
+                    f"rank's {rows} (make algo.ppo_mini_batch_size divide the per-rank batch)"
+                )
+            lo, hi = lo * rows // whole, hi * rows // whole
+        out = self.d.values.select(value, lo, hi)
+        if out is value:
+            raise BackendError(f"'{op.name}' cannot select rows of a {type(value).__name__}")
+        return out
 
 
 def task_reward(kind: str, responses: Any, answers: torch.Tensor, group_size: int, eos: int):

@@ -147,6 +147,21 @@ class AlgoSpec(Spec):
         description="PPO: new values are clipped to old +- this in the value loss "
         "[critic.cliprange_value].",
     )
+    ppo_mini_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Prompts per policy update, as verl counts them (each brings its "
+        "group_size samples) [ppo_mini_batch_size]: the step's batch is cut, in order, into "
+        "ceil(prompts_per_step / this) mini-batches, one optimizer step each; None: the "
+        "whole batch, one update. At most workload.prompts_per_step.",
+    )
+    ppo_epochs: int = Field(
+        1,
+        ge=1,
+        description="Passes over the step's mini-batches [ppo_epochs]. Only the first update "
+        "is on-policy; the later ones are where the ratio clip engages. Not shuffled between "
+        "epochs (verl's default actor.shuffle=false).",
+    )
     reward_models: int = Field(
         0, ge=0, description="Learned reward models scored after rollout (0: rule reward only)."
     )

@@ -95,6 +95,10 @@ class FsdpTrainer(TorchTrainer):
     def vision_encode(self, pixels):
         return self.root(super().vision_encode, pixels)
 
+    def scorer(self) -> _RootedScorer:
+        """The torch trainer's no-grad scorer, each forward inside the sharded root."""
+        return _RootedScorer(super().scorer(), self)
+
     def ride_rows(self, features, text) -> None:
         """No rows ride (capabilities.FSDP_ROLLOUTS): FSDP2 gathers a layer's shards in its
         own forward, which a ride's direct submodule calls would skip."""
@@ -225,6 +229,28 @@ class FsdpTrainer(TorchTrainer):
         """Every rank reads the folder and keeps its own shards."""
         sd = load_model(folder, spec=self.spec).state_dict()
         set_model_state_dict(self.model, sd, options=StateDictOptions(full_state_dict=True))
+
+
+class _RootedScorer:
+    """A scorer whose forwards run inside the trainer's sharded root (FSDP2 gathers)."""
+
+    def __init__(self, inner: Any, trainer: FsdpTrainer) -> None:
+        self.inner, self.trainer = inner, trainer
+
+    def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        return merge_chunks(parts, self.trainer.head)
+
+    def vision_encode(self, pixels):
+        return self.trainer.root(self.inner.vision_encode, pixels)
+
+    def logprob_prefix(self, features, text, head: bool = True):
+        return self.trainer.root(self.inner.logprob_prefix, features, text, head)
+
+    def logprob_response(self, prefix, responses, group_size: int):
+        return self.trainer.root(self.inner.logprob_response, prefix, responses, group_size)
+
+    def logprob(self, features, text, responses):
+        return self.trainer.root(self.inner.logprob, features, text, responses)
 
 
 def _unsharded_copy(spec: ModelSpec, sd: Mapping[str, torch.Tensor]) -> Model:

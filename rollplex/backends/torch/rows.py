@@ -17,7 +17,13 @@ from torch import nn
 from rollplex.backends.base import BackendError, ValueOps
 from rollplex.backends.torch.host_memory import move
 from rollplex.backends.torch.prefix import PrefixState, cache_kv, fork_cache
-from rollplex.backends.torch.values import Features, Pixels, SavedActivations
+from rollplex.backends.torch.values import (
+    Features,
+    Pixels,
+    Responses,
+    SavedActivations,
+    TokenLogprobs,
+)
 from rollplex.data.prompts import PromptBatch
 from rollplex.data.sample import Sample
 
@@ -87,6 +93,12 @@ def select_rows(value: Any, lo: int, hi: int) -> Any:
         return value.select(lo, hi)
     if isinstance(value, PromptBatch):
         return text_rows(value, lo, hi)
+    if isinstance(value, Responses):  # a PPO mini-batch's samples (select_rows)
+        return Responses(value.tokens[lo:hi], value.lengths[lo:hi])
+    if isinstance(value, TokenLogprobs):
+        return TokenLogprobs(value.values[lo:hi], value.mask[lo:hi])
+    if isinstance(value, torch.Tensor):
+        return value[lo:hi]
     return value  # weights
 
 
@@ -155,6 +167,19 @@ class TorchValues(ValueOps):
 
     def select(self, value: Any, lo: int, hi: int) -> Any:
         return select_rows(value, lo, hi)
+
+    def row_count(self, value: Any) -> int:
+        if isinstance(value, Pixels | Features):
+            return value.rows
+        if isinstance(value, PromptBatch):
+            return value.input_ids.shape[0]
+        if isinstance(value, Responses):
+            return value.tokens.shape[0]
+        if isinstance(value, TokenLogprobs):
+            return value.values.shape[0]
+        if isinstance(value, torch.Tensor):
+            return value.shape[0]
+        raise BackendError(f"cannot count the rows of a {type(value).__name__}")
 
     def repeat(self, value: Any, group_size: int) -> Any:
         return repeat_rows(value, group_size)

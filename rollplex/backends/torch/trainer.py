@@ -41,8 +41,9 @@ from rollplex.backends.torch.micro import (
     sample_micro_batches,
 )
 from rollplex.backends.torch.model import load_model, save_model
-from rollplex.backends.torch.prefix import Model, PrefixState, prefix_forward
+from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv, fork_cache, prefix_forward
 from rollplex.backends.torch.roles import (
+    TorchReference,
     capture_saved,
     features_of,
     freeze_for_graph,
@@ -81,6 +82,7 @@ class TorchTrainer(Trainer):
             self.named, lr=algo.lr, betas=tuple(algo.adam_betas), weight_decay=algo.weight_decay
         )
         self.counter = VersionCounter(version)
+        self._scorer: PolicyScorer | None = None
 
     def master_tensors(self) -> tuple[torch.Tensor, ...]:
         """The float32 masters of their own (none for a float32 model): optimizer state,
@@ -115,6 +117,13 @@ class TorchTrainer(Trainer):
         with capture_saved(saved), checkpointed_layers(self.model, saved):
             state = prefix_forward(self.model, text, features.values, grad=True, head=head)
         return state, saved
+
+    def scorer(self) -> PolicyScorer:
+        """This model scored without grad (its live weights, the rollout's temperature):
+        the old-logprob forward of PPO mini-batches, before the first update."""
+        if self._scorer is None:
+            self._scorer = PolicyScorer(self.model, self.algo.temperature)
+        return self._scorer
 
     def ride_rows(self, features: Features, text: PromptBatch) -> RiderRows:
         """The prefix rows of `logprob_prefix`, to ride a decode step (engine/riders.py)."""
@@ -265,3 +274,33 @@ class TorchTrainer(Trainer):
         forget_tags(self.model.parameters())  # same version, new values
         if self.masters is not None:  # the next step starts from these weights
             self.masters.assign(dict(loaded.named_parameters()))
+
+
+class PolicyScorer(TorchReference):
+    """The trained model scored without grad. It reads the decode's weights version, so
+    its prefix rows may ride a decode step as the trainer's do; the result is detached."""
+
+    def ride_rows(self, features: Features, text: PromptBatch) -> RiderRows:
+        return rider_rows(self.model, text, features.values.detach())
+
+    def attach_ridden(
+        self, ridden: RiddenPrefix, features: Features, head: bool = True
+    ) -> tuple[PrefixState, None]:
+        rotary = rotary_fn(self.model.model.language_model.layers[0].self_attn)
+        state = attach(self.model, rotary, ridden, features.values.detach(), head)
+        kv = [(k.detach(), v.detach()) for k, v in cache_kv(state.cache)]
+
+        def off(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.detach()
+
+        detached = PrefixState(
+            fork_cache(kv),
+            off(state.last_logits),
+            state.attention_mask,
+            state.next_positions,
+            state.rope_deltas,
+            state.lengths,
+            state.group_size,
+            off(state.last_hidden),
+        )
+        return detached, None
