@@ -9,7 +9,8 @@
    than the one the optimizer step updates (external data counts with its own stamp);
 6. a backward's `saved_*` inputs are what training forwards (logprob kinds) kept for it,
    through the weights it differentiates; phases run in order (rollout, reference, train,
-   update): no op reads what a later phase makes;
+   update): no op reads what a later phase makes, but for PPO mini-batches' weights
+   (update k+1 reads what update k's optimizer step wrote);
 7. values are well formed: a known dtype, positive dims, weights versions `<model>@<n>`;
    `group_size` attributes are positive integers;
 8. what an optimizer step trains is versioned (else the on-policy check would see nothing)
@@ -163,7 +164,12 @@ def _check_phase_order(graph: Graph) -> None:
     for op in graph.ops.values():
         for p, v in op.inputs.items():
             src = made.get(v)
-            if src is not None and _PHASE_ORDER[src.phase] > _PHASE_ORDER[op.phase]:
+            if src is None or _PHASE_ORDER[src.phase] <= _PHASE_ORDER[op.phase]:
+                continue
+            # PPO mini-batches: update k+1's training ops read the weights update k's
+            # optimizer step wrote (algos/updates.py); they are ordered by that edge.
+            loop = src.kind == "optimizer_step" and op.phase is Phase.TRAIN and p == "weights"
+            if not loop:
                 raise GraphError(
                     f"op '{op.name}' ({op.phase})",
                     f"input '{p}' reads '{v}', made by '{src.name}' in the later phase "
