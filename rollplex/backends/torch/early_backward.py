@@ -37,7 +37,23 @@ from rollplex.backends.torch.loss import agg_units, aggregate, k3_kl
 from rollplex.graph.passes.early_backward import algo_refusal as refusal
 from rollplex.specs import AlgoSpec
 
-__all__ = ["GroupAccumulator", "buffer_bytes", "inside_clip_band", "refusal", "row_terms"]
+__all__ = [
+    "GroupAccumulator",
+    "batch_units",
+    "buffer_bytes",
+    "inside_clip_band",
+    "refusal",
+    "row_terms",
+]
+
+
+def batch_units(mask: torch.Tensor, algo: AlgoSpec) -> torch.Tensor:
+    """What the batch's aggregate divides by: its valid tokens or sequences, or under
+    seq-mean-token-sum-norm the constant (loss_scale_factor, else the padded width, which a
+    row slice of the batch shares)."""
+    if algo.loss_agg_mode == "seq-mean-token-sum-norm":
+        return torch.tensor(float(algo.loss_scale_factor or mask.shape[-1]))
+    return agg_units(mask.bool(), algo.loss_agg_mode)
 
 
 def inside_clip_band(
@@ -63,12 +79,13 @@ def row_terms(
     `aggregate` over the batch. With the ratio inside the band, pg = -sum w_t r_t."""
     valid = mask.bool()
     r = torch.exp((logprobs - old).clamp(-algo.log_ratio_clamp, algo.log_ratio_clamp))
-    units = agg_units(valid, algo.loss_agg_mode).to(r.dtype)
-    pg = aggregate(-r, valid, algo.loss_agg_mode) * units
+    units = batch_units(valid, algo).to(r.dtype)
+    scale = algo.loss_scale_factor
+    pg = aggregate(-r, valid, algo.loss_agg_mode, scale) * units
     if ref is None or kl_coef == 0:
         return pg, None
     kl = k3_kl(logprobs, ref, algo.log_ratio_clamp, algo.kl_clamp)
-    return pg, kl_coef * aggregate(kl, valid, algo.loss_agg_mode) * units
+    return pg, kl_coef * aggregate(kl, valid, algo.loss_agg_mode, scale) * units
 
 
 def _grad(term: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:

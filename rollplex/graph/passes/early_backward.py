@@ -21,7 +21,7 @@ from rollplex.specs import AlgoSpec
 
 LINEAR_ESTIMATORS = ("grpo", "rloo")
 FORWARDS = ("logprob", "logprob_response")
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
 def algo_refusal(algo: AlgoSpec) -> str | None:

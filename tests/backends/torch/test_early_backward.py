@@ -15,6 +15,7 @@ import torch
 
 from rollplex.backends.torch.early_backward import (
     GroupAccumulator,
+    batch_units,
     inside_clip_band,
     refusal,
     row_terms,
@@ -22,7 +23,6 @@ from rollplex.backends.torch.early_backward import (
 from rollplex.backends.torch.logprob import full_hidden, full_logprobs, response_mask
 from rollplex.backends.torch.loss import (
     AGG_MODES,
-    agg_units,
     group_advantages,
     leave_one_out_advantages,
     policy_loss,
@@ -118,7 +118,7 @@ def _early_gradient(setting, algo: AlgoSpec, order: list[int], old=None):
             part = groups[g].combine(algo.name, algo.norm_adv_by_std_in_grpo)
             for t, x in zip(total, part, strict=True):
                 t.add_(x)
-    units = agg_units(mask, algo.loss_agg_mode).to(dtype)
+    units = batch_units(mask, algo).to(dtype)
     return [t / units for t in total], late
 
 
