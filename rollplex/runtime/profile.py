@@ -43,6 +43,14 @@ def step_profiler(device: str | torch.device = "cpu") -> profile:
     return profile(activities=activities, profile_memory=True, record_shapes=False)
 
 
+def device_label(device: str) -> str:
+    """What the trace names a measured device: the GPU's own name ("NVIDIA H200", as the
+    plan names it) for a CUDA device, else as given ("cpu")."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return device
+
+
 def _profiler_trace(prof: profile, plan: Plan, results: Sequence[StepResult]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
@@ -75,6 +83,7 @@ def export_run(
         raise ValueError("no measured steps to export")
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
+    device_name = device_label(device_name)
     planned_on = device_name if planned_device_name is None else planned_device_name
     planned = plan_timeline(plan, label="planned", device_name=planned_on, steps=len(results))
     traces = {f"planned{d}": build_profiler_trace(planned, d) for d in planned.devices()}

@@ -110,6 +110,7 @@ def measured_timeline(
         device_name=device_name,
         device_memory_bytes=max((d.budget_bytes for d in plan.devices), default=0),
         marks=marks,
+        on_cpu=device_name.lower().startswith("cpu"),
     )
 
 

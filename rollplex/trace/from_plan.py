@@ -3,7 +3,9 @@
 Each device group becomes one worker (device id = group index), each plan stream one
 lane, each step one span. Memory events come from the slot plan: a slot allocates at its
 first step's start and frees at its last step's end, at its arena offset (lanes' arenas
-laid side by side), so TensorBoard's memory curve is the planned residency.
+laid side by side), so TensorBoard's memory curve is the planned residency. Weights and
+optimizer state resident over the whole step are allocated once, under their value's name,
+and stay from one repeated step to the next.
 """
 
 from __future__ import annotations
@@ -12,6 +14,18 @@ from rollplex.planner.plan import Plan
 from rollplex.trace.timeline import MemoryEvent, Span, Timeline
 
 _US = 1e6
+# Weights and optimizer state live across RL steps: their bytes are named for the value
+# (not the first op that reads them) and stay resident from one repeat to the next.
+PERSISTENT = ("weights", "optimizer_state")
+
+
+def _spans_the_step(slot, first, last, steps) -> bool:
+    """A persistent slot resident from the step's first op to past its last."""
+    if slot.value_kind not in PERSISTENT or not steps:
+        return False
+    start = min(s.start_s for s in steps)
+    end = max(s.end_s for s in steps)
+    return first.start_s <= start and last.end_s >= end
 
 
 def plan_timeline(
@@ -31,6 +45,8 @@ def plan_timeline(
         for lane in sorted(dev.arena_bytes):
             lane_base[lane] = base
             base += dev.arena_bytes[lane]
+        total = 0
+        persistent = {sl.value for sl in dev.slots if sl.value_kind in PERSISTENT}
         for k in range(steps):
             t0 = k * period
             for s in dev.steps:
@@ -57,10 +73,15 @@ def plan_timeline(
                     continue
                 a, b = by_index[slot.first], by_index[slot.last]
                 addr = lane_base.get(slot.lane, 0) + slot.offset
-                events.append((t0 + a.start_s * _US, slot.size, addr, a.name))
-                events.append((t0 + b.end_s * _US, -slot.size, addr, b.name))
-            total = 0
-            for t, delta, addr, name in sorted(events, key=lambda e: (e[0], e[1])):
+                whole = _spans_the_step(slot, a, b, dev.steps)
+                if k == 0 or not whole:  # a whole-step weight stays from the last repeat
+                    owner = slot.value if slot.value_kind in PERSISTENT else a.name
+                    events.append((t0 + a.start_s * _US, slot.size, addr, owner))
+                if not whole:  # a whole-step weight is still resident when the step ends
+                    events.append((t0 + b.end_s * _US, -slot.size, addr, b.name))
+            # at one time: frees first, then what persists, then the op's own bytes
+            events.sort(key=lambda e: (e[0], e[1] > 0, e[3] not in persistent, e[1]))
+            for t, delta, addr, name in events:
                 total += delta
                 memory.append(MemoryEvent(dev_id, t, addr, delta, total, base, name))
     return Timeline(

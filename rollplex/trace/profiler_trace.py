@@ -31,6 +31,7 @@ MAX_DEVICES = 64  # torch_tb_profiler.consts.MAX_GPU_PER_NODE
 OVERFLOW_TID = 100_000  # device tid of overflow lane k of stream s: k * OVERFLOW_TID + s
 HOST_PID = 1_000_000  # any pid that is not a device id
 LAUNCH_US = 0.001  # runtime events are (nearly) free: the timeline has no launch cost
+DEVICE_TYPE_CPU, DEVICE_TYPE_CUDA = 0, 1  # a [memory] event's "Device Type" (c10)
 STEPS_TID = 1  # host tids: steps lanes first, then one per (stream, lane)
 
 
@@ -86,27 +87,44 @@ def _stream_lanes(spans: list[Span], ts: list[float], dur: list[float]) -> list[
 
 
 def _process_meta(timeline: Timeline, device: int) -> list[dict]:
+    kind = "CPU" if timeline.on_cpu else "GPU"
     return [
-        _meta("process_name", device, 0, name=f"GPU {device}"),
-        _meta("process_labels", device, 0, labels=timeline.device_name or "GPU"),
+        _meta("process_name", device, 0, name=f"{kind} {device}"),
+        _meta("process_labels", device, 0, labels=timeline.device_name or kind),
         _meta("process_sort_index", device, 0, sort_index=device),
         _meta("process_name", HOST_PID, 0, name=f"host ({timeline.label})"),
         _meta("process_sort_index", HOST_PID, 0, sort_index=MAX_DEVICES),
     ]
 
 
-def _memory_events(timeline: Timeline, device: int, ops: dict[str, list]) -> list[dict]:
-    out = []
+def _memory_events(
+    timeline: Timeline, device: int, ops: dict[str, list], first_tid: int
+) -> tuple[list[dict], list[dict]]:
+    """The `[memory]` instants, and the 1 ns host ops ("value lanes") that name the
+    bytes of a value resident before any op (weights, optimizer state): an event named
+    for no span gets an op of its own name, so the Memory view shows the value, not
+    `<unknown>`."""
+    out, meta = [], []
+    value_tids: dict[str, int] = {}
     for m in timeline.memory:
         if m.device != device:
             continue
         t = _us(m.t_us)
-        tid = next((h for a, b, h in ops.get(m.name, ()) if a <= t < b), STEPS_TID)
-        args = {"Device Type": 1, "Device Id": device, "Addr": m.addr, "Bytes": m.delta_bytes}
+        tid = next((h for a, b, h in ops.get(m.name, ()) if a <= t < b), None)
+        if tid is None and m.name and m.name not in ops:
+            if m.name not in value_tids:
+                value_tids[m.name] = tid = first_tid + len(value_tids)
+                meta.append(_meta("thread_name", HOST_PID, tid, name=f"value: {m.name}"))
+                meta.append(_meta("thread_sort_index", HOST_PID, tid, sort_index=tid))
+            tid = value_tids[m.name]
+            out.append(_x("cpu_op", m.name, HOST_PID, tid, t, LAUNCH_US, {"value": m.name}))
+        tid = STEPS_TID if tid is None else tid
+        kind = DEVICE_TYPE_CPU if timeline.on_cpu else DEVICE_TYPE_CUDA
+        args = {"Device Type": kind, "Device Id": device, "Addr": m.addr, "Bytes": m.delta_bytes}
         args |= {"Total Allocated": m.total_allocated, "Total Reserved": m.total_reserved}
         head = {"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]"}
         out.append(head | {"pid": HOST_PID, "tid": tid, "ts": t, "args": args})
-    return out
+    return out, meta
 
 
 def build_profiler_trace(timeline: Timeline, device: int) -> dict:
@@ -158,7 +176,9 @@ def build_profiler_trace(timeline: Timeline, device: int) -> dict:
             op_cat, op_args = s.cat, {**s.args, **op_args}
         events.append(_x(op_cat, s.name, HOST_PID, tid, ts[i], dur[i], op_args))
         ops[s.name].append((ts[i], ts[i] + dur[i], tid))
-    events += _memory_events(timeline, device, ops)
+    memory, value_meta = _memory_events(timeline, device, ops, first_host_tid + len(host_tids))
+    events += memory
+    meta += value_meta
     for m in timeline.marks:  # instants on the stream's device lane; the plugin skips them
         if m.device == device:
             args = {"text": m.text} if m.text else {}

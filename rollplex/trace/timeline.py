@@ -70,6 +70,7 @@ class Timeline:
     device_name: str = ""
     device_memory_bytes: int = 0
     marks: list[Mark] = field(default_factory=list)
+    on_cpu: bool = False  # measured on the host: lanes and memory say CPU, not GPU
 
     def devices(self) -> list[int]:
         """Devices that have any span or memory event, ascending."""
