@@ -250,7 +250,8 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
             backend, prepared.eval_source, prepared.renderer, t.eval_prompts, t.max_new_tokens
         )
         evals.append((step, res))
-        write_scalars(writer, {"eval/accuracy": res.accuracy}, step=step)
+        scalars = {"eval/accuracy": res.accuracy, "eval/majority_accuracy": res.majority_accuracy}
+        write_scalars(writer, scalars, step=step)  # the baseline beside the accuracy
         log.info(
             "step %d: held-out accuracy %.3f on %d prompts (always '%s': %.3f)",
             step,

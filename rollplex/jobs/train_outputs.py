@@ -41,7 +41,7 @@ class Scalars(Callback):
     def on_rl_step_end(self, result) -> None:
         values = {f"train/{k}": v for k, v in result.metrics.items()}
         values["train/step_time_s"] = result.seconds
-        values["memory/peak_resident_bytes"] = max(result.peak_resident_bytes.values())
+        values["memory/peak_resident_gib"] = max(result.peak_resident_bytes.values()) / 2**30
         write_scalars(self.writer, values, step=result.rl_step + 1)
 
 

@@ -35,7 +35,9 @@ def plan_timeline(
     spans: list[Span] = []
     memory: list[MemoryEvent] = []
     names: dict[tuple[int, int], str] = {}
-    period = plan.step_time_s * _US
+    # whole nanoseconds (the trace's resolution): repeats then start exactly k periods
+    # apart and every ProfilerStep is as long as the plan's step, none 0.001 us shorter
+    period = round(plan.step_time_s * _US, 3)
     # plan-wide: a slot can end at another group's step (a hand-over's transfer)
     by_index = {s.index: s for d in plan.devices for s in d.steps}
     for dev_id, dev in enumerate(plan.devices):

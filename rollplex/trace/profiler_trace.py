@@ -52,6 +52,18 @@ def _check(timeline: Timeline) -> None:
             raise ValueError(f"step ({start}, {end}) must have end > start")
 
 
+def _shown(args: dict) -> dict:
+    """A span's own args as the trace viewer shows them: it leaves a 0 (and an empty
+    string) blank, so zeros are written as "0" and empty strings dropped."""
+    out = {}
+    for k, v in args.items():
+        if v == "":
+            continue
+        numeric = isinstance(v, int | float) and not isinstance(v, bool)
+        out[k] = "0" if numeric and v == 0 else v
+    return out
+
+
 def _meta(kind: str, pid: int, tid: int, **args: object) -> dict:
     return {"name": kind, "ph": "M", "ts": 0, "pid": pid, "tid": tid, "args": args}
 
@@ -61,8 +73,8 @@ def _x(cat: str, name: str, pid: int, tid: int, ts: float, dur: float, args: dic
 
 
 def _steps(timeline: Timeline, spans: list[Span], device: int) -> list[tuple[float, float]]:
-    if timeline.steps:
-        return [(_us(a), _us(b)) for a, b in timeline.steps]
+    if timeline.steps:  # whole ns: back-to-back steps stay back to back, equal steps equal
+        return [(_us(a), _us(a) + _us(b - a)) for a, b in timeline.steps]
     # No steps given: one step over everything, because the plugin needs a host step.
     times = [t for s in spans for t in (s.start_us, s.end_us)]
     times += [m.t_us for m in timeline.memory if m.device == device]
@@ -169,11 +181,11 @@ def build_profiler_trace(timeline: Timeline, device: int) -> dict:
             # 1 ns, not 0: a zero-length launch at a step's end is counted in that step.
             launch = min(LAUNCH_US, dur[i])
             events.append(_x("runtime", DEVICE_CATS[s.cat], HOST_PID, tid, ts[i], launch, link))
-            dev_args = {**s.args, **info, "device": device, **link}
+            dev_args = {**_shown(s.args), **info, "device": device, **link}
             dev_tid = lane * OVERFLOW_TID + s.stream
             events.append(_x(s.cat, s.name, device, dev_tid, ts[i], dur[i], dev_args))
         else:  # host-only work (e.g. cat "cpu_op") keeps its category and args
-            op_cat, op_args = s.cat, {**s.args, **op_args}
+            op_cat, op_args = s.cat, {**_shown(s.args), **op_args}
         events.append(_x(op_cat, s.name, HOST_PID, tid, ts[i], dur[i], op_args))
         ops[s.name].append((ts[i], ts[i] + dur[i], tid))
     memory, value_meta = _memory_events(timeline, device, ops, first_host_tid + len(host_tids))

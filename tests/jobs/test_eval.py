@@ -81,3 +81,17 @@ def test_what_eval_takes_from_the_run_and_what_the_command_line_keeps(demo_run):
     assert kept.model == inherited.model == run.model  # no model.path: the run's preset
     alone = settings_from_run(mine, None, set())  # a folder no rollplex run wrote
     assert (alone.eval.max_new_tokens, alone.eval.prompts) == (8, 200)
+
+
+def test_the_run_logs_the_baseline_beside_accuracy_and_memory_in_gib(demo_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(demo_run["run"] / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"eval/accuracy", "eval/majority_accuracy", "memory/peak_resident_gib"} <= tags
+    assert "memory/peak_resident_bytes" not in tags
+    (last,) = [e.value for e in events.Scalars("eval/majority_accuracy") if e.step == STEPS]
+    assert last == pytest.approx(demo_run["majority_accuracy"])
+    peaks = [e.value for e in events.Scalars("memory/peak_resident_gib")]
+    assert len(peaks) == STEPS and 0 < min(peaks) <= max(peaks) < 1  # the tiny model: MiB
