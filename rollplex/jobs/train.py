@@ -307,9 +307,10 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
         "frames": prepared.shape.frames,
     }
     if summary["first_mean_reward"] is not None:
+        first = min(10, len(rows))  # run_summary's first mean: this run's first rows
         line = (
-            f"mean reward {summary['first_mean_reward']:.3f} (first 10 steps) -> "
-            f"{summary['final_mean_reward']:.3f} (last {summary['final_mean_reward_over']})"
+            f"mean reward {summary['first_mean_reward']:.3f} (steps {start + 1}-{start + first})"
+            f" -> {summary['final_mean_reward']:.3f} (last {summary['final_mean_reward_over']})"
         )
         if evals:
             line += (

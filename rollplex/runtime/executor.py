@@ -62,6 +62,7 @@ from rollplex.runtime.plan_effects import COPY_KINDS, plan_effects
 from rollplex.runtime.pool_steps import PoolSteps
 from rollplex.runtime.pools import Pools
 from rollplex.runtime.record import MeasuredStep, StepResult
+from rollplex.runtime.rollout_ops import RAN_ALONE
 from rollplex.trace.timeline import MemoryEvent
 
 log = logging.getLogger(__name__)
@@ -280,7 +281,8 @@ class Executor:
         """A deviation the backend reports while running: logged the first time it is seen
         at this position, on the step (and in the trace) every time."""
         if msg not in self.deviations.get(k, ()):
-            log.warning("executor: at '%s': %s", self.order[k].name, msg)
+            level = logging.DEBUG if msg.endswith(RAN_ALONE) else logging.WARNING
+            log.log(level, "executor: at '%s': %s", self.order[k].name, msg)
             self._deviate(k, msg)
 
     def _now(self) -> float:

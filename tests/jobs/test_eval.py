@@ -35,6 +35,7 @@ def demo_run(tmp_path_factory) -> dict:
     return summary | {"run": run}
 
 
+@pytest.mark.slow  # the module's 40-step demo run: ~15 s
 def test_eval_of_the_last_checkpoint_reproduces_the_last_held_out_figure(demo_run, tmp_path):
     out = tmp_path / "eval"
     done = rollplex("eval", out, f"model.path={demo_run['last_checkpoint']}")
@@ -50,6 +51,7 @@ def test_eval_of_the_last_checkpoint_reproduces_the_last_held_out_figure(demo_ru
     assert scored["examples"] == demo_run["eval_examples"]
 
 
+@pytest.mark.slow
 def test_the_command_line_still_overrides_what_the_run_decided(demo_run, tmp_path):
     out = tmp_path / "eval"
     done = rollplex(
@@ -63,6 +65,7 @@ def test_the_command_line_still_overrides_what_the_run_decided(demo_run, tmp_pat
     assert problems != [e[0] for e in demo_run["eval_examples"]][:5]  # seed 0's order
 
 
+@pytest.mark.slow
 def test_what_eval_takes_from_the_run_and_what_the_command_line_keeps(demo_run):
     """The run's template, seed, data and generation cap, except the keys the command
     line named (unit level: no model runs)."""
@@ -83,6 +86,7 @@ def test_what_eval_takes_from_the_run_and_what_the_command_line_keeps(demo_run):
     assert (alone.eval.max_new_tokens, alone.eval.prompts) == (8, 200)
 
 
+@pytest.mark.slow
 def test_the_run_logs_the_baseline_beside_accuracy_and_memory_in_gib(demo_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
