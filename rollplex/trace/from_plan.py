@@ -29,9 +29,14 @@ def _spans_the_step(slot, first, last, steps) -> bool:
 
 
 def plan_timeline(
-    plan: Plan, label: str | None = None, device_name: str = "", steps: int = 1
+    plan: Plan,
+    label: str | None = None,
+    device_name: str = "",
+    steps: int = 1,
+    first_step: int = 0,
 ) -> Timeline:
-    """`steps` repeats the step back to back (the trace shows one ProfilerStep each)."""
+    """`steps` repeats the step back to back (the trace shows one ProfilerStep each),
+    numbered from `first_step` (a measured run's first RL step: the same step names)."""
     spans: list[Span] = []
     memory: list[MemoryEvent] = []
     names: dict[tuple[int, int], str] = {}
@@ -94,4 +99,5 @@ def plan_timeline(
         names,
         device_name=device_name,
         device_memory_bytes=max((d.budget_bytes for d in plan.devices), default=0),
+        first_step=first_step,
     )

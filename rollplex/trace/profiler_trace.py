@@ -148,7 +148,8 @@ def build_profiler_trace(timeline: Timeline, device: int) -> dict:
     steps = _steps(timeline, spans, device)
     step_lanes, step_durs = pack(steps)
     for k, ((a, _), lane, d) in enumerate(zip(steps, step_lanes, step_durs, strict=True)):
-        step = ("user_annotation", f"ProfilerStep#{k}", HOST_PID, STEPS_TID + lane)
+        name = f"ProfilerStep#{timeline.first_step + k}"
+        step = ("user_annotation", name, HOST_PID, STEPS_TID + lane)
         events.append(_x(*step, a, d, {"External id": k + 1}))
     for lane in range(max(step_lanes) + 1):
         name = "steps" + (f" [overlap {lane}]" if lane else "")
