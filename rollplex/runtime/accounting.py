@@ -13,6 +13,9 @@ class ExecutionError(RuntimeError):
     """The plan and what the backend holds disagree (a value missing, a stale version)."""
 
 
+OUTSIDE_STEPS = "(outside plan steps)"  # owner of a peak reached between RL steps
+
+
 class MemoryLedger:
     """Per device group, the resident bytes last reported for each value, and a stable
     fake address per value for the trace's memory events.
@@ -36,8 +39,9 @@ class MemoryLedger:
 
     def resident(self, env: Env, owned: set[str], dev: int, t: float) -> list[MemoryEvent]:
         """At an RL step's start: what the values hold before any op, each event named
-        for its value (the plan value that owns the bytes)."""
-        return self._changes(env, owned, dev, t, None)
+        for its value (the plan value that owns the bytes); then a peak the allocator
+        reached outside every plan step (loading, a held-out evaluation), named so."""
+        return self._changes(env, owned, dev, t, None) + self._peak(dev, t, OUTSIDE_STEPS)
 
     def events(self, env: Env, owned: set[str], dev: int, t: float, name: str) -> list[MemoryEvent]:
         """Events (named `name`, the op) for every value whose resident bytes changed

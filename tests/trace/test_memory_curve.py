@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rollplex.runtime import measured_timeline
-from rollplex.runtime.accounting import MemoryLedger
+from rollplex.runtime.accounting import OUTSIDE_STEPS, MemoryLedger
 from rollplex.runtime.memory import AllocatorFeed, Env
 from rollplex.specs import ScheduleSpec
 from rollplex.trace import build_profiler_trace
@@ -93,8 +93,10 @@ def test_a_fake_allocator_feeds_the_totals_the_reserved_figure_and_the_peak():
     ledger = MemoryLedger(1, feed)
     owned = {"w", "adam", "act", "op"}
     env = Env(device={"w": _value(1000), "adam": _value(2000)})
-    feed.set(3000)
+    feed.set(3000, peak_inside=3200)  # loading peaked before the first step
     start = ledger.resident(env, owned, 0, 0.0)
+    assert [e.name for e in start[2:]] == [OUTSIDE_STEPS] * 2 and start[2].total_allocated == 3200
+    start = start[:2]
     assert [(e.name, e.delta_bytes) for e in start] == [("w", 1000), ("adam", 2000)]
     assert {e.total_allocated for e in start} == {3000}
     assert all(e.total_reserved == feed.reserved() > e.total_allocated for e in start)
