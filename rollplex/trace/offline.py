@@ -14,7 +14,11 @@ copies inline into the plugin's own pages, which the plugin then serves as befor
   HTML tables (no tooltips or zoom; Google Charts itself cannot be vendored);
 - webcomponents.min.js is the npm package's file (BSD licence), which the Trace view's
   iframe needs in full (`-lite` leaves it blank).
-The originals are kept beside the pages (`*.html.orig`); `--undo` restores them.
+It also teaches the plugin Hopper's cuBLAS GEMM kernels: its tensor-core list
+(`tensor_core.py`, kernel-name substrings) predates `nvjet_sm90_*`, which is what bf16
+GEMMs run as on an H200 (bench/results/gpu_decode profiles), so the Overview said 0.0%
+Tensor Core time for a run made of them; `nvjet` kernels run on tensor cores only.
+The originals are kept beside the files (`*.orig`); `--undo` restores them.
 `bench/tensorboard_screenshots.py` serves the same two files by request interception.
 """
 
@@ -32,6 +36,8 @@ WEBCOMPONENTS_TAG = (
     'webcomponents.min.js"></script>'
 )
 WEBCOMPONENTS_ENV = "ROLLPLEX_WEBCOMPONENTS"
+TC_LIST_END = "'xmma_gemm', 'xmma_sparse_gemm', 'c1688']"  # tensor_core.py's allowlist
+TC_PATTERNS = ("nvjet",)  # cuBLAS's Hopper/Blackwell GEMM kernels (tensor cores only)
 
 
 def find_webcomponents(path: Path | None = None) -> Path:
@@ -57,34 +63,48 @@ def plugin_static() -> Path:
     return Path(torch_tb_profiler.__file__).resolve().parent / "static"
 
 
-def _inline(page: Path, tag: str, script: Path) -> bool:
-    """Replace `tag` in `page` by `script` inline; False when the tag is not there."""
-    text = page.read_text(encoding="utf-8")
-    if tag not in text:
+def _replace(path: Path, old: str, new: str) -> bool:
+    """`old` replaced by `new` in `path` (the original kept as `*.orig`); False when `old`
+    is not there (done already, or another plugin version)."""
+    text = path.read_text(encoding="utf-8")
+    if old not in text:
         return False
-    backup = page.with_name(page.name + ".orig")
+    backup = path.with_name(path.name + ".orig")
     if not backup.exists():
-        shutil.copy2(page, backup)
-    body = script.read_text(encoding="utf-8")
-    page.write_text(text.replace(tag, f"<script>{body}</script>", 1), encoding="utf-8")
+        shutil.copy2(path, backup)
+    path.write_text(text.replace(old, new, 1), encoding="utf-8")
     return True
 
 
+def _inline(page: Path, tag: str, script: Path) -> bool:
+    body = script.read_text(encoding="utf-8")
+    return _replace(page, tag, f"<script>{body}</script>")
+
+
+def teach_tensor_cores(profiler: Path) -> bool:
+    """Add `TC_PATTERNS` to the plugin's tensor-core kernel list (`profiler/tensor_core.py`)."""
+    extra = "".join(f", '{p}'" for p in TC_PATTERNS)
+    return _replace(profiler / "tensor_core.py", TC_LIST_END, TC_LIST_END[:-1] + extra + "]")
+
+
 def install(webcomponents: Path, static: Path | None = None) -> list[Path]:
-    """Put both scripts inline into the plugin's pages; the pages changed."""
+    """Put both scripts inline into the plugin's pages and teach it `nvjet` kernels; the
+    files changed. `static`: the plugin's static folder (its profiler/ beside it)."""
     static = static or plugin_static()
     changed = []
     if _inline(static / "index.html", CHARTS_TAG, CHARTS_LOADER):
         changed.append(static / "index.html")
     if _inline(static / "trace_embedding.html", WEBCOMPONENTS_TAG, webcomponents):
         changed.append(static / "trace_embedding.html")
+    if teach_tensor_cores(static.parent / "profiler"):
+        changed.append(static.parent / "profiler" / "tensor_core.py")
     return changed
 
 
 def undo(static: Path | None = None) -> list[Path]:
     static = static or plugin_static()
     restored = []
-    for backup in sorted(static.glob("*.html.orig")):
+    for backup in sorted([*static.glob("*.orig"), *(static.parent / "profiler").glob("*.orig")]):
         page = backup.with_name(backup.name.removesuffix(".orig"))
         os.replace(backup, page)
         restored.append(page)
