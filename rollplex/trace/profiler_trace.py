@@ -4,12 +4,13 @@ One file per device, worker `gpu<N>`. Inside it:
 - the device process (pid = device id) has one lane per stream; every device event carries
   args.device == pid, which the plugin uses to index per-GPU arrays (so devices are < 64);
 - the host process has a `steps` lane with one `ProfilerStep#N` per RL step (the Overview is
-  per step) and one host lane per stream. Each device span gets a `cpu_op` there plus a
-  1 ns `runtime` launch correlated to the device event, which fills the Operator and
-  Kernel views without inventing host time. Lanes per stream (not one host thread) because
-  ops on one host tid must nest, and decode overlapping prefix work would otherwise be dropped;
-- `[memory]` instant events sit on the lane of the op that allocated, so the Memory view can
-  name it;
+  per step) and one host lane per stream. Each device span gets a 1 ns `cpu_op` there at
+  its start (its launch, not a copy of the device bar: the timeline has no host time) with
+  a 1 ns `runtime` launch correlated to the device event, which fills the Operator and
+  Kernel views. Lanes per stream (not one host thread) because ops on one host tid must
+  nest;
+- `[memory]` instant events of an allocation sit in the 1 ns op that made it (at its
+  launch), so the Memory view can name it; frees keep their time;
 - marks (e.g. where the runtime did not follow the plan) are instants on their stream.
 `traceEvents` is the last key: the Trace view splices GPU counters in before the final `]`.
 """
@@ -122,7 +123,10 @@ def _memory_events(
         if m.device != device:
             continue
         t = _us(m.t_us)
-        tid = next((h for a, b, h in ops.get(m.name, ()) if a <= t < b), None)
+        op = next(((a, h) for a, b, h in ops.get(m.name, ()) if a <= t < b), None)
+        tid = None if op is None else op[1]
+        if op is not None and m.delta_bytes > 0:
+            t = op[0]  # what an op makes: at its launch, inside its 1 ns host op
         if tid is None and m.name and m.name not in ops:
             if m.name not in value_tids:
                 value_tids[m.name] = tid = first_tid + len(value_tids)
@@ -187,8 +191,9 @@ def build_profiler_trace(timeline: Timeline, device: int) -> dict:
             events.append(_x(s.cat, s.name, device, dev_tid, ts[i], dur[i], dev_args))
         else:  # host-only work (e.g. cat "cpu_op") keeps its category and args
             op_cat, op_args = s.cat, {**_shown(s.args), **op_args}
-        events.append(_x(op_cat, s.name, HOST_PID, tid, ts[i], dur[i], op_args))
-        ops[s.name].append((ts[i], ts[i] + dur[i], tid))
+        host_dur = launch if s.cat in DEVICE_CATS else dur[i]
+        events.append(_x(op_cat, s.name, HOST_PID, tid, ts[i], host_dur, op_args))
+        ops[s.name].append((ts[i], ts[i] + dur[i], tid))  # the span's range: its memory
     memory, value_meta = _memory_events(timeline, device, ops, first_host_tid + len(host_tids))
     events += memory
     meta += value_meta

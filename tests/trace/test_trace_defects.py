@@ -92,3 +92,21 @@ def test_zero_arguments_show_as_0_and_empty_ones_are_left_out():
 
 def test_a_measured_device_is_named_as_given_off_cuda():
     assert device_label("cpu") == "cpu"  # on CUDA: torch.cuda.get_device_name, as the plan
+
+
+def test_the_host_process_does_not_repeat_the_device_lanes():
+    """Each device span's host op is its 1 ns launch, not a copy of the device bar; the
+    Operator view still gets each op's device time through the launch, and the Memory
+    view still names the op that allocated."""
+    run = cached_run(ScheduleSpec(name="serial"))
+    trace = _json(measured_timeline(run.planned.plan, run.results, device_name="cpu"))
+    kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+    ops = [e for e in trace["traceEvents"] if e.get("cat") == "cpu_op" and "stream" in e["args"]]
+    assert len(ops) == len(kernels) and max(e["dur"] for e in ops) <= 0.001
+    assert sum(e["dur"] for e in kernels) > 1000 * sum(e["dur"] for e in ops)
+    data = RunProfileData.from_json("measured0", 1, trace)
+    profile = RunGenerator("measured0", 1, data).generate_run_profile()
+    device = {r["name"]: r["device_self_duration"] for r in profile.operation_table_by_name["data"]}
+    for name in {e["name"] for e in kernels}:
+        want = sum(e["dur"] for e in kernels if e["name"] == name)
+        assert device[name] == pytest.approx(want, abs=len(kernels))  # the plugin rounds to us
