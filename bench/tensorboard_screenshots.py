@@ -9,17 +9,19 @@ browser download), the profiler plugin's Overview (worker measured0), Trace and 
 views and TensorBoard's Images tab with the planned-vs-measured panel, saving one PNG each.
 
 Offline: the plugin's pages fetch two scripts from public CDNs, the Google Charts loader
-and webcomponents 0.7.24. Every request off loopback is intercepted: those two are served
-from local files (rollplex/trace/offline/charts_loader.js, the stand-in this project ships,
-and webcomponents.min.js from `npm pack webcomponents.js@0.7.24`, `--webcomponents`), and
-anything else is refused, so the pictures show what an air-gapped user sees after
-`python -m rollplex.trace.offline` (which puts the same two files into the plugin).
+and webcomponents 0.7.24. The browser gets the plugin's two pages as `python -m
+rollplex.trace.offline` leaves them (patched in a temporary copy: the charts-loader stand-in
+rollplex/trace/offline/charts_loader.js and webcomponents.min.js from `npm pack
+webcomponents.js@0.7.24`, `--webcomponents`, put inline; the Trace view titled by the
+trace), and every request off loopback is refused and counted, so the pictures show what
+an air-gapped user sees.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,10 +31,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rollplex.trace.offline import CHARTS_LOADER, find_webcomponents  # noqa: E402
+from rollplex.trace.offline import find_webcomponents, install, plugin_static  # noqa: E402
 from tests.tensorboard_server import tensorboard  # noqa: E402
 
 VIEWS = ("Overview", "Trace", "Memory")
+PAGES = ("index.html", "trace_embedding.html")
 WAIT_FOR = {"Overview": "GPU Summary", "Memory": "Peak Memory Usage"}
 
 
@@ -45,16 +48,28 @@ def train_demo(run: Path) -> None:
     subprocess.run(cmd, check=True, env=env, cwd=ROOT)
 
 
-def _offline(page, base: str, webcomponents: Path, refused: list[str]) -> None:
+def offline_pages(webcomponents: Path, folder: Path) -> Path:
+    """The plugin's pages as `python -m rollplex.trace.offline` leaves them, made in
+    `folder` (the installed plugin stays untouched); their static folder."""
+    static, profiler = folder / "static", folder / "profiler"
+    shutil.copytree(plugin_static(), static)
+    profiler.mkdir()
+    shutil.copy2(plugin_static().parent / "profiler" / "tensor_core.py", profiler)
+    install(webcomponents, static)
+    return static
+
+
+def _offline(page, base: str, static: Path, refused: list[str]) -> None:
+    """Loopback only; the plugin's two pages come from `static` (patched)."""
+
     def route(r) -> None:
         url = r.request.url
-        if url.startswith(base):
+        name = url.split("?")[0].rsplit("/", 1)[-1]
+        if url.startswith(base) and "/pytorch_profiler/" in url and name in PAGES:
+            r.fulfill(path=str(static / name), content_type="text/html")
+        elif url.startswith(base):
             r.continue_()
-        elif url.endswith("/charts/loader.js"):
-            r.fulfill(path=str(CHARTS_LOADER), content_type="application/javascript")
-        elif "webcomponents" in url:
-            r.fulfill(path=str(webcomponents), content_type="application/javascript")
-        else:
+        else:  # the CDN scripts are inline now: nothing may leave the machine
             refused.append(url)
             r.abort()
 
@@ -77,9 +92,10 @@ def screenshots(run: Path, out: Path, webcomponents: Path) -> list[Path]:
         tensorboard(run, "tb", Path(tmp) / "tb.log") as srv,
         sync_playwright() as pw,
     ):
+        static = offline_pages(webcomponents, Path(tmp) / "plugin")
         browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
-        _offline(page, srv.url, webcomponents, refused)
+        _offline(page, srv.url, static, refused)
         page.goto(f"{srv.url}/data/plugin/pytorch_profiler/index.html")
         page.wait_for_selector("text=GPU Summary", timeout=120_000)
         _choose(page, "Workers", "measured0")
@@ -104,8 +120,7 @@ def screenshots(run: Path, out: Path, webcomponents: Path) -> list[Path]:
         page.screenshot(path=str(path), full_page=True)
         shots.append(path)
         browser.close()
-    if refused:
-        print(f"refused {len(refused)} off-line request(s), e.g. {refused[:3]}")
+    print(f"requests off loopback (refused): {len(refused)} {refused[:3]}")
     return shots
 
 

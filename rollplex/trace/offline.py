@@ -14,10 +14,12 @@ copies inline into the plugin's own pages, which the plugin then serves as befor
   HTML tables (no tooltips or zoom; Google Charts itself cannot be vendored);
 - webcomponents.min.js is the npm package's file (BSD licence), which the Trace view's
   iframe needs in full (`-lite` leaves it blank).
-It also teaches the plugin Hopper's cuBLAS GEMM kernels: its tensor-core list
-(`tensor_core.py`, kernel-name substrings) predates `nvjet_sm90_*`, which is what bf16
-GEMMs run as on an H200 (bench/results/gpu_decode profiles), so the Overview said 0.0%
-Tensor Core time for a run made of them; `nvjet` kernels run on tensor cores only.
+It also titles the Trace view by the trace's `traceName` (the plugin's page passes no
+name: every trace was "unknown"), and teaches the plugin Hopper's cuBLAS GEMM kernels:
+its tensor-core list (`tensor_core.py`, kernel-name substrings) predates `nvjet_sm90_*`,
+which is what bf16 GEMMs run as on an H200 (bench/results/gpu_decode profiles), so the
+Overview said 0.0% Tensor Core time for a run made of them; `nvjet` kernels run on
+tensor cores only.
 The originals are kept beside the files (`*.orig`); `--undo` restores them.
 `bench/tensorboard_screenshots.py` serves the same two files by request interception.
 """
@@ -36,6 +38,13 @@ WEBCOMPONENTS_TAG = (
     'webcomponents.min.js"></script>'
 )
 WEBCOMPONENTS_ENV = "ROLLPLEX_WEBCOMPONENTS"
+# trace_embedding.html titles every trace "unknown" (index.js posts no name): read the
+# trace's own `traceName` from the head of the text it posts (no second JSON parse)
+TITLE_OLD = "name = data.name || 'unknown'"
+TITLE_NEW = (
+    "name = data.name || (typeof data.data === 'string' && "
+    '(data.data.slice(0, 4096).match(/"traceName":\\s*"([^"]*)"/) || [])[1]) || \'unknown\''
+)
 TC_LIST_END = "'xmma_gemm', 'xmma_sparse_gemm', 'c1688']"  # tensor_core.py's allowlist
 TC_PATTERNS = ("nvjet",)  # cuBLAS's Hopper/Blackwell GEMM kernels (tensor cores only)
 
@@ -96,9 +105,11 @@ def install(webcomponents: Path, static: Path | None = None) -> list[Path]:
         changed.append(static / "index.html")
     if _inline(static / "trace_embedding.html", WEBCOMPONENTS_TAG, webcomponents):
         changed.append(static / "trace_embedding.html")
+    if _replace(static / "trace_embedding.html", TITLE_OLD, TITLE_NEW):
+        changed.append(static / "trace_embedding.html")
     if teach_tensor_cores(static.parent / "profiler"):
         changed.append(static.parent / "profiler" / "tensor_core.py")
-    return changed
+    return list(dict.fromkeys(changed))
 
 
 def undo(static: Path | None = None) -> list[Path]:

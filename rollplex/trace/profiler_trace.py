@@ -213,6 +213,8 @@ def build_profiler_trace(timeline: Timeline, device: int) -> dict:
         "deviceProperties": props,
         "displayTimeUnit": "ms",
         "rollplex": {"label": timeline.label, "device": device},
+        # the Trace view's title (the plugin's page passes none: rollplex.trace.offline)
+        "traceName": f"{timeline.label} on {timeline.device_name or 'device'} {device}",
         "traceEvents": meta + events,  # last: see the module docstring
     }
 

@@ -35,6 +35,7 @@ def test_both_cdn_scripts_go_inline_and_come_back(tmp_path):
     embedding = (static / "trace_embedding.html").read_text()
     assert offline.CHARTS_TAG not in index and "google.visualization = viz" in index
     assert offline.WEBCOMPONENTS_TAG not in embedding and fake.read_text() in embedding
+    assert offline.TITLE_OLD not in embedding and offline.TITLE_NEW in embedding
     assert offline.install(fake, static) == []  # done already: nothing changes twice
     # Hopper's cuBLAS GEMMs (an H200 profile's names) now count as tensor-core time
     code = (profiler / "tensor_core.py").read_text()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import re
 
 import pytest
 
@@ -79,6 +80,9 @@ def test_a_cpu_run_says_cpu_and_a_gpu_run_gpu(device, kind, memory_type):
     memory = [e for e in trace["traceEvents"] if e["name"] == "[memory]"]
     assert memory and {e["args"]["Device Type"] for e in memory} == {memory_type}
     assert {p["name"] for p in trace["deviceProperties"]} == {device}
+    assert trace["traceName"] == f"measured on {device} 0"  # the Trace view's title
+    head = json.dumps(trace)[:4096]  # where rollplex.trace.offline's page looks for it
+    assert re.search(r'"traceName":\s*"([^"]*)"', head).group(1) == trace["traceName"]
 
 
 def test_zero_arguments_show_as_0_and_empty_ones_are_left_out():
