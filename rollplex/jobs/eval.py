@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,8 @@ def run_eval(spec: RunSpec, out: Path) -> dict[str, Any]:
 
     if spec.train.threads:
         torch.set_num_threads(spec.train.threads)
+    if spec.train.deterministic:  # as the train job: cuBLAS needs it to be deterministic
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(spec.train.deterministic)
     torch.manual_seed(spec.seed)
     config = StepConfig(folder.spec, spec.algo, spec.seed, e.max_new_tokens, device=e.device)
