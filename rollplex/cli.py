@@ -48,7 +48,9 @@ log = logging.getLogger("rollplex")
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    from rollplex.jobs.logs import take_verbose_flag
+
+    argv = take_verbose_flag(list(sys.argv[1:] if argv is None else argv))  # --verbose
     if not argv or argv[0] in ("-h", "--help"):
         from rollplex.jobs.cli_help import general_help
 
@@ -117,6 +119,9 @@ def _run(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from rollplex.jobs.logs import setup_logging
+
+    setup_logging()  # after Hydra made its handlers: quiet unless --verbose
     hc = HydraConfig.get()
     out = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN

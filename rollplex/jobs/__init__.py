@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,9 @@ def run_job(spec: RunSpec, out: Path) -> dict[str, Any]:
     else:
         from rollplex.jobs.train import run_train as run
     summary = run(spec, out)
+    from rollplex.jobs.logs import report_repeats
+
+    report_repeats(logging.getLogger("rollplex.jobs"))  # the warnings shown only once
     if main:
         write_summary(out, summary)
         if spec.job in ("plan", "weights"):  # graph and train name their folder themselves

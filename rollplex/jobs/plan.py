@@ -173,7 +173,7 @@ def _export_tensorboard(tb: Path, plan: Plan, spec: RunSpec, s: dict[str, Any]) 
     timeline = plan_timeline(
         plan, label=f"planned {plan.schedule}", device_name=spec.hardware.gpu, steps=2
     )
-    write_profiler_traces(timeline, tb)
+    write_profiler_traces(timeline, tb, worker_prefix="planned")  # as train runs name it
     w = open_writer(tb)
     scalars = {"plan/step_time_s": s["step_time_s"], "plan/peak_gib": s["peak_gib_per_gpu"]}
     for key in (f"speedup_vs_{k}" for k in KEYS):

@@ -285,7 +285,11 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
         if not main:
             return None
         evals.append((step, res))
-        scalars = {"eval/accuracy": res.accuracy, "eval/exact_match": res.exact_match_accuracy}
+        scalars = {
+            "eval/accuracy": res.accuracy,
+            "eval/exact_match": res.exact_match_accuracy,
+            "eval/majority_accuracy": res.majority_accuracy,  # the baseline beside it
+        }
         write_scalars(writer, scalars, step=step)
         log.info(
             "step %d: held-out accuracy %.3f by %s (exact match %.3f) on %d prompts "
@@ -346,9 +350,10 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
         "frames": prepared.shape.frames,
     }
     if summary["first_mean_reward"] is not None:
+        first = min(10, len(rows))  # run_summary's first mean: this run's first rows
         line = (
-            f"mean reward {summary['first_mean_reward']:.3f} (first 10 steps) -> "
-            f"{summary['final_mean_reward']:.3f} (last {summary['final_mean_reward_over']})"
+            f"mean reward {summary['first_mean_reward']:.3f} (steps {start + 1}-{start + first})"
+            f" -> {summary['final_mean_reward']:.3f} (last {summary['final_mean_reward_over']})"
         )
         if evals:
             line += (

@@ -48,7 +48,7 @@ class Scalars(Callback):
         values = {f"train/{k}": v for k, v in result.metrics.items()}
         values |= {VERL_NAMES[k]: v for k, v in result.metrics.items() if k in VERL_NAMES}
         values["train/step_time_s"] = result.seconds
-        values["memory/peak_resident_bytes"] = max(result.peak_resident_bytes.values())
+        values["memory/peak_resident_gib"] = max(result.peak_resident_bytes.values()) / 2**30
         write_scalars(self.writer, values, step=result.rl_step + 1)
 
 
@@ -131,12 +131,18 @@ def export_traces(
     """Planned and measured timelines into one TensorBoard run, and the calibration file."""
     from rollplex.ops.costs import CostContext, op_cost
     from rollplex.runtime import write_measured_calibration
-    from rollplex.runtime.profile import TABLE, export_run
-    from rollplex.trace import write_text
+    from rollplex.runtime.profile import TABLE, comparison_image, export_run
+    from rollplex.trace import write_image, write_text
 
     device = spec.train.device
     export_run(tb, plan, recent, prof, device_name=device, planned_device_name=spec.hardware.gpu)
     write_text(writer, "timeline/planned_vs_measured", (tb / TABLE).read_text())
+    png = comparison_image(  # the Images tab's planned-vs-measured panel
+        plan, recent, calibrated=spec.calibration, device_name=device,
+        planned_device_name=spec.hardware.gpu,
+    )  # fmt: skip
+    (tb / "planned_vs_measured.png").write_bytes(png)
+    write_image(writer, "timeline/planned_vs_measured", png)
 
     def cost(step) -> tuple[float, float]:
         op = graph.ops[step.op]

@@ -4,7 +4,7 @@ holds, and the weights versions it read against the plan's promise."""
 from __future__ import annotations
 
 from rollplex.graph.ir import version_model
-from rollplex.runtime.memory import Env
+from rollplex.runtime.memory import AllocatorFeed, Env
 from rollplex.runtime.record import MeasuredStep
 from rollplex.trace.timeline import MemoryEvent
 
@@ -13,32 +13,82 @@ class ExecutionError(RuntimeError):
     """The plan and what the backend holds disagree (a value missing, a stale version)."""
 
 
+OUTSIDE_STEPS = "(outside plan steps)"  # owner of a peak reached between RL steps
+
+
 class MemoryLedger:
     """Per device group, the resident bytes last reported for each value, and a stable
-    fake address per value for the trace's memory events."""
+    fake address per value for the trace's memory events.
 
-    def __init__(self, devices: int) -> None:
+    What a value holds is reported when it changes, across RL steps: what is resident
+    before a step (weights, optimizer state) is reported at the step's start under the
+    value's own name (`resident`), never charged to the step's first op, and the curve
+    never falls back to 0 between steps. The totals are the allocator's (`feed`, CUDA)
+    or, on CPU, the sum of what the values hold. Where the allocator peaked above every
+    total shown so far (workspace, activations no value holds), an op's events end with
+    a transient allocation up to that peak and its release, so the curve's maximum is
+    the allocator's `max_memory_allocated`."""
+
+    TRANSIENT = "(transient)"  # name suffix of the peak's allocation inside an op
+
+    def __init__(self, devices: int, feed: AllocatorFeed | None = None) -> None:
         self.attributed: dict[int, dict[str, int]] = {i: {} for i in range(devices)}
         self._addr: dict[str, int] = {}
+        self.feed = feed
+        self.shown_peak: dict[int, int] = dict.fromkeys(range(devices), 0)
 
-    def reset(self) -> None:
-        """A new RL step: every value is reported again from zero."""
-        for held in self.attributed.values():
-            held.clear()
+    def resident(self, env: Env, owned: set[str], dev: int, t: float) -> list[MemoryEvent]:
+        """At an RL step's start: what the values hold before any op, each event named
+        for its value (the plan value that owns the bytes); then a peak the allocator
+        reached outside every plan step (loading, a held-out evaluation), named so."""
+        return self._changes(env, owned, dev, t, None) + self._peak(dev, t, OUTSIDE_STEPS)
 
     def events(self, env: Env, owned: set[str], dev: int, t: float, name: str) -> list[MemoryEvent]:
-        """Events for every value whose resident bytes changed since the last call."""
+        """Events (named `name`, the op) for every value whose resident bytes changed
+        since the last call, then the allocator's peak if it rose above what was shown."""
+        return self._changes(env, owned, dev, t, name) + self._peak(dev, t, name)
+
+    def _totals(self, dev: int) -> tuple[int, int]:
+        if self.feed is None:
+            total = sum(self.attributed[dev].values())
+            return total, total
+        return self.feed.allocated(), self.feed.reserved()
+
+    def _changes(
+        self, env: Env, owned: set[str], dev: int, t: float, name: str | None
+    ) -> list[MemoryEvent]:
         attributed, now = self.attributed[dev], env.attribution(owned)
-        events = []
+        changed = []
         for value in dict.fromkeys([*attributed, *now]):
             delta = now.get(value, 0) - attributed.get(value, 0)
-            if not delta:
-                continue
-            attributed[value] = now.get(value, 0)
+            if delta:
+                attributed[value] = now.get(value, 0)
+                changed.append((value, delta))
+        allocated, reserved = self._totals(dev)
+        events = []
+        for value, delta in changed:
             addr = self._addr.setdefault(value, (len(self._addr) + 1) << 24)
-            total = sum(attributed.values())
-            events.append(MemoryEvent(dev, t * 1e6, addr, delta, total, total, name))
+            events.append(
+                MemoryEvent(dev, t * 1e6, addr, delta, allocated, reserved, name or value)
+            )
+        if events:
+            self.shown_peak[dev] = max(self.shown_peak[dev], allocated)
         return events
+
+    def _peak(self, dev: int, t: float, name: str) -> list[MemoryEvent]:
+        if self.feed is None:
+            return []
+        peak, shown = self.feed.max_allocated(), self.shown_peak[dev]
+        if peak <= shown:
+            return []
+        allocated, reserved = self._totals(dev)
+        self.shown_peak[dev] = peak
+        extra = peak - allocated
+        addr = self._addr.setdefault(f"{name}{self.TRANSIENT}", (len(self._addr) + 1) << 24)
+        return [
+            MemoryEvent(dev, t * 1e6, addr, extra, peak, max(reserved, peak), name),
+            MemoryEvent(dev, t * 1e6, addr, -extra, allocated, reserved, name),
+        ]
 
 
 def check_versions(m: MeasuredStep, offsets: dict[str, int]) -> None:

@@ -56,12 +56,13 @@ from rollplex.planner.plan import CoRun, Plan, Step
 from rollplex.runtime.accounting import ExecutionError, MemoryLedger, check_versions
 from rollplex.runtime.callbacks import Callback, Callbacks
 from rollplex.runtime.engine_residency import engine_schedule
-from rollplex.runtime.memory import Env, iter_tensors
+from rollplex.runtime.memory import Env, allocator_feed, iter_tensors
 from rollplex.runtime.order import plan_order
 from rollplex.runtime.plan_effects import COPY_KINDS, plan_effects
 from rollplex.runtime.pool_steps import PoolSteps
 from rollplex.runtime.pools import Pools
 from rollplex.runtime.record import MeasuredStep, StepResult
+from rollplex.runtime.rollout_ops import RAN_ALONE
 from rollplex.trace.timeline import MemoryEvent
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,10 @@ class Executor:
         self._start_on_host = self._initial_host()
         self._placed: dict[str, bool] = {}  # persistent value -> on host at the last step end
         self._carried: dict[str, Any] = {}  # previous RL step's values for previous_step steps
-        self._ledger = MemoryLedger(len(plan.devices))
+        # the allocator's totals describe one device group: the only one, or this rank's
+        one_group = pools is not None or len(plan.devices) == 1
+        feed = allocator_feed(device) if one_group else None
+        self._ledger = MemoryLedger(len(plan.devices), feed)
         self.origin = time.perf_counter()
         self.cuda = None
         self._closed = False
@@ -202,7 +206,8 @@ class Executor:
                 self.cuda.begin(start)
             measured: list[MeasuredStep] = []
             memory: list[MemoryEvent] = []
-            self._ledger.reset()
+            for dev in self._ledger_devices():  # what is resident before any op
+                memory += self._ledger.resident(env, self._owned[dev], dev, self._now())
             offsets: dict[str, int] = {}
             for k, step in enumerate(self.order):
                 self.callbacks.on_step_start(rl_step, step)
@@ -269,11 +274,18 @@ class Executor:
         m.freed, m.deviations = freed, list(self.deviations.get(k, ()))
         return m
 
+    def _ledger_devices(self) -> list[int]:
+        """The device groups whose memory this process accounts for."""
+        if self.pooled is not None:
+            return [self.pooled.pools.device]
+        return list(range(len(self.plan.devices)))
+
     def _runtime_deviation(self, k: int, msg: str) -> None:
         """A deviation the backend reports while running: logged the first time it is seen
         at this position, on the step (and in the trace) every time."""
         if msg not in self.deviations.get(k, ()):
-            log.warning("executor: at '%s': %s", self.order[k].name, msg)
+            level = logging.DEBUG if msg.endswith(RAN_ALONE) else logging.WARNING
+            log.log(level, "executor: at '%s': %s", self.order[k].name, msg)
             self._deviate(k, msg)
 
     def _now(self) -> float:
@@ -344,6 +356,8 @@ class Executor:
         if value not in env.device:
             return False  # offloaded already, or never made (a first step's carry)
         held = env.device.pop(value)
+        if self._persistent(value):
+            env.kept[value] = held  # the model still holds it: resident in truth
         release = getattr(held, "release", None)
         if callable(release) and not self.graph.values[value].external:
             release()  # e.g. gradients: the plan frees them, so really free them
@@ -363,6 +377,7 @@ class Executor:
         env.device.clear()
         env.host.clear()
         env.carry.clear()
+        env.kept.clear()
 
     def _persistent(self, name: str) -> bool:
         v = self.graph.values.get(name)

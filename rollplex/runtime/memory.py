@@ -4,12 +4,17 @@ Values live in one of two stores: `device` (resident: what the plan's slots hold
 `host` (offloaded, or host data not yet loaded). Chunked ops park partial results in a
 per-op carry, which is resident too.
 
-Resident bytes are the sum of the distinct storages reachable from the device store and
-the carries, minus storages that a host-store value holds (an alias of offloaded weights
-is not resident). A storage counts whole even when only a view of it is held, because
+Resident bytes are the sum of the distinct storages reachable from the device store, the
+carries and the weights and optimizer state the plan freed but the backend still holds,
+minus storages that a host-store value holds (an alias of offloaded weights is not
+resident). A storage counts whole even when only a view of it is held, because
 that is what stays allocated. Each storage is attributed to the first value that holds it
 (store order), which gives per-value byte counts for the memory trace that sum to the
 total.
+
+`AllocatorFeed` is the allocator's own view (CUDA: `torch.cuda.memory_allocated`,
+`memory_reserved`, `max_memory_allocated`), which the measured memory curve reports as its
+totals; on CPU the count above stands in for it.
 """
 
 from __future__ import annotations
@@ -63,11 +68,15 @@ class Env:
     device: dict[str, Any] = field(default_factory=dict)
     host: dict[str, Any] = field(default_factory=dict)
     carry: dict[str, dict[str, Any]] = field(default_factory=dict)  # op -> partial results
+    # Weights and optimizer state the plan freed: the step needs them no more, but the
+    # backend's model and optimizer still hold them, so they stay resident in truth.
+    kept: dict[str, Any] = field(default_factory=dict)
 
     def resident(self) -> Iterable[tuple[str, Any]]:
         yield from self.device.items()
         for op, c in self.carry.items():
             yield f"{op}#carry", c
+        yield from ((k, v) for k, v in self.kept.items() if k not in self.device)
 
     def attribution(self, owned: set[str] | None = None) -> dict[str, int]:
         """Resident bytes per value name (first holder wins); `owned` keeps only those
@@ -84,7 +93,7 @@ class Env:
                     continue
                 seen.add(key)
                 total += nbytes
-            out[name] = total
+            out[name] = out.get(name, 0) + total
         return out
 
     def resident_bytes(self, owned: set[str] | None = None) -> int:
@@ -92,3 +101,44 @@ class Env:
 
     def host_bytes(self) -> int:
         return sum(dict(s for v in self.host.values() for s in _storages(v)).values())
+
+
+class AllocatorFeed:
+    """What a device's allocator says: bytes allocated and reserved now, and the most
+    allocated since the process started. The measured memory curve takes its totals from
+    here; the per-value deltas come from `Env.attribution`. Tests pass a fake."""
+
+    def allocated(self) -> int:
+        raise NotImplementedError
+
+    def reserved(self) -> int:
+        raise NotImplementedError
+
+    def max_allocated(self) -> int:
+        raise NotImplementedError
+
+
+class CudaAllocator(AllocatorFeed):
+    """torch's CUDA caching allocator on one device."""
+
+    def __init__(self, device: str | torch.device) -> None:
+        self.device = torch.device(device)
+
+    def allocated(self) -> int:
+        return int(torch.cuda.memory_allocated(self.device))
+
+    def reserved(self) -> int:
+        return int(torch.cuda.memory_reserved(self.device))
+
+    def max_allocated(self) -> int:
+        return int(torch.cuda.max_memory_allocated(self.device))
+
+
+def allocator_feed(device: str | torch.device) -> AllocatorFeed | None:
+    """The CUDA allocator of `device`; None on CPU, where no caching allocator stands
+    between tensors and memory: there the executor's own count of the resident storages
+    is the allocated figure (and the reserved one, nothing being cached)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and torch.cuda.is_available():
+        return CudaAllocator(dev)
+    return None

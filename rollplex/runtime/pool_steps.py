@@ -99,7 +99,7 @@ class PoolSteps:
         note = (f"{'sent' if sends else 'received'} {t.what}: {m.nbytes} bytes in "
                 f"{m.seconds:.4f} s, routes {m.routes} (plan {plan})"
                 + (f"; by value {m.values}" if m.values else ""))  # fmt: skip
-        log.info("rank %d, '%s': %s", rank, step.name, note)
+        log.debug("rank %d, '%s': %s", rank, step.name, note)  # every step: --verbose
         return reads, note
 
     def sync_weights(self) -> None:

@@ -43,6 +43,14 @@ def step_profiler(device: str | torch.device = "cpu") -> profile:
     return profile(activities=activities, profile_memory=True, record_shapes=False)
 
 
+def device_label(device: str) -> str:
+    """What the trace names a measured device: the GPU's own name ("NVIDIA H200", as the
+    plan names it) for a CUDA device, else as given ("cpu")."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return device
+
+
 def _profiler_trace(prof: profile, plan: Plan, results: Sequence[StepResult]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
@@ -75,8 +83,12 @@ def export_run(
         raise ValueError("no measured steps to export")
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
+    device_name = device_label(device_name)
     planned_on = device_name if planned_device_name is None else planned_device_name
-    planned = plan_timeline(plan, label="planned", device_name=planned_on, steps=len(results))
+    planned = plan_timeline(
+        plan, label="planned", device_name=planned_on, steps=len(results),
+        first_step=results[0].rl_step,  # ProfilerStep#N names as the measured worker's
+    )  # fmt: skip
     traces = {f"planned{d}": build_profiler_trace(planned, d) for d in planned.devices()}
     if prof is not None:
         traces["measured0"] = _profiler_trace(prof, plan, results)
@@ -104,6 +116,29 @@ def export_run(
         other.unlink(missing_ok=True)  # an earlier export of this worker, the other format
         os.replace(tmp, final)
     return [final for _, final in staged]
+
+
+def comparison_image(
+    plan: Plan,
+    results: Sequence[StepResult],
+    *,
+    calibrated: str | None,
+    device_name: str = "",
+    planned_device_name: str | None = None,
+) -> bytes:
+    """The planned-vs-measured panel (`trace/gantt.py`) of the steps in `results`, PNG."""
+    from rollplex.trace.gantt import comparison_png
+
+    device_name = device_label(device_name)
+    planned_on = device_name if planned_device_name is None else planned_device_name
+    first = results[0].rl_step
+    planned = plan_timeline(
+        plan, label=f"plan '{plan.schedule}' on {planned_on or 'its hardware'}",
+        steps=len(results), first_step=first,
+    )  # fmt: skip
+    measured = measured_timeline(plan, results, label=f"on {device_name}", device_name=device_name)
+    title = f"RL steps {first + 1}-{first + len(results)}: planned above, measured below"
+    return comparison_png(planned, measured, calibrated=calibrated, title=title)
 
 
 def load_trace(path: str | os.PathLike) -> dict:

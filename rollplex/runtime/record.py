@@ -110,6 +110,8 @@ def measured_timeline(
         device_name=device_name,
         device_memory_bytes=max((d.budget_bytes for d in plan.devices), default=0),
         marks=marks,
+        on_cpu=device_name.lower().startswith("cpu"),
+        first_step=results[0].rl_step,
     )
 
 

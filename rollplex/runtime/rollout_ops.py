@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from rollplex.runtime.dispatch import RoleDispatch
 
 log = logging.getLogger(__name__)
+# A piggybacked chunk whose decode stopped before its window (short answers): the same
+# result as run alone, only not overlapped; the run log says so at DEBUG, not as a warning.
+RAN_ALONE = "its rows ran alone"
 
 
 def forced_lengths(dist: Any, rows: int, cap: int, seed: int, step: int) -> tuple[int, ...]:
@@ -111,7 +114,7 @@ class RolloutOps:
         state, saved = role.attach_ridden(ridden, x["features"], head)
         out = {"kv": state, "saved": saved} if "saved" in op.outputs else {"kv": state}
         if getattr(ridden, "alone", False):  # every row stopped before the planned window
-            return out, f"'{op.name}' found the decode finished: its rows ran alone"
+            return out, f"'{op.name}' found the decode finished: {RAN_ALONE}"
         return out, ""
 
     def _sampling(self, rows: int) -> Sampling:

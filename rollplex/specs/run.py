@@ -92,11 +92,24 @@ class TrainSpec(Spec):
 
 
 class EvalSpec(Spec):
-    """The `eval` job: greedy accuracy of a model folder (a train checkpoint) on a split."""
+    """The `eval` job: greedy accuracy of a model folder (a train checkpoint) on a split.
+    A checkpoint is scored the way its training run scored it: unset fields, and the
+    data/workload/seed/model groups not given on the command line, come from the run's
+    config.json (rollplex.jobs.eval)."""
 
     split: Literal["train", "test"] = Field("test", description="Which split to score.")
-    prompts: int = Field(200, ge=1, description="Prompts scored (the split's first).")
-    max_new_tokens: int = Field(8, ge=1, description="Generation cap per answer.")
+    prompts: int | None = Field(
+        None,
+        ge=1,
+        description="Prompts scored (the split's first); None: the training run's "
+        "train.eval_prompts, else 200.",
+    )
+    max_new_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Generation cap per answer; None: the training run's "
+        "train.max_new_tokens, else 8.",
+    )
     device: str = Field("cpu", description="torch device: cpu or cuda.")
 
 

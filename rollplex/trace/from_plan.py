@@ -3,7 +3,9 @@
 Each device group becomes one worker (device id = group index), each plan stream one
 lane, each step one span. Memory events come from the slot plan: a slot allocates at its
 first step's start and frees at its last step's end, at its arena offset (lanes' arenas
-laid side by side), so TensorBoard's memory curve is the planned residency.
+laid side by side), so TensorBoard's memory curve is the planned residency. Weights and
+optimizer state resident over the whole step are allocated once, under their value's name,
+and stay from one repeated step to the next.
 """
 
 from __future__ import annotations
@@ -12,16 +14,35 @@ from rollplex.planner.plan import Plan
 from rollplex.trace.timeline import MemoryEvent, Span, Timeline
 
 _US = 1e6
+# Weights and optimizer state live across RL steps: their bytes are named for the value
+# (not the first op that reads them) and stay resident from one repeat to the next.
+PERSISTENT = ("weights", "optimizer_state")
+
+
+def _spans_the_step(slot, first, last, steps) -> bool:
+    """A persistent slot resident from the step's first op to past its last."""
+    if slot.value_kind not in PERSISTENT or not steps:
+        return False
+    start = min(s.start_s for s in steps)
+    end = max(s.end_s for s in steps)
+    return first.start_s <= start and last.end_s >= end
 
 
 def plan_timeline(
-    plan: Plan, label: str | None = None, device_name: str = "", steps: int = 1
+    plan: Plan,
+    label: str | None = None,
+    device_name: str = "",
+    steps: int = 1,
+    first_step: int = 0,
 ) -> Timeline:
-    """`steps` repeats the step back to back (the trace shows one ProfilerStep each)."""
+    """`steps` repeats the step back to back (the trace shows one ProfilerStep each),
+    numbered from `first_step` (a measured run's first RL step: the same step names)."""
     spans: list[Span] = []
     memory: list[MemoryEvent] = []
     names: dict[tuple[int, int], str] = {}
-    period = plan.step_time_s * _US
+    # whole nanoseconds (the trace's resolution): repeats then start exactly k periods
+    # apart and every ProfilerStep is as long as the plan's step, none 0.001 us shorter
+    period = round(plan.step_time_s * _US, 3)
     # plan-wide: a slot can end at another group's step (a hand-over's transfer)
     by_index = {s.index: s for d in plan.devices for s in d.steps}
     for dev_id, dev in enumerate(plan.devices):
@@ -31,6 +52,8 @@ def plan_timeline(
         for lane in sorted(dev.arena_bytes):
             lane_base[lane] = base
             base += dev.arena_bytes[lane]
+        total = 0
+        persistent = {sl.value for sl in dev.slots if sl.value_kind in PERSISTENT}
         for k in range(steps):
             t0 = k * period
             for s in dev.steps:
@@ -57,10 +80,15 @@ def plan_timeline(
                     continue
                 a, b = by_index[slot.first], by_index[slot.last]
                 addr = lane_base.get(slot.lane, 0) + slot.offset
-                events.append((t0 + a.start_s * _US, slot.size, addr, a.name))
-                events.append((t0 + b.end_s * _US, -slot.size, addr, b.name))
-            total = 0
-            for t, delta, addr, name in sorted(events, key=lambda e: (e[0], e[1])):
+                whole = _spans_the_step(slot, a, b, dev.steps)
+                if k == 0 or not whole:  # a whole-step weight stays from the last repeat
+                    owner = slot.value if slot.value_kind in PERSISTENT else a.name
+                    events.append((t0 + a.start_s * _US, slot.size, addr, owner))
+                if not whole:  # a whole-step weight is still resident when the step ends
+                    events.append((t0 + b.end_s * _US, -slot.size, addr, b.name))
+            # at one time: frees first, then what persists, then the op's own bytes
+            events.sort(key=lambda e: (e[0], e[1] > 0, e[3] not in persistent, e[1]))
+            for t, delta, addr, name in events:
                 total += delta
                 memory.append(MemoryEvent(dev_id, t, addr, delta, total, base, name))
     return Timeline(
@@ -71,4 +99,5 @@ def plan_timeline(
         names,
         device_name=device_name,
         device_memory_bytes=max((d.budget_bytes for d in plan.devices), default=0),
+        first_step=first_step,
     )

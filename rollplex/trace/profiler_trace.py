@@ -4,12 +4,13 @@ One file per device, worker `gpu<N>`. Inside it:
 - the device process (pid = device id) has one lane per stream; every device event carries
   args.device == pid, which the plugin uses to index per-GPU arrays (so devices are < 64);
 - the host process has a `steps` lane with one `ProfilerStep#N` per RL step (the Overview is
-  per step) and one host lane per stream. Each device span gets a `cpu_op` there plus a
-  1 ns `runtime` launch correlated to the device event, which fills the Operator and
-  Kernel views without inventing host time. Lanes per stream (not one host thread) because
-  ops on one host tid must nest, and decode overlapping prefix work would otherwise be dropped;
-- `[memory]` instant events sit on the lane of the op that allocated, so the Memory view can
-  name it;
+  per step) and one host lane per stream. Each device span gets a 1 ns `cpu_op` there at
+  its start (its launch, not a copy of the device bar: the timeline has no host time) with
+  a 1 ns `runtime` launch correlated to the device event, which fills the Operator and
+  Kernel views. Lanes per stream (not one host thread) because ops on one host tid must
+  nest;
+- `[memory]` instant events of an allocation sit in the 1 ns op that made it (at its
+  launch), so the Memory view can name it; frees keep their time;
 - marks (e.g. where the runtime did not follow the plan) are instants on their stream.
 `traceEvents` is the last key: the Trace view splices GPU counters in before the final `]`.
 """
@@ -31,6 +32,7 @@ MAX_DEVICES = 64  # torch_tb_profiler.consts.MAX_GPU_PER_NODE
 OVERFLOW_TID = 100_000  # device tid of overflow lane k of stream s: k * OVERFLOW_TID + s
 HOST_PID = 1_000_000  # any pid that is not a device id
 LAUNCH_US = 0.001  # runtime events are (nearly) free: the timeline has no launch cost
+DEVICE_TYPE_CPU, DEVICE_TYPE_CUDA = 0, 1  # a [memory] event's "Device Type" (c10)
 STEPS_TID = 1  # host tids: steps lanes first, then one per (stream, lane)
 
 
@@ -51,6 +53,18 @@ def _check(timeline: Timeline) -> None:
             raise ValueError(f"step ({start}, {end}) must have end > start")
 
 
+def _shown(args: dict) -> dict:
+    """A span's own args as the trace viewer shows them: it leaves a 0 (and an empty
+    string) blank, so zeros are written as "0" and empty strings dropped."""
+    out = {}
+    for k, v in args.items():
+        if v == "":
+            continue
+        numeric = isinstance(v, int | float) and not isinstance(v, bool)
+        out[k] = "0" if numeric and v == 0 else v
+    return out
+
+
 def _meta(kind: str, pid: int, tid: int, **args: object) -> dict:
     return {"name": kind, "ph": "M", "ts": 0, "pid": pid, "tid": tid, "args": args}
 
@@ -60,8 +74,8 @@ def _x(cat: str, name: str, pid: int, tid: int, ts: float, dur: float, args: dic
 
 
 def _steps(timeline: Timeline, spans: list[Span], device: int) -> list[tuple[float, float]]:
-    if timeline.steps:
-        return [(_us(a), _us(b)) for a, b in timeline.steps]
+    if timeline.steps:  # whole ns: back-to-back steps stay back to back, equal steps equal
+        return [(_us(a), _us(a) + _us(b - a)) for a, b in timeline.steps]
     # No steps given: one step over everything, because the plugin needs a host step.
     times = [t for s in spans for t in (s.start_us, s.end_us)]
     times += [m.t_us for m in timeline.memory if m.device == device]
@@ -86,27 +100,47 @@ def _stream_lanes(spans: list[Span], ts: list[float], dur: list[float]) -> list[
 
 
 def _process_meta(timeline: Timeline, device: int) -> list[dict]:
+    kind = "CPU" if timeline.on_cpu else "GPU"
     return [
-        _meta("process_name", device, 0, name=f"GPU {device}"),
-        _meta("process_labels", device, 0, labels=timeline.device_name or "GPU"),
+        _meta("process_name", device, 0, name=f"{kind} {device}"),
+        _meta("process_labels", device, 0, labels=timeline.device_name or kind),
         _meta("process_sort_index", device, 0, sort_index=device),
         _meta("process_name", HOST_PID, 0, name=f"host ({timeline.label})"),
         _meta("process_sort_index", HOST_PID, 0, sort_index=MAX_DEVICES),
     ]
 
 
-def _memory_events(timeline: Timeline, device: int, ops: dict[str, list]) -> list[dict]:
-    out = []
+def _memory_events(
+    timeline: Timeline, device: int, ops: dict[str, list], first_tid: int
+) -> tuple[list[dict], list[dict]]:
+    """The `[memory]` instants, and the 1 ns host ops ("value lanes") that name the
+    bytes of a value resident before any op (weights, optimizer state): an event named
+    for no span gets an op of its own name, so the Memory view shows the value, not
+    `<unknown>`."""
+    out, meta = [], []
+    value_tids: dict[str, int] = {}
     for m in timeline.memory:
         if m.device != device:
             continue
         t = _us(m.t_us)
-        tid = next((h for a, b, h in ops.get(m.name, ()) if a <= t < b), STEPS_TID)
-        args = {"Device Type": 1, "Device Id": device, "Addr": m.addr, "Bytes": m.delta_bytes}
+        op = next(((a, h) for a, b, h in ops.get(m.name, ()) if a <= t < b), None)
+        tid = None if op is None else op[1]
+        if op is not None and m.delta_bytes > 0:
+            t = op[0]  # what an op makes: at its launch, inside its 1 ns host op
+        if tid is None and m.name and m.name not in ops:
+            if m.name not in value_tids:
+                value_tids[m.name] = tid = first_tid + len(value_tids)
+                meta.append(_meta("thread_name", HOST_PID, tid, name=f"value: {m.name}"))
+                meta.append(_meta("thread_sort_index", HOST_PID, tid, sort_index=tid))
+            tid = value_tids[m.name]
+            out.append(_x("cpu_op", m.name, HOST_PID, tid, t, LAUNCH_US, {"value": m.name}))
+        tid = STEPS_TID if tid is None else tid
+        kind = DEVICE_TYPE_CPU if timeline.on_cpu else DEVICE_TYPE_CUDA
+        args = {"Device Type": kind, "Device Id": device, "Addr": m.addr, "Bytes": m.delta_bytes}
         args |= {"Total Allocated": m.total_allocated, "Total Reserved": m.total_reserved}
         head = {"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]"}
         out.append(head | {"pid": HOST_PID, "tid": tid, "ts": t, "args": args})
-    return out
+    return out, meta
 
 
 def build_profiler_trace(timeline: Timeline, device: int) -> dict:
@@ -118,7 +152,8 @@ def build_profiler_trace(timeline: Timeline, device: int) -> dict:
     steps = _steps(timeline, spans, device)
     step_lanes, step_durs = pack(steps)
     for k, ((a, _), lane, d) in enumerate(zip(steps, step_lanes, step_durs, strict=True)):
-        step = ("user_annotation", f"ProfilerStep#{k}", HOST_PID, STEPS_TID + lane)
+        name = f"ProfilerStep#{timeline.first_step + k}"
+        step = ("user_annotation", name, HOST_PID, STEPS_TID + lane)
         events.append(_x(*step, a, d, {"External id": k + 1}))
     for lane in range(max(step_lanes) + 1):
         name = "steps" + (f" [overlap {lane}]" if lane else "")
@@ -151,14 +186,17 @@ def build_profiler_trace(timeline: Timeline, device: int) -> dict:
             # 1 ns, not 0: a zero-length launch at a step's end is counted in that step.
             launch = min(LAUNCH_US, dur[i])
             events.append(_x("runtime", DEVICE_CATS[s.cat], HOST_PID, tid, ts[i], launch, link))
-            dev_args = {**s.args, **info, "device": device, **link}
+            dev_args = {**_shown(s.args), **info, "device": device, **link}
             dev_tid = lane * OVERFLOW_TID + s.stream
             events.append(_x(s.cat, s.name, device, dev_tid, ts[i], dur[i], dev_args))
         else:  # host-only work (e.g. cat "cpu_op") keeps its category and args
-            op_cat, op_args = s.cat, {**s.args, **op_args}
-        events.append(_x(op_cat, s.name, HOST_PID, tid, ts[i], dur[i], op_args))
-        ops[s.name].append((ts[i], ts[i] + dur[i], tid))
-    events += _memory_events(timeline, device, ops)
+            op_cat, op_args = s.cat, {**_shown(s.args), **op_args}
+        host_dur = launch if s.cat in DEVICE_CATS else dur[i]
+        events.append(_x(op_cat, s.name, HOST_PID, tid, ts[i], host_dur, op_args))
+        ops[s.name].append((ts[i], ts[i] + dur[i], tid))  # the span's range: its memory
+    memory, value_meta = _memory_events(timeline, device, ops, first_host_tid + len(host_tids))
+    events += memory
+    meta += value_meta
     for m in timeline.marks:  # instants on the stream's device lane; the plugin skips them
         if m.device == device:
             args = {"text": m.text} if m.text else {}
@@ -175,6 +213,8 @@ def build_profiler_trace(timeline: Timeline, device: int) -> dict:
         "deviceProperties": props,
         "displayTimeUnit": "ms",
         "rollplex": {"label": timeline.label, "device": device},
+        # the Trace view's title (the plugin's page passes none: rollplex.trace.offline)
+        "traceName": f"{timeline.label} on {timeline.device_name or 'device'} {device}",
         "traceEvents": meta + events,  # last: see the module docstring
     }
 

@@ -9,6 +9,7 @@ need none of it. Tags and plugin payloads match what SummaryWriter writes.
 
 from __future__ import annotations
 
+import io
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -38,6 +39,15 @@ class EventWriter:
 
     def add_text(self, tag: str, text: str, global_step: int = 0) -> None:
         self._write(text_pb(f"{tag}/text_summary", text), global_step)
+
+    def add_image_png(self, tag: str, png: bytes, global_step: int = 0) -> None:
+        """An encoded PNG for the Images tab (what SummaryWriter.add_image writes)."""
+        from PIL import Image
+
+        with Image.open(io.BytesIO(png)) as im:
+            width, height = im.size
+        image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png)
+        self._write(Summary(value=[Summary.Value(tag=tag, image=image)]), global_step)
 
     def add_hparams(self, hparams: Mapping[str, Scalar], metrics: Mapping[str, float]) -> None:
         """The HParams tab's experiment and session records, and each metric as a scalar."""
@@ -90,6 +100,11 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
 def write_text(writer: EventWriter, tag: str, markdown: str, step: int = 0) -> None:
     """Markdown text, e.g. `TimelineDiff.markdown()`."""
     writer.add_text(tag, markdown, global_step=step)
+
+
+def write_image(writer: EventWriter, tag: str, png: bytes, step: int = 0) -> None:
+    """A PNG (e.g. `gantt.comparison_png`) into the Images tab."""
+    writer.add_image_png(tag, png, global_step=step)
 
 
 def write_table(

@@ -70,6 +70,8 @@ class Timeline:
     device_name: str = ""
     device_memory_bytes: int = 0
     marks: list[Mark] = field(default_factory=list)
+    on_cpu: bool = False  # measured on the host: lanes and memory say CPU, not GPU
+    first_step: int = 0  # number of the first RL step: ProfilerStep#<first_step + k>
 
     def devices(self) -> list[int]:
         """Devices that have any span or memory event, ascending."""

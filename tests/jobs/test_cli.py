@@ -77,7 +77,7 @@ def test_plan_job_writes_its_run_folder(tmp_path: Path) -> None:
     loaded = load_plan((out / "plan.json").read_text())
     assert loaded.schedule == "rollplex" and loaded.step_time_s > 0
     assert plan["schedule"] == "rollplex" and plan["devices"][0]["steps"]
-    assert list((out / "tb").glob("gpu0.*.pt.trace.json"))
+    assert list((out / "tb").glob("planned0.*.pt.trace.json"))
     assert "speedup vs serial" in (out / "plan.md").read_text()
 
 
@@ -96,7 +96,7 @@ def test_multirun_sweep_makes_one_table(tmp_path: Path) -> None:
     (sweep,) = (tmp_path / "multirun" / "plan").iterdir()
     rows = list(csv.DictReader((sweep / "comparison.csv").open()))
     assert sorted(r["schedule"] for r in rows) == ["disaggregated", "rollplex", "serial"]
-    assert len(list(sweep.glob("*/tb/gpu0.*.pt.trace.json"))) == 3
+    assert len(list(sweep.glob("*/tb/planned0.*.pt.trace.json"))) == 3
     assert "| run |" in (sweep / "comparison.md").read_text()
 
 

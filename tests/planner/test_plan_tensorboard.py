@@ -31,13 +31,13 @@ def test_planned_run_serves_runs_trace_and_memory_curve(tmp_path: Path) -> None:
     )
     summary = run_job(spec, tmp_path / "run")
     with tensorboard(tmp_path, "run/tb", tmp_path / "tb.log") as srv:
-        trace = srv.get(API + "trace", run="run/tb", worker="gpu0", span=1)
+        trace = srv.get(API + "trace", run="run/tb", worker="planned0", span=1)
         kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
         names = {e["name"] for e in kernels}
         assert any(n.startswith("rollout.decode#") for n in names)
         assert any(e["args"].get("corun") == "piggyback" for e in kernels)
         curve = srv.get(
-            API + "memory_curve", run="run/tb", worker="gpu0", span=1, memory_metric="B"
+            API + "memory_curve", run="run/tb", worker="planned0", span=1, memory_metric="B"
         )
         live = max(r[1] for r in curve["rows"]["GPU0"])
         # The curve is bytes allocated (live slots); the arenas reserve the planned peak.

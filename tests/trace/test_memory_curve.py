@@ -1,0 +1,123 @@
+"""The measured memory curve is the allocator's truth: what is resident before a step
+(weights, optimizer state) is on it from the step's start under its value's name, it never
+falls below the step's resident weights, Reserved is the reserved figure, and the peak the
+Memory view shows is the recorded maximum (`max_memory_allocated` on CUDA; the
+executor's own count on CPU, checked here on a real tiny run and with a fake allocator)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rollplex.runtime import measured_timeline
+from rollplex.runtime.accounting import OUTSIDE_STEPS, MemoryLedger
+from rollplex.runtime.memory import AllocatorFeed, Env
+from rollplex.specs import ScheduleSpec
+from rollplex.trace import build_profiler_trace
+from tests.runtime.conftest import cached_run
+
+pytest.importorskip("torch_tb_profiler", reason="torch-tb-profiler is not installed")
+from torch_tb_profiler.profiler.data import RunProfileData
+from torch_tb_profiler.profiler.run_generator import RunGenerator
+
+pytestmark = pytest.mark.filterwarnings("ignore:The copy keyword is deprecated")
+WEIGHTS = ("policy.weights", "ref.weights", "vision.weights")
+
+
+class FakeAllocator(AllocatorFeed):
+    """An allocator whose figures the test sets: a cache above what is allocated, and a
+    peak reached inside an op that no value holds afterwards."""
+
+    def __init__(self) -> None:
+        self.now, self.cached, self.peak = 0, 0, 0
+
+    def set(self, now: int, peak_inside: int = 0) -> None:
+        self.now = now
+        self.cached = max(self.cached, now, peak_inside) + 4096
+        self.peak = max(self.peak, now, peak_inside)
+
+    def allocated(self) -> int:
+        return self.now
+
+    def reserved(self) -> int:
+        return self.cached
+
+    def max_allocated(self) -> int:
+        return self.peak
+
+
+def _profile(timeline):
+    trace = json.loads(json.dumps(build_profiler_trace(timeline, 0)))
+    data = RunProfileData.from_json("measured0", 1, trace)
+    return RunGenerator("measured0", 1, data).generate_run_profile()
+
+
+@pytest.fixture(scope="module")
+def run():
+    return cached_run(ScheduleSpec(name="rollplex", overlap="piggyback"))
+
+
+@pytest.mark.parametrize("schedule", ["serial", "rollplex"])
+def test_the_curve_never_drops_below_the_resident_weights(schedule):
+    run = cached_run(ScheduleSpec(name=schedule))
+    first = run.results[0]
+    named = {e.name: e.delta_bytes for e in first.memory[: len(WEIGHTS)]}
+    assert named.keys() == set(WEIGHTS) and all(v > 0 for v in named.values())
+    assert first.memory[0].t_us <= min(m.start_s for m in first.steps) * 1e6  # before any op
+    weights = sum(named.values())
+    for r in run.results[1:]:  # still resident from the step before: no drop, no re-report
+        assert not [e for e in r.memory if e.name in WEIGHTS]
+        assert min(e.total_allocated for e in r.memory) >= weights
+    curve = _profile(measured_timeline(run.planned.plan, run.results))
+    (points,) = curve.get_memory_curve(memory_metric="B")["rows"].values()
+    after = points[2 * len(WEIGHTS) - 1 :]  # the step plot doubles every point but the first
+    assert after and min(p[1] for p in after) >= weights
+
+
+def test_the_shown_peak_is_the_recorded_maximum_and_cpu_runs_say_cpu(run):
+    timeline = measured_timeline(run.planned.plan, run.results, device_name="cpu")
+    curve = _profile(timeline).get_memory_curve(memory_metric="B")
+    recorded = max(max(r.peak_resident_bytes.values()) for r in run.results)
+    assert max(p[1] for pts in curve["rows"].values() for p in pts) == recorded
+    assert list(curve["rows"]) == ["CPU"]  # no "GPU0" for a CPU run
+
+
+def _value(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def test_a_fake_allocator_feeds_the_totals_the_reserved_figure_and_the_peak():
+    feed = FakeAllocator()
+    ledger = MemoryLedger(1, feed)
+    owned = {"w", "adam", "act", "op"}
+    env = Env(device={"w": _value(1000), "adam": _value(2000)})
+    feed.set(3000, peak_inside=3200)  # loading peaked before the first step
+    start = ledger.resident(env, owned, 0, 0.0)
+    assert [e.name for e in start[2:]] == [OUTSIDE_STEPS] * 2 and start[2].total_allocated == 3200
+    start = start[:2]
+    assert [(e.name, e.delta_bytes) for e in start] == [("w", 1000), ("adam", 2000)]
+    assert {e.total_allocated for e in start} == {3000}
+    assert all(e.total_reserved == feed.reserved() > e.total_allocated for e in start)
+    env.device["act"] = _value(500)
+    feed.set(3500, peak_inside=9000)  # a workspace no value holds peaked inside the op
+    events = ledger.events(env, owned, 0, 1.0, "op")
+    assert [e.delta_bytes for e in events] == [500, 5500, -5500]  # the act, the peak, gone
+    assert max(e.total_allocated for e in events) == feed.max_allocated() == 9000
+    assert events[-1].total_allocated == 3500
+    env.device.pop("act")
+    feed.set(3000)
+    events = ledger.events(env, owned, 0, 2.0, "op")
+    assert [e.delta_bytes for e in events] == [-500]  # no new peak: no transient
+    assert min(e.total_allocated for e in events) >= 3000  # weights and state stay
+
+
+def test_without_an_allocator_the_totals_are_the_values_count():
+    ledger, owned = MemoryLedger(1), {"w", "act"}
+    env = Env(device={"w": _value(1000)})
+    assert ledger.resident(env, owned, 0, 0.0)[0].total_allocated == 1000
+    env.device["act"] = _value(24)
+    (e,) = ledger.events(env, owned, 0, 1.0, "op")
+    assert (e.name, e.total_allocated, e.total_reserved) == ("op", 1024, 1024)
+    assert ledger.resident(Env(device={"w": env.device["w"]}), owned, 0, 2.0)[0].delta_bytes == -24
