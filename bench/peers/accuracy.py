@@ -68,7 +68,8 @@ def trl_curve(args, s: PeerSettings, data: Path, test: Path, run: Path) -> dict[
     cmd = [
         sys.executable, str(HERE / "trl_grpo.py"), "--model", str(args.model), "--data", str(data),
         "--eval-data", str(test), "--eval-every", str(args.eval_every), "--shape", args.shape,
-        "--workload", "easyvqa", "--out", str(out), *(["--vllm"] if args.vllm else []),
+        "--workload", "easyvqa", "--out", str(out), "--no-ignore-eos",
+        *(["--vllm"] if args.vllm else []),
         *(f"--{k.replace('_', '-')}={v}" for k, v in s.as_dict().items()),
     ]  # fmt: skip
     env = {**os.environ, **({"OMP_NUM_THREADS": "1"} if args.device == "cpu" else {})}

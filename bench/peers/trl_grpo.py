@@ -111,7 +111,13 @@ def run(args: argparse.Namespace, s: PeerSettings) -> dict[str, Any]:
     processor = AutoProcessor.from_pretrained(args.model)
     batch = s.prompts_per_step * s.group_size
     micro = min(batch, args.micro_batch)
-    ignore_eos = {"ignore_eos": True} if args.vllm else {"min_new_tokens": s.max_new_tokens}
+    # Throughput runs ignore EOS so every framework generates the same tokens; accuracy runs
+    # keep it (a model that never learns to stop would be scored differently from training).
+    ignore_eos = (
+        ({"ignore_eos": True} if args.vllm else {"min_new_tokens": s.max_new_tokens})
+        if args.ignore_eos
+        else {}
+    )
     config = GRPOConfig(
         output_dir=str(args.out.parent / "trl_output"),
         max_steps=s.steps,
@@ -217,6 +223,12 @@ def main() -> None:
     ap.add_argument("--workload", required=True)
     ap.add_argument("--vllm", action="store_true", help="TRL's colocated vLLM generation")
     ap.add_argument("--vllm-memory", type=float, default=0.3)
+    ap.add_argument(
+        "--ignore-eos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="every response runs to max_new_tokens (throughput); --no-ignore-eos for accuracy",
+    )
     ap.add_argument("--micro-batch", type=int, default=8, help="completions per forward/backward")
     ap.add_argument("--out", type=Path, required=True)
     PeerSettings.add_arguments(ap)
