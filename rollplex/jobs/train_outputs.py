@@ -27,6 +27,7 @@ CSV_FIELDS = (
     "loss_kl",  # the KL term of the loss (0 when the run puts the KL only in the reward)
     "reward_kl",  # kl_in_reward: the per-token KL the rewards were penalised by (else empty)
     "ppo_kl",
+    "entropy",  # the policy's per-token entropy, aggregated as the loss is (verl's actor/entropy)
     "ppo_updates",  # policy optimizer steps this RL step (algo.ppo_mini_batch_size, ppo_epochs)
     "response_length",
     "eval_accuracy",

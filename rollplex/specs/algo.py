@@ -92,9 +92,10 @@ class AlgoSpec(Spec):
     entropy_coeff: float = Field(
         0.0,
         description="Subtract this times the policy's entropy (aggregated as the loss is) "
-        "from the loss [entropy_coeff]. The loss supports it (backends/torch/loss.py), but "
-        "the training forward does not compute the entropy yet (it needs each position's "
-        "full logits carried through the micro-batches): only 0 is accepted for now.",
+        "from the loss [entropy_coeff]: the entropy of the temperature-scaled distribution "
+        "at each response position, from the training forward's own logits (no extra "
+        "forward). It is logged as `entropy` every step either way; at 0 it carries no "
+        "grad.",
     )
     kl_loss_type: str = Field(
         "low_var_kl",
@@ -185,11 +186,6 @@ class AlgoSpec(Spec):
         if self.kl_in_reward and self.name != "ppo":
             raise ValueError(f"kl_in_reward is PPO's (GAE over token rewards), not {self.name}'s")
         self._check_kl_options()
-        if self.entropy_coeff != 0:
-            raise ValueError(
-                "entropy_coeff: the training forward does not compute the policy's entropy "
-                "yet, so the term would be silently absent; set entropy_coeff=0"
-            )
         if self.loss_scale_factor is not None and self.loss_agg_mode != "seq-mean-token-sum-norm":
             raise ValueError(
                 "loss_scale_factor divides seq-mean-token-sum-norm's sum; loss_agg_mode is "

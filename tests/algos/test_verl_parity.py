@@ -276,8 +276,6 @@ def test_defaults_are_verls():
         ({"loss_scale_factor": 100}, "loss_scale_factor"),
         ({"clip_ratio_low": 1.0}, "clip_ratio_low"),
         ({"clip_ratio_high": 0.0}, "clip_ratio_high"),
-        # the loss has the term (tested above); the trainer's forward gives no entropy yet
-        ({"entropy_coeff": 0.001}, "entropy_coeff"),
         ({"name": "ppo", "kl_in_reward": True, "use_reference": False, "kl_coef": 0}, "kl_in_"),
     ],
 )
@@ -291,3 +289,4 @@ def test_good_combinations_pass():
              kl_ctrl="adaptive", target_kl=0.05, kl_horizon=1000)  # fmt: skip
     AlgoSpec(loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=1024)
     AlgoSpec(clip_ratio_low=0.2, clip_ratio_high=0.28, kl_loss_type="k3+")
+    AlgoSpec(entropy_coeff=0.001)  # the training forward computes the entropy

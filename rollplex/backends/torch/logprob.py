@@ -57,22 +57,50 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
 HEAD_CHUNK_BYTES = 1 << 30
 
 
+# What the training forward computes beside logprobs: nothing, the entropy as a metric
+# (without grad), or the entropy with grad (an entropy_coeff term in the loss).
+NO_ENTROPY, ENTROPY_METRIC, ENTROPY_GRAD = None, "metric", "grad"
+
+
+def entropy_mode(entropy_coeff: float) -> str:
+    """ENTROPY_GRAD when the loss has an entropy term, else ENTROPY_METRIC."""
+    return ENTROPY_GRAD if entropy_coeff else ENTROPY_METRIC
+
+
+def _logprobs_entropy(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, entropy: str | None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    lp = token_logprobs(logits, tokens, temperature)
+    if entropy is None:
+        return lp
+    if entropy == ENTROPY_GRAD:
+        return lp, token_entropy(logits, temperature)
+    with torch.no_grad():  # a metric: no graph through the [.., V] softmax
+        return lp, token_entropy(logits, temperature)
+
+
 def head_logprobs(
-    head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float
-) -> torch.Tensor:
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float,
+    entropy: str | None = NO_ENTROPY,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """token_logprobs(head(hidden), tokens) for hidden [N, T, H], tokens [N, T], computed in
     chunks of tokens whose logits are recomputed in backward instead of kept (the fused
     linear + log-softmax of Liger/verl). Same values as the one-shot form up to the
     matmul's rounding for a different row count; one chunk when the logits are small
     (still recomputed in backward: a training micro-batch's logits are small, but kept for
-    every micro-batch until the backward they would add up)."""
+    every micro-batch until the backward they would add up). With `entropy`
+    (ENTROPY_METRIC or ENTROPY_GRAD) it returns (logprobs, token_entropy [N, T]) from the
+    same chunk's logits, the entropy with grad only for ENTROPY_GRAD."""
     n, t, h = hidden.shape
     vocab = head.weight.shape[0] if hasattr(head, "weight") else h
     chunk = max(1, HEAD_CHUNK_BYTES // (4 * vocab))
     flat, ids = hidden.reshape(n * t, h), tokens.reshape(n * t)
 
-    def part(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return token_logprobs(head(x), y, temperature)
+    def part(x: torch.Tensor, y: torch.Tensor):
+        return _logprobs_entropy(head(x), y, temperature, entropy)
 
     keep = torch.is_grad_enabled()
     if n * t <= chunk:
@@ -85,7 +113,12 @@ def head_logprobs(
         else part(flat[lo : lo + chunk], ids[lo : lo + chunk])
         for lo in range(0, n * t, chunk)
     ]
-    return torch.cat(parts).view(n, t)
+    if entropy is None:
+        return torch.cat(parts).view(n, t)
+    return (
+        torch.cat([p[0] for p in parts]).view(n, t),
+        torch.cat([p[1] for p in parts]).view(n, t),
+    )
 
 
 def response_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
@@ -104,15 +137,25 @@ def group_size_of(state: PrefixState, rows: int, group_size: int | None = None) 
 
 
 def first_logprobs(
-    logits: torch.Tensor, tokens: torch.Tensor, group_size: int, temperature: float
-) -> torch.Tensor:
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    group_size: int,
+    temperature: float,
+    entropy: str | None = NO_ENTROPY,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """token_logprobs of response token 0 [N] from its prompt's last logits [B, V]:
-    the normaliser is taken once per prompt and picked per row, logits never repeated."""
+    the normaliser is taken once per prompt and picked per row, logits never repeated.
+    With `entropy`, (logprobs, entropy [N]) as head_logprobs gives them."""
+    prompt = torch.arange(tokens.shape[0], device=tokens.device) // group_size
+    ent = None
+    if entropy is not None:
+        with torch.set_grad_enabled(entropy == ENTROPY_GRAD and torch.is_grad_enabled()):
+            ent = token_entropy(logits, temperature)[prompt]
     logits = logits.float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    prompt = torch.arange(tokens.shape[0], device=tokens.device) // group_size
-    return logits[prompt, tokens] - logits.logsumexp(-1)[prompt]
+    lp = logits[prompt, tokens] - logits.logsumexp(-1)[prompt]
+    return lp if ent is None else (lp, ent)
 
 
 def response_head_outputs(
@@ -166,18 +209,36 @@ def response_logprobs(
     lengths: torch.Tensor,
     temperature: float = 1.0,
     group_size: int | None = None,
-) -> torch.Tensor:
+    entropy: str | None = NO_ENTROPY,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Logprobs [N, R] of right-padded `responses` [N, R] given the prefix in `state`
     (one row per prompt, whose G responses are rows b * G .. b * G + G - 1, or one row
-    per response); 0 past each row's length. `group_size`, if given, is checked."""
+    per response); 0 past each row's length. `group_size`, if given, is checked. With
+    `entropy`, (logprobs, entropy [N, R]) from the same logits (head_logprobs)."""
     g = group_size_of(state, responses.shape[0], group_size)
     rest = response_hidden(model, state, responses, lengths)
-    first = first_logprobs(state.last_logits, responses[:, 0], g, temperature)
-    parts = [first.unsqueeze(1)]
+    first = first_logprobs(state.last_logits, responses[:, 0], g, temperature, entropy)
     if rest is not None:
-        parts.append(head_logprobs(model.lm_head, rest, responses[:, 1:], temperature))
-    out = torch.cat(parts, 1)
+        rest = head_logprobs(model.lm_head, rest, responses[:, 1:], temperature, entropy)
     valid = response_mask(lengths, responses.shape[1])
+    if entropy is None:
+        return _masked(_join(first, rest), valid)
+    lp = _join(first[0], None if rest is None else rest[0])
+    ent = _join(first[1], None if rest is None else rest[1])
+    return _masked(lp, valid), _masked(ent, valid)
+
+
+def _join(first: torch.Tensor, rest: torch.Tensor | None) -> torch.Tensor:
+    """Token 0's [N] and the others' [N, R-1] as [N, R]."""
+    return first.unsqueeze(1) if rest is None else torch.cat([first.unsqueeze(1), rest], 1)
+
+
+def _masked(
+    out: torch.Tensor | tuple[torch.Tensor, torch.Tensor], valid: torch.Tensor
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """0 past each row's length (each of a (logprobs, entropy) pair)."""
+    if isinstance(out, tuple):
+        return tuple(_masked(x, valid) for x in out)  # type: ignore[return-value]
     return torch.where(valid, out, torch.zeros_like(out))
 
 
@@ -301,8 +362,10 @@ def features_full_logprobs(
     responses: torch.Tensor,
     lengths: torch.Tensor,
     temperature: float = 1.0,
-) -> torch.Tensor:
-    """Logprobs [N, R] of `features_full_head_outputs`' logits; 0 past each row's length."""
+    entropy: str | None = NO_ENTROPY,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Logprobs [N, R] of `features_full_head_outputs`' logits; 0 past each row's length.
+    With `entropy`, (logprobs, entropy [N, R]) from the same logits (head_logprobs)."""
     hidden = features_full_hidden(model, batch, features, responses, lengths)
-    out = head_logprobs(model.lm_head, hidden, responses, temperature)
-    return torch.where(response_mask(lengths, responses.shape[1]), out, torch.zeros_like(out))
+    out = head_logprobs(model.lm_head, hidden, responses, temperature, entropy)
+    return _masked(out, response_mask(lengths, responses.shape[1]))

@@ -59,6 +59,8 @@ from rollplex.backends.torch.values import Loss, MicroLogprobs, Responses, Saved
 log = logging.getLogger(__name__)
 _WARNED: set[tuple[int, int, str]] = set()
 GROUPS = "prompts (a group shares its prefix)"
+# a micro-batch forward's outputs: [rows, R], or ([rows, R] logprobs, [rows, R] entropy)
+Scored = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
 def micro_ranges(units: int, count: int) -> list[tuple[int, int]]:
@@ -140,38 +142,59 @@ class MicroBatches:
     # fused mode: the forward step ran nothing; redo(k) writes its rows' values into `sink`
     fused: bool = False
     sink: torch.Tensor | None = None
+    # the policy's per-token entropy [hi - lo, R] beside each micro-batch's logprobs, when
+    # the forward returns (logprobs, entropy) (empty otherwise); with grad only when the
+    # loss has an entropy term. Fused mode fills `entropy_sink` as it does `sink`.
+    entropy: list[torch.Tensor] = field(default_factory=list)
+    entropy_sink: torch.Tensor | None = None
 
-    def add(self, rows: tuple[int, int], logprobs: torch.Tensor, saved: SavedActivations):
+    def add(self, rows: tuple[int, int], out: Scored, saved: SavedActivations):
         self.rows.append(rows)
+        logprobs, entropy = out if isinstance(out, tuple) else (out, None)
         self.logprobs.append(logprobs)
+        if entropy is not None:
+            self.entropy.append(entropy)
         self.saved.append(saved)
+
+    def set(self, k: int, out: Scored) -> None:
+        """Micro-batch `k`'s outputs from its forward run again (recompute, fused)."""
+        self.logprobs[k], entropy = out if isinstance(out, tuple) else (out, None)
+        if entropy is not None:
+            self.entropy[k] = entropy
 
     def release(self, k: int) -> None:
         """Drop micro-batch `k`'s graph and kept activations (after its backward)."""
         self.logprobs[k] = self.logprobs[k].detach()
+        if self.entropy:
+            self.entropy[k] = self.entropy[k].detach()
         self.saved[k].release()
 
     def values(self) -> torch.Tensor:
         return torch.cat([x.detach() for x in self.logprobs])
+
+    def entropy_values(self) -> torch.Tensor | None:
+        return torch.cat([x.detach() for x in self.entropy]) if self.entropy else None
 
 
 def forward_micro_batches(
     model: Model,
     ranges: list[tuple[int, int]],
     rows_per_unit: int,
-    forward: Callable[[int, int, Boundary], torch.Tensor],
+    forward: Callable[[int, int, Boundary], Scored],
     recompute: bool = False,
     fused: Responses | None = None,
+    entropy: bool = False,
 ) -> MicroBatches:
     """`forward(lo, hi, boundary)` with grad over each range of units (prompts or samples),
     every decoder layer checkpointed; it returns the [rows, R] outputs of units [lo, hi),
     which are sample rows [lo * rows_per_unit, hi * rows_per_unit). With `recompute` it
     runs without grad here, keeping nothing, and again with grad inside the backward, one
     micro-batch at a time (`MicroBatches.redo`). `fused` (the responses, in fused mode):
-    nothing runs here; each micro-batch's values are zeros until its redo in the backward."""
+    nothing runs here; each micro-batch's values are zeros until its redo in the backward.
+    `entropy`: `forward` returns (logprobs, entropy) (fused mode needs to know beforehand)."""
     micro = MicroBatches(fused=fused is not None)
 
-    def run(k: int) -> tuple[torch.Tensor, SavedActivations]:
+    def run(k: int) -> tuple[Scored, SavedActivations]:
         lo, hi = ranges[k]
         saved = SavedActivations()
         with torch.enable_grad(), capture_saved(saved), checkpointed_layers(model, saved):
@@ -182,7 +205,7 @@ def forward_micro_batches(
         if fused is not None:
             width, device = fused.tokens.shape[1], fused.tokens.device
             empty = torch.zeros(rows[1] - rows[0], width, dtype=torch.float32, device=device)
-            micro.add(rows, empty, SavedActivations())
+            micro.add(rows, (empty, empty.clone()) if entropy else empty, SavedActivations())
             continue
         if not recompute:
             micro.add(rows, *run(k))
@@ -191,12 +214,15 @@ def forward_micro_batches(
             micro.add(rows, forward(lo, hi, Boundary()), SavedActivations())
 
     def redo(k: int) -> torch.Tensor:
+        """Micro-batch k's forward with grad: its logprobs (its entropy into micro.entropy)."""
         out, micro.saved[k] = run(k)
-        micro.logprobs[k] = out
+        micro.set(k, out)
+        lo, hi = micro.rows[k]
         if micro.sink is not None:  # fused: the values the forward step left as zeros
-            lo, hi = micro.rows[k]
-            micro.sink[lo:hi].copy_(out.detach())
-        return out
+            micro.sink[lo:hi].copy_(micro.logprobs[k].detach())
+        if micro.entropy_sink is not None:
+            micro.entropy_sink[lo:hi].copy_(micro.entropy[k].detach())
+        return micro.logprobs[k]
 
     micro.redo = redo if recompute or fused is not None else None
     return micro
@@ -208,22 +234,28 @@ def micro_logprobs(
     """The micro-batches' outputs as one value (detached; the graphs stay in `micro`) and
     what they keep for backward, as the graph's `logprobs` and `saved` values."""
     out = masked_logprobs(micro.values(), responses)
+    entropy = micro.entropy_values()
     if micro.fused:
-        micro.sink = out.values
-    return MicroLogprobs(out.values, out.mask, micro), SavedActivations(parts=list(micro.saved))
+        micro.sink, micro.entropy_sink = out.values, entropy
+    value = MicroLogprobs(out.values, out.mask, micro, entropy)
+    return value, SavedActivations(parts=list(micro.saved))
 
 
 def trimmed(
-    score: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor, lengths: torch.Tensor
-) -> torch.Tensor:
+    score: Callable[[torch.Tensor], Scored], tokens: torch.Tensor, lengths: torch.Tensor
+) -> Scored:
     """`score(tokens)` [rows, R] run on the columns up to these rows' longest response only,
     zeros after: the columns past every row's end are padding whose outputs nothing reads
     (the response mask is 0 there), and a micro-batch without the step's longest row would
-    otherwise run, and keep for backward, all `max_new_tokens` columns."""
+    otherwise run, and keep for backward, all `max_new_tokens` columns. A (logprobs,
+    entropy) pair is padded each."""
     width, used = tokens.shape[1], max(1, int(lengths.max()))
     if used >= width:
         return score(tokens)
-    return torch.nn.functional.pad(score(tokens[:, :used]), (0, width - used))
+    out = score(tokens[:, :used])
+    if isinstance(out, tuple):
+        return tuple(torch.nn.functional.pad(x, (0, width - used)) for x in out)  # type: ignore[return-value]
+    return torch.nn.functional.pad(out, (0, width - used))
 
 
 def response_micro_batches(
@@ -232,16 +264,18 @@ def response_micro_batches(
     responses: Responses,
     group_size: int,
     count: int,
-    score: Callable[[PrefixState, torch.Tensor, torch.Tensor, slice], torch.Tensor],
+    score: Callable[[PrefixState, torch.Tensor, torch.Tensor, slice], Scored],
     recompute: bool = False,
     fused: bool = False,
+    entropy: bool = False,
 ) -> tuple[MicroLogprobs, SavedActivations]:
     """The training forward over responses on a group-shared prefix, in `count`
     micro-batches of whole prompts' groups: `score(state, tokens, lengths, rows)` gives the
     [rows, R] outputs of sample rows `rows` on `state`, their prompts' prefix rows (one per
-    prompt: the group's G responses share its K/V, never repeated)."""
+    prompt: the group's G responses share its K/V, never repeated). With `entropy`, `score`
+    returns (logprobs, entropy) and the value carries the entropy too."""
 
-    def forward(lo: int, hi: int, boundary: Boundary) -> torch.Tensor:
+    def forward(lo: int, hi: int, boundary: Boundary) -> Scored:
         rows = slice(lo * group_size, hi * group_size)
         state = prefix_rows(prefix, lo, hi, boundary)
         tokens, lengths = responses.tokens[rows], responses.lengths[rows]
@@ -249,7 +283,7 @@ def response_micro_batches(
 
     ranges = planned_ranges(prefix.rows, count, GROUPS)
     micro = forward_micro_batches(
-        model, ranges, group_size, forward, recompute, responses if fused else None
+        model, ranges, group_size, forward, recompute, responses if fused else None, entropy
     )
     return micro_logprobs(micro, responses)
 
@@ -260,15 +294,17 @@ def sample_micro_batches(
     text: Any,
     responses: Responses,
     count: int,
-    score: Callable[[Any, torch.Tensor, torch.Tensor, torch.Tensor, slice], torch.Tensor],
+    score: Callable[[Any, torch.Tensor, torch.Tensor, torch.Tensor, slice], Scored],
     recompute: bool = False,
     fused: bool = False,
+    entropy: bool = False,
 ) -> tuple[MicroLogprobs, SavedActivations]:
     """The per-sample (verl's) training forward in `count` micro-batches of whole samples:
     `score(text, visual, tokens, lengths, rows)` gives the [rows, R] outputs of samples
-    `rows` from their prompts and visual features (`features`: Features)."""
+    `rows` from their prompts and visual features (`features`: Features); `entropy` as in
+    response_micro_batches."""
 
-    def forward(lo: int, hi: int, boundary: Boundary) -> torch.Tensor:
+    def forward(lo: int, hi: int, boundary: Boundary) -> Scored:
         a, b = sum(features.tokens[:lo]), sum(features.tokens[:hi])
         rows = slice(lo, hi)
         visual = boundary.cut(features.values, a, b)
@@ -279,7 +315,7 @@ def sample_micro_batches(
 
     ranges = planned_ranges(features.rows, count, "samples")
     micro = forward_micro_batches(
-        model, ranges, 1, forward, recompute, responses if fused else None
+        model, ranges, 1, forward, recompute, responses if fused else None, entropy
     )
     return micro_logprobs(micro, responses)
 
@@ -307,20 +343,23 @@ def backward_loss(loss: Loss) -> None:
             loss.finish()
 
 
-LossFn = Callable[[torch.Tensor, slice], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+# run(per_token, rows) or, for values that carry an entropy, run(per_token, rows, entropy=)
+LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 def micro_loss(run: LossFn, values: Any, mode: str) -> Loss:
     """`run(per_token, rows)` -> (loss, metrics) over `values` (TokenLogprobs, maybe
     micro-batched). Micro-batched: the value and metrics are the whole batch's (no grad),
     and one term per micro-batch, weighted so the terms sum to the whole batch's loss
-    (`loss_agg_mode` `mode`); metrics["train_micro_batches"] says how many."""
+    (`loss_agg_mode` `mode`); metrics["train_micro_batches"] says how many. Values that
+    carry the policy's entropy pass it to `run` as `entropy=` (each term its micro-batch's)."""
     micro = getattr(values, "micro", None)
+    whole = _entropy_kw(getattr(values, "entropy", None))
     if micro is None:  # one forward's values, with grad
         with torch.enable_grad():
-            return Loss(*run(values.values, slice(None)))
+            return Loss(*run(values.values, slice(None), **whole))
     with torch.no_grad():
-        value, metrics = run(values.values, slice(None))
+        value, metrics = run(values.values, slice(None), **whole)
     weights = micro_batch_weights(values.mask, micro.rows, mode)
     if micro.redo is not None:  # each term is made in the backward, after its forward
         terms: list[Any] = [
@@ -329,8 +368,10 @@ def micro_loss(run: LossFn, values: Any, mode: str) -> Loss:
     else:
         with torch.enable_grad():
             terms = [
-                run(v, slice(lo, hi))[0] * w
-                for (lo, hi), v, w in zip(micro.rows, micro.logprobs, weights, strict=True)
+                run(v, slice(lo, hi), **_entropy_kw(micro, k))[0] * w
+                for k, ((lo, hi), v, w) in enumerate(
+                    zip(micro.rows, micro.logprobs, weights, strict=True)
+                )
             ]
     metrics["train_micro_batches"] = torch.tensor(float(len(micro.rows)))
     loss = Loss(value, metrics, terms, micro)
@@ -343,7 +384,7 @@ def _fill_in(run: LossFn, values: Any, value: torch.Tensor, metrics: dict) -> No
     """Fused mode: the whole batch's loss value and metrics, in place, from the values the
     backward's forwards wrote (whoever holds these tensors sees the real ones)."""
     with torch.no_grad():
-        real, real_metrics = run(values.values, slice(None))
+        real, real_metrics = run(values.values, slice(None), **_entropy_kw(values.entropy))
         value.copy_(real)
         for k, v in real_metrics.items():
             metrics[k].copy_(v)
@@ -352,7 +393,16 @@ def _fill_in(run: LossFn, values: Any, value: torch.Tensor, metrics: dict) -> No
 def _recomputed_term(run: LossFn, micro: MicroBatches, k: int, weight: Any) -> torch.Tensor:
     lo, hi = micro.rows[k]
     with torch.enable_grad():
-        return run(micro.redo(k), slice(lo, hi))[0] * weight
+        logprobs = micro.redo(k)
+        return run(logprobs, slice(lo, hi), **_entropy_kw(micro, k))[0] * weight
+
+
+def _entropy_kw(source: Any, k: int | None = None) -> dict[str, torch.Tensor]:
+    """{"entropy": ...} for `run`: a whole batch's entropy tensor, or micro-batch k's of a
+    MicroBatches; {} where there is none (the critic's values, a forward without it)."""
+    if k is not None:
+        return {"entropy": source.entropy[k]} if source.entropy else {}
+    return {} if source is None else {"entropy": source}
 
 
 @dataclass(slots=True, frozen=True)

@@ -23,7 +23,11 @@ from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows, attac
 from rollplex.backends.torch.engine.step import rotary_fn
 from rollplex.backends.torch.exported_prefix import ExportedPrefix
 from rollplex.backends.torch.host_memory import forget_tags
-from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs
+from rollplex.backends.torch.logprob import (
+    entropy_mode,
+    features_full_logprobs,
+    response_logprobs,
+)
 from rollplex.backends.torch.loss import loss_options, policy_loss
 from rollplex.backends.torch.masters import (
     Masters,
@@ -151,10 +155,13 @@ class TorchTrainer(Trainer):
     def logprob_response(
         self, prefix: PrefixState, responses: Responses, group_size: int
     ) -> tuple[TokenLogprobs, SavedActivations]:
-        """Response logprobs in micro-batches of whole prompts' groups."""
+        """Response logprobs in micro-batches of whole prompts' groups, with the policy's
+        entropy beside them (with grad only when the loss has an entropy term)."""
+        ent = entropy_mode(self.algo.entropy_coeff)
 
-        def score(state: PrefixState, tokens, lengths, _rows: slice) -> torch.Tensor:
-            return response_logprobs(self.model, state, tokens, lengths, self.algo.temperature)
+        def score(state: PrefixState, tokens, lengths, _rows: slice):
+            t = self.algo.temperature
+            return response_logprobs(self.model, state, tokens, lengths, t, entropy=ent)
 
         return response_micro_batches(
             self.model,
@@ -165,16 +172,19 @@ class TorchTrainer(Trainer):
             score,
             self.micro_recompute,
             self.micro_fused,
+            entropy=True,
         )
 
     def logprob(
         self, features: Features, text: PromptBatch, responses: Responses
     ) -> tuple[TokenLogprobs, SavedActivations]:
-        """The per-sample forward (verl's) in micro-batches of whole samples."""
+        """The per-sample forward (verl's) in micro-batches of whole samples, with the
+        policy's entropy as in logprob_response."""
+        ent = entropy_mode(self.algo.entropy_coeff)
 
-        def score(text, visual, tokens, lengths, _rows: slice) -> torch.Tensor:
+        def score(text, visual, tokens, lengths, _rows: slice):
             t = self.algo.temperature
-            return features_full_logprobs(self.model, text, visual, tokens, lengths, t)
+            return features_full_logprobs(self.model, text, visual, tokens, lengths, t, ent)
 
         return sample_micro_batches(
             self.model,
@@ -185,6 +195,7 @@ class TorchTrainer(Trainer):
             score,
             self.micro_recompute,
             self.micro_fused,
+            entropy=True,
         )
 
     def loss(
@@ -200,11 +211,12 @@ class TorchTrainer(Trainer):
         """The op's attrs give clip_eps and kl_coef (the graph's); the other settings are
         AlgoSpec's (see specs/algo.py). Micro-batched logprobs give one term per
         micro-batch, weighted so that they sum to the whole batch's loss; the value and
-        metrics are the whole batch's."""
+        metrics are the whole batch's. Logprobs that carry the entropy (the training
+        forward's) give the `entropy` metric and the entropy_coeff term."""
         a = self.algo
         ref_values = ref.values if ref is not None else logprobs.values.detach()
 
-        def run(lp: torch.Tensor, rows: slice):
+        def run(lp: torch.Tensor, rows: slice, entropy: torch.Tensor | None = None):
             return policy_loss(
                 lp,
                 old.values[rows],
@@ -213,6 +225,7 @@ class TorchTrainer(Trainer):
                 logprobs.mask[rows],
                 clip_eps,
                 kl_coef if ref is not None else 0.0,
+                entropy=entropy,
                 **loss_options(a),
             )
 

@@ -109,21 +109,31 @@ class TokenLogprobs:
 class MicroLogprobs(TokenLogprobs):
     """A training forward's logprobs run in micro-batches (micro.py): `values` detached,
     each micro-batch's logprobs with grad in `micro`. Not a dataclass field, so whatever
-    treats logprobs as rows of their fields (hand-overs, row cuts) sees values and mask."""
+    treats logprobs as rows of their fields (hand-overs, row cuts) sees values and mask.
+    `entropy` [S, R] (detached, 0 on padding): the policy's per-token entropy from the same
+    logits, for the loss's entropy metric and term; None when the forward did not compute it."""
 
-    __slots__ = ("micro",)
+    __slots__ = ("entropy", "micro")
 
     def __init__(
-        self, values: torch.Tensor, mask: torch.Tensor, micro: MicroBatches | None = None
+        self,
+        values: torch.Tensor,
+        mask: torch.Tensor,
+        micro: MicroBatches | None = None,
+        entropy: torch.Tensor | None = None,
     ) -> None:
         super().__init__(values, mask)
         self.micro = micro
+        self.entropy = entropy
 
     def tensors(self) -> Iterator[torch.Tensor]:
         """Its own tensors (the micro-batches' kept activations are the `saved` value's)."""
         yield from (self.values, self.mask)
+        if self.entropy is not None:
+            yield self.entropy
         if self.micro is not None:
             yield from self.micro.logprobs
+            yield from self.micro.entropy
 
 
 @dataclass(slots=True)
