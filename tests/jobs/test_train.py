@@ -3,6 +3,7 @@ same parameters, and clean errors for checkpoints that cannot be resumed."""
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
 import os
@@ -229,10 +230,14 @@ def test_a_bad_checkpoint_fails_cleanly_and_stays_untouched(uninterrupted, tmp_p
 
 @pytest.mark.parametrize("algo", ["rloo", "ppo"])
 def test_rloo_and_ppo_train(tmp_path, algo):
-    p = train(tmp_path / algo, f"algo={algo}", "train.steps=3")
+    # PPO with an entropy term (the entropy carries grad), RLOO with the metric only
+    coeff = "0.01" if algo == "ppo" else "0"
+    p = train(tmp_path / algo, f"algo={algo}", "train.steps=3", f"algo.entropy_coeff={coeff}")
     assert p.returncode == 0, p.stderr
     summary = json.loads((tmp_path / algo / "summary.json").read_text())
     assert summary["steps_run"] == 3
+    rows = list(csv.DictReader((tmp_path / algo / "metrics.csv").open()))
+    assert len(rows) == 3 and all(float(r["entropy"]) > 0 for r in rows)  # logged each step
     if algo == "ppo":  # checkpoints lack the critic: resuming is refused, with the reason
         q = train(tmp_path / "again", "algo=ppo", f"train.resume={tmp_path / algo}")
         assert q.returncode == 2 and "critic" in q.stderr and "Traceback" not in q.stderr
