@@ -254,8 +254,13 @@ def trimmed(
         return score(tokens)
     out = score(tokens[:, :used])
     if isinstance(out, tuple):
-        return tuple(torch.nn.functional.pad(x, (0, width - used)) for x in out)  # type: ignore[return-value]
-    return torch.nn.functional.pad(out, (0, width - used))
+        logprobs, entropy = out
+        return _pad(logprobs, width - used), _pad(entropy, width - used)
+    return _pad(out, width - used)
+
+
+def _pad(x: torch.Tensor, columns: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, columns))
 
 
 def response_micro_batches(
