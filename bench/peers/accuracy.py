@@ -64,6 +64,7 @@ def rollplex_curve(args, s: PeerSettings, data: Path, test: Path, run: Path) -> 
 
 
 def trl_curve(args, s: PeerSettings, data: Path, test: Path, run: Path) -> dict[str, Any]:
+    run.mkdir(parents=True, exist_ok=True)
     out = run / "trl_row.json"
     cmd = [
         sys.executable, str(HERE / "trl_grpo.py"), "--model", str(args.model), "--data", str(data),
@@ -145,8 +146,7 @@ def main() -> None:
     for seed in [int(x) for x in args.seeds.split(",")]:
         for fw in args.frameworks.split(","):
             s = PeerSettings(**{**DEMO.as_dict(), "steps": args.steps, "seed": seed})
-            run = work / f"{fw}_seed{seed}"
-            run.mkdir(parents=True, exist_ok=True)
+            run = work / f"{fw}_seed{seed}"  # rollplex claims it; TRL's runner makes it
             got = RUNNERS[fw](args, s, data, test, run)
             step = steady(got["step_times_s"]) if got["step_times_s"] else None
             rows.append({

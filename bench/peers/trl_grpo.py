@@ -78,10 +78,20 @@ def greedy_accuracy(model, processor, rows, base: Path, max_new_tokens: int) -> 
             images = [[Image.open(base / p).convert("RGB") for p in r["images"]] for r in chunk]
             inputs = processor(text=texts, images=images, return_tensors="pt", padding=True)
             inputs = inputs.to(model.device)
-            out = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
+            # TRL samples with the visual pad tokens suppressed (GRPOTrainer sets
+            # suppress_tokens); its scored logprobs never see that, so the trained policy's
+            # argmax drifts onto <|image_pad|>. Greedy eval generates as TRL's rollout does.
+            out = model.generate(
+                **inputs,
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                suppress_tokens=[model.config.image_token_id, model.config.video_token_id],
+            )
             answers = tok.batch_decode(
                 out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True
             )
+            if start == 0:
+                print("trl greedy answers:", answers[:8], flush=True)
             correct += sum(
                 exact_match(a, Sample("eval", "", str(r["answer"])))
                 for a, r in zip(answers, chunk, strict=True)
@@ -209,6 +219,7 @@ def run(args: argparse.Namespace, s: PeerSettings) -> dict[str, Any]:
         phases=phases,
         completion_mean_length=mean_len,
         accuracy=accuracy,
+        trl_log=[{k: v for k, v in h.items() if isinstance(v, int | float)} for h in logged],
         settings=s.as_dict(),
     )
 
