@@ -1,15 +1,35 @@
-"""Suite-wide: GPU tests skip themselves without CUDA, saying so."""
+"""Suite-wide: GPU tests skip themselves without CUDA, saying so; files with slow tests
+are collected first, so that `--dist loadfile` hands them out first."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import pytest
 import torch
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    heavy_files_first(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA; run through the GPU machine (bench/README.md)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def heavy_files_first(items: list[pytest.Item]) -> None:
+    """Order whole files by how many `slow` tests they hold, then by how many tests, most
+    first; a file's own order is kept (its module fixtures see what they saw).
+
+    `--dist loadfile` gives the workers files in collection order (the Makefile turns off
+    xdist's reorder by test count, which put a file of one 80 s test last, where it ran
+    alone while the other worker idled): longest first is what packs whole files onto a
+    few workers best, and `slow` (any test over ~20 s) is the cost the suite knows of."""
+    slow, count = Counter[str](), Counter[str]()
+    for item in items:
+        count[item.nodeid.split("::")[0]] += 1
+        slow[item.nodeid.split("::")[0]] += "slow" in item.keywords
+    rank = {f: (-slow[f], -count[f], i) for i, f in enumerate(count)}
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])

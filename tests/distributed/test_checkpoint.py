@@ -108,6 +108,7 @@ def kill_tree(pid: int) -> None:
             os.kill(p, signal.SIGKILL)
 
 
+@pytest.mark.slow  # ~25 s: two ranks killed, then resumed
 def test_resume_after_kill_9_of_two_ranks_matches_uninterrupted(runs, tmp_path):
     killed = tmp_path / "killed"
     args = ["train", *TRAIN, "train.steps=8", f"hydra.run.dir={killed}"]

@@ -118,6 +118,7 @@ def _check_bytes(run: Path, world: int, rollout: int) -> None:
     assert out["measured_bytes"] == fixed + responses
 
 
+@pytest.mark.slow  # ~25 s: the serial and 2-rank runs
 def test_one_rollout_rank_one_trainer_train_what_one_process_trains(serial, two):
     _check_run(two, serial, 2, 1)
     a, b = weights(two, STEPS), weights(serial, STEPS)

@@ -113,6 +113,7 @@ def forced_runs(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedP
     return out
 
 
+@pytest.mark.slow  # ~30 s: the forced runs it shares
 def test_checkpoint_every_0_writes_none_and_the_log_names_every_step(forced_runs):
     run, p = forced_runs["rollplex"]
     summary = json.loads((run / "summary.json").read_text())
@@ -122,6 +123,7 @@ def test_checkpoint_every_0_writes_none_and_the_log_names_every_step(forced_runs
     assert logged == ["1", "2"], p.stdout[-2000:]
 
 
+@pytest.mark.slow  # ~30 s: a run killed, then resumed
 def test_kill_9_then_resume_ends_on_the_same_parameters(uninterrupted, tmp_path):
     killed = tmp_path / "killed"
     proc = subprocess.Popen(
@@ -228,6 +230,7 @@ def test_a_bad_checkpoint_fails_cleanly_and_stays_untouched(uninterrupted, tmp_p
     assert not (out / "checkpoints").exists()  # it stopped before training
 
 
+@pytest.mark.slow  # ~15-25 s a run
 @pytest.mark.parametrize("algo", ["rloo", "ppo"])
 def test_rloo_and_ppo_train(tmp_path, algo):
     # PPO with an entropy term (the entropy carries grad), RLOO with the metric only

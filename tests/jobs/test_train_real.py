@@ -41,6 +41,7 @@ def hub_folder(tmp_path_factory) -> Path:
     return demo_home(tmp_path_factory)[1]
 
 
+@pytest.mark.slow  # ~30 s: three steps of a hub model
 def test_three_steps_from_a_hub_folder_save_a_folder_transformers_loads(hub_folder, tmp_path):
     from transformers import Qwen2_5_VLForConditionalGeneration
 

@@ -14,6 +14,7 @@ from rollplex.backends.torch.engine.split_kernel import BLOCK_KEYS, prefix_chunk
 from tests.backends.torch.interpreted import run_interpreted
 
 
+@pytest.mark.slow  # ~40 s: every kernel case and three decodes under the interpreter
 @pytest.mark.skipif(
     split_kernel.triton is None, reason="Triton is not installed (pip install -e .[dev])"
 )

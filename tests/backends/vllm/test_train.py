@@ -8,12 +8,15 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.backends.vllm.conftest import needs_vllm
 
 pytestmark = needs_vllm
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
+@pytest.mark.slow  # ~25 s: a run on CPU vLLM
 def test_train_with_vllm_rollout(tmp_path):
     run = tmp_path / "run"
     cmd = [
