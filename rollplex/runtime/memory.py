@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -103,23 +103,20 @@ class Env:
         return sum(dict(s for v in self.host.values() for s in _storages(v)).values())
 
 
-class AllocatorFeed:
+class AllocatorFeed(Protocol):
     """What a device's allocator says: bytes allocated and reserved now, and the most
     allocated since the process started. The measured memory curve takes its totals from
     here; the per-value deltas come from `Env.attribution`. Tests pass a fake."""
 
-    def allocated(self) -> int:
-        raise NotImplementedError
+    def allocated(self) -> int: ...
 
-    def reserved(self) -> int:
-        raise NotImplementedError
+    def reserved(self) -> int: ...
 
-    def max_allocated(self) -> int:
-        raise NotImplementedError
+    def max_allocated(self) -> int: ...
 
 
-class CudaAllocator(AllocatorFeed):
-    """torch's CUDA caching allocator on one device."""
+class CudaAllocator:
+    """`AllocatorFeed` of torch's CUDA caching allocator on one device."""
 
     def __init__(self, device: str | torch.device) -> None:
         self.device = torch.device(device)

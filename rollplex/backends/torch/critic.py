@@ -42,12 +42,8 @@ from rollplex.backends.torch.loss import (
     value_loss,
 )
 from rollplex.backends.torch.masters import adamw_over, clear_grads, clipped_step
-from rollplex.backends.torch.micro import (
-    backward_loss,
-    micro_loss,
-    response_micro_batches,
-    sample_micro_batches,
-)
+from rollplex.backends.torch.micro import response_micro_batches, sample_micro_batches
+from rollplex.backends.torch.micro_loss import backward_loss, micro_loss
 from rollplex.backends.torch.prefix import Model, PrefixState, prefix_forward
 from rollplex.backends.torch.roles import (
     capture_saved,

@@ -17,7 +17,8 @@ and backward as separate steps, so here:
   averages over (`loss.micro_batch_weights`): their sum is the whole batch's loss;
 - backward runs the terms one by one (each frees its micro-batch's graph and checkpoints)
   and then backpropagates the leaves' accumulated gradients once into the shared forward
-  (`backward_micro_batches`): gradients accumulate in `.grad`, one optimizer step follows.
+  (`micro_loss.backward_micro_batches`): gradients accumulate in `.grad`, one optimizer
+  step follows.
 
 The prefix forward itself runs whole, as planned (it may run inside the decode window,
 where the plan keeps its activations whole until the backward).
@@ -45,16 +46,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import torch
 
 from rollplex.backends.torch.checkpointing import checkpointed_layers
-from rollplex.backends.torch.loss import micro_batch_weights
 from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv
 from rollplex.backends.torch.roles import capture_saved, masked_logprobs
-from rollplex.backends.torch.values import Loss, MicroLogprobs, Responses, SavedActivations
+from rollplex.backends.torch.values import MicroLogprobs, Responses, SavedActivations
 
 log = logging.getLogger(__name__)
 _WARNED: set[tuple[int, int, str]] = set()
@@ -323,91 +322,6 @@ def sample_micro_batches(
         model, ranges, 1, forward, recompute, responses if fused else None, entropy
     )
     return micro_logprobs(micro, responses)
-
-
-def backward_micro_batches(terms: list[Any], micro: MicroBatches) -> None:
-    """Backward of each micro-batch's loss term in turn, freeing each graph before the
-    next; then once through the forward they share. Gradients accumulate in `.grad`. A
-    term may be a callable that makes it (recompute mode: its forward runs right here)."""
-    for k, term in enumerate(terms):
-        if term is None:
-            raise RuntimeError(f"micro-batch {k}'s loss was already backpropagated")
-        terms[k] = None
-        (term() if callable(term) else term).backward()
-        micro.release(k)
-    micro.boundary.backward()
-
-
-def backward_loss(loss: Loss) -> None:
-    """A loss's backward: its value's, or its micro-batch terms' one by one."""
-    if loss.terms is None:
-        loss.value.backward()
-    else:
-        backward_micro_batches(loss.terms, loss.micro)
-        if loss.finish is not None:
-            loss.finish()
-
-
-# run(per_token, rows) or, for values that carry an entropy, run(per_token, rows, entropy=)
-LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
-
-
-def micro_loss(run: LossFn, values: Any, mode: str) -> Loss:
-    """`run(per_token, rows)` -> (loss, metrics) over `values` (TokenLogprobs, maybe
-    micro-batched). Micro-batched: the value and metrics are the whole batch's (no grad),
-    and one term per micro-batch, weighted so the terms sum to the whole batch's loss
-    (`loss_agg_mode` `mode`); metrics["train_micro_batches"] says how many. Values that
-    carry the policy's entropy pass it to `run` as `entropy=` (each term its micro-batch's)."""
-    micro = getattr(values, "micro", None)
-    whole = _entropy_kw(getattr(values, "entropy", None))
-    if micro is None:  # one forward's values, with grad
-        with torch.enable_grad():
-            return Loss(*run(values.values, slice(None), **whole))
-    with torch.no_grad():
-        value, metrics = run(values.values, slice(None), **whole)
-    weights = micro_batch_weights(values.mask, micro.rows, mode)
-    if micro.redo is not None:  # each term is made in the backward, after its forward
-        terms: list[Any] = [
-            partial(_recomputed_term, run, micro, k, w) for k, w in enumerate(weights)
-        ]
-    else:
-        with torch.enable_grad():
-            terms = [
-                run(v, slice(lo, hi), **_entropy_kw(micro, k))[0] * w
-                for k, ((lo, hi), v, w) in enumerate(
-                    zip(micro.rows, micro.logprobs, weights, strict=True)
-                )
-            ]
-    metrics["train_micro_batches"] = torch.tensor(float(len(micro.rows)))
-    loss = Loss(value, metrics, terms, micro)
-    if micro.fused:  # the value and metrics above are of zeros: filled after the backward
-        loss.finish = partial(_fill_in, run, values, value, metrics)
-    return loss
-
-
-def _fill_in(run: LossFn, values: Any, value: torch.Tensor, metrics: dict) -> None:
-    """Fused mode: the whole batch's loss value and metrics, in place, from the values the
-    backward's forwards wrote (whoever holds these tensors sees the real ones)."""
-    with torch.no_grad():
-        real, real_metrics = run(values.values, slice(None), **_entropy_kw(values.entropy))
-        value.copy_(real)
-        for k, v in real_metrics.items():
-            metrics[k].copy_(v)
-
-
-def _recomputed_term(run: LossFn, micro: MicroBatches, k: int, weight: Any) -> torch.Tensor:
-    lo, hi = micro.rows[k]
-    with torch.enable_grad():
-        logprobs = micro.redo(k)
-        return run(logprobs, slice(lo, hi), **_entropy_kw(micro, k))[0] * weight
-
-
-def _entropy_kw(source: Any, k: int | None = None) -> dict[str, torch.Tensor]:
-    """{"entropy": ...} for `run`: a whole batch's entropy tensor, or micro-batch k's of a
-    MicroBatches; {} where there is none (the critic's values, a forward without it)."""
-    if k is not None:
-        return {"entropy": source.entropy[k]} if source.entropy else {}
-    return {} if source is None else {"entropy": source}
 
 
 @dataclass(slots=True, frozen=True)

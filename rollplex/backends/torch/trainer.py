@@ -38,12 +38,8 @@ from rollplex.backends.torch.masters import (
     clipped_step,
     own_masters,
 )
-from rollplex.backends.torch.micro import (
-    backward_loss,
-    micro_loss,
-    response_micro_batches,
-    sample_micro_batches,
-)
+from rollplex.backends.torch.micro import response_micro_batches, sample_micro_batches
+from rollplex.backends.torch.micro_loss import backward_loss, micro_loss
 from rollplex.backends.torch.model import load_model, save_model
 from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv, fork_cache, prefix_forward
 from rollplex.backends.torch.roles import (

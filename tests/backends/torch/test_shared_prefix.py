@@ -22,10 +22,8 @@ from rollplex.backends.torch.logprob import (
     response_mask,
     token_logprobs,
 )
-from rollplex.backends.torch.micro import (
-    backward_micro_batches,
-    response_micro_batches,
-)
+from rollplex.backends.torch.micro import response_micro_batches
+from rollplex.backends.torch.micro_loss import backward_micro_batches
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.prefix import (
     cache_kv,

@@ -9,10 +9,8 @@ import pytest
 import torch
 
 from rollplex.backends.torch.checkpointing import checkpointed_layers
-from rollplex.backends.torch.micro import (
-    backward_micro_batches,
-    response_micro_batches,
-)
+from rollplex.backends.torch.micro import response_micro_batches
+from rollplex.backends.torch.micro_loss import backward_micro_batches
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.prefix import prefix_forward, vision_encode
 from rollplex.backends.torch.roles import capture_saved
