@@ -7,7 +7,8 @@
   G, the response cap): conf/train.yaml's defaults size the CPU demo.
 - With `train.response_lengths=model` the plan's responses are `train.max_new_tokens` long
   (a synchronous step waits for its longest, and random weights never stop early), unless
-  the command line set `workload.response_length`: then check_spec refuses a cap above it.
+  the command line set `workload.response_length`: then train_checks.check_spec refuses a
+  cap above it.
 
 Which keys the user set is read from Hydra's overrides; a spec built in Python (no Hydra
 run) is taken as given, except that `hardware=cpu` on a GPU is replaced by the device's.
