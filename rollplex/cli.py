@@ -1,12 +1,9 @@
 """`rollplex <job> [hydra overrides]`: the one console entry point.
 
-The job (graph, plan, train) is the first argument; the rest are Hydra overrides, so
-`rollplex plan -m schedule=serial,rollplex` sweeps. The config is validated once, here,
-into a RunSpec; a bad field ends the run with one line naming it and exit code 2,
-before any model is built. Before Hydra runs, the overrides are tried against the composed
-config (an unknown job, preset or key is named with the valid names: jobs/overrides.py) and
-the run claims a folder of its own (jobs/run_folder.py): a run never writes into another's.
-`rollplex --help` and `rollplex <job> --help` are written from conf/ and the specs.
+The job is the first argument, the rest are Hydra overrides (`rollplex plan -m
+schedule=serial,rollplex` sweeps). Overrides are checked and a run folder claimed before
+Hydra runs; the config becomes a RunSpec once, here, and a bad field ends the run with one
+line naming it and exit code 2. `--help` texts are written from conf/ and the specs.
 """
 
 from __future__ import annotations

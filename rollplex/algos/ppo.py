@@ -1,11 +1,10 @@
 """PPO: a learned critic, GAE advantages, optional KL to a frozen reference.
 
-The critic's value forward before training runs in the reference phase: like the
-reference it scores the finished responses with weights that are frozen until this step's
-update, needs no gradient, and its prefix can overlap decode. The critic then trains on
-the returns next to the actor and gets its own optimizer step; only the policy is synced
-to the rollout. Written verl-style (every model re-encodes per sample), so the dedup
-passes have work to do. PPO usually samples once per prompt, but any group size works."""
+The critic's value forward runs in the reference phase (frozen weights, no gradient, its
+prefix may overlap decode); the critic trains beside the actor with its own optimizer step,
+and only the policy is synced to the rollout. Written verl-style, so the dedup passes have
+work to do.
+"""
 
 from __future__ import annotations
 

@@ -1,25 +1,9 @@
 """PPO mini-batches and epochs, as verl's `update_policy` loops them.
 
-verl cuts the step's batch, in order, into mini-batches of `ppo_mini_batch_size` prompts
-(times the group size in samples), and runs `ppo_epochs` passes over the same cut (its
-`shuffle` defaults to false), one optimizer step per mini-batch. Here each update is its
-own ops: rows selected, the forward with grad, the loss, the backward and the optimizer
-step. Update k reads the weights version update k-1 wrote (`policy@k`), so only the first
-update reads the rollout's version: it alone is on-policy, and only its forward may reuse
-rollout work (lint rule 6, graph/invariants.py, holds every update's gradient path to the
-version its optimizer step updates).
-
-Old logprobs come from one detached forward at the rollout's version, before any update
-(verl's `compute_log_prob`): for the first update they equal its own logprobs (ratio 1);
-the later updates read them while their weights have moved, so the ratio leaves 1 and the
-clip engages. With one update (the defaults) the builders keep the single-update graph.
-
-Data-parallel ranks (FSDP2) each hold a contiguous share of the batch and take the same
-share of every mini-batch (`select_rows`, runtime/role_free.py), as verl's workers split
-their own rows into ppo_mini_batch_size / dp: a mini-batch's prompts then depend on the
-rank count, so runs on different rank counts match only with one update. The logged loss
-metrics are the mean over the step's updates (verl's `reduce_metrics` over micro-batches;
-its `actor/pg_loss` alone is a sum over mini-batches, ours a mean).
+`ppo_epochs` passes over mini-batches of `ppo_mini_batch_size` prompts, each update its own
+ops (rows, forward, loss, backward, optimizer step) reading the version the previous update
+wrote: only the first is on-policy. Old logprobs come from one detached forward at the
+rollout's version. Data-parallel rules: `policy_updates`.
 """
 
 from __future__ import annotations
@@ -79,7 +63,11 @@ def policy_updates(
     ref_logprobs: str | None,
     **loss_attrs: float,
 ) -> str:
-    """The policy's updates, one per mini-batch; returns the last version's weights."""
+    """The policy's updates, one per mini-batch; returns the last version's weights.
+
+    Data-parallel ranks each take the same share of every mini-batch (`select_rows`), as
+    verl's workers do, so runs on different rank counts match only with one update. Logged
+    loss metrics are the mean over the step's updates."""
     weights, state = policy, adam
     for k, mb in enumerate(updates):
         with b.phase(Phase.TRAIN):

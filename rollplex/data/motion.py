@@ -1,15 +1,9 @@
 """The synthetic video task: shapes moving across the frames, a pure function of (seed, index).
 
-Frames are `image_size` pixels square on the grey background of rollplex.data.shapes. A
-shape moves in a straight line, a whole number of pixels per frame and at least one, so
-its position changes in every frame and the first-to-last displacement gives the direction.
-
-Questions and answers (one word each):
-- direction: "which way does the shape move ?" -> left | right | up | down. One shape
-  crosses most of the frame.
-- count: "how many shapes are moving ?" -> one | two | three | four. Each shape has its
-  own horizontal band (a quarter of the height) and moves left or right inside it, so no
-  two shapes ever touch: connected components in any frame give the count back.
+Each shape moves in a straight line, at least a pixel per frame. Questions (one-word
+answers): direction ("which way does the shape move ?" -> left|right|up|down, one shape) and
+count ("how many shapes are moving ?" -> one..four, each in its own horizontal band, so
+connected components give the count back).
 """
 
 from __future__ import annotations

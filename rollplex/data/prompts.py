@@ -1,19 +1,9 @@
 """Prompt records: one encoded prompt, and a right-padded batch of them.
 
-A prompt holds images (one or more) or one video, never both: its visual tokens then form
-runs of one type in order, so features concatenated row by row (images in order, or the
-video) fill the visual positions of the batch in row-major order. `mm_token_type_ids` marks
-them as transformers 5's `get_rope_index` expects: 0 text, 1 image, 2 video.
-
-Right padding (valid tokens first, pad after) keeps every query row of the prefix
-forward attending to at least one key, so padded rows never turn into NaN that could
-leak into gradients; the price is that each row's last prefix token sits at its own
-index (`lengths - 1`), which the engine gathers.
-
-Pixels are kept per kind, as transformers' forward takes them (`pixel_values` and
-`image_grid_thw` for images, `pixel_values_videos`, `video_grid_thw` and
-`second_per_grid_ts` for videos), with per-prompt counts so rows can be selected and
-repeated. Both kinds share one patch width D = channels * temporal_patch * patch^2.
+A prompt holds images or one video, never both, so features concatenated row by row fill the
+batch's visual positions in order. Right padding keeps every prefix query attending to a key
+(no NaN in padded rows); each row's last prefix token is then at `lengths - 1`. Pixels are
+kept per kind, as transformers' forward takes them.
 """
 
 from __future__ import annotations

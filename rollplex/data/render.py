@@ -1,24 +1,9 @@
 """Render a data sample into model inputs: the user turn through a template and the
 tokenizer's own chat template, visual placeholders expanded, pixels from the processor.
 
-Layout (as Qwen2.5-VL's processor and verl/EasyR1 make it):
-- the user text is `template` with "{problem}" replaced (plain replacement, so templates
-  may hold braces such as "\\boxed{}");
-- each `<image>` / `<video>` in it becomes a `{"type": "image"|"video"}` content part at
-  that place; with no placeholder, the sample's visuals are put before the text;
-- the chat template renders every part as vision_start + one pad + vision_end; the pad is
-  then repeated N = grid.prod() / merge^2 times, the merged patches the tower emits.
-
-Pixels:
-- images go through the image processor, resized within its min/max pixel bounds
-  (`max_pixels` overrides the upper one);
-- video frames follow qwen-vl-utils: the frame count is rounded up to the temporal patch
-  size by repeating the last frame, every frame is resized to one `smart_resize` size
-  (factor patch * merge, video min/max pixels), and the frames are patchified with the
-  image processor's own normalisation in Qwen's video layout
-  (t, h/m, w/m, m, m, C, T, p, p), without transformers' video processor (it needs
-  torchvision, which this CPU build cannot import). `second_per_grid_ts` is
-  temporal_patch_size / video_fps, as Qwen2.5-VL's processor sets it.
+As Qwen2.5-VL's processor and verl/EasyR1 lay it out: "{problem}" replaced in `template`,
+`<image>`/`<video>` become content parts, each pad repeated per merged patch. Video frames
+follow qwen-vl-utils (`video_frames_to_patches`: no torchvision needed).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Row sources: a `datasets.Dataset` of EasyR1/verl-style rows as a PromptSource.
 
-A row has a question (`prompt_key`, with "<image>"/"<video>" placeholders or none), an
-answer (`answer_key`), and optionally images (`image_key`) and one video (`video_key`).
-Every row is checked when the source is built: columns, answers, placeholder counts, and
-every image and frame decoded once (sizes kept for sizing the plan), so a bad row stops
-the run before any model loads; pixels are decoded again when a batch asks for the row.
+A row has a question (`prompt_key`, with optional "<image>"/"<video>" placeholders), an
+answer, and optionally images or one video. Every row is checked (and its visuals decoded
+once) when the source is built, so a bad row stops the run before any model loads.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
-"""The synthetic image task: coloured shapes on a grey background.
+"""The synthetic image task: coloured shapes on a grey background, a pure function of (seed, index).
 
-Each sample is a pure function of (seed, index), so any worker can regenerate it.
-
-Image: `image_size` pixels square, split into a 3x3 grid of cells (at 84 px a cell is 28 px,
-one merged visual token for patch 14 / merge 2). One to four cells hold one shape each, a
-square or a disc, all in one colour. Shapes stay `MARGIN` pixels inside their cell, so two
-shapes never touch: counting connected components gives the count back, and counting
-pixels of each palette colour gives the colour back (PIL draws without anti-aliasing).
-
-Questions and answers (each answer is one word, so one token of the task tokenizer):
-- count:  "how many shapes are in the image ?"  -> one | two | three | four
-- colour: "what colour are the shapes ?"        -> red | green | blue | yellow
-The two questions have different lengths, which gives batches real padding.
-
-The token-level rewards of the tiny torch task stay in rollplex/backends/torch/task.py.
+One to four squares or discs of one colour in a 3x3 grid, never touching, so components and
+pixel colours give the answers back. Questions (one-word answers): count ("how many shapes
+are in the image ?" -> one..four) and colour ("what colour are the shapes ?" -> red|green|
+blue|yellow).
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """A small DSL for writing RL steps as graphs.
 
-    b = StepBuilder(model, workload)
-    policy = b.weights("policy")
-    prompts = b.prompts()
-    with b.phase(Phase.ROLLOUT):
-        feats = b.vision_encode(prompts.pixels, b.vision_weights(policy))
-        ...
-    graph = b.build()          # linted
-
-Each helper adds one op, names its outputs `<op>.<port>`, derives their shapes from the
-specs, and stamps them with one weights version, a label for tables and traces. One stamp
-cannot say that a value mixes versions, so the on-policy lint reads lineage instead
-(`rollplex.graph.lineage`: every weights version applied on the way).
+    b = StepBuilder(model, workload); policy = b.weights("policy")
+    with b.phase(Phase.ROLLOUT): feats = b.vision_encode(b.prompts().pixels, ...)
+Each helper adds one op, names its outputs `<op>.<port>`, derives shapes from the specs and
+stamps one weights version (a label: the on-policy lint reads `lineage`); `build()` lints.
 """
 
 from __future__ import annotations

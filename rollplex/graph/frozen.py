@@ -1,13 +1,9 @@
 """What an optimizer step may train: versioned weights that the step does not hold frozen.
 
-Two weights are frozen by their role in the graph, whatever their names:
-- the KL reference: the model whose logprobs feed a `ref_logprobs` port. Training it
-  changes the distribution the policy is held to within the same step.
-- a vision tower of its own: weights that only `vision_encode` ops read. The builder keeps
-  the tower apart from a model's weights only when it is frozen (and then one tower serves
-  every model); a trainable tower is part of the model's weights (`trainable_vision`).
-And trained weights must carry a version: the on-policy check compares versions, so an
-unversioned update would switch it off.
+Frozen by their role, whatever their names: the KL reference (its logprobs feed a
+`ref_logprobs` port) and a vision tower of its own (only `vision_encode` reads it; a
+trainable tower is part of the model's weights). Trained weights must carry a version, or
+the on-policy check would see nothing.
 """
 
 from __future__ import annotations

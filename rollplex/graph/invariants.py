@@ -1,26 +1,9 @@
 """`lint(graph)`: the invariants every graph holds, checked after every pass.
 
-1. every referenced value exists; each value has exactly one producer, or is external
-   (and then none);
-2. the op graph is acyclic;
-3. ops use registered kinds and only their ports; required ports are wired;
-4. along every edge the value's kind, dtype and shape fit the consuming port;
-5. training is on-policy: no train/update op reads data made under a policy version other
-   than the one the optimizer step updates (external data counts with its own stamp);
-6. a backward's `saved_*` inputs are what training forwards (logprob kinds) kept for it,
-   through the weights it differentiates; phases run in order (rollout, reference, train,
-   update): no op reads what a later phase makes, but for PPO mini-batches' weights
-   (update k+1 reads what update k's optimizer step wrote);
-7. values are well formed: a known dtype, positive dims, weights versions `<model>@<n>`;
-   `group_size` attributes are positive integers;
-8. what an optimizer step trains is versioned (else the on-policy check would see nothing)
-   and is not frozen: neither the model whose logprobs feed a `ref_logprobs` port (the KL
-   reference) nor a vision tower of its own (the builder keeps the tower apart only when it
-   is frozen and shared; `trainable_vision` puts it inside the model's weights).
-9. each update's gradient path is computed with the version its optimizer step updates:
-   with PPO mini-batches (algos/updates.py) update k reads `policy@k`, so only the first
-   update may reuse work done with the rollout's weights (prefill, prefix K/V).
-Each failure raises `GraphError` naming the op or value at fault.
+Structure (producers, acyclic, registered kinds and ports, kinds/dtypes/shapes along every
+edge), phase order, training on-policy (by lineage), saved activations, frozen weights and
+each update's weights version. The numbered list is on `lint`; each failure raises
+`GraphError` naming the op or value at fault.
 """
 
 from __future__ import annotations
@@ -41,7 +24,22 @@ from rollplex.graph.schema import OpKind, Port, get_kind
 
 
 def lint(graph: Graph) -> Graph:
-    """Raise `GraphError` on the first broken invariant; return the graph unchanged."""
+    """Raise `GraphError` on the first broken invariant; return the graph unchanged.
+
+    1. every referenced value exists; each has one producer, or is external (and none);
+    2. the op graph is acyclic;
+    3. ops use registered kinds and only their ports; required ports are wired;
+    4. along every edge the value's kind, dtype and shape fit the consuming port;
+    5. on-policy: no train/update op reads data made under a policy version other than the
+       one the optimizer step updates (external data counts with its own stamp);
+    6. a backward's `saved_*` inputs are what training forwards kept for it; phases run in
+       order, but for PPO mini-batches (update k+1 reads what update k wrote);
+    7. values are well formed: known dtype, positive dims, versions `<model>@<n>`, positive
+       `group_size`;
+    8. what an optimizer step trains is versioned and not frozen (`graph.frozen`);
+    9. each update's gradient path uses the version its optimizer step updates, so only the
+       first update may reuse work done with the rollout's weights.
+    """
     for v in graph.values.values():
         _check_value(v)
     _check_producers(graph)

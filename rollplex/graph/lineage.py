@@ -1,10 +1,9 @@
 """Which (weights version, external input) pairs reach a value.
 
-A pair (w, x) reaches v when external input x flows into some op that reads weights
-version w, and that op's result flows on into v. External data stamped with a version
-(made under those weights outside the step, e.g. last step's logprobs) starts as (w, x).
-Passes that keep the meaning of a step keep these sets for every logprob, whatever they
-do to batching or op boundaries."""
+(w, x) reaches v when input x flows into an op that reads weights version w, whose result
+flows on into v; external data stamped with a version starts as (w, x). Passes that keep a
+step's meaning keep these sets for every logprob; the on-policy lint reads them.
+"""
 
 from __future__ import annotations
 

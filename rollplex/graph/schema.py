@@ -1,11 +1,8 @@
 """The op schema beside the IR: each kind's ports and shape rule, and the one registry.
 
-The built-in kinds register in `rollplex.graph.kinds`, imported with the package; costs
-live in `rollplex.ops.costs`, which depends on this module and never the other way.
-
-A port declares which value kinds and dtypes it accepts and names its dimensions with
-symbols (`"S"`: samples, `"B"`: prefix rows ...). Lint binds the symbols across all ports
-of an op, so a shape disagreement along any edge is reported with the op and port.
+Built-in kinds register in `rollplex.graph.kinds`; costs live in `rollplex.ops.costs`, which
+depends on this module, never the other way. Ports name dimensions with symbols (`"S"`:
+samples, `"B"`: prefix rows ...) that lint binds across an op's ports.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """The baselines `rollplex plan` compares against, each given its own memory options.
 
-verl's serial step (no dedup), serial with the same dedup, and disaggregated (2+ GPUs).
-Each is planned under the variants of `planner/schedules/memory_options.py` (offload and
-checkpointing always; forward and backward per micro-batch, verl's, if the plain plan
-misses) and the fastest one that fits is kept. `plan_fitting` is the entry point for any
-job that runs a baseline (the train job's or bench/gpu_step.py's verl-like schedule).
-A baseline that fits under none has no speedup: `speedup_vs_<key>` is None and
-`speedup_vs_<key>_note` says "does not fit (needs X GiB ...)"; one that could not be
-planned at all says why. No ratio is ever taken against a plan that cannot run.
+verl's serial step (no dedup), serial with the same dedup, and disaggregated (2+ GPUs), each
+planned under `memory_options` variants, the fastest that fits kept (`plan_fitting`). A
+baseline that fits under none gets no ratio: `speedup_vs_<key>` is None and its `_note`
+says "does not fit (needs X GiB ...)".
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """`rollplex eval`: greedy accuracy of a model folder on a data split.
 
-A train checkpoint is a Hub-format folder, so `model.path=<run>/checkpoints/step-NNNNNN`
-scores it; the run folder gets `summary.json` with the accuracy, the majority-answer
-baseline of the same prompts and a few examples.
-
-A checkpoint is scored the way the run that produced it scored it (`train.eval_every`):
-its run folder's `config.json` gives the generation cap (`train.max_new_tokens`), the
-prompt count (`train.eval_prompts`), the data (template, system prompt, source), the
-workload (image size, frames), the model preset, the seed (the split's order) and the CPU
-threads, unless the command line sets them (`eval.max_new_tokens=8`, `data.template=...`,
-`model=...`). Both score with the `exact_match` reward on greedy answers, so a checkpoint
-scores here exactly what the train job logged for it.
+`model.path=<run>/checkpoints/step-NNNNNN` scores a train checkpoint the way its run scored
+it: the run's `config.json` gives the generation cap, prompts, data, workload, preset, seed
+and threads unless the command line sets them, and both score `exact_match` on greedy
+answers. summary.json gets the accuracy, the majority-answer baseline and a few examples.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The run log's one setup, shared by every job: quiet by default, `--verbose` for detail.
 
-Jobs log through plain `logging.getLogger(__name__)`; Hydra's job logging owns the handlers
-(the console and the run folder's `<job>.log`). `setup_logging()` runs once, inside the
-Hydra task, after Hydra made them, and:
-- writes the console through `tqdm.write`, so a log line never lands on the progress bar's
-  line (the bar redraws below it);
-- shows each warning once per run (a repeat is counted, and the count logged at the end of
-  the run by `report_repeats`), and third-party loggers that warn on every call (vLLM's
-  CPU worker: `torch.set_num_threads` refused, thousands of times in 20 steps) once;
-- turns off transformers' inner progress bars ("Loading weights", "Writing model shards",
-  whose nested redraw prints a raw `ESC[A`).
-With `--verbose` (`ROLLPLEX_VERBOSE=1`) nothing is filtered, every bar shows, and the
-`rollplex` loggers log at DEBUG (e.g. the hand-over of every disaggregated step).
+`setup_logging()` runs once inside the Hydra task (Hydra owns the handlers): console lines
+go through `tqdm.write`, each warning shows once per run (repeats counted and reported at
+the end), and transformers' inner progress bars are off. `--verbose`
+(`ROLLPLEX_VERBOSE=1`) filters nothing and logs `rollplex` at DEBUG.
 """
 
 from __future__ import annotations

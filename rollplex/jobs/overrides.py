@@ -1,10 +1,9 @@
 """The command line's overrides, checked before Hydra runs anything.
 
-Hydra reports an unknown key or preset with a usage paragraph and exit code 1, after it
-has made (or reused) a run folder. Here every override is parsed and tried against the
-composed config first: an unknown preset, key or malformed override ends the run with one
-line that names it and lists the valid names, and nothing is written. A sweep's values are
-checked one by one (a preset must exist for every value of `schedule=a,b`).
+Every override is parsed and tried against the composed config (each value of a sweep on
+its own): an unknown preset or key, or a malformed override, ends the run with one line that
+names it and lists the valid names, and nothing is written (Hydra would exit 1 with a usage
+paragraph after making a run folder).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""plan_step: specs in, a validated Plan out, along the design's one-way flow.
+"""plan_step: specs in, a validated Plan out, along the one-way flow.
 
-    graph  = algorithm builder(specs)                  (rollplex.algos)
-    graph' = passes (dedup or not, per schedule)        (rollplex.graph.passes), after the
-             rollout role's capabilities                (rollplex.planner.capabilities)
-    plan   = planner(graph', specs) per TP degree tried  (rollplex.planner.api.plan_graph)
-
-The graph is built and rewritten once; with `schedule.parallel.rollout_tp` unset, every
-sensible rollout TP degree is planned on it and the fastest plan that fits is kept.
+    graph  = algorithm builder(specs)                        rollplex.algos
+    graph' = passes, after the rollout role's capabilities   rollplex.graph.passes
+    plan   = planner(graph', specs) per rollout TP tried      rollplex.planner.api
+With `schedule.parallel.rollout_tp` unset, the fastest plan that fits is kept.
 """
 
 from __future__ import annotations

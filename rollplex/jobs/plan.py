@@ -1,15 +1,9 @@
 """`rollplex plan`: plan one step under a schedule, next to the baselines, and export it.
 
-Writes into the run folder: plan.json, plan.md (readable summary), tb/ (the planned
-timeline and memory for TensorBoard, plus scalars and hparams) and summary.json. The
-speedups are ratios of predicted step times from the same graph, cost model and
-interference model: verl's serial step (no dedup), serial with dedup, and disaggregated,
-each at its own memory options; against a baseline that does not fit there is no ratio,
-only "does not fit (needs X GiB)" (jobs/baselines.py).
-
-`naive_colocation_bytes` is verl's serial step (no dedup) with every tensor resident for
-the whole step, scratch included: the `naive` memory strategy's peak per GPU, which is
-the sum of that plan's slots (bench/paper_setting.py's "naive" column means the same).
+Writes plan.json, plan.md, tb/ and summary.json into the run folder. Speedups are ratios of
+predicted step times from the same graph and models (jobs/baselines.py).
+`naive_colocation_bytes` is verl's serial step with every tensor resident all step: the
+`naive` memory strategy's peak per GPU.
 """
 
 from __future__ import annotations

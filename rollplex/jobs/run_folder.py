@@ -1,14 +1,9 @@
 """A run's own folder: never one that an earlier run wrote.
 
-Hydra names a run folder by the second the run started (conf/config.yaml: hydra.run.dir).
-Two runs in one second, or a fixed `hydra.run.dir=`, would share it, and a failed run would
-rewrite an earlier run's `.hydra/` and `config.json` beside that run's plan and summary.
-So the folder is claimed before Hydra starts: created atomically (mkdir fails on an existing
-name), with a `_1`, `_2`... suffix while the name is taken, and handed to Hydra by name.
-
-Under torchrun only rank 0 gets a run folder. The other ranks take rank 0's once the process
-group is up (runtime.distributed.from_rank0); until then they log into a temporary folder,
-removed at exit, so no stray one-rank folders are left beside the run.
+The folder is claimed before Hydra starts: created atomically with a `_1`, `_2`... suffix
+while the name is taken (two runs in one second share Hydra's name), then handed to Hydra.
+Under torchrun only rank 0 claims one; the others log into a temporary folder until they
+take rank 0's (runtime.distributed.from_rank0).
 """
 
 from __future__ import annotations

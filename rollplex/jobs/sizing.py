@@ -1,17 +1,9 @@
 """A train job sized from what the user gave, before any model loads.
 
-- On a GPU (`train.device=cuda`) the hardware comes from the device (`read_device`): the
-  preset of its GPU model, or a spec built from its memory and data-sheet rates. An
-  explicit `hardware=` that does not describe the device is refused by name.
-- On a GPU, conf/train_gpu.yaml fills what the command line left unset (prompts per step,
-  G, the response cap): conf/train.yaml's defaults size the CPU demo.
-- With `train.response_lengths=model` the plan's responses are `train.max_new_tokens` long
-  (a synchronous step waits for its longest, and random weights never stop early), unless
-  the command line set `workload.response_length`: then train_checks.check_spec refuses a
-  cap above it.
-
-Which keys the user set is read from Hydra's overrides; a spec built in Python (no Hydra
-run) is taken as given, except that `hardware=cpu` on a GPU is replaced by the device's.
+On a GPU the hardware comes from the device (`read_device`; a `hardware=` that does not
+describe it is refused) and conf/train_gpu.yaml fills what the command line left unset.
+`train.response_lengths=model` plans responses `train.max_new_tokens` long. Which keys the
+user set is read from Hydra's overrides; a spec built in Python is taken as given.
 """
 
 from __future__ import annotations

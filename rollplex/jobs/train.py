@@ -1,37 +1,8 @@
-"""`rollplex train`: GRPO/RLOO/PPO on a model folder and a dataset, every step run
-through one plan.
+"""`rollplex train`: GRPO/RLOO/PPO on a model folder and a dataset, every step one plan.
 
-Before any model loads, `prepare` opens the model folder, the data and the reward and
-measures the prompts' visual and text lengths; the plan is made once from that measured
-workload and applied by the executor at every step, so serial and rollplex plans train the
-very same parameters. Every `train.eval_every` steps (and before the first and after the
-last) greedy accuracy on the held-out split is logged. The roles come from `backend.*`
-(conf/backend): `backend.rollout=vllm` rolls out on an in-process vLLM engine beside the
-torch reference and trainer, planned with its capabilities (one engine op, nothing
-piggybacked on it); after every optimizer step the plan's `weight_sync` loads the trainer's
-weights into it in place, and its measured time lands in calibration.json.
-`backend.trainer=fsdp` (`backend=fsdp`, under torchrun) shards the trainer with FSDP2:
-checkpoints are DCP (runtime/dcp_checkpoint.py, resumable on any rank count) and only rank
-0 writes the run folder and evaluates. Every torchrun job plans for its world: a
-single-GPU hardware preset grows to WORLD_SIZE GPUs, any other `hardware.num_gpus` must
-equal it (refused before any model loads), and a colocated run plans the rollout TP its
-rollout uses (`backends/fsdp/checks.world_spec`). With `schedule=disaggregated` the plan's device
-groups become pools of ranks (runtime/pools.py): each
-rank runs only its pool's steps and its side of the plan's transfers (the weights into the
-rollout pool, the rollout's outputs to the trainers; backends/fsdp/pools.py builds each
-pool's roles), the training pool writes and restores the checkpoints (a resumed rollout
-pool gets the weights by the first step's transfer), and summary.json gets the bytes and
-seconds of every transfer against the plan's routes. The run folder gets:
-- `tb/`: TensorBoard scalars (reward, KL, loss, step time, resident bytes) and the planned
-  and measured timelines side by side (workers `planned0` and `measured0`, the last
-  `train.trace_steps` steps; with `train.profile=true` the measured one is torch.profiler's),
-  with the planned-vs-measured table per step as text and as `tb/planned_vs_measured.md`;
-- `checkpoints/step-NNNNNN/` every `train.checkpoint_every` steps and after the last (none
-  with 0);
-- `metrics.csv` (one row per step), `calibration.json` (measured op times in the cost
-  model's format), `plan.json` and `summary.json`.
-A `train.resume` checkpoint is validated before the model is built: a corrupt one, or one
-of another model, ends the run with a message naming the file and field.
+Before any model loads it prepares the data and measures the workload, plans once and builds
+the roles from `backend.*`; the executor then applies the plan at every step. Run folder
+contents: README.md; torchrun and disaggregated pools: docs/architecture.md (Jobs).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """`rollplex weights`: how much of the rollout copy aliases training storage.
 
-For the model and the two placements in `weights.*` (rollplex.specs.weights), prints per
-parameter class and in total the shared (identical + view + in place) and rebuilt bytes
-per GPU, the rebuild buffer and the memory saved against a full second copy. Writes
-summary.json and weights.md (the per-class table) into the run folder. No torch: the
-parameter table comes from the ModelSpec (tests/weights checks it against transformers).
+Per parameter class and in total: the shared and rebuilt bytes per GPU, the rebuild buffer
+and the memory saved against a full second copy, into summary.json and weights.md. No
+torch: the parameter table comes from the ModelSpec.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
-"""Qwen2.5-VL's chat template, written out here so folders we build (the demo, the GPU
-folder tool) render chats exactly as a Hub Qwen2.5-VL folder does.
+"""Qwen2.5-VL's chat template, written out here so folders we build render chats exactly as a
+Hub Qwen2.5-VL folder does.
 
-Messages follow the transformers convention: `content` is a string or a list of parts
-`{"type": "text", "text": ...}`, `{"type": "image"}` or `{"type": "video"}`. Each image
-becomes `<|vision_start|><|image_pad|><|vision_end|>` (the processor later expands the one
-pad into as many as the image has merged patches); a video uses `<|video_pad|>`. A
-default system turn is added when the chat has none, as Qwen does.
+Messages follow transformers' convention (text, image and video parts); each visual becomes
+vision_start + one pad + vision_end (the processor expands the pad), and a default system
+turn is added when the chat has none, as Qwen does.
 """
 
 QWEN2_5_VL_CHAT_TEMPLATE = (

@@ -1,18 +1,9 @@
 """The embedded default model folder: a tiny random-weight Qwen2.5-VL with a real BPE
 tokenizer, built on first use and cached.
 
-- Tokenizer: byte-level BPE trained with `tokenizers` on easy-vqa's questions and answers
-  (the installed `easy_vqa` package) and the synthetic tasks' words (image and video),
-  with Qwen2.5-VL's special tokens and chat template. A few hundred ids, so every answer
-  word is one token.
-- Model: the tiny preset's shapes (head_dim 32, which vLLM's CPU attention accepts) with
-  the tokenizer's vocab; random weights from seed 0.
-- Image processor: transformers' Qwen2-VL one, with small pixel bounds for CPU runs.
-
-The cache folder is named by a hash of the recipe (this file, the chat template, the
-synthetic tasks' word lists and the library versions), so a change builds a new folder.
-A build happens in a temporary folder renamed into place: concurrent first uses never
-see a partial folder.
+The tokenizer is byte-level BPE trained on easy-vqa's and the synthetic tasks' words (every
+answer one token), with Qwen2.5-VL's special tokens and chat template. The cache folder is
+named by a hash of the recipe, and built in a temporary folder renamed into place.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""Make a random-weight Hub-format Qwen2.5-VL folder at a preset's shape, for GPU runs:
+r"""Make a random-weight Hub-format Qwen2.5-VL folder at a preset's shape, for GPU runs.
 
-    python -m rollplex.models.make_folder --shape qwen2_5_vl_3b \\
+    python -m rollplex.models.make_folder --shape qwen2_5_vl_3b \
         --tokenizer-dir <dir with tokenizer.json + tokenizer_config.json> --out <folder>
-
-The tokenizer files are copied in with Qwen2.5-VL's chat template (the Qwen3 tokenizer
-FACTS.md points to has the same ids but Qwen3's template). The special-token ids and the
-vocab size are taken from the tokenizer, so a preset's shape works with any tokenizer that
-has Qwen2.5-VL's special tokens; with Qwen's own tokenizer they equal the presets'.
-Weights are allocated on the meta device and initialised once on the target device (fast
-for 3B/7B on a GPU), then written by `save_pretrained` in shards.
+Special-token ids and vocab size come from the tokenizer (Qwen2.5-VL's chat template is
+written in); weights are made on the meta device, initialised on the target, saved in shards.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """plan_graph: a Graph (after its passes) and the specs in, a validated Plan out.
 
-The planner never builds or rewrites the graph: `rollplex.jobs.pipeline` runs the
-algorithm builder and the passes first, then calls this once per parallel layout it tries.
-
-    plan = SCHEDULES[schedule.name](ctx, evaluate)  -> replay -> memory + residency
-         -> renumber in issue order -> check_budget -> validate_plan
+`rollplex.jobs.pipeline` builds the graph and runs the passes, then calls this once per
+parallel layout it tries:
+    schedule -> replay -> memory + residency -> renumber -> check_budget -> validate_plan
 """
 
 from __future__ import annotations

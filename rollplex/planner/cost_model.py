@@ -1,20 +1,9 @@
 """Op time on one GPU: a roofline over the op's Cost, with efficiency factors.
 
-time = max(flops / (peak * compute_eff), bytes / (hbm_bw * bandwidth_eff))
-       + launches * launch_s + exposed communication
-
-An op run in m micro-batches (forwards and backwards: `schedule.train_micro_tokens`) is m
-runs of 1/m of its rows: each reads the weights again, and each launches its kernels
-(`kernels` per micro-batch) at `launch_s` apiece, which a micro-batch too small to cover
-them cannot hide. So its body is m * max(compute / m, (other bytes / m + weight bytes) /
-bandwidth, kernels * launch_s).
-
-Defaults follow FACTS.md's H200 measurements: a CUDA-graphed decode reaches ~77% of HBM
-bandwidth and large prefix GEMMs ~60% of bf16 peak. Tensor-parallel all-reduces run on
-NVLink inside the op; FSDP gathers and reduce-scatters overlap the training compute, so
-only their excess over compute is exposed. A calibration file of measured op times (the
-runtime writes one) rescales the efficiency of each kind by the median measured ratio; a
-kind it holds no measurement of borrows its relatives' (RELATED_KINDS).
+    time = max(flops / (peak * compute_eff), bytes / (hbm_bw * bandwidth_eff))
+           + launches * launch_s + exposed communication
+Micro-batches re-read the weights and pay their launches each; a calibration file rescales
+each kind's efficiency by the median measured ratio (docs/architecture.md, Planner).
 """
 
 from __future__ import annotations

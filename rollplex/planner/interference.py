@@ -1,16 +1,8 @@
 """How co-running work shares one GPU: the rates each side keeps.
 
-The defaults are FACTS.md's H200 measurements (Qwen2.5-VL-7B shapes), not guesses tuned
-to any paper:
-- two plain streams: decode slows 1.54x and the pair is only 1.01x faster than serial, so
-  decode keeps 0.65 of its speed and the prefix work 0.36;
-- SM partitions (decode on 64 of 132 SMs): decode alone there is 1.26x slower, and
-  bandwidth contention takes the rest, again 1.01x in all;
-- decode unconfined with the prefix confined to 68 SMs: 1.07x in all;
-- piggybacking same-weights prefix rows onto decode steps costs a fraction of their
-  compute time that grows as the step turns compute-bound (+64/+128/+256 rows on 8
-  decode rows cost 21%/26%/38% of the rows' own matmul time).
-A rate is the fraction of its solo speed a step keeps while the other side runs.
+A rate is the fraction of its solo speed a step keeps while the other side runs: plain
+streams, SM partitions, and piggybacked rows each have their own. The defaults are FACTS.md's
+H200 measurements, not tuned to any paper; the reasoning is in docs/architecture.md (Planner).
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Lifetimes: one `UsageRecord` per tensor a device group holds, from the timed plan.
 
-Positions are the device's steps sorted by predicted start. A value lives from the step
-that makes it to the last step that reads it; what must survive into the next RL step
-(weights, optimizer state, the rollout's weight copy) lives to the end; every step adds
-its own scratch for its duration. Sizes per GPU come from `sizing.DeviceSizer`. The
-phase-aware part: a role that rolls out holds a tensor-parallel copy of the weights it
-decodes with, dropped after its last rollout use and rebuilt by `weight_sync` (nothing
-keeps it through training), except where the layout holds it all step (the FSDP2
-rollouts) or an engine cannot sleep; a disaggregated hand-over's values live across it
-(`hold_for_handover`).
+Positions are the device's steps by predicted start; a value lives from its producer to its
+last reader, state that crosses RL steps to the end, scratch for its step. Sizes come from
+`sizing.DeviceSizer`; the rollout's weight copy follows the phase-aware rules in
+docs/architecture.md (Memory).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The static priority every schedule issues ops in.
 
-Policy, in order:
-1. dependencies first (a topological order of the graph);
-2. among ready ops, the earlier phase (rollout, reference, train, update), because a
-   synchronous step cannot finish a phase before the previous one has produced its data;
-3. then the longer critical path to the end of the step (upward rank, in predicted
-   seconds), so work that gates more later work starts first;
-4. then program order — the order the algorithm wrote its ops in.
-Names never break ties, so renaming ops never changes a plan (tests permute names).
+Dependencies first; among ready ops the earlier phase (rollout, reference, train, update),
+then the longer critical path to the step's end (upward rank, in predicted seconds), then
+program order. Names never break ties: renaming ops never changes a plan (tests permute).
 """
 
 from __future__ import annotations

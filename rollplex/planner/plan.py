@@ -1,13 +1,8 @@
 """The Plan: plain data the runtime applies and the simulator replays.
 
-A plan is per *device group*: the GPUs of a group run the identical step list on their
-own shard of the batch (data parallel) or weights (tensor parallel), so one `DevicePlan`
-stands for all of its `ranks`. Colocated schedules have one group; the disaggregated
-schedule has a rollout pool and a training pool.
-
-Every decision is explicit, vLLM-scheduler style: which op (or chunk of an op) runs on
-which stream, which events it waits for, which memory slot each tensor occupies, and the
-alloc/free/offload/onload actions, with predicted times.
+One `DevicePlan` per device group (its `ranks` run the same step list on their shards).
+Every decision is explicit: op (or chunk) -> stream, the events it waits on, each tensor's
+memory slot, the alloc/free/offload/onload actions, and predicted times.
 """
 
 from __future__ import annotations

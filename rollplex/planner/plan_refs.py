@@ -1,14 +1,8 @@
-"""The closed part of plan validation: every number is finite and in range, every name and
-index a plan holds points at something that exists, and times run forward.
+"""The closed part of plan validation: every number finite and in range, every name and index
+pointing at something that exists, times running forward.
 
-`validate_plan` runs these first, so its invariant checks (and the runtime) may index
-steps, events and values freely: a plan read from JSON, or edited by hand, is refused here
-with a `PlanError` naming the device, step, slot, event or value at fault, never with a
-bare KeyError. With a graph, the plan must be of that graph (its hash), and its steps,
-slots and effects must name that graph's ops and values.
-
-A slot or effect names a graph value, a rollout copy of graph weights (`<weights>@rollout`,
-`@rollout.next`), or a step's own memory (`<step name>.scratch`, `.kv_pool`).
+`validate_plan` runs these first, so a plan read from JSON or edited by hand is refused with
+a `PlanError` naming the device, step, slot, event or value, never a bare KeyError.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Step indices in issue order: the last pass of planning.
 
-`Step.index` is documented as the plan-wide issue order, and the executor issues by it.
-Residency appends its copy steps (offload/onload) after every scheduled step's index,
-although earlier-numbered steps wait on them, so the numbering and the events disagree.
-This pass renumbers every step along one order that respects both: each stream's own
-order and every event wait. Among the steps free to go, the scheduled steps keep their
-old order, and a copy goes just after the step it waits for (as the plan starts it), or,
-with none, just before the first step that waits on it. A plan whose numbering already
-agrees keeps it.
-Every reference to a step index (streams, events, slots, memory effects, transfers)
-follows.
+Residency appends its copy steps after every scheduled step, though earlier steps wait on
+them. This renumbers every step along one order that respects each stream's order and every
+event wait (scheduled steps keep their order, a copy goes right after what it waits for),
+and every reference to a step index follows.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Residency: fit each device group's plan into its HBM budget, then fix the slots.
 
-Policy. Assign offsets with the chosen strategy; while the arenas exceed the budget, take
-the largest tensor that has a long stretch without use and move it to host memory over
-the copy stream for that stretch:
-- optimizer state and frozen weights between their uses (verl's hand-placed offloads, here
-  decided from lifetimes);
-- boundaries made in the decode window, until their backward.
-An onload starts just in time: after the latest step that ends at least one transfer time
-before the consumer starts, so the copy engine hides it when the plan leaves room, and the
-replay charges it when not. If nothing more can move, planning fails with a message that
-says by how much it misses and what is resident at the peak.
+While the arenas exceed the budget, the largest tensor with a long stretch without use moves
+to host over the copy stream for that stretch (optimizer state, frozen weights, boundaries
+made in the decode window), with its onload just in time. If nothing more can move, planning
+fails saying by how much it misses and what is resident at the peak.
 """
 
 from __future__ import annotations

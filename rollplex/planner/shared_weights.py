@@ -1,37 +1,9 @@
 """Shared weights: what a colocated rollout's weight copy costs beyond training storage.
 
-A rollout that aliases the trainer's weights (`weight_sync` mode "alias") reads, on every
-GPU, the bytes of its tensor-parallel shard that the GPU's FSDP shard already holds in
-place, and needs its own memory only for the rest. An engine that holds its own copy
-(weight_sync mode "load", or a fused `generate` rollout such as vLLM's) pays the whole
-shard; so does the FSDP2 trainer's gathered replica (`attrs["layout"] == "replica"`,
-TP 1: the whole model). Which rollout layout the aliasing one has is explicit, on the
-weight_sync (`attrs["layout"]`, from the rollout's `RoleCapabilities.weights_layout`,
-planner/capabilities.py), never guessed from sizes:
-- "algebra" (default): the layout algebra's (`rollplex.weights`) best rollout layout,
-  as `rollplex weights` reports it (training: FSDP over the training GPUs / train TP,
-  aliasing storage; rollout: TP t_r colocated on the same GPUs, fused qkv/gate_up, the
-  best rank map, vision split when t_r divides it): the rebuild buffer
-  (`shared_weights`);
-- "replica": its sync gathers the float32 masters and casts them in
-  (`replica_sync_bytes`);
-- "torch_tp": the FSDP2 trainer's shared torch rollout (`backend.fsdp.rollout_sync=share`,
-  backends/fsdp/share.py): torch's Qwen2 TP plan, vision and norms replicated, strided
-  rank map, and its own compute-dtype copy of the shards when that differs from the fp32
-  masters (bf16 on GPU): `weights.torch_rollout.torch_rollout_bytes`'s `extra_bytes`,
-  what `SharedRollout.stats()` measures (`torch_shared_weights`). Training TP must be 1
-  (the FSDP2 trainer has none); otherwise the whole shard is charged.
-Per GPU and per tower (LLM, vision) this module gives the most any GPU adds, and what a
-weight_sync moves: bytes from other GPUs and bytes moved within the GPU (local copies
-into rebuilt tensors; for the torch rollout also the cast of the fp32 masters).
-
-The algebra costs O(GPUs x parameter classes) per layout, so it is computed on one layer
-per class and kept per (model, layouts) (the planner tries several rollout TP degrees per
-plan, and plans many times per sweep). Above `MAX_EXACT_GPUS` training GPUs it is not
-computed and the whole TP shard (v.nbytes / t_r) is charged, as for an engine: a GPU then
-holds at most t_r / GPUs of an LLM shard, so that is within a few percent of the algebra
-(a vision tower that the rollout replicates is undercounted there). So is a layout the
-algebra cannot serve, and weights whose size matches no tower.
+An aliasing rollout pays only the bytes of its TP shard that the GPU's FSDP shard does not
+hold; an engine with its own copy pays the whole shard. The rollout layout is explicit on
+the weight_sync (`attrs["layout"]`: algebra, replica or torch_tp), never guessed from sizes.
+Details and the cache: docs/architecture.md (Weights).
 """
 
 from __future__ import annotations
@@ -113,7 +85,8 @@ def shared_weights(
 ) -> SharedWeights | None:
     """The algebra's per-GPU bytes for a rollout of TP `rollout_tp` colocated with
     training on `train_gpus` GPUs (FSDP `train_gpus / train_tp`, TP `train_tp`); None when
-    not computed (see the module docstring). As `rollplex weights` with its defaults
+    not computed (above `MAX_EXACT_GPUS` training GPUs: the whole TP shard is charged then,
+    within a few percent of the algebra). As `rollplex weights` with its defaults
     (`build_sharing`: aliasing storage, vision split when it can be, the rank map that
     shares the most bytes), evaluated on one decoder layer and one vision block: FSDP2
     shards every parameter on its own, so each layer of a class shares alike, and the

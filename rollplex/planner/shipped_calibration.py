@@ -1,18 +1,9 @@
 """Measured constants shipped with the H200 presets: what an H200 plan is priced with when
 the user names no calibration file (`calibration.path` null).
 
-Each entry pools one op kind's predicted and measured seconds from a `rollplex train` run
-on one H200 with the torch backend as it ships (the decode engine's CUDA graphs and
-compiled layers; varlen vision attention; AdamW fused), so the cost model's efficiency for
-that kind becomes its measured one:
-- qwen2_5_vl_3b: bench/results/gpu_step/runs_qwen2_5_vl_3b_run5/serial_dedup/calibration.json
-- qwen2_5_vl_7b: bench/results/gpu_step/runs_qwen2_5_vl_7b_run9/serial_dedup/calibration.json
-(4 video prompts x G=8, 1,024 visual tokens, responses to 1,024 tokens; 2026-12-01/02).
-The older bench/results/calibration_h200_*.json measured the eager decode loop the engine
-replaced (8.8x its roofline time, against 1.2-2.6x here), so they are not shipped.
-Kinds priced by their launch alone (reward, advantage, policy_loss, weight_sync) are left
-out: an efficiency scale does not reach them. A model between or beyond these shapes takes
-the nearest one's constants (by LLM width), and the plan says which.
+Each entry pools one op kind's measured/predicted seconds from a `rollplex train` run on one
+H200 (sources in the comment below); a model between shapes takes the nearest one's
+constants (by LLM width), and the plan says which.
 """
 
 from __future__ import annotations
@@ -21,6 +12,11 @@ from rollplex.specs.calibration import CalibrationEntry, CalibrationFile
 from rollplex.specs.hardware import HardwareSpec, gpu_model
 from rollplex.specs.model import ModelSpec
 
+# Sources (4 video prompts x G=8, the torch backend as it ships):
+#   qwen2_5_vl_3b: bench/results/gpu_step/runs_qwen2_5_vl_3b_run5/serial_dedup/calibration.json
+#   qwen2_5_vl_7b: bench/results/gpu_step/runs_qwen2_5_vl_7b_run9/serial_dedup/calibration.json
+# Kinds priced by their launch alone (reward, advantage, policy_loss, weight_sync) are left
+# out: an efficiency scale does not reach them.
 # model -> (kind, predicted s, measured s): each kind summed over its entries in the file
 _H200: dict[str, tuple[tuple[str, float, float], ...]] = {
     "qwen2_5_vl_3b": (

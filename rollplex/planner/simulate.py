@@ -1,11 +1,8 @@
 """Replay a Plan in time: a fluid, event-driven simulation, no tensors.
 
-Each stream issues its steps in order; a step starts once it heads its stream and every
-event it waits for has fired. While several steps run on one device group, each advances
-at the rate the interference model grants its class (decode is bandwidth-bound, prefix
-and training work compute-bound, copies use their own engine). Time jumps from one step
-end to the next, so a 10,000-step plan replays in milliseconds. The same replay predicts
-every schedule, so their times compare like with like.
+A step starts once it heads its stream and its events have fired; co-running steps advance
+at the rates the interference model grants their classes. Time jumps from one step end to
+the next, and every schedule is replayed the same way, so their times compare.
 """
 
 from __future__ import annotations

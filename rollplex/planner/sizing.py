@@ -1,20 +1,9 @@
 """Sizing: how many bytes per GPU each value of a plan's graph takes on one device group.
 
-- trained weights, frozen weights, gradients and optimizer state are FSDP-sharded over the
-  training GPUs; a rollout's own weight copy is what `shared_weights.py` charges for the
-  graph's rollout layout;
-- rows split over the data-parallel ranks, KV heads over TP;
-- every value is whole, as the runtime holds it: the graph has no per-micro-batch values.
-  Micro-batches bound an op's scratch only (`layout.OpTimer`). In particular a training
-  forward's `saved` value holds every micro-batch's checkpointed layer inputs, since the
-  forward step runs all of them before the backward step runs any: it is priced by
-  `saved_activation_bytes`, the formula the trainer's holdings are tested against; with
-  `schedule.train_micro_recompute` that forward keeps nothing and the backward's scratch
-  holds one micro-batch's (its forward runs again there: ops/costs.py);
-- response-length axes count the padded width (the graph's maximum), as the runtime's
-  right-padded [samples, max_new_tokens] tensors do.
-Sizes depend only on (shape, dtype, kind, producing phase, saved part), so they are kept
-per key and the bound over a graph is taken over one value per key (`_value_shapes`).
+Weights, gradients and optimizer state are FSDP-sharded over the training GPUs, rows split
+over data-parallel ranks, KV heads over TP; values are whole and padded to the graph's
+response width, as the runtime holds them. Sizes are kept per (shape, dtype, kind, phase,
+saved part).
 """
 
 from __future__ import annotations

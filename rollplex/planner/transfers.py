@@ -1,22 +1,8 @@
 """Transfers between device groups (disaggregated pools): who sends what to whom.
 
-Weights. Training holds each parameter FSDP2-sharded over its T GPUs (plain storage
-order: nothing aliases across pools), optionally with TP; each rollout replica of TP t_r
-needs, on its TP rank r, vLLM's shard of every rollout tensor (`rollplex.weights`:
-fused qkv / gate_up, KV heads replicated past their count, vocab padded, a vision tower
-split or replicated). `weight_bytes` gives, from the layout algebra, how many bytes of
-rank r's shard each training GPU holds; every byte lives on one training GPU, except
-tensors training TP replicates, which replica k takes from the TP rank k mod train TP
-(spreading the sends). `weight_routes` turns that into rank-to-rank `Route`s.
-
-Rollout outputs. Replica k made rows [k/D, (k+1)/D) of the batch (D replicas) and
-training GPU g needs rows [g/T, (g+1)/T): each overlap moves from the replica's TP rank
-g mod t_r (spreading the sends) to g.
-
-A transfer takes as long as its busiest GPU, sending or receiving, over the link between
-the pools. Like the colocated sharing, the weight algebra is computed on one layer per
-class and kept per (model, layouts); above `MAX_EXACT_GPUS` training GPUs it is not
-(`weight_bytes` gives None and the schedule falls back to whole TP shards, unrouted).
+`weight_bytes`/`weight_routes`: from the layout algebra, the bytes of each rollout rank's TP
+shard that each training GPU holds, as rank-to-rank `Route`s. Rollout outputs move by row
+ranges. A transfer takes as long as its busiest GPU; above `MAX_EXACT_GPUS` it is unrouted.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """validate_plan: the invariants a plan must hold before anything runs it.
 
-0. every reference resolves, every number is finite and in range, times run forward, and
-   the plan is of `graph` (`plan_refs.check_references`);
-1. no two slots of one arena (device, lane) hold overlapping bytes while both are live;
-2. every step starts after each of its producers' steps, through stream order or an event
-   it waits on (a missing event is a race even if the predicted times happen to agree);
-3. each device group's predicted peak fits its HBM budget;
-4. on-policy: every step that reads trained weights reads the version the update trains
-   (only the weight sync reads the next one);
-5. disaggregated: the weight transfer precedes every rollout step that reads the weights;
-6. every listed transfer names a step of the plan and routes bytes between the ranks of
-   two different device groups.
+References resolve (`plan_refs`); no two live slots of one arena overlap; every step follows
+its producers through stream order or an event; peaks fit the budget; on-policy weight
+versions; weight transfers before the rollout reads them; transfers route between groups.
 Each failure raises `PlanError` naming the step, slot or device at fault.
 """
 

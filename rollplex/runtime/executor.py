@@ -1,42 +1,9 @@
 """The executor: applies a Plan to a backend, one RL step at a time. It decides nothing.
 
-Per RL step:
-1. the backend supplies the graph's external values (weights, optimizer state, prompts);
-   each starts where the plan has it at the step's start: on host if the plan's first
-   move of it is an onload (or it is host data), else resident;
-2. steps are issued in the plan's order: by plan index, within what its streams and events
-   allow (`order.plan_order`; where the two disagree the step that must go first goes
-   first, and that is reported). Before a step, the plan's `alloc`s of values still on
-   host load them (host data reaching the device);
-   `offload` / `onload` steps move their value between the stores through the backend
-   (a real copy, on CPU too); a `transfer` between device groups of one process moves
-   nothing. With `pools` (one process per rank, runtime/pools.py) the executor issues only
-   its own group's steps and its side of every cross-group transfer the plan routes
-   through its rank, for real (runtime/pool_steps.py, runtime/transfers.py: the weights
-   into the rollout pool, the rollout's outputs to the trainers). Any other step runs its
-   op, or its chunk, through the backend;
-3. the plan's residency of an engine-held rollout (its copies freed after the rollout,
-   allocated again at the weight sync) becomes sleep and wake calls around those steps
-   (`engine_residency.py`);
-4. after a step, its planned `free`s drop values from the environment (and release what
-   a value holds, e.g. gradients), exactly there. A planned free that precedes a read in
-   the order executed (a plan defect, or streams the plan overlaps issued one after
-   another) cannot be applied there: it waits for that read, and the run log (warning),
-   the step's `deviations` and the measured trace (an instant) say so (plan_effects.py);
-5. resident bytes are accounted per device group after every step, before and after its
-   frees; weights versions read are checked against the plan (`accounting.py`).
-The plan's training micro-batch count (`Plan.meta["train_micro_batches"]`, and whether each
-runs its forward again inside the backward, `["train_micro_recompute"]`), what the planner
-sized training activations with) goes to the trainer once, through the backend.
-On CUDA each step goes to its own stream (`cuda.CudaStreams`): a stream the plan puts on
-an SM partition runs on a green context of its share of the SMs (`green_contexts.py`; the
-SMs it got are a note at its first step), or, where they cannot be made, as a plain stream
-with a deviation saying why; a CUDA graph replayed there but captured elsewhere is not
-confined, a deviation too. `close()` retires the green contexts. On CPU the order above
-is the execution. Each RL step is a `record_function("ProfilerStep#N")` range and each plan
-step (its loads, its op, its frees) a `record_function(<step name>)` range, so a
-`torch.profiler` run (`runtime/profile.py`) records real kernels and memory
-events under the plan's step names.
+Per RL step it loads the external values where the plan has them, issues the steps in plan
+order (ops and chunks through the backend, offload/onload/transfer steps as copies), applies
+the planned frees right after each step, and accounts resident bytes and weight versions.
+Where it cannot follow the plan it says so: docs/architecture.md (Runtime).
 """
 
 from __future__ import annotations

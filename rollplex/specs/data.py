@@ -1,10 +1,8 @@
 """DataSpec: which prompts a run trains and evaluates on (conf/data).
 
-Sources (rollplex.data.build_source):
-- synthetic: coloured shapes, one image per prompt (rollplex.data.shapes);
-- synthetic_video: shapes moving across the workload's frames (rollplex.data.motion);
-- easyvqa: the easy-VQA set of the `easy-vqa` package (38,575 train / 9,673 test questions);
-- jsonl / parquet: the user's file at `path`, in the EasyR1/verl row convention.
+Sources (rollplex.data.build_source): synthetic (shapes, rollplex.data.shapes),
+synthetic_video (moving shapes, rollplex.data.motion), easyvqa (the `easy-vqa` package),
+jsonl / parquet (the user's file at `path`, EasyR1/verl rows).
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Timelines (planned and measured) and their export to TensorBoard.
 
-`Timeline` is the backend-neutral record the planner and runtime produce;
-`write_profiler_traces` turns it into files the torch-tb-profiler plugin shows; `scalars`
-adds numbers, tables and hparams to the same run; `diff_timelines` compares plan and
-measurement; `torch_trace.attribute_to_steps` makes a torch.profiler trace of plan steps
-name its memory by plan step (`runtime/profile.py` exports it beside the planned one).
+`Timeline` is the backend-neutral record; `write_profiler_traces` writes what the
+torch-tb-profiler plugin shows, `scalars` the numbers, tables and hparams beside it,
+`diff_timelines` compares plan and measurement, and `torch_trace` names a torch.profiler
+trace's memory by plan step.
 """
 
 from __future__ import annotations

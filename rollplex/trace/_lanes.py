@@ -1,16 +1,9 @@
 """Pack intervals into lanes in which every pair is either disjoint or nested.
 
-torch-tb-profiler builds one call tree per host thread and drops (with "ranges on the same
-thread should not intersect") any op that only partly overlaps an earlier one; the trace
-viewer mis-draws such slices too. Spans of one stream normally never overlap, but measured
-ones can touch or cross by clock skew, and a user's plan may stack ops on one stream, so
-such spans go to overflow lanes instead of vanishing.
-
-Back-to-back ops are the common case, and their times come out of float sums: an op that
-ends at 0.1 + 0.2 and one that starts at 0.3 touch, they do not overlap. Ends within
-`tolerance` of a start (far below the ns resolution the trace keeps, far above float
-error) count as touching; `pack` then trims such ends so that the plugin's own exact
-comparison of ts + dur agrees.
+torch-tb-profiler drops an op that only partly overlaps an earlier one on its thread, so
+spans that cross (clock skew, a user's stacked plan) go to overflow lanes. Ends within
+`tolerance` of a start count as touching (float sums), and `pack` trims them so that the
+plugin's exact comparison of ts + dur agrees.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """A Plan's predicted timeline, as a Timeline the trace writer exports.
 
-Each device group becomes one worker (device id = group index), each plan stream one
-lane, each step one span. Memory events come from the slot plan: a slot allocates at its
-first step's start and frees at its last step's end, at its arena offset (lanes' arenas
-laid side by side), so TensorBoard's memory curve is the planned residency. Weights and
-optimizer state resident over the whole step are allocated once, under their value's name,
-and stay from one repeated step to the next.
+One worker per device group, one lane per plan stream, one span per step. Memory events come
+from the slot plan (a slot lives from its first step's start to its last step's end, at its
+arena offset), so TensorBoard's memory curve is the planned residency.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Planned against measured as one picture for TensorBoard's Images tab.
 
-torch-tb-profiler's DIFF view compares only the first host thread's operator tree of two
-workers, and a timeline of overlapping streams cannot put its ops on one thread (ops on a
-thread must nest), so it cannot compare a plan with its run op by op. This panel does:
-the planned and the measured Gantt charts one above the other on one time axis (one row
-per stream, one bar per op, coloured by phase), then the per-op table of planned and
-measured times and their ratio, headed by whether the plan's cost model was calibrated
-with measured op times (an uncalibrated plan predicts from nominal efficiencies, and its
-ratios say how far those are off). Drawn with Pillow: no plotting library needed.
+torch-tb-profiler's DIFF view cannot compare overlapping streams op by op, so this draws the
+planned and measured Gantt charts on one time axis, then the per-op table of planned and
+measured times, headed by whether the plan was calibrated. Drawn with Pillow.
 """
 
 from __future__ import annotations

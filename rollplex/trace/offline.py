@@ -1,27 +1,9 @@
 """TensorBoard's profiler plugin without the internet (air-gapped clusters).
 
-torch-tb-profiler 0.4.3's pages load two scripts from public CDNs: the Google Charts loader
-(every chart of the Overview, Operator, Kernel and Memory views) and webcomponents 0.7.24
-(the Trace view's viewer). Offline, every view spins forever. This module puts local
-copies inline into the plugin's own pages, which the plugin then serves as before:
-
+Inlines local copies of the scripts torch-tb-profiler loads from CDNs into its pages (an SVG
+charts stand-in shipped in offline/, the npm webcomponents.min.js); `--undo` restores them.
     npm pack webcomponents.js@0.7.24 && tar xzf webcomponents.js-0.7.24.tgz
     python -m rollplex.trace.offline --webcomponents package/webcomponents.min.js
-    python -m rollplex.trace.offline --undo      # the plugin's pages as installed
-
-- the charts loader is `offline/charts_loader.js`, a stand-in shipped here: it draws the
-  plugin's charts as plain SVG lines and bars, pie charts as share lists and tables as
-  HTML tables (no tooltips or zoom; Google Charts itself cannot be vendored);
-- webcomponents.min.js is the npm package's file (BSD licence), which the Trace view's
-  iframe needs in full (`-lite` leaves it blank).
-It also titles the Trace view by the trace's `traceName` (the plugin's page passes no
-name: every trace was "unknown"), and teaches the plugin Hopper's cuBLAS GEMM kernels:
-its tensor-core list (`tensor_core.py`, kernel-name substrings) predates `nvjet_sm90_*`,
-which is what bf16 GEMMs run as on an H200 (bench/results/gpu_decode profiles), so the
-Overview said 0.0% Tensor Core time for a run made of them; `nvjet` kernels run on
-tensor cores only.
-The originals are kept beside the files (`*.orig`); `--undo` restores them.
-`bench/tensorboard_screenshots.py` serves the same two files by request interception.
 """
 
 from __future__ import annotations
@@ -46,7 +28,7 @@ TITLE_NEW = (
     '(data.data.slice(0, 4096).match(/"traceName":\\s*"([^"]*)"/) || [])[1]) || \'unknown\''
 )
 TC_LIST_END = "'xmma_gemm', 'xmma_sparse_gemm', 'c1688']"  # tensor_core.py's allowlist
-TC_PATTERNS = ("nvjet",)  # cuBLAS's Hopper/Blackwell GEMM kernels (tensor cores only)
+TC_PATTERNS = ("nvjet",)  # cuBLAS's Hopper/Blackwell GEMM kernels (bf16 GEMMs on an H200)
 
 
 def find_webcomponents(path: Path | None = None) -> Path:

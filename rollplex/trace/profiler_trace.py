@@ -1,18 +1,9 @@
 """Export a Timeline as Kineto-style traces that torch-tb-profiler 0.4.3 loads (FACTS.md).
 
-One file per device, worker `gpu<N>`. Inside it:
-- the device process (pid = device id) has one lane per stream; every device event carries
-  args.device == pid, which the plugin uses to index per-GPU arrays (so devices are < 64);
-- the host process has a `steps` lane with one `ProfilerStep#N` per RL step (the Overview is
-  per step) and one host lane per stream. Each device span gets a 1 ns `cpu_op` there at
-  its start (its launch, not a copy of the device bar: the timeline has no host time) with
-  a 1 ns `runtime` launch correlated to the device event, which fills the Operator and
-  Kernel views. Lanes per stream (not one host thread) because ops on one host tid must
-  nest;
-- `[memory]` instant events of an allocation sit in the 1 ns op that made it (at its
-  launch), so the Memory view can name it; frees keep their time;
-- marks (e.g. where the runtime did not follow the plan) are instants on their stream.
-`traceEvents` is the last key: the Trace view splices GPU counters in before the final `]`.
+One file per device (worker `gpu<N>`): a device lane per stream, and on the host a
+`ProfilerStep#N` lane plus one lane per stream holding a 1 ns launch `cpu_op` per device span
+(ops on one host thread must nest). Memory instants sit in the op that made them; marks are
+instants on their stream. The plugin's constraints: docs/architecture.md (Trace).
 """
 
 from __future__ import annotations
@@ -215,7 +206,7 @@ def build_profiler_trace(timeline: Timeline, device: int) -> dict:
         "rollplex": {"label": timeline.label, "device": device},
         # the Trace view's title (the plugin's page passes none: rollplex.trace.offline)
         "traceName": f"{timeline.label} on {timeline.device_name or 'device'} {device}",
-        "traceEvents": meta + events,  # last: see the module docstring
+        "traceEvents": meta + events,  # last: the Trace view splices GPU counters before `]`
     }
 
 

@@ -1,10 +1,8 @@
 """Scalars, text tables and hparams next to the traces, through tensorboard's own writer.
 
-Everything goes into the run folder that holds the `*.pt.trace.json` files, so TensorBoard
-shows one run with its timeline (PyTorch Profiler tab), numbers (Scalars), tables (Text)
-and knobs (HParams). The event file is written with `tensorboard.summary.writer`'s
-EventFileWriter, not torch's SummaryWriter: importing torch costs 2-4 s, and planning jobs
-need none of it. Tags and plugin payloads match what SummaryWriter writes.
+Written into the folder of the `*.pt.trace.json` files, so TensorBoard shows one run. Uses
+tensorboard's EventFileWriter rather than torch's SummaryWriter (importing torch costs
+2-4 s, and planning jobs need none of it); tags and payloads match SummaryWriter's.
 """
 
 from __future__ import annotations

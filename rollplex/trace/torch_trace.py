@@ -1,20 +1,9 @@
 """A torch.profiler (Kineto) trace of plan steps, made to name its memory by plan step.
 
-The executor runs every plan step inside `record_function(<step name>)`, so the trace
-holds the step ranges (`user_annotation`) with the real ops, kernels and `[memory]`
-events under them. torch-tb-profiler attributes an allocation to the innermost *operator*
-(`cpu_op`) around it on its thread: `aten::mm`, `aten::empty`... or `<unknown>` where no op
-encloses it (Python-side frees, work outside any aten op, another thread). So that the
-Memory view names plan steps:
-- each plan-step range is copied, as a `cpu_op`, onto one host lane "plan steps" (the
-  original stays where it was, nesting the aten ops, as the plugin ignores annotations);
-- every `[memory]` event that falls inside a plan step moves to that lane, so its
-  innermost op *is* the plan step (frees are matched to their allocation by address);
-  events outside every step stay where they were;
-- `marks` (where the runtime did not follow the plan) become instants at the end of the
-  step they belong to, on the same lane.
-The plan-step copies count once more in the Operator view (as host time of that lane);
-the kernels stay attributed to the aten ops that launched them.
+torch-tb-profiler names an allocation by the innermost `cpu_op` around it, so each plan
+step's `record_function` range is copied as a `cpu_op` onto a "plan steps" lane and every
+`[memory]` event inside it moves there; marks become instants at their step's end. The
+copies count once more in the Operator view; kernels stay with their aten ops.
 """
 
 from __future__ import annotations

@@ -1,27 +1,8 @@
 """The two placements of the weights, as blocks of each parameter's 2-D view.
 
-Training (FSDP2, optionally with TP; GPU g is mesh coordinate (dp i, tp j), g = i * tp + j,
-TP innermost as torchtitan builds its ["dp_shard", "tp"] mesh):
-- TP (LLM only, torchtitan's plan): column-parallel q/k/v/gate/up and their biases, and the
-  vocab-parallel embed/lm_head, are `Shard(0)`; row-parallel o_proj/down_proj `Shard(1)`;
-  norms replicated. The vision tower is TP-replicated.
-- FSDP2 then shards the TP-local tensor over the dp ranks like `fully_shard` does: dim 0
-  in chunks of ceil(n / d) rows (`torch.chunk` semantics: the last ranks may hold fewer
-  rows, or none; FSDP2 pads their storage with zeros to the full chunk for the
-  all-gather). tests/weights checks this against real `fully_shard`.
-- Storage order (`aliasing_storage`, for parameters training TP does not split): the
-  parameter is stored as a stack of its blocks (`storage_order`) and FSDP2 shards that
-  stack by rows. A row-parallel weight is stored as its t_r rollout column blocks stacked,
-  so every FSDP chunk is a row range of one rollout rank's block (when d_t = t_r this is
-  exactly FSDP2's `Shard(1)` via `shard_placement_fn`); transformers' fused vision qkv
-  [q; k; v] is stored [q_0; k_0; v_0; q_1; ...] by rollout rank. The trainer undoes the
-  permutation after its all-gather (FSDP2 itself for Shard(1); else a reshape + transpose).
-
-Rollout (vLLM TP of degree t on each replica; see params.py for the fused tensors):
-column parts give rank r heads [r u/t, (r+1) u/t) of their u units (KV heads: unit
-r // (t/u) when t > u, vLLM's replication); vocab rows are padded to a multiple of 64 and
-split evenly (the padding rows are zeros no training rank holds); row-parallel weights give
-rank r cols [r c/t, (r+1) c/t); replicated tensors are whole.
+Training: FSDP2 (optionally with TP, torchtitan's plan and mesh) in `train_blocks`, with the
+aliasing storage order of `storage_order`; rollout: vLLM TP per replica in `rollout_blocks`.
+tests/weights checks the training side against real `fully_shard`.
 """
 
 from __future__ import annotations

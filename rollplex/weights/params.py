@@ -1,15 +1,9 @@
 """The parameters of a Qwen2.5-VL model, and the tensors a vLLM-style rollout builds from them.
 
-Computed from a ModelSpec without torch: `param_table` lists every transformers parameter
-(exact names and shapes of `Qwen2_5_VLForConditionalGeneration` in transformers 5.x; tested
-against the meta-device model), `rollout_tensors` lists the tensors of vLLM's
-Qwen2.5-VL (`vllm/model_executor/models/qwen2_5_vl.py` + `qwen2.py`) after its loader
-fuses and renames them: q/k/v -> `qkv_proj` ([q; k; v] per rank), gate/up -> `gate_up_proj`
-([gate; up] per rank), the vision `qkv` stays fused, the Conv3d patch embedding becomes a
-(hidden, C*T*P*P) linear (same row-major bytes), and a tied `lm_head` is the embedding.
-
-Every tensor is seen as a 2-D matrix: rows = dim 0, cols = the product of the other dims
-(1 for a 1-D tensor). Sharding in both layouts is along those rows or cols.
+Torch-free, from a ModelSpec: `param_table` lists transformers' parameters (tested against the
+meta-device model), `rollout_tensors` vLLM's after its loader fuses them (`qkv_proj`,
+`gate_up_proj`, the patch embed as a linear, a tied `lm_head`). Every tensor is a 2-D matrix:
+rows = dim 0, cols = the rest.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""What the runtime does with a WeightSharing: where each training shard lives, and which
-bytes to copy into each rollout tensor after an optimizer step (the `weight_sync` op).
+"""What the runtime does with a WeightSharing after an optimizer step (`weight_sync`).
 
-- `shard_homes(sharing, gpu)`: per training parameter, whether its local shard is
-  allocated inside a rollout tensor's buffer (VIEW over adjacent shards, PARTIAL), hosts a
-  rollout view (IDENTICAL, strided VIEW), or is on its own.
-- `rebuild_plan(sharing, tensor, gpu)`: the copies that fill every byte of the rollout
-  tensor that is not training storage in place (vLLM's vocab padding stays zero): from
-  the local shard where it holds the bytes, else from the lowest-numbered GPU that does.
+`shard_homes(sharing, gpu)`: where each training shard is allocated (inside a rollout
+tensor's buffer, hosting a view, or on its own). `rebuild_plan(sharing, tensor, gpu)`: the
+copies that fill every byte the training storage does not hold in place, from the local
+shard where it can, else from the lowest-numbered GPU that holds the bytes.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """WeightSharing: per GPU and rollout tensor, which bytes alias training storage.
 
-Build it from a model and the two placements; ask it, per (rollout tensor, GPU), for a
-`Share` (the class, the bytes, and how to alias: the host shard and strides, or which
-training shards to allocate inside the rollout tensor's buffer) and for the byte `runs`
-of the rollout tensor that local training storage holds. See the package docstring for
-the classes.
+Built from a model and the two placements; answers, per (rollout tensor, GPU), a `Share`
+(its class, bytes, and how to alias) and the byte `runs` that local training storage holds.
+The classes are described in docs/architecture.md (Weights).
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
-"""The torch rollout's side of the algebra (`backend.fsdp.rollout_sync=share`), torch-free
-so the planner can read it: the two layouts, the trainer's storage that serves them, and
-the bytes each rank aliases, rebuilds and receives per weight_sync.
+"""The torch rollout's side of the algebra (`backend.fsdp.rollout_sync=share`), torch-free so
+the planner can read it.
 
-- Layouts (`rollout_sharing`): training is FSDP2 of degree d_t = world; the rollout is
-  torch's Qwen2 TP plan on the LLM (`torch_rollout_tensors`), the vision tower and norms
-  replicated; rank map strided (TP group = ranks k, k+R, ...), so each rank's FSDP chunk
-  holds rows of its own TP rank's tensor. With t_r == d_t the aliasing storage stores
-  o/down as FSDP2 `Shard(1)` (`shard_dims`): then they are the row-parallel shards.
-- Bytes (`torch_rollout_bytes`): what `SharedRollout.stats()` measures, predicted.
-  With a cast (bf16 compute over fp32 masters) the rollout's own bf16 copy of the shards
-  is placed inside the rebuilt tensors where the algebra allows (PARTIAL); without one
-  (float32) the masters belong to FSDP2 and nothing can be placed. `count` and `towers`
-  let the planner (planner/shared_weights.py) evaluate one layer per class and charge
-  each tower's weights value on its own; the defaults give one rank's whole model.
+`rollout_sharing`: FSDP2 over the world against torch's Qwen2 TP plan (strided rank map).
+`torch_rollout_bytes`: what `SharedRollout.stats()` measures, predicted: the bytes each rank
+aliases, rebuilds and receives per weight_sync.
 """
 
 from __future__ import annotations

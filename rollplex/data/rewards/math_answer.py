@@ -1,19 +1,8 @@
 """Which answers are mathematics, and how `reward=math` compares two of them.
 
-math-verify reads any letters as symbols multiplied together, and a product commutes: on
-its own it scores "no" against "on" or "left" against "tfel" as equal, a reward hack on
-yes/no data. So an answer goes to math-verify only when both sides are mathematics:
-- mathematics: digits, operators, LaTeX commands (\\frac, \\sqrt, \\pi ...), function names
-  (sin, log ...) and single-letter variables ("x+1", "2x", "(A)"), and math-verify parses it;
-- text: anything with a word of two or more letters ("no", "yes", "five", "True",
-  "\\text{left}") is compared as normalised text (exact_match's normalisation).
-Units: a number followed by a unit word ("5 cm", "3.2 km/h", "5\\text{ cm}") compares its
-number by math-verify and its unit as text: "5 cm" = "5" (one side gives no unit), but
-"5 cm" != "5 mm". A single letter after a number is math-verify's to read: it drops the
-units it knows ("5m" = 5) and keeps a variable ("5x" != 5). Numbers written as words are
-text: "five" != "5" (the reward does not guess what a word means; "five" = "Five." still
-holds). Booleans are text too: "true" = "True", but "yes" != "true". A response with no
-<answer> tag and no \\boxed{} is its whole text, as for exact_match.
+math-verify alone scores "no" against "on" as equal (letters are commuting symbols), so an
+answer goes to it only when both sides look mathematical; anything with a word of two or
+more letters is compared as normalised text. Rules: `looks_mathematical`, `split_unit`.
 """
 
 from __future__ import annotations
@@ -46,7 +35,11 @@ def unwrap(text: str) -> str:
 
 
 def split_unit(text: str) -> tuple[str, str | None]:
-    """(number, unit) for "5 cm"-like answers, else (text, None)."""
+    """(number, unit) for "5 cm"-like answers, else (text, None).
+
+    The number compares by math-verify, the unit as text: "5 cm" = "5" (one side gives no
+    unit) but "5 cm" != "5 mm". A single letter after a number is math-verify's to read
+    ("5m" = 5, "5x" != 5). Number words and booleans are text: "five" != "5"."""
     m = _NUMBER_UNIT.match(unwrap(text))
     return (m.group(1), m.group(2)) if m else (text, None)
 

@@ -1,11 +1,8 @@
 """decompose_prefix: split every full `logprob` into `logprob_prefix` + `logprob_response`.
 
-Valid because the decoder is causal: prefix positions never attend to the response, so
-their hidden states and K/V are response-independent. The response part attends to the
-prefix K/V (the boundary) and reads the first response token's logit from the prefix's
-last position. In training the prefix's kept activations become an explicit `boundary`
-value that the backward consumes; the logprob output keeps its name, so consumers are
-untouched.
+Valid because the decoder is causal: prefix hidden states and K/V do not depend on the
+response. The response part reads the prefix K/V (the `boundary`, which training's backward
+also consumes); the logprob output keeps its name, so consumers are untouched.
 """
 
 from __future__ import annotations

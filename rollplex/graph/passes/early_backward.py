@@ -1,17 +1,9 @@
 """Whether a step's policy gradient may start before its rollout ends (issue 31.3).
 
-The two-accumulator form (backends/torch/early_backward.py) backpropagates each row as it
-ends and combines its group once the group's rewards are in. It is the batch gradient
-only where the graph says so; this reads the graph and names what breaks it:
-- every policy loss reads advantages from a `grpo` or `rloo` advantage op (one scalar per
-  row, a function of its group's rewards); `gae` (PPO) gives per-token advantages from a
-  critic's values;
-- every training forward that a policy loss differentiates reads the weights value and
-  version the rollout decoded with (the first update): a later update reads the optimizer
-  step's output, where ratios leave 1 and the clip makes a row's gradient depend on the
-  sign of its advantage.
-and of AlgoSpec's loss settings (`algo_refusal`): `kl_in_reward` (a PPO option: the KL
-enters the advantages), an aggregation whose normaliser is not one batch-wide number.
+The two-accumulator form (backends/torch/early_backward.py) equals the batch gradient only
+when every policy loss reads `grpo`/`rloo` advantages and every trained forward reads the
+rollout's weights version; `early_backward_refusal` names what breaks that in a graph,
+`algo_refusal` in AlgoSpec's loss settings.
 """
 
 from __future__ import annotations

@@ -1,32 +1,9 @@
 """prefill_once: the rollout's prefix prefill stands in for the training prefix forward.
 
-On-policy, the first update's training prefix forward (`logprob_prefix` with grad) runs
-the very weights version the rollout prefilled with, over the same tokens and the same
-vision features. With every decoder layer checkpointed, what its backward needs from the
-prefix is each layer's input and the prefix K/V, and the prefill computes exactly those.
-So the prefill also exports them (`prefix_prefill.exported`, a boundary value held from
-the rollout until the backward), and the training forward becomes an `attach_prefix`
-that runs no forward: the backward recomputes each layer from its exported input, as a
-checkpointed forward's backward does. The backward reads `exported` in place of the
-forward's `saved`, so the plan holds it exactly as long as a separate forward's would be.
-
-The same holds for PPO's critic: its old values come from a no-grad prefix forward in the
-reference phase with the critic weights its training forward then reads (critic@0), so
-that forward exports too and the critic's training prefix attaches it. (This critic has a
-trunk of its own; a critic sharing the policy's trunk would read the policy's weights and
-pair with the rollout's prefill by the same rule.)
-
-Applied to a pair (source P, training prefix T) only when, read off the graph:
-- T reads the very weights value P reads, and both values carry the same version (a
-  later update - a second PPO epoch or mini-batch - reads the optimizer step's output,
-  an off-policy step reads an older version: neither matches, and T is left as it is);
-- T reads P's features and text values (the deduplicating passes made them shared; a
-  trained vision tower gives T features of its own, computed with grad: left as it is);
-- the caller runs the pass only when the rollout and the trainer both declare
-  `activation_export` (backends/capabilities.py; a vLLM rollout has no `prefix_prefill`
-  at all, the FSDP2 trainer declares false): roles unknown, no rewrite.
-Whether the held bytes are worth the saved forward is the planner's call
-(jobs/pipeline.py plans with and without it).
+On-policy, the first update's training prefix forward runs the very weights and inputs the
+rollout prefilled with; with checkpointed layers its backward needs only each layer's input
+and the prefix K/V, which the prefill exports (`prefix_prefill.exported`). The training
+forward becomes an `attach_prefix`. When it applies: `prefill_once`.
 """
 
 from __future__ import annotations
@@ -35,7 +12,14 @@ from rollplex.graph.ir import Graph, Op, Phase, Value, ValueKind
 
 
 def prefill_once(graph: Graph) -> tuple[Graph, bool]:
-    """Run only for roles that both declare `activation_export` (jobs/pipeline.py)."""
+    """Run only for roles that both declare `activation_export` (jobs/pipeline.py).
+
+    A pair (source P, training prefix T) is rewritten only when T reads the very weights
+    value and version P reads (a later PPO update or an off-policy step does not) and P's
+    features and text values (a trained vision tower gives T its own). PPO's critic pairs
+    the same way with its reference-phase prefix forward (critic@0). Whether the held bytes
+    are worth the saved forward is the planner's call: the pipeline plans with and without.
+    """
     prefills = [op for op in graph if _is_source(op)]
     changed = False
     for train in list(graph):

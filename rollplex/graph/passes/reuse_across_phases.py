@@ -1,12 +1,9 @@
 """reuse_across_phases: compute an op once when another phase computes the same thing.
 
-Two ops are the same computation when they have the same kind, the same attributes and
-read the very same values — which includes the same weights value, hence provably the
-same weights version (e.g. the frozen vision tower, or the frozen reference model). The
-later op is removed and its outputs are renamed to the earlier op's.
-
-Never merged: an op of the train phase that reads weights this step updates — it must
-keep its autograd graph, which an inference-mode result from another phase lacks.
+Same kind, attributes and input values (hence the same weights version, e.g. the frozen
+tower or reference): the later op goes and its outputs are renamed to the earlier op's.
+Never merged: a train-phase op reading weights this step updates (it needs its autograd
+graph).
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """share_group_prefix: one prefix computation per prompt, shared by its G samples.
 
-verl repeats each prompt G times before the reference and training forwards, so vision
-and prefix work run G times on identical rows. This pass hoists the repeat past every
-prefix op: a prefix op whose row inputs all come from `expand_group` ops of one group size
-G now reads the unexpanded rows, and an `expand_group` is re-inserted on its outputs.
-Finally a `logprob_response` or `backward` that reads an expanded boundary reads the
-shared one directly (the response op's `group_size` says how rows map to samples).
-
-Valid because prefix ops are row-wise: f(repeat(x)) == repeat(f(x)). Gradients from the
-G samples add up in the shared prefix exactly as they would over G identical copies.
+verl repeats each prompt G times before the reference and training forwards; this hoists the
+`expand_group` past every prefix op, and response ops read the shared boundary directly.
+Valid because prefix ops are row-wise (f(repeat(x)) == repeat(f(x))), and the G samples'
+gradients add up in the shared prefix as over G copies.
 """
 
 from __future__ import annotations

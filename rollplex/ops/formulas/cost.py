@@ -1,14 +1,9 @@
 """`Cost`: the roofline inputs of one op on one GPU, and the tensor-parallel split rules.
 
-Tensor parallelism (TP) follows Megatron: attention is split by heads, the SwiGLU by its
-intermediate columns/rows and the vocabulary by rows, so per-GPU matmul FLOPs and weight bytes
-are the totals divided by `tp`. Two exceptions are kept because they are not small:
-- K/V heads cannot be split below one per GPU: with `tp > num_kv_heads` each GPU holds (and
-  computes) one whole KV head, so K/V projections and the KV cache scale by `kv_fraction`.
-- Hidden-width activations (the residual stream, norms' outputs, the embedding rows) are
-  replicated on every GPU (no sequence parallelism).
-Norm weights, biases and elementwise work are split with their matmuls or ignored (<0.1%).
-TP communication is not in `Cost`; see `tp_allreduce_bytes`.
+TP follows Megatron (heads, SwiGLU columns/rows and vocab rows split: per-GPU FLOPs and
+weight bytes are totals / `tp`), except K/V heads (never below one per GPU: `kv_fraction`)
+and hidden-width activations (replicated, no sequence parallelism). TP communication is
+`tp_allreduce_bytes`, not part of `Cost`.
 """
 
 from __future__ import annotations

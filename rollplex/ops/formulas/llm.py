@@ -1,16 +1,9 @@
 """Costs of the LLM decoder: forward passes, prefill, decode and the logprob forwards.
 
-FLOPs count the matmuls only (2 per multiply-add), as `torch.utils.flop_counter` does:
-- per layer and token: q/o projections 2·2h², k/v projections 2·2h·kv, SwiGLU 2·3h·i;
-- attention: QKᵀ and AV, 2·2·h per (query, key) pair and layer, dense over every key a query
-  is given. That is what eager attention computes under a causal mask (no causal discount).
-  A causal flash kernel skips the masked half of a prefill; the cost model may discount it;
-- lm_head: 2·h·V per row that needs logits (`logit_rows`).
-Norms, RoPE, softmax and elementwise work are left out (<1% at real shapes).
-
-Bytes are the op's HBM traffic assuming fused kernels: the weights are read once per call,
-the KV cache of the context is read, the K/V of new tokens are written (when kept), the
-embedding rows are read and the logit rows written. Intra-layer activations stay on chip.
+FLOPs count matmuls only (2 per multiply-add, as `torch.utils.flop_counter`): projections,
+SwiGLU, dense attention over every key a query is given (no causal discount), and lm_head
+for `logit_rows`. Bytes assume fused kernels: weights read once per call, the context's KV
+read, new K/V written, embedding rows read and logit rows written.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Costs of the training side: backward, optimizer step, weight sync, reward and advantage.
 
-Backward of a matmul computes the input's gradient and the weight's gradient, each as costly
-as the forward, so backward ≈ 2x the forward FLOPs (forward + backward ≈ 3x). Activation
-checkpointing re-runs each checkpointed layer's forward inside the backward: +1x of the
-layers, not of lm_head, and less each layer's last matmul (down_proj), because torch's
-non-reentrant checkpoint (the HF and FSDP2 default) stops recomputing once every saved
-tensor is back and nothing saves down_proj's output. A frozen vision tower has no backward
-at all: its features need no gradient, so the LLM's backward stops at the embeddings.
-
-Sharding: `tp` splits like the forward; `shards` is the FSDP/ZeRO degree that splits the
-gradients after reduce-scatter and the optimizer state. Gradients are in the model's compute
-dtype (bf16 for the real presets).
+Backward ≈ 2x the forward FLOPs; checkpointing re-runs each layer's forward but lm_head and
+down_proj (non-reentrant checkpoint stops once every saved tensor is back); a frozen vision
+tower has no backward. `tp` splits like the forward, `shards` (FSDP) splits gradients and
+optimizer state; gradients are in the compute dtype.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Cost of the Qwen2.5-VL vision tower: patch embed, ViT blocks and the 2x2 patch merger.
 
-FLOPs (matmuls only, 2 per multiply-add), for N patches of hidden width h and SwiGLU width i:
-- patch embed (a Conv3d over one patch): 2·N·patch_dim·h;
-- per block: fused qkv 2·N·3h², proj 2·N·h², SwiGLU 2·N·3h·i;
-- attention QKᵀ and AV: 4·h·ΣL² over the attention segments of length L, dense as eager
-  computes them. Window blocks attend within windows of (window/patch)² patches, cut at the
-  image edge; blocks in `fullatt_block_indexes` attend over one whole frame (temporal patch);
-- merger: Linear(h·m², h·m²) and Linear(h·m², out) over N/m² merged tokens.
-TP splits the tower like the decoder (all of it divided by `tp`, the output replicated).
+Matmul FLOPs only (2 per multiply-add): patch embed, per block fused qkv/proj/SwiGLU, and
+attention over its segments (windows cut at the image edge, full-frame blocks in
+`fullatt_block_indexes`), dense as eager computes them; then the merger. TP divides the
+whole tower by `tp`, the output replicated.
 """
 
 from __future__ import annotations

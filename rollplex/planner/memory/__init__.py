@@ -1,11 +1,8 @@
 """Memory-slot assignment: give every tensor a byte offset in its lane's arena.
 
-Input is a table of `UsageRecord`s (size, closed lifetime, lane); output is a
-`MemoryAssignment`. Strategies live one per module and are looked up by name, the name the
-schedule spec's `memory_strategy` field carries:
-- `naive`: every record gets bytes of its own; the baseline.
-- `greedy_by_size`: best fit, largest first, then a bounded local repair of the peak.
-Every strategy is held to the same golden tests: no two live records share bytes in a lane.
+`UsageRecord`s in, a `MemoryAssignment` out. One strategy per module, looked up by the
+schedule's `memory_strategy`: `naive` (the baseline) and `greedy_by_size`. Every strategy
+passes the same golden tests: no two live records share bytes in a lane.
 """
 
 from __future__ import annotations

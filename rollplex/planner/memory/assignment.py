@@ -1,14 +1,9 @@
 """The output of a memory strategy, and the checker every strategy is tested with.
 
-A `MemoryAssignment` gives each record a byte offset in its lane's arena, in input order, and
-each lane an arena size. Two records conflict when they are in the same lane, their lifetimes
-intersect (closed intervals) and their byte ranges [offset, offset + size) intersect; zero-size
-records occupy no bytes and so never conflict.
-
-`find_overlap` sweeps the schedule positions of one lane at a time, keeping the live records
-sorted by offset. While no conflict has been found the live byte ranges are disjoint, so a new
-record conflicts with some live record exactly when it conflicts with its neighbour below or
-above in offset order: each record costs two comparisons plus a sorted insert.
+A `MemoryAssignment` gives each record an offset in its lane's arena. Two records conflict
+when they share a lane, closed lifetimes and bytes; zero-size records never conflict.
+`find_overlap` sweeps one lane's positions with the live records sorted by offset, so each
+new record is compared with its two neighbours only.
 """
 
 from __future__ import annotations

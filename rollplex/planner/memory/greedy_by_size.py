@@ -1,32 +1,9 @@
 """Greedy-by-size strategy: best fit, largest first (TFLite GPU planner / XLA heap simulator).
 
-Policy, per lane (lanes never share bytes):
-1. Order the records largest first. Ties go to the earlier `first`, then the longer lifetime,
-   then the lower input index. Names never take part, so renaming records changes nothing.
-2. Place each record against the already placed records of its lane whose lifetimes intersect
-   its own (no other record can conflict with it). Their byte ranges, merged, leave gaps;
-   take the gap that fits with the least waste (lowest offset on ties). If none fits, place
-   the record on top of the highest of them. Zero-size records occupy nothing: offset 0.
-3. If the lane's arena is above its lower bound (the most bytes live at once), run peak repair
-   (`repair.py`): re-place the records around the one that ends highest, in a few other orders,
-   and keep an arrangement only if it ends lower. Repair never grows the arena.
-The lane's arena is the highest end of any record in it.
-
-Why: big records placed first leave the holes that small ones later fill, and best fit keeps big
-holes for big records. Plain greedy-by-size mostly lands on the lower bound, but one early
-choice near the peak can cost 5% (step-shaped tables) to 15% (short lifetimes only) on some
-tables; step 3 brought all of those under 4% in our runs. It helps little when many long
-lifetimes cross at random (bench/): there, searches over many orders also stayed 5-10% above
-the bound on 2k-record tables.
-
-Cost: the intersecting records are found through `OccupancyIndex` (a segment tree of byte
-ranges), so a pass costs O(n log n) plus the size of the byte unions it reads, never a scan of
-all placed records. Where consecutive windows mostly overlap (copies of one tensor issued a
-position apart, thousands of long-lived records crossing each), `SlidingUnion` walks one window
-along instead and touches only the records that enter or leave it. Both answer the same query,
-so the offsets do not depend on which one runs. Repair's work is capped by a budget
-proportional to the lane. The cyclic garbage collector is paused during a plan (see
-`rollplex.planner.gc_paused`).
+Per lane: records largest first (ties: earlier first, longer life, input index; never
+names), each into the least-wasteful gap among the placed records it intersects, else on
+top; then peak repair (`repair.py`) while the arena is above the lane's lower bound.
+Why and what it costs: docs/architecture.md (Memory planning).
 """
 
 from __future__ import annotations

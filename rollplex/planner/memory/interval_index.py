@@ -1,21 +1,8 @@
 """Occupied bytes of one lane over a lifetime window: the data structure behind best fit.
 
-Best fit needs the union of the byte ranges of every placed record whose lifetime intersects
-the new one. Listing those records one by one is quadratic in practice: a long-lived record
-intersects thousands of short ones. Instead a segment tree over the lane's compressed positions
-keeps byte ranges per node:
-- `own[n]`: ranges of records whose canonical cover contains node n (live over all of n);
-- `sub[n]`: ranges of records live anywhere under n (at least those stored in n's subtree).
-A window splits into O(log n) canonical nodes. The records intersecting it are stored in a
-canonical node's subtree (read its `sub`) or in a node above one; every node above one lies on
-the root path of the window's first or last leaf (read their `own`). A range read twice changes
-no gap, so reads need no deduplication.
-
-All windows are known up front (they are the records), so only nodes canonical for some window
-can ever hold or be asked for ranges; each window keeps the list of such nodes on its two root
-paths, and a query touches a handful of nodes instead of two full paths. Inserts only append;
-a node's list is merged into disjoint ranges when a read finds it grown, which keeps lists short
-because packed bytes are mostly contiguous.
+A segment tree over the lane's compressed positions keeps byte ranges per node (`own`: live
+over all of the node, `sub`: live anywhere under it), so the union of the placed records
+intersecting a window is read from O(log n) nodes instead of a scan.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Side arenas nested inside the main one, over the windows their streams are active.
 
-Arenas are per stream lane so that reusing bytes never needs an event the plan lacks. But
-a side stream (decode, a prefix side stream) is busy only over a window of the step, and
-its arena, kept apart, adds to the main arena's peak even when that peak (the backward)
-falls outside the window. Here each side lane is packed on its own by the strategy, then
-placed as one block record in the main lane, live over the window in which the main
-stream may not touch its bytes (`happens_before.side_windows`: from the last main-stream
-step the side stream is ordered after, to the first one ordered after it). Inside the
-block the side lane's own offsets stand, so reuse inside it is the side stream's own;
-around it, the main lane's. Every record ends up in the main lane's address space.
+A side lane (decode, a prefix side stream) is packed on its own, then placed as one block
+record in the main lane, live over the window in which the main stream may not touch it
+(`happens_before.side_windows`). Its peak then adds to the main arena's only inside that
+window, not always.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Usage records: the whole input of memory-slot assignment.
 
-Lifetime planning reduces to `UsageRecord(size, first, last)` as in TFLite's GPU memory planner
-and XLA's heap simulator: a tensor of `size` bytes is live over the closed interval of schedule
-positions [first, last]. Each record also names its arena `lane`; arenas are kept per
-(device, stream lane), as in tinygrad, so reusing bytes never adds a hidden dependency between
-streams. Records of different lanes never share bytes.
-
-`lower_bound` is the most bytes live at any one position on the device (all lanes together);
-`lane_lower_bounds` is the same per lane. No assignment can use less than the sum of the
-per-lane bounds, so that sum is the yardstick strategies are measured against. Both sum the
-net change of live bytes per position and sweep the positions in order: O(n log n).
+`UsageRecord(size, first, last, lane)`: `size` bytes live over the closed interval of
+positions [first, last] in one arena lane (per device and stream). `lower_bound` is the most
+bytes live at once; `lane_lower_bounds` the same per lane, whose sum no assignment can beat.
 """
 
 from __future__ import annotations

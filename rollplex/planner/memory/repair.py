@@ -1,24 +1,8 @@
 """Peak repair: local ruin-and-recreate that lowers one lane's arena after a greedy pass.
 
-A greedy pass decides each record once; near the busiest positions an early choice can leave
-no gap for a later record, which then lands on top and sets the arena. Repair revisits only
-that spot. Per round:
-1. If the arena equals the lane's lower bound, stop: nothing can be lower.
-2. Take the record that ends highest (earliest `first` on ties). Its neighbours are the records
-   whose lifetimes intersect it; the hot set is every non-empty record live anywhere in the
-   span of those neighbours (two hops, so the records that boxed them in can move too). All
-   other records stay where they are.
-3. Re-insert the hot set against everything else, in a fixed list of orders: largest first with
-   first fit, largest first with best fit, longest-lived first, then seeded shuffles of the
-   sizes (the seed is the round number: deterministic and name-free). Keep the first
-   arrangement whose highest end is below the arena; if none is, stop: the arena cannot drop
-   without moving records elsewhere.
-Records only move to spots that conflict with nothing, so the result stays valid and the arena
-never grows.
-
-Work is bounded by a budget of records examined (a floor per placement, so tiny windows are not
-free), counted rather than timed so the result is deterministic. Records are kept sorted by
-`first` with numpy, so the records live beside one are a binary search and a slice away.
+Per round, the records around the one that ends highest are re-inserted in a fixed list of
+orders (then seeded shuffles); an arrangement is kept only if it ends lower, so the arena
+never grows. Work is bounded by a count of records examined, so results are deterministic.
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """Occupied bytes over a sliding lifetime window: best fit when consecutive windows overlap.
 
-In a step-shaped plan the records of one size are mostly copies of one tensor, one per
-micro-batch or prompt batch, issued a position apart; largest first then asks about windows
-that shift by a position or two, each crossing thousands of long-lived records. Re-reading
-their union per query (`OccupancyIndex`) costs thousands of ranges each time. `SlidingUnion`
-keeps the occupied bytes of one window and moves it instead:
-- the bytes are a step function of coverage (how many placed records of the window hold each
-  byte): pieces start at `_pts` with counts `_cnt`; the last piece, above the top, is empty;
-- its gaps (empty pieces below the top) are indexed by (length, offset), so best fit is one
-  bisect: the shortest gap that fits, the lowest on ties (each key one int, the length above
-  the offset's 64 bits: it sorts like the pair and compares faster);
-- moving the window adds or removes only the records whose lifetimes enter or leave it (found
-  through per-position buckets), each an edit of a few pieces around its bytes;
-- a jump too far to walk (the first window of the next size) rebuilds the window from the
-  placed records in one vectorised sweep.
-Coverage counts, not a plain union, because records of one window may share bytes at different
-times: bytes become free only when the last record holding them leaves.
-
-It answers exactly what `OccupancyIndex` answers; `sliding_union` builds one only where
-consecutive windows mostly overlap, so walking is cheaper than re-reading.
+Keeps the coverage counts of one window's bytes and its gaps indexed by (length, offset), so
+best fit is one bisect; moving the window edits only the records that enter or leave it.
+Answers exactly what `OccupancyIndex` answers, where walking is cheaper than re-reading.
 """
 
 from __future__ import annotations
@@ -137,7 +121,8 @@ class SlidingUnion:
         return moved * _MOVE_COST > self._n_placed + _REBUILD_FLOOR
 
     def _move(self, window: tuple[int, int]) -> None:
-        """Remove the records that leave, add those that enter (see the module docstring)."""
+        """Remove the records that leave, add those that enter (a jump `_too_far` to walk
+        rebuilds the window instead)."""
         assert self._window is not None
         (a1, b1), (a2, b2) = self._window, window
         windows, ranges, cover = self._windows, self._ranges, self._cover

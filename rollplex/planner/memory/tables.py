@@ -1,18 +1,8 @@
-"""Synthetic record tables for the golden tests and the benchmark: seeded, name-free, reproducible.
+"""Synthetic record tables for the golden tests and the benchmark: seeded, name-free.
 
-`step_records` is shaped like one RL step. Each lane runs passes (micro-batches) back to back.
-A pass has 4-24 layers and a token count (log-uniform, 1-32 units); each of its tensors is
-tokens x width KiB with the width drawn from 1-32, so sizes span 1 KiB to 1 MiB (three orders of
-magnitude) and repeat within a pass, as tensor shapes do. Every forward position produces one
-to three activations consumed within a few ops (short exponential lifetimes) and one activation
-saved for backward, freed at the mirrored backward position (nested lifetimes). Decode-like
-passes (30%) have no backward and save nothing. A few passes (15%) also open a phase-long tensor
-(KV cache, prefix states) that lives until 1-4 passes later. The table is the first `n`
-records emitted.
-
-`uniform_records` is the adversarial family: lifetimes start anywhere, and a `long_fraction` of
-them spans a tenth to a half of the table, crossing each other at random. Nothing in a real step
-looks like that; the benchmark reports it to show where greedy planning degrades.
+`step_records` is shaped like one RL step (micro-batch passes, nested forward/backward
+lifetimes, a few phase-long tensors); `uniform_records` is the adversarial family (long
+lifetimes crossing at random) that shows where greedy planning degrades.
 """
 
 from __future__ import annotations

@@ -1,32 +1,9 @@
 """disaggregated: a rollout pool and a training pool, weights shipped every step.
 
-The GPUs split into R for rollout and N-R for reference, training and update. Being
-synchronous and on-policy, each pool waits for the other: the rollout needs this step's
-weights, the trainer needs this step's rollouts. The step begins with the transfer of the
-weights the previous step produced (the graph's `weight_sync`, across the network), then
-the rollout, the hand-over of its outputs, and the training phases. R is searched over
-multiples of every sensible rollout TP degree for the shortest predicted step that fits
-the budget, so the baseline is as strong as the cost model can make it; a split whose
-pools cannot hold their state is never chosen, and if none fits the closest one is
-returned with a note saying so (the caller reports it as not fitting).
-
-The search is pruned by bounds (pool plans are not cached). A split's step is at least
-its rollout pool's compute ops back to back plus its training pool's (each op alone, a
-packed forward at the cheaper of packed and apart) plus the weight sync's and the
-hand-over's least bytes per GPU: each rollout GPU receives at least its TP shard of the
-weights (the cost model does not charge the senders when the layout algebra gives no
-routes, so neither does the bound); the outputs reach the receivers from the senders.
-Interference and offloads only add to it, and a split that does not fit scores infinite.
-The rollout sum depends only on TP and the rows each replica gets, the training sum only
-on N-R, so each is priced once, and the training sum only for splits whose other parts
-leave room under the best step found so far. Splits are planned in order of that bound,
-and the search stops at the first whose bound is no less than the best score found: no
-later split can beat it.
-
-Both cross-pool steps say rank to rank what they move (`Plan.transfers`, from
-planner/transfers.py: the weights from the layout algebra, each rollout rank's TP shard
-from the training ranks whose FSDP shards hold it; the outputs by rows), and take as long
-as the busiest GPU's sends or receives over the network.
+The step ships last step's weights, rolls out, hands the outputs over, then trains. The
+rollout/training split is searched over every sensible rollout TP for the shortest step that
+fits, pruned by a lower bound per split; if none fits, the closest is returned with a note.
+Cross-pool steps name what moves rank to rank (`Plan.transfers`).
 """
 
 from __future__ import annotations
@@ -115,7 +92,11 @@ def plan_disaggregated(
 
 class SplitBound:
     """A lower bound on the step time of split (R rollout GPUs at TP, N-R training GPUs):
-    see the module docstring. Pool sums are kept per (TP, rows per rollout replica) and
+    the rollout pool's compute ops back to back, plus the training pool's (each op alone, a
+    packed forward at the cheaper of packed and apart), plus the weight sync's and the
+    hand-over's least bytes per GPU. Interference and offloads only add to it; a split that
+    does not fit scores infinite, so the search stops at the first split whose bound is no
+    less than the best score. Pool sums are kept per (TP, rows per rollout replica) and
     per N-R."""
 
     def __init__(self, ctx: PlanningContext, n: int) -> None:

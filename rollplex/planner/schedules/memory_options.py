@@ -1,22 +1,9 @@
-"""A baseline's memory options: what its framework offers on one GPU or cluster, chosen
-by the planner when the plain plan does not fit, and recorded on the plan.
+"""A baseline's memory options: what its framework offers, chosen by the planner when the
+plain plan does not fit, and recorded on the plan.
 
-verl runs a colocated step with:
-- optimizer-state and parameter offload to host: residency (planner/residency.py) moves
-  optimizer state and weights out over the host link for their idle stretches whenever a
-  plan misses its budget, priced at `hardware.host_link_gbps`, on every schedule;
-- gradient checkpointing: the trainer always checkpoints every decoder layer, and the cost
-  model always prices the recompute (ops/formulas/training.py);
-- forward and backward per micro-batch (`schedule.train_micro_fused`): the forward step
-  runs nothing, the backward runs each micro-batch's forward with grad, its loss term and
-  its backward, so one micro-batch's activations are live at a time and no forward runs
-  twice (backends/torch/micro.py). Priced as such: the forward's cost moves into the
-  backward (ops/costs.py). A graph whose training logprobs something other than the loss
-  reads cannot defer them (`check_fused`).
-
-`variants` lists the schedules to try, cheapest first; `choose` keeps the fastest one that
-fits, else the one closest to fitting (reported as infeasible with what it needs);
-`applied` names the options a settled plan uses, for its notes and `meta`.
+verl's options: host offload (residency), gradient checkpointing (always priced), and
+forward+backward per micro-batch (`schedule.train_micro_fused`). `variants` lists the
+schedules to try, cheapest first; `choose` keeps the fastest that fits.
 """
 
 from __future__ import annotations

@@ -1,39 +1,9 @@
 """rollplex: move response-independent prefix work into the decode window.
 
-Candidates are the reference and training ops that are prefix work (vision, the prefix
-part of a logprob) and do not depend on the decode's output: they need only the prompts
-and weights that exist before decoding starts. Each candidate is cut into row chunks of
-at most `chunk_tokens` tokens and placed, by one of:
-- piggyback: each of its chunks rides one decode step on the decode stream (all its rows
-  in that step's GEMMs, as the torch engine runs it: backends/torch/engine/riders.py).
-  Allowed only when it reads the very weights version decode reads (the actor's prefix
-  at the rollout's policy version); costs the interference model's piggyback fraction of
-  its compute at its compute per decode step (a chunk far bigger than a step's weight
-  read costs about its whole compute: sharing one weight read saves little);
-- streams: its chunks run on a side stream, time-sharing the GPU with decode;
-- partition: decode and side stream get SM partitions (green contexts).
-With `overlap=auto`, greedy, in priority order: a candidate keeps the placement that
-lowers the predicted step time the most (the whole plan replayed through the simulator,
-memory settled), or stays serial. Starting from the serial plan of the same graph and
-accepting only improvements, auto never predicts a step slower than serial; and it keeps
-the serial+dedup plan itself unless overlap is predicted at least
-`schedule.overlap_min_gain` (1%) faster: a
-smaller gain is inside the calibrated cost model's error (measured / predicted 1.03-1.09
-on an H200), while overlap has costs it does not price (the decode cut into segments, the
-training forward no longer packed). On the H200's 7B video step a ride predicted 0.0%
-faster measured 2% slower (bench/results/gpu_step/README.md). An explicit
-`overlap` mode is an ablation: it places every eligible candidate that way, and the
-prediction says honestly what that costs.
-
-Every trial replays the whole plan (trials.py patches it from steps shared between
-trials; only the winner is built in full), so on long graphs (K micro-steps of one step:
-K copies of each candidate) trials are bounded:
-- twins, candidates with the same cost key and weights, behave alike: a twin of one that
-  stayed serial stays serial untried, a twin of a placed one tries only that placement;
-- auto spends at most `TRIAL_OPS` op placements on trials (a count, not a clock, so the
-  plan is deterministic): about 25 trials at 10,000 ops, no limit in practice below a few
-  thousand. Candidates left when it runs out stay serial; an explicit mode places them
-  untried and scores the final plan once.
+Prefix work that needs only prompts and weights is cut into row chunks and placed by
+piggyback (rides decode steps), streams or SM partitions. `overlap=auto` keeps, per
+candidate, the placement that most lowers the replayed step, and keeps serial+dedup unless
+overlap wins `schedule.overlap_min_gain`. Search rules: docs/architecture.md (Schedules).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """serial: every phase back to back on all GPUs, as verl runs a colocated step.
 
-One compute stream issues the ops in priority order; nothing overlaps. Run on the raw
-graph it recomputes vision and prefix per sample and per phase (verl); run on the
-deduplicated graph it is the strong baseline that isolates what overlap itself buys. There
-the prefix and response parts of one forward run back to back as one packed forward
-(`packed_order`): splitting a forward only pays when its prefix moves into the decode
-window, and serial moves nothing.
+One compute stream issues the ops in priority order; nothing overlaps. On the raw graph it
+is verl's step; on the deduplicated graph, the baseline that isolates what overlap buys
+(a split forward runs packed again: splitting pays only when the prefix moves).
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """Trial plans for the rollplex search: built from steps shared between trials.
 
-A rollplex trial moves a few prefix ops into the decode window; every other op keeps its
-place on the compute stream. Building each trial with `PlanBuilder` made ~10,000 fresh
-steps per trial (most of the search's time at 10k ops). A trial plan here is only
-replayed and scored, never returned, so it is patched from the plan without overlap:
-- a compute-stream step that waits on nothing off its stream is the same object in every
-  trial (one per op and packing), with an index of its own that no trial reuses;
-- the compute stream is the base sequence (ops keyed by position, a packed response just
-  after its prefix) less the chosen ops, with the pairs a choice breaks unpacked (each
-  part placed alone, the response back at its own position), and the readers of the
-  decode and of the chosen ops given steps of their own that wait across streams;
-- the decode window's steps are made per trial; events are listed on the plan only (the
-  shared steps' `signals` stay unset).
-The replay of such a plan gives bit for bit the step time of `_build`'s plan: the same
-streams, the same steps in the same order with the same solo times and rate classes, and
-each step waiting on the same set of steps (event ids and step indices do not enter the
-arithmetic). The steps' scratch is the same too, so the unshared-fit bound matches. The
-plan that wins is built again with `PlanBuilder`.
+A trial is only replayed and scored, so it is patched from the plan without overlap: steps
+that wait on nothing off the compute stream are shared objects, the chosen ops and their
+readers get steps of their own. Its replay equals, bit for bit, that of `_build`'s plan;
+the winner is built again with `PlanBuilder`.
 """
 
 from __future__ import annotations
