@@ -1,29 +1,9 @@
 """Training checkpoints: written atomically, checked completely before anything loads.
 
-A checkpoint is a folder `step-NNNNNN` under the run's `checkpoints/`:
-
-    trainer_state.json   format, step, seed, weights version, the model spec, sha256 of
-                         every other file
-    model/               a Hub-format model folder, the same kind `model.path` takes:
-                         `save_pretrained`'s config.json, generation_config.json and
-                         safetensors (sharded with model.safetensors.index.json when
-                         large), plus the tokenizer/processor/chat-template files of the
-                         run's source folder. transformers' `from_pretrained`, vLLM,
-                         `open_model_folder` and `rollplex eval` load it as is.
-    optimizer.pt         the optimizer's state_dict
-    masters.safetensors  (a bf16/fp16 model's run) the float32 master weights by parameter
-                         name: a resumed run continues from them, not from the rounded
-                         weights. Without it (an older or a float32 run's checkpoint) the
-                         masters start from the weights.
-    rng.pt               torch (CPU and CUDA) and Python RNG states
-
-It is written into a hidden temporary folder next to its final place and renamed when
-complete, so a kill at any moment leaves every `step-*` folder complete: the last one is
-the one to resume from, and a half-written temporary folder is never picked.
-
-`read_checkpoint` validates everything (fields, model, seed, checksums, file formats)
-and only reads: a bad checkpoint raises `CheckpointError` naming the file and the field,
-before training starts, and the folder stays byte-identical.
+`step-NNNNNN/` holds trainer_state.json, a Hub-format model/ folder, optimizer.pt, the float32
+masters of a bf16 run and rng.pt, written into a hidden folder and renamed when complete.
+`read_checkpoint` validates everything and only reads: a bad checkpoint raises
+`CheckpointError` naming the file and field. Layout: docs/architecture.md (Checkpoints).
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Compiled artifacts kept between runs: Inductor's and Triton's caches in
-`~/.cache/rollplex/compile/<key>/` ($ROLLPLEX_CACHE_DIR instead of ~/.cache/rollplex), so a
-second run of the same job skips most of the first one's compilation.
+`~/.cache/rollplex/compile/<key>/` ($ROLLPLEX_CACHE_DIR replaces ~/.cache/rollplex).
 
-The key hashes what compiled code depends on: the model's shape (every ModelSpec field but
-its name and folder), the torch, triton and transformers versions, and the device name. A
-changed shape or version gets another folder, never a stale one; each folder holds the
-inputs of its key (key.json), and one whose key.json disagrees is emptied before use. The
-environment is set before the first compilation, which reads it; a TORCHINDUCTOR_CACHE_DIR
-or TRITON_CACHE_DIR the user set is left alone.
+The key hashes the model's shape, the torch, triton and transformers versions and the device
+name, so a change gets another folder, never a stale one (a folder whose key.json disagrees
+is emptied). Cache variables the user set are left alone.
 """
 
 from __future__ import annotations

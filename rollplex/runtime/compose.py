@@ -1,14 +1,9 @@
 """Build the chosen roles and hand them to the one dispatch.
 
     dispatch = compose(StepConfig(model, algo, seed, max_new_tokens), BackendSpec(rollout="vllm"))
-
-The trainer is built first (the other roles start from its weights), then the reference,
-then the rollout. A trainer entry may bring its own torch rollout and reference builders
-and a runtime (step config, value ops, step hooks): the FSDP2 trainer does, whose shards
-the plain torch roles cannot alias. The value types are the trainer's: every role here
-speaks torch values (the vLLM rollout returns torch tensors too). Whether a role can run
-here is checked before anything is built (`check_roles`), so a missing vLLM costs no model
-load.
+The trainer is built first (the others start from its weights), then the reference, then the
+rollout; a trainer entry may bring its own rollout, reference and runtime (FSDP2 does). Roles
+are checked before anything is built (`check_roles`), so a missing vLLM costs no model load.
 """
 
 from __future__ import annotations

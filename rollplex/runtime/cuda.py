@@ -1,19 +1,9 @@
 """Issuing plan steps on CUDA streams with CUDA events, and timing them.
 
-Each (device group, plan stream) gets a `torch.cuda.Stream`, each plan event a
-`torch.cuda.Event`. A step is issued on its stream after `wait_event` on every event it
-waits for, between two timing events; if it signals, its event is recorded after it. The
-host issues steps in `issue_order`, so an event is always recorded before a wait on it is
-issued. Tensors that a step reads are marked with `record_stream` for the step's stream,
-so the caching allocator does not hand their memory to another stream while the step may
-still read it. A plan stream on an SM partition runs on a green context of its share of the
-SMs (`green_contexts.py`; one device group's partitions per process, as the device is
-one); where green contexts cannot be made it runs as a plain stream, and
-`unpartitioned` says why: the executor reports that as a deviation at the stream's first
-step (run log warning, the step's deviations, a trace instant). `close` retires them.
-
-The host is never blocked except by ops that read a device value on the host (decode's
-stop test does); times are resolved with one synchronize at the end of the RL step.
+One `torch.cuda.Stream` per (device group, plan stream), one event per plan event; tensors a
+step reads get `record_stream` so the allocator keeps them while it may still read them. A
+stream on an SM partition runs on a green context, or plainly with a reason (`unpartitioned`).
+The host blocks only for host reads of device values; times resolve once per RL step.
 """
 
 from __future__ import annotations

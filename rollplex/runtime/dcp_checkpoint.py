@@ -1,23 +1,9 @@
 """Sharded training checkpoints through torch.distributed.checkpoint (DCP), for the FSDP2
-trainer. A checkpoint saved by N ranks loads on any number of ranks (DCP reshards).
+trainer; one saved by N ranks loads on any number of ranks (DCP reshards).
 
-A checkpoint is a folder `step-NNNNNN` under the run's `checkpoints/`, like the torch
-trainer's (checkpoint.py), with the optimizer in the DCP shards instead of optimizer.pt:
-
-    trainer_state.json   format, step, seed, version, the model spec, the world size that
-                         wrote it, sha256 of every other file
-    dcp/                 model and AdamW state, one file per writing rank + .metadata
-    model/               the Hub-format export (rank 0 gathers the full state dict):
-                         `from_pretrained`, `rollplex eval` and vLLM read it as is
-
-No RNG file: decode draws come from generators seeded by (seed, step, sample), so a
-resumed run draws what an uninterrupted one would without any saved RNG state.
-
-Every rank writes its shards into one hidden temporary folder; rank 0 then writes the
-export and the state file and renames the folder, so a kill -9 at any moment leaves every
-`step-*` folder complete (`latest_checkpoint` skips temporaries). With `group` (the
-training pool of a disaggregated run) only that group's ranks take part, and "rank 0" is
-the group's first rank.
+`step-NNNNNN/` holds trainer_state.json, dcp/ (model and AdamW shards) and model/ (a
+Hub-format export), written atomically like checkpoint.py's. No RNG file: decode draws are
+seeded by (seed, step, sample). Folder layout: docs/architecture.md (Checkpoints).
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """What the plan's residency asks of an engine-held rollout, as sleep and wake calls.
 
-When the rollout engine can sleep (vLLM level 2), the planner frees the engine's weight
-copies (`<weights>@rollout`) after the last rollout step, allocates them again
-(`<weights>@rollout.next`) at the weight sync, and holds each `generate` step's KV pool
-only while it runs (planner/lifetimes.py). An engine frees nothing tensor by tensor; it
-sleeps and wakes, so the plan's effects become:
-- after the step where its copies are freed: `sleep(2)` (weights and KV dropped; the
-  weight sync reloads every weight, frozen ones too);
-- before the step that allocates them again (the weight sync): wake the weights;
-- before a `generate` step: wake the KV cache (a no-op while it is awake).
-A plan that holds the copies all step (an engine that cannot sleep, a rollout pool of its
-own) yields no sleep, and waking an engine that is awake does nothing.
+An engine frees nothing tensor by tensor, so the plan's effects on its weight copies
+(`<weights>@rollout`, freed after the last rollout step, allocated again at the weight sync)
+become `sleep(2)` after the free, a weight wake before the sync, and a KV wake before each
+`generate`. A plan that holds the copies all step yields no sleep.
 """
 
 from __future__ import annotations

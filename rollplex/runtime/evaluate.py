@@ -1,11 +1,8 @@
 """Held-out accuracy: greedy answers of the rollout's current weights on a split.
 
-`accuracy` is the mean score of `score`: the run's own reward without its format part
-(data/rewards/reward.py's accuracy_scorer; `math` for a run trained with reward=math), and
-exact_match when none is given. `exact_match_accuracy` (the extracted answer, normalised,
-equals the sample's answer) is reported beside it, so a run can be compared with one
-trained on another reward. The prompts are the split's batch 0 (its first `prompts` rows
-in the seeded order), so two evaluations score the same questions.
+`accuracy` scores with the run's own reward less its format part (exact_match when none is
+given); `exact_match_accuracy` is reported beside it, so runs on different rewards compare.
+The prompts are the split's batch 0, so every evaluation scores the same questions.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """The executor's environment and its accounting of resident bytes.
 
-Values live in one of two stores: `device` (resident: what the plan's slots hold) and
-`host` (offloaded, or host data not yet loaded). Chunked ops park partial results in a
-per-op carry, which is resident too.
-
-Resident bytes are the sum of the distinct storages reachable from the device store, the
-carries and the weights and optimizer state the plan freed but the backend still holds,
-minus storages that a host-store value holds (an alias of offloaded weights is not
-resident). A storage counts whole even when only a view of it is held, because
-that is what stays allocated. Each storage is attributed to the first value that holds it
-(store order), which gives per-value byte counts for the memory trace that sum to the
-total.
-
-`AllocatorFeed` is the allocator's own view (CUDA: `torch.cuda.memory_allocated`,
-`memory_reserved`, `max_memory_allocated`), which the measured memory curve reports as its
-totals; on CPU the count above stands in for it.
+Values live in `device` (resident) or `host` (offloaded, or not yet loaded); chunked ops park
+partials in a resident carry. Resident bytes are the distinct storages reachable from the
+device side, each counted whole and attributed to its first holder, so per-value counts sum
+to the total. `AllocatorFeed` is the allocator's own view (CUDA), reported beside it.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """The order in which the executor issues a plan's steps: the plan's own.
 
-A plan numbers its steps plan-wide in issue order (`Step.index`), lists each stream's
-steps in issue order (`StreamPlan.steps`) and orders streams against each other by events
-(`Step.waits` / `Step.signals`). The executor issues the steps by index. Stream order and
-events are hard constraints (CUDA runs a stream in order, and a `wait_event` on an event
-not yet recorded is treated as already complete), so when the indices disagree with them
-the runtime cannot follow the indices: it issues, among the steps whose stream
-predecessor and awaited events are issued, the one with the lowest index, and says where
-and why it left the index order (`Deviation`). A plan whose indices agree with its
-streams and events is issued exactly in index order.
+Steps go by `Step.index`, within the hard constraints of stream order and events (CUDA runs a
+stream in order, and waiting on an unrecorded event passes). Where the indices disagree, the
+lowest-index step whose stream predecessor and events are issued goes next, and the
+`Deviation` says where and why.
 """
 
 from __future__ import annotations

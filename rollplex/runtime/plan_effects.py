@@ -1,16 +1,9 @@
-"""What the executor takes from a plan before it runs it: the memory effects keyed by issue
-position, and where it cannot follow the plan (each as (issue position, message), which
-the executor logs, puts on the step and in the trace).
+"""What the executor takes from a plan before it runs it: memory effects keyed by issue
+position, and where it cannot follow the plan (issue position, message).
 
-- `plan_effects`: alloc-before and free-after lists per issue position. The plan's own,
-  save where a read in the order executed forbids it: an external value read before its
-  planned alloc is allocated before that read, a value read after its planned free is
-  freed after that read; each move is reported. A pooled rank (runtime/pools.py) takes
-  only its own group's effects, and a hand-over reads what it sends.
-- `unpartitioned_streams`: a stream the plan puts on an SM partition that runs as a plain
-  CUDA stream (green contexts could not be made: runtime/green_contexts.py says why):
-  reported at its first step. `partition_notes`: what each one that does run on its
-  partition got (its SMs), as the note of its first step.
+`plan_effects`: alloc-before and free-after lists, moved (and reported) only where a read in
+the executed order forbids the plan's place. `unpartitioned_streams` / `partition_notes`:
+the SM partitions that run as plain streams, and what each one that runs got.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""The executor's side of a pooled plan (runtime/pools.py): which steps this rank issues,
-and its part of each transfer step (runtime/transfers.py moves the bytes).
+"""The executor's side of a pooled plan (runtime/pools.py): which steps this rank issues, and
+its part of each transfer step (runtime/transfers.py moves the bytes).
 
-A rank issues the steps of its own device group and every transfer step whose routes name
-it. At the weights transfer a training rank sends its shards and a rollout rank receives
-them; the received parameters become this step's trained-weights value (e.g.
-`policy.weights`), at the version the trainers hold, which the executor's version check
-reads like any other. At the hand-over a rollout rank sends the values the later phases
-read and a trainer places what it received in its environment. Every transfer is logged
-(bytes per route against the plan's, seconds) and its bytes and seconds become step
-metrics (`transfer/weights_bytes`, `transfer/outputs_s`...); `report()` gathers all ranks'
-records for the run's summary.
+A rank issues its own group's steps and every transfer whose routes name it: trainers send
+weight shards and rollout ranks receive them as this step's trained weights; at the hand-over
+the rollout sends what later phases read. Every transfer is logged and becomes step metrics.
 """
 
 from __future__ import annotations

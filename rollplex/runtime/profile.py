@@ -1,16 +1,9 @@
 """Measured traces from torch.profiler, exported beside the planned trace of the same run.
 
-    prof = step_profiler(executor.device)
-    with prof:
-        results = [executor.run_step(k, data.step(k)) for k in range(3)]
+    with step_profiler(executor.device) as prof: results = [executor.run_step(k, ...) ...]
     export_run(run_dir, plan, results, prof)
-
-`run_dir` then holds one TensorBoard run with two workers: `planned0` (the plan's timeline,
-one ProfilerStep per measured RL step) and `measured0` (the profiler's trace, gzipped: real ops,
-kernels and memory events, each plan step a range of the same name, memory named by plan
-step, see `trace/torch_trace.py`), plus `planned_vs_measured.md`, a table per plan step.
-Without a profiler the measured worker is the executor's own timeline (`measured_timeline`).
-All files appear by rename at the end: the plugin loads a run folder once.
+One TensorBoard run with workers `planned0` and `measured0` (memory named by plan step) and
+`planned_vs_measured.md`; files appear by rename at the end (the plugin loads a run once).
 """
 
 from __future__ import annotations

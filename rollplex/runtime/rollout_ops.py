@@ -1,17 +1,9 @@
 """The dispatch's rollout side: decode sessions, engine prompts, weight syncs, residency.
 
-Whatever the rollout role (torch, vLLM, a shared FSDP2 rollout), these ops talk to it
-through `RolloutRole` alone:
-- `decode` / `generate`: segment k of n advances one decode session by its share of
-  `max_new_tokens` steps, with the step's generator (bit-identical to one decode); an
-  engine rollout (`fused_prefix`) is handed the prompts' raw media and token ids instead
-  of prefix KV, and its prompts must be as long as the ones the trainer scores;
-- `ride`: a piggybacked prefix chunk of the trainer rides the live decode session's next
-  step (one set of GEMMs for both, engine/riders.py), or runs separately and says why;
-- `weight_sync`: the trainer's live weights into the rollout (an alias for a colocated
-  torch rollout, an in-place load for an engine);
-- `residency`: the plan's sleep/wake of an engine rollout (runtime/engine_residency.py);
-- `generate` outside any plan, for evaluation.
+Whatever the rollout role, these ops talk to it through `RolloutRole` alone: `decode` /
+`generate` (segment k of n of one decode session, bit-identical to one decode), `ride` (a
+trainer prefix chunk on the next decode step), `weight_sync` (alias or in-place load),
+`residency` (sleep/wake), and `generate` outside any plan for evaluation.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
-"""The `fsdp` trainer entry: an FSDP2 trainer, data-parallel over ranks, and the torch roles
-and step hooks that go with it (`backend.trainer=fsdp`, rollplex.backends.ROLES).
+"""The `fsdp` trainer entry: an FSDP2 trainer, data-parallel over ranks, and the torch roles and
+step hooks that go with it (one process per rank, each on its slice of the step's prompts).
 
-One process per rank (torchrun); every rank runs the same plan on its slice of the step:
-- **data** (`FsdpHooks.inputs`): rank r of N takes the contiguous prompt rows
-  [r*B/N, (r+1)*B/N) of the step's collated batch (same padding as the whole batch); B
-  must divide by N;
-- **rollout** (`build_rollout`): with `rollout_sync=gather` a full, unsharded model per
-  rank in the compute dtype: `weight_sync` gathers every parameter from the shards
-  (`full_tensor`) and copies it in (the gather-and-copy baseline); with `share` a
-  tensor-parallel model (`rollout_tp`) over the trainer's own shards (share.py). Decode
-  draws each sample's tokens from its own generator (`FsdpHooks.generator`), seeded by
-  (seed, step, global sample index), so a sample's tokens are the same whichever rank
-  (and however many ranks) decodes it;
-- **reference** (`build_reference`): replicated, a full frozen copy of the initial policy
-  on every rank (it never changes: built once from the seed or folder, no collective);
-- **trainer**: `FsdpTrainer` (sharded, AdamW on DTensors, loss over the global batch).
-Step metrics are averaged over the ranks (`FsdpHooks.metrics`), so rank 0 logs the whole
-step's numbers. Sharded trainer state is never moved between host and device
-(`FsdpValues`). A disaggregated plan builds each pool's own roles instead: pools.py.
+Rollout: a full model per rank (`rollout_sync=gather`) or TP over the trainer's shards
+(`share`, share.py), each sample drawing from its own (seed, step, sample) generator;
+reference: a frozen full copy per rank; trainer: `FsdpTrainer`. Pools: pools.py.
 """
 
 from __future__ import annotations

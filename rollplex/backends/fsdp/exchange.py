@@ -1,13 +1,9 @@
 """The rebuild of the rollout tensors that are not training storage (the `weight_sync` of
 `rollout_sync=share`), compiled once from the layout algebra's rebuild plans.
 
-Every rank computes every GPU's `rebuild_plan` (pure arithmetic, the same on all ranks),
-so each pair (source, destination) agrees on the order of the runs it exchanges without
-any metadata on the wire. Runs that step by a constant stride (a row-parallel block read
-out of row shards: one run per row) are folded into one strided 2-D copy, so packing costs
-a handful of tensor ops per tensor, not one per row. The bytes move with
-`torch.distributed.all_to_all_single` (uneven splits), one call per bucket of tensors so
-the send/receive staging stays bounded; bytes a rank holds itself are copied locally.
+Every rank computes every GPU's `rebuild_plan`, so senders and receivers agree on the order
+without metadata; constant-stride runs fold into one strided copy; bytes move by
+`all_to_all_single` per bucket of tensors (bounded staging), local bytes by local copies.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
-"""Tensor-parallel rollout over data-parallel ranks: the ranks of one TP group must run
-the same rows, but each rank's step holds its own slice of the prompts (FsdpHooks).
+"""Tensor-parallel rollout over data-parallel ranks: the ranks of one TP group must run the
+same rows, but each rank's step holds its own slice of the prompts.
 
-So a TP rollout gathers its group's inputs before each LLM call (the prompts, their
-vision features, the per-sample generators' states), runs the union in lockstep (every
-collective of the TP plan sees the same shapes on every rank), and hands each rank back
-its own rows of the decode's result. Group members are concatenated in TP-rank order;
-their row counts and padded prompt lengths may differ (each takes back its own rows).
+Before each LLM call a TP group gathers its inputs (prompts, vision features, generator
+states) in TP-rank order, runs the union in lockstep (every collective sees the same shapes)
+and hands each rank back its own rows.
 """
 
 from __future__ import annotations

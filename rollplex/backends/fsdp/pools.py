@@ -1,15 +1,9 @@
 """The fsdp roles of one pool of a disaggregated plan (runtime/pools.py), one rank each.
 
-- **training pool**: the FSDP2 trainer sharded over the training ranks only (its mesh is
-  a `DeviceMesh` over a `new_group` of them) and a full frozen reference per rank; no
-  rollout. Each trainer takes its slice of the step's prompts (`FsdpHooks` over the pool).
-- **rollout pool**: a full rollout model per rank in the trainer's compute dtype (TP 1),
-  no trainer and no reference. Its trained parameters are filled by the plan's weights
-  transfer (runtime/transfers.py), which also names the version they hold; the step's
-  `policy.weights` value on this rank is that transfer's result, not an external.
-The metrics of a step are gathered over all ranks (`PoolHooks.metrics`): each key is
-averaged over the ranks that logged it (rollout keys over the rollout pool, training keys
-over the training pool); transfer bytes are summed and their seconds take the slowest.
+Training pool: the FSDP2 trainer over the training ranks' own group and a frozen reference
+per rank. Rollout pool: a full rollout model per rank (TP 1), its trained parameters filled
+by the plan's weights transfer. Step metrics are averaged per pool; transfer bytes summed,
+seconds the slowest.
 """
 
 from __future__ import annotations

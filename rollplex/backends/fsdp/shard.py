@@ -1,11 +1,9 @@
-"""FSDP2 over a transformers Qwen2.5-VL: one unit per decoder layer and per vision block,
-and a root unit holding the rest (patch embed, merger, embed_tokens, norm, lm_head).
+"""FSDP2 over a transformers Qwen2.5-VL: one unit per decoder layer and per vision block, and a
+root unit holding the rest (tied `embed_tokens`/`lm_head` must share one unit: FACTS.md).
 
-Tied `embed_tokens` / `lm_head` share one parameter, so both must live in one unit: the
-root (FACTS.md). The torch backend calls pieces of the model (the tower, the text model,
-the LM head) rather than its `forward`, so the root is a thin `ShardedRoot` whose forward
-runs a function: the trainer runs each of its forwards as `root(fn, ...)`, and FSDP's root
-hooks (gather the root parameters, queue the gradient reduce-scatter) fire around it.
+The torch backend calls model pieces rather than `forward`, so the root is a thin
+`ShardedRoot` whose forward runs a function: the trainer runs each forward as `root(fn,
+...)` and FSDP's root hooks fire around it.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
-"""`backend.fsdp.rollout_sync=share`: a torch rollout, tensor-parallel of degree t_r over
-the trainer's ranks, that reads the trainer's own shards wherever the layout algebra
-says they already are the rollout's tensor, and rebuilds only the rest.
+"""`backend.fsdp.rollout_sync=share`: a torch rollout, TP t_r over the trainer's ranks, that
+reads the trainer's own shards where the layout algebra says they are the rollout's tensor.
 
-- Layouts (weights/torch_rollout.py): training is FSDP2 of degree d_t = world; the
-  rollout is torch's Qwen2 TP plan on the LLM (`parallelize_module`: q/k/v/gate/up
-  colwise, o/down rowwise, embed rowwise over the vocab, lm_head colwise), the vision
-  tower and norms replicated, TP groups strided over the ranks. With t_r == d_t the
-  trainer stores o/down as FSDP2 `Shard(1)` (`shard_dims`): the row-parallel shards.
-- Storage (`SharedRollout`): each rollout tensor the algebra calls identical/view is
-  `as_strided` over the trainer's compute-dtype shard: with float32 compute the master
-  shard itself (an optimizer step is visible at once, no copy); with bfloat16 compute one
-  bfloat16 copy of the shards, refreshed by a local cast at each weight_sync (where the
-  algebra says PARTIAL that copy lives inside the rebuilt tensor: only its holes travel).
-  The rest
-  (partial/incompatible: norms, the replicated vision tower, everything at t_r < d_t)
-  lives in one rebuild buffer, refilled at each weight_sync by `Exchange` (all_to_all).
-- What it costs is measured (`SharedRollout.stats`): bytes aliased, rebuilt, received,
-  the bf16 shard copy, the full copy that gather would hold, and each sync's seconds;
-  `weights.torch_rollout.torch_rollout_bytes` predicts the bytes without torch.
+Identical/view tensors are `as_strided` over the trainer's compute-dtype shard (or one bf16
+copy of it, recast at each weight_sync); the rest lives in one rebuild buffer refilled by
+`Exchange`. `SharedRollout.stats` measures what `torch_rollout_bytes` predicts.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """The FSDP2 trainer role: the torch trainer's forwards, loss and AdamW on sharded DTensors.
 
-Everything numerical is `TorchTrainer`'s (logprobs at the rollout temperature, the policy
-loss with AlgoSpec's settings, clipping, AdamW); this class only
-- runs each forward inside the sharded root (`ShardedRoot`), so FSDP gathers the
-  parameters it needs and queues the reduce-scatter of their gradients;
-- makes the loss a mean over the *global* batch: each rank holds a slice of the step's
-  prompts, so its local token-mean is rescaled by (local count / global count) * world.
-  FSDP averages gradients over the world, which gives the gradient of the global
-  token-mean (or sequence-mean) — the update a one-process run of the whole batch makes;
-  in micro-batches (the torch trainer's, micro.py) every micro-batch's loss term gets the
-  same factor. Each micro-batch's backward reduce-scatters its gradients, which FSDP2 sums
-  into the sharded gradients: M reduce-scatters a step instead of one, but the gradients
-  stay sharded, as the plan sizes them (`set_requires_gradient_sync(False)` would hold
-  whole unsharded gradients on every rank until the last micro-batch);
-- gathers full parameters where a whole model is needed (rollout sync, Hub export).
+Everything numerical is `TorchTrainer`'s; this class runs each forward inside `ShardedRoot`,
+rescales each rank's loss so FSDP's gradient average is the global batch's (per micro-batch
+too; each micro-batch reduce-scatters, keeping gradients sharded as planned), and gathers
+full parameters where a whole model is needed.
 """
 
 from __future__ import annotations

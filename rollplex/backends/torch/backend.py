@@ -1,12 +1,8 @@
-"""The torch roles, built from a StepConfig, and the step's external values as torch
-values. Routing, chunks and the role-free ops are the runtime's (runtime/dispatch.py).
+"""The torch roles, built from a StepConfig, and the step's external values as torch values.
 
-- `TorchTrainer` runs AdamW on the policy (trainer.py);
-- `TorchReference` scores with a frozen copy of the initial policy;
-- `TorchRollout` aliases the trainer's module (colocated: `weight_sync` hands it the live
-  parameters, no copy);
-- PPO's critic (critic.py) is built on first use, from the policy as it is then.
-With a frozen vision tower all of them read the policy's one tower (see roles.py).
+`TorchTrainer` (trainer.py), `TorchReference` (a frozen copy of the initial policy),
+`TorchRollout` (aliases the trainer's module: `weight_sync` copies nothing) and PPO's critic
+(built on first use). Routing, chunks and role-free ops are the runtime's.
 """
 
 from __future__ import annotations

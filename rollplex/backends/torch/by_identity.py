@@ -1,10 +1,8 @@
 """Values kept per live object, keyed by its identity.
 
-Torch tensors compare elementwise, so neither a dict nor a WeakKeyDictionary can key them
-(a WeakKeyDictionary compares its keys with ==). Entries are keyed by `id` and hold a weak
-reference; an object's death drops its entry, so a later object at the same id starts
-afresh. Used for per-tensor caches: pinned offload buffers (host_memory.py) and a vision
-forward's longest window (vision_attention.py).
+Tensors compare elementwise, so neither a dict nor a WeakKeyDictionary can key them: entries
+are keyed by `id` and hold a weak reference, and an object's death drops its entry. Used for
+pinned offload buffers (host_memory.py) and a vision forward's longest window.
 """
 
 from __future__ import annotations

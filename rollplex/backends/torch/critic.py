@@ -1,19 +1,9 @@
-"""PPO's critic on transformers modules: a Qwen2.5-VL language model of its own with a
-linear value head, trained by its own AdamW; GAE over the rollout's rewards.
+"""PPO's critic on transformers modules: a copy of the policy whose `lm_head` is replaced by
+`Linear(hidden, 1)`, trained by its own AdamW; GAE over the rollout's rewards.
 
-The critic is a copy of the policy (so a `model.path` folder initialises both) whose
-`lm_head` is replaced by `Linear(hidden, 1)`. Everything the policy's logprob path does then
-works unchanged for values: the prefix forward (`head` = value of the last prefix token,
-which scores response token 0), prefix sharing across the G samples, row chunks merged
-with the head, and the response forward on the shared cache. Value j is read where
-logprob j is, at the position that predicts response token j, as verl's critic does
-(`values = logits[:, -R - 1 : -1]`). With a frozen vision tower the critic reads the
-policy's tower, like the reference does (see roles.py).
-
-Roles: the graph runs the critic's forward twice, once without grad in the reference phase
-(old values for GAE and the value clip) and once with grad in the training phase;
-`CriticRole` is that forward in each mode, with the call shapes of the reference scorer
-and of the trainer respectively.
+The policy's logprob path then works unchanged for values (prefix sharing, row chunks,
+response forward); value j is read where logprob j is, as verl's critic does. `CriticRole`
+is its forward without grad (reference phase) and with grad (training phase).
 """
 
 from __future__ import annotations

@@ -1,29 +1,9 @@
 """Early backward of finished rows: GRPO's gradient in its two-accumulator form (issue 31.3).
 
-A row's policy-gradient loss is -A_i * h(r_t) per token, with h the (dual-)clipped ratio.
-While every token's ratio r = exp(logp - old) lies strictly inside the clip band
-(1 - eps, 1 + eps) and below the dual clip c, h(r) = r on both signs of A, so the row's
-gradient is A_i * g_i, with g_i the gradient of the row's loss at A = 1: linear in its
-advantage. GRPO's advantage is A_i = (R_i - mu_g) / (sigma_g + e) (or R_i - mu_g without
-the std; RLOO's is G / (G - 1) * (R_i - mu_g)), so a group's part of the batch gradient is
-
-    sum_i A_i g_i = (S_R - mu_g * S_1) / (sigma_g + e),   S_R = sum_i R_i g_i,  S_1 = sum_i g_i
-
-and each row can run its backward as soon as it ends, adding R_i g_i and g_i to its
-group's two accumulators; the group combines them once its last reward gives mu_g and
-sigma_g. The k3 KL term does not involve A: its gradient goes straight to the batch sum.
-The aggregation's normaliser (valid tokens for token-mean, sequences for the seq-mean
-modes) is one number for the whole batch, known only when every row has ended: each row
-adds its unnormalised term (its aggregate times its own units) and the sum is divided once
-at the end, before clipping; that is exactly what the batch gradient computes.
-
-Refused, by name (`refusal`: graph/passes/early_backward.py, with the graph's own checks):
-- PPO (per-token GAE advantages from a critic) and `kl_in_reward` (a PPO option): the
-  advantage is not one scalar per row of the row's own reward;
-- a row whose ratio leaves the band (a later update, an off-policy step, or a rollout whose
-  logprobs disagree with the trainer's by more than the clip): its gradient then depends on
-  the sign of A_i, unknown until its group ends; such a row waits for its group and runs
-  with its advantage (`GroupAccumulator.add_late`), which is the batch gradient exactly.
+Each row backpropagates as it ends, adding R_i g_i and g_i to its group's accumulators; the
+group combines them once its rewards give mu and sigma. A row whose ratio leaves the clip band
+waits for its group (`GroupAccumulator.add_late`). The derivation and what is refused:
+docs/architecture.md (Training).
 """
 
 from __future__ import annotations

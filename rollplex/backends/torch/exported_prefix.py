@@ -1,21 +1,9 @@
 """The rollout's prefill, exported as the training prefix forward (prefill_once).
 
-On-policy, the first update's training prefix forward runs the rollout's weights version
-over the rollout's tokens. With every decoder layer checkpointed, its backward needs each
-layer's input and the prefix K/V; the prefill computes those. So the prefill keeps them
-(`ExportedPrefix`, taken by hooks off the rollout's usual prefill: the decode sees the very
-state it always sees). The trainer `attach`es the export (engine/riders.py: one
-`_Replayed` node a layer, whose backward recomputes that layer from its kept input with
-`prefix_layer` and backpropagates through it), so no second prefix forward runs and the
-gradients are those of the separate checkpointed forward
-(tests/backends/torch/test_prefill_once.py).
-
-On a GPU the recompute's attention reads an explicit [c, 1, P, P] mask, as the rides'
-does; whether SDPA then keeps a fused kernel (GQA with a mask) is for the H200 run to
-show (bench/gpu_step.py's prefill_once timings).
-
-The export carries the weights version that computed it: the runtime refuses to attach it
-to a trainer whose weights have moved on (runtime/dispatch.py).
+The prefill keeps each layer's input and the prefix K/V (`ExportedPrefix`, taken by hooks,
+so decode sees its usual state); the trainer `attach`es it, one replayed node per layer
+whose backward recomputes that layer, so no second prefix forward runs and the gradients are
+the checkpointed forward's. The export carries its weights version; a moved trainer refuses it.
 """
 
 from __future__ import annotations

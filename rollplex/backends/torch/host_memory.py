@@ -1,27 +1,9 @@
 """Host copies for the plan's offloads and onloads: pinned, asynchronous, reused.
 
-A copy from the GPU into pageable memory blocks the issuing thread for the whole transfer
-and runs at a few GB/s. The executor issues every stream from one thread, so such an
-offload stalls the compute stream behind it: on an H200 the 7B reference model's offload
-took 10.2 s against 0.28 s planned (bench/results/gpu_step/README.md, 7B run 1).
-
-Here a tensor that moves every step (weights, optimizer state, gradients: `owner` names
-it) gets one pinned host buffer of exactly its size, registered with the driver once
-(`cudaHostRegister`; torch's pinned allocator rounds each block up to a power of two,
-up to 2x the host memory for AdamW's state) and reused by every later offload. Copies are
-issued without blocking on the current stream, which the executor makes the plan's copy
-stream: the offload's device memory stays allocated until that stream is done (the
-executor's `record_stream` on the step's reads), and an onload reads its buffer before
-the next offload on the same stream overwrites it. Tensors that move once (a prefix
-boundary) use torch's pinned allocator. Off CUDA the buffers are kept all the same (not
-pinned), so the CPU tests run the reuse.
-
-An offload tagged with what its values are (a weights version: `(model, n)`) whose buffer
-already holds that tag copies nothing: the host copy is current, so dropping the device
-copy is the whole offload. Frozen weights (the reference, a frozen vision tower) round-trip
-every step at one version, so after the first step their offload costs no copy-engine
-time and frees their HBM as soon as its last reader is done: on the H200's 7B step the
-reference's 0.28 s write-back was what the training forward waited for.
+A pageable GPU-to-host copy blocks the issuing thread, so each tensor that moves every step
+gets one registered pinned buffer of its exact size, copied into without blocking on the
+plan's copy stream. An offload whose buffer already holds the same weights version copies
+nothing: the drop is the whole offload. Why: docs/architecture.md (Training).
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """KL to the reference: verl's per-token estimators and its KL coefficient controllers.
 
-Estimators (verl's `kl_penalty` / `kl_penalty_forward`, names as verl spells them), with
-d = logp - ref:
-    kl, k1: d            abs: |d|            mse, k2: d^2 / 2
-    low_var_kl, k3: e^-d + d - 1 (exponent clamped to +-20, result to +-10)
-A trailing "+" (k1+, k3+, low_var_kl+ ...) keeps the estimator's value but takes k2's
-gradient (straight-through), whose expectation is the KL's true gradient. verl's own
-`kl_penalty_forward` does not strip the "+" before it looks the name up (it raises
-NotImplementedError on "k3+"); the documented intent, followed here, is the base value.
-"full" needs the whole vocabulary's logprobs; verl does not implement it either.
-
-Controllers (verl's FixedKLController / AdaptiveKLController, Ziegler et al. 2019): the
-adaptive one moves the coefficient by a factor 1 + clip(kl / target - 1, +-0.2) * n / horizon
-after each step that saw `n` samples with mean KL `kl`.
+Estimators with d = logp - ref: kl/k1 d, abs |d|, mse/k2 d^2/2, low_var_kl/k3 e^-d + d - 1
+(clamped); a trailing "+" keeps the value and takes k2's gradient (straight-through, verl's
+documented intent). Controllers: fixed, and adaptive (Ziegler et al. 2019) by a factor
+1 + clip(kl / target - 1, +-0.2) * n / horizon per step.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Per-token logprobs of responses: the prefix-sharing path and the verl-style reference.
 
-`response_logprobs` runs only the response tokens, on top of a prefix cache that each
-prompt's G responses share (never repeated per response: shared_prefix_attention.py); the
-first response token is scored by the prefix's last logits. `full_logprobs` runs prefix +
-response for every sample with no reuse, vision tower included, through transformers' own
-`Qwen2_5_VLModel.forward`: it is what a serial verl step computes, and the yardstick the
-prefix path is tested against. `features_full_logprobs` is the same per-sample forward on
-vision features computed beforehand (the graph's `logprob` op reads a `vision_encode`).
-
-Both follow the caller's grad mode: under `torch.no_grad()` they are the reference (or
-old-policy) scorer, with grad they are the training forward.
+`response_logprobs` runs only response tokens over a prefix cache shared by each prompt's G
+responses; `full_logprobs` runs prefix + response per sample through transformers' own
+forward (a serial verl step, and the yardstick the prefix path is tested against). Both
+follow the caller's grad mode: reference scorer without grad, training forward with it.
 """
 
 from __future__ import annotations

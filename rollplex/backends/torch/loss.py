@@ -1,11 +1,9 @@
-"""Advantages (GRPO group-normalised, RLOO leave-one-out, PPO's GAE), the clipped policy
-loss with its KL and entropy terms, and the critic's clipped value loss.
+"""Advantages (GRPO, RLOO, PPO's GAE), the clipped policy loss with its KL and entropy terms,
+and the critic's clipped value loss.
 
-The formulas are verl's `core_algos` (compute_policy_loss_vanilla, kl_penalty, agg_loss,
-compute_grpo_outcome_advantage, compute_gae_advantage_return, compute_value_loss);
-tests/backends/torch/test_loss_verl.py and tests/algos/test_verl_parity.py re-derive each
-of them on fixed tensors. Padding may hold anything (-inf included): every reduction
-selects valid tokens with `where`, since inf * 0 is NaN.
+The formulas are verl's `core_algos`, re-derived on fixed tensors in tests/algos and
+tests/backends/torch. Padding may hold anything (-inf included): every reduction selects
+valid tokens with `where`, since inf * 0 is NaN.
 """
 
 from __future__ import annotations

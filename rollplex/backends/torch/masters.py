@@ -1,17 +1,9 @@
 """Float32 master weights for a bf16/fp16 model's trained parameters.
 
-AdamW over bf16 parameters keeps bf16 moments and adds each update to bf16 weights: at RL
-learning rates (~1e-6) an update is far below bf16's resolution at a weight's magnitude
-(~8e-5 at 0.02) and rounds away, so the policy barely moves. Mixed-precision trainers (FSDP2's
-MixedPrecisionPolicy, Megatron, apex O2) keep float32 masters and run the optimizer on them,
-and the planner prices the optimizer that way (12 bytes a parameter: master + two moments).
-
-The step: backward accumulates the micro-batches' gradients in the parameters' own .grad
-(low precision, as autograd writes them); `take_grads` moves them onto the masters as
-float32 (freeing the low-precision ones, so the step's peak is the planner's 2 + 4 + 12
-bytes a parameter); AdamW and grad-norm clipping run on the masters; `copy_to_params`
-rounds the masters back into the parameters *in place*: the rollout and the decode engine
-alias the parameters' storage, so the tensors are never replaced.
+At RL learning rates an update rounds away in bf16, so AdamW and clipping run on float32
+masters (12 bytes a parameter, as the planner prices it): `take_grads` moves the
+micro-batches' gradients onto them, and `copy_to_params` rounds the result back into the
+parameters in place, because the rollout and the decode engine alias their storage.
 """
 
 from __future__ import annotations

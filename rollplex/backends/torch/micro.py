@@ -1,44 +1,9 @@
 """Training micro-batches: the step's training forward and backward in the plan's count.
 
-The planner prices training as activation-checkpointed and micro-batched
-(`planner/sizing.py`, `ops/formulas/training.py`): a training forward keeps each decoder
-layer's input, its backward recomputes one layer at a time, and only one micro-batch's
-activations take part in a backward at once. The graph keeps forward (`logprob_*`), loss
-and backward as separate steps, so here:
-
-- the forward over responses (`logprob_response`, or the per-sample `logprob`) runs in
-  `micro_ranges` of whole prompts' groups (prefix-shared) or whole samples, each with its
-  own autograd graph, every decoder layer checkpointed (`checkpointed_layers`): a
-  micro-batch keeps its layers' inputs and little else;
-- what the micro-batches share (the prefix forward with grad, or vision features with
-  grad) is read through detached leaves cut from it (`Boundary`), so each micro-batch's
-  graph ends at its own leaves;
-- the loss is one term per micro-batch, each scaled by its share of what the loss
-  averages over (`loss.micro_batch_weights`): their sum is the whole batch's loss;
-- backward runs the terms one by one (each frees its micro-batch's graph and checkpoints)
-  and then backpropagates the leaves' accumulated gradients once into the shared forward
-  (`micro_loss.backward_micro_batches`): gradients accumulate in `.grad`, one optimizer
-  step follows.
-
-The prefix forward itself runs whole, as planned (it may run inside the decode window,
-where the plan keeps its activations whole until the backward).
-
-The forward step runs every micro-batch before the backward step runs any, so every
-micro-batch's checkpointed layer inputs (L x tokens x hidden) live from one step to the
-other: the plan prices that `saved` value whole, by `ops.formulas.saved_activation_bytes`
-(tests/planner/test_micro_saved.py holds it to what `SavedActivations` keeps here), and
-micro-batches bound only the forward's and the backward's scratch. With
-`schedule.train_micro_recompute` (the plan's `train_micro_recompute`) the forward step runs
-without grad (its values feed the loss's value and metrics) and keeps nothing; the
-backward runs each micro-batch's forward again with grad, its loss term, its backward, and
-frees it before the next (`MicroBatches.redo`): one micro-batch's inputs live at a time,
-for 5 forward-equivalents instead of 4. The plan prices it so (ops/costs.py `_backward`).
-With `schedule.train_micro_fused` (verl's forward and backward per micro-batch) the
-forward step runs nothing: its values are zeros that each micro-batch's forward, run with
-grad inside the backward, writes its rows into; the loss step makes the same deferred
-terms as recompute mode, and its value and metrics are placeholders that the backward
-fills in place (`Loss.finish`) from the values it wrote. 4 forward-equivalents, one
-micro-batch's inputs live at a time.
+Each micro-batch has its own autograd graph (layers checkpointed) ending at detached leaves
+cut from the shared prefix forward; the loss is one weighted term per micro-batch, and the
+backward runs them one by one, then the shared forward once. The kept, recompute and fused
+modes: docs/architecture.md (Training).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Build, save and load a transformers Qwen2.5-VL from a ModelSpec.
 
-Folders are Hub-format and written/read by transformers itself (`save_pretrained`,
-`from_pretrained`, see rollplex.models): tensors carry the Hub's names (`visual.*`,
-`model.layers.*`, `lm_head.*`) that transformers, vLLM and our RolloutRole all read.
-A folder is checked before loading (every tensor's name and shape against config.json,
-config.json against the spec), so a mismatch names the field or tensor instead of
-from_pretrained silently filling a missing tensor with random values.
+Folders are Hub-format, written and read by transformers itself, with the Hub's tensor names
+that transformers, vLLM and our roles read. A folder is checked before loading (tensor names
+and shapes against config.json, config.json against the spec), so a mismatch is named
+rather than filled with random values.
 """
 
 from __future__ import annotations

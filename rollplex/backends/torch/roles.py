@@ -1,12 +1,9 @@
-"""The rollout and reference roles on transformers modules (the trainer is trainer.py),
-and what all three share.
+"""The rollout and reference roles on transformers modules (the trainer is trainer.py), and
+what all three share.
 
-Which parameters train follows the graph, not `model.set_trainable`: with a frozen vision
-tower the graph has one `vision.weights` value (the tower *and* its merger, see
-`VisionSpec.param_count`) that every phase and model reads, and `reuse_across_phases`
-shares its features between rollout, reference and training. Training the merger would make
-those shared features stale, so here the whole `model.visual` is frozen unless the spec
-trains the tower, and the reference reads the policy's (identical, frozen) tower.
+Which parameters train follows the graph: with a frozen vision tower its features are shared
+across phases (`reuse_across_phases`), so the whole `model.visual` (merger included) stays
+frozen unless the spec trains it, and the reference reads the policy's tower.
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """Response attention over one prefix K/V per prompt, shared by its G responses (no repeat).
 
-Row n = b * G + g (prompt-major, as everywhere) attends to [prompt b's prefix K/V, masked
-by its attention mask ; its own response K/V, causally]. Nothing is repeated per row:
-
-- part A, queries vs the shared prefix: the G rows' queries of a prompt are folded into
-  the query length ([B, H, G * R, D]), so the prefix is read once per prompt (as the
-  decode engine's `_attend` folds query heads);
-- part B, queries vs the row's own response keys, causal ([N, H, R, D]);
-- the two are merged by their log-sum-exps, which is exact softmax over the union.
-
-Autograd sums the G rows' gradients into the one prefix K/V (what repeat_interleave's
-backward gave). On CUDA each part is FlexAttention (compiled, block-sparse masks,
-differentiable lse); elsewhere (the CPU tests, no flex backward there) it is matmul +
-logsumexp in float32.
-
-How it reaches transformers' attention call: `SharedPrefix` is passed as the decoder's
-attention mask (a per-layer-type dict, which transformers hands to each layer as is), and
-the text config's `_attn_implementation` is a registered dispatcher (`use_shared_prefix`)
-that runs this function for a `SharedPrefix` mask and the original implementation for any
-other. The mask rides in the layer's kwargs, so a checkpointed layer's recompute in
-backward sees it too, with no global state to restore.
+Row b * G + g attends to prompt b's prefix (the G rows' queries folded into one query length,
+so the prefix is read once) and causally to its own response, merged by log-sum-exp (exact).
+FlexAttention on CUDA, matmul + logsumexp on CPU. It reaches transformers as a `SharedPrefix`
+attention mask and a registered dispatcher (`use_shared_prefix`), so checkpoint recompute sees it.
 """
 
 from __future__ import annotations

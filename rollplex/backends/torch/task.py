@@ -1,14 +1,8 @@
 """Token-level rewards of the tiny synthetic task; the generator lives in rollplex.data.shapes.
 
-Reward rule (`reward`): 1.0 iff the response is exactly [answer, eos] — the answer token
-first, eos second. A wrong word, extra tokens, a missing eos or a truncated response all
-score 0.0. A one-token answer plus a stop is a target a tiny model can learn, and asking
-for eos teaches the policy to stop.
-
-`first_token_reward` is the learnable variant for RL from random weights: 1.0 iff the
-first generated token is the answer (still an exact match on the answer word; what
-follows is ignored). The exact [answer, eos] pair has chance ~1/V^2 under a random policy,
-so GRPO groups almost never see a success to learn from; the first token alone has ~1/V.
+`reward`: 1.0 iff the response is exactly [answer, eos]. `first_token_reward`, for RL from
+random weights: 1.0 iff the first token is the answer (chance ~1/V against ~1/V^2, so GRPO
+groups see successes to learn from).
 """
 
 from __future__ import annotations

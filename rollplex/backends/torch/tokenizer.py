@@ -1,11 +1,8 @@
-"""A small word-level tokenizer built in code, the real Qwen2-VL image processor (PIL
-backend, no torchvision), and `encode_prompt`, which lays a prompt out as Qwen2.5-VL expects:
+"""A small word-level tokenizer built in code, the real Qwen2-VL image processor (PIL, no
+torchvision), and `encode_prompt`, laid out as Qwen2.5-VL expects:
 
-    <|vision_start|> <|image_pad|> x N <|vision_end|> question words
-
-N = patches / merge^2, the number of features the vision tower's merger emits.
-Nothing is downloaded: real checkpoints ship their own tokenizer; this one exists so tiny
-models can be trained and served (vLLM reads `tokenizer.json` written by `save_pretrained`).
+    <|vision_start|> <|image_pad|> x N <|vision_end|> question words   (N = patches / merge^2)
+Nothing is downloaded: it exists so tiny models can be trained and served on CPU.
 """
 
 from __future__ import annotations

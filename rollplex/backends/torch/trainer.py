@@ -1,11 +1,10 @@
 """The trainer role: logprobs with grad (at the rollout temperature), the policy loss with
-AlgoSpec's settings, backward and AdamW in place. The forward over responses, the loss and
-the backward run in the plan's micro-batches (`micro_batches`, see micro.py), each decoder
-layer checkpointed, with one optimizer step after all of them.
+AlgoSpec's settings, backward and AdamW in place.
 
-A bf16/fp16 model trains through float32 master weights (masters.py), as FSDP2's
-MixedPrecisionPolicy, Megatron and apex O2 do and as the planner prices it: at RL learning
-rates (~1e-6) an update added to bf16 weights rounds away."""
+Forward, loss and backward run in the plan's micro-batches (micro.py), every decoder layer
+checkpointed, then one optimizer step. A bf16/fp16 model trains through float32 master
+weights (masters.py), as the planner prices it.
+"""
 
 from __future__ import annotations
 

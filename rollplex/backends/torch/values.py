@@ -1,10 +1,8 @@
 """The objects the torch backend keeps in the executor's environment, one per graph value.
 
-Row-wise values (pixels, features) can be cut into row chunks and merged back (rows.py
-does the same for prompt text and prefix states). Holders of in-place state
-(weights, optimizer state, gradients) carry a version or a release hook, so the runtime can
-check what an op read and really free what the plan frees. Every value exposes its tensors
-(`tensors()`, or plain dataclass fields), which is what the runtime's accounting counts.
+Row-wise values can be cut into row chunks and merged back (rows.py for prompts and prefix
+states); holders of in-place state carry a version or a release hook, so the runtime can check
+what an op read and really free what the plan frees. `tensors()` is what accounting counts.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The vision tower's attention over all windows in one varlen call.
 
-transformers' Qwen2.5-VL vision attention issues one SDPA launch per window (and per
-full-attention image) unless a flash attention implementation is configured; then it
-passes `cu_seqlens` and expects one variable-length call. Flash-attn is not a dependency
-here, but torch has a varlen flash kernel (`torch.nn.attention.varlen.varlen_attn`, CUDA,
-bf16/fp16). `VARLEN` registers it with transformers' AttentionInterface under a name
-containing "flash" (what routes the tower through `cu_seqlens`), for the vision config
-only: the language model keeps SDPA.
-
-Where the kernel cannot run (CPU, float32), the same function attends window by window
-with SDPA, exactly as transformers' own non-flash path does, so CPU results do not change.
+`VARLEN` registers torch's varlen flash kernel with transformers' AttentionInterface under
+a "flash" name (which routes the tower through `cu_seqlens`), for the vision config only.
+Where the kernel cannot run (CPU, float32) it attends window by window with SDPA, exactly as
+transformers' non-flash path does.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The vLLM rollout built for a run: an engine on the trainer's initial weights.
 
-With `model.path` set the engine starts on that folder (the trainer loaded the same
-weights from it). Otherwise the trainer's weights, the tokenizer and the image processor
-the run's prompts were encoded with are written once as a Hub-format folder, and the
-engine starts on it; every later update goes in place (`weight_sync`), never through disk.
-With `backend.vllm.weights=share` (CUDA) the trainer's parameters then become views of the
-engine's tensors (share.py), checked possible before the engine starts.
+The engine starts on `model.path`, or on a Hub-format folder written once from the trainer's
+weights and the run's tokenizer and processor; later updates go in place (`weight_sync`),
+never through disk. With `backend.vllm.weights=share` (CUDA) the trainer's parameters become
+views of the engine's tensors (share.py).
 """
 
 from __future__ import annotations

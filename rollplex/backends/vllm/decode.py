@@ -1,11 +1,8 @@
-"""Segmented decode on a vLLM engine: requests are added once, then `advance(k)` runs k
-engine steps and returns, so other work can run between segments.
+"""Segmented decode on a vLLM engine: requests are added once, then `advance(k)` runs k engine
+steps and returns, so other work can run between segments.
 
-One engine step samples at most one token per running request (the first step also runs
-the prefill and the vision encoder), so k steps produce at most k tokens per row; the
-session is finished once every request has its final output. Each row carries its own
-sampling seed, a function of (engine seed, RL step, row), so the tokens do not depend on
-how decode was split into segments, nor on which other rows shared the batch.
+k steps make at most k tokens per row; each row's sampling seed is a function of (engine
+seed, RL step, row), so tokens depend neither on the segmentation nor on the batch.
 """
 
 from __future__ import annotations

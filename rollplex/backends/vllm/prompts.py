@@ -1,15 +1,8 @@
 """What the vLLM rollout takes: token ids plus the raw media, as `vllm.TokensPrompt` dicts.
 
-vLLM runs the vision tower and the prompt prefill itself, inside its engine steps, and
-caches both (encoder cache, prefix cache); so the role's `vision_encode` and
-`prefix_prefill` only assemble requests.
-
-Our prompts hold expanded placeholders (vision_start, N x image_pad, vision_end), as the
-prompt renderer writes them for the torch roles. vLLM 0.32 does not recognise a token-id
-prompt as already expanded: it expands the first pad of each run to N again and leaves the
-other N-1 as text tokens (measured: 4 pads became 7, and the logits moved). So each run of
-pads is collapsed to one here, and vLLM's own processor (the folder's, the same one the
-renderer used) expands it back to the same N.
+vLLM runs the vision tower and prefill itself, so `vision_encode` and `prefix_prefill` only
+assemble requests. vLLM 0.32 re-expands an already expanded token-id prompt (4 pads became
+7), so each run of pads is collapsed to one here and vLLM's processor expands it back to N.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """VllmRollout: the rollout role on an in-process vLLM engine.
 
-    rollout = VllmRollout(folder, VllmSpec(dtype="float32"), kv_cache_bytes=plan_budget)
     rollout.load_weights(trainer.live_weights())          # in place, caches reset
-    prompts = rollout.prefix_prefill(rollout.vision_encode(media), batch)
     session = rollout.start_decode(prompts, G, sampling, generator)
     while not session.advance(segment): ...               # other streams work in between
-    responses, logprobs = session.result()                # logprobs None unless asked for
-
-vLLM runs the vision tower and the prefill inside its engine steps and caches both (prefix
-caching shares each prompt's KV among its G samples and across steps), so `vision_encode`
-and `prefix_prefill` only assemble requests: the capabilities say so (`fused_prefix`), and
-the planner gives the rollout no separate prefix work and no piggybacked rows.
+vLLM prefills and caches prompts itself (`fused_prefix`): no separate prefix work, no riders.
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """One weight storage for the vLLM engine and the torch trainer (`backend.vllm.weights=share`).
 
-The layout algebra (`rollplex.weights`) at rollout TP 1 says where each transformers
-parameter lies in vLLM's tensors: q/k/v are consecutive row ranges of `qkv_proj`, gate/up
-of `gate_up_proj`, the vision `qkv` is the same [q; k; v], the embedding is the first rows
-of the vocab-padded one, the Conv3d patch embedding the same row-major bytes as vLLM's
-linear. Each parameter whose rows form one contiguous run of a vLLM tensor becomes a view
-of it (`param.data = view`): the engine allocated the storage in the fused layout, the
-trainer reads and updates its parameters inside it, and an optimizer step is what the next
-rollout reads. Nothing is copied per step. A rollout tensor some of whose rows no whole
-parameter covers is rebuilt: its parameters are loaded in place through vLLM's loader at
-every sync (none at TP 1 for Qwen2.5-VL: 100% of the bytes are shared).
-
-Before aliasing, every view is checked to hold exactly the trainer's values (both loaded
-from the same folder): a vLLM layout the algebra does not describe is refused, naming the
-tensor and parameter, instead of training on scrambled weights. If the trainer's storage
-is later replaced (a plan moving weights to host and back), `sync` copies it into the
-engine's tensors and re-points the parameter, and says so in the log.
-
-Only on CUDA: vLLM's CPU backend repacks linear weights into its own GEMM format and
-leaves `.weight` empty (FACTS.md), so there is nothing to view. The engine never sleeps:
-sleeping would drop or move the trainer's parameters.
+At rollout TP 1 every trainer parameter whose rows form a contiguous run of a vLLM tensor
+becomes a view of it (checked value by value first; an unknown layout is refused by name), so
+an optimizer step is what the next rollout reads. CUDA only (vLLM's CPU backend repacks its
+weights); the engine never sleeps.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """New weights into a running vLLM engine, in place, under the checkpoint's tensor names.
 
-Live weights (the trainer's parameters) stream straight from memory: no folder is written.
-vLLM's model maps the Hub names (`visual.*`, `model.layers.*`, `lm_head.*`) onto its own
-fused layout, so we hand it the names a checkpoint would have, whatever module tree the
-trainer uses (transformers 5 keeps `model.visual.*` / `model.language_model.*`).
-
-`collective_rpc("reload_weights", ...)` is the path that works on CPU, where the CPU
-backend repacks linear weights and a direct `model.load_weights` finds `.weight` empty
-(FACTS.md). After any update, three caches hold entries computed with the old weights: the
-prefix (KV) cache, the multimodal processor cache and the encoder (vision feature) cache.
-All three are reset; without the encoder reset the next image prompt fails or reads stale
-features.
+Live parameters stream from memory under their Hub names, whatever the trainer's module
+tree. `collective_rpc("reload_weights", ...)` is the path that works on CPU too (FACTS.md);
+after it the prefix, multimodal-processor and encoder caches are all reset, or the next
+image prompt reads stale features.
 """
 
 from __future__ import annotations
