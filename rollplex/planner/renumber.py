@@ -67,8 +67,8 @@ def _keys(steps, before, after) -> dict[int, float]:
     plan starts it, else just before the first step waiting for it. Issued on its own
     stream a copy costs the host nothing, while a step the host drives to its end (the
     decode) holds back every step numbered after it: an onload numbered just before its
-    reader, after the decode it was planned beside, ran after it instead (0.28 s a 7B
-    step on an H200, bench/results/gpu_step/README.md run 8)."""
+    reader, after the decode it was planned beside, ran after it instead
+    (bench/results/gpu_step/README.md)."""
     key: dict[int, float] = {}
     for i, s in steps.items():
         if s.kind in ("offload", "onload"):
