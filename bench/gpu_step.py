@@ -76,7 +76,7 @@ BASELINES = ("serial_dedup", "verl", "serial_dedup_forward")
 
 def overrides(args, schedule: str) -> list[str]:
     model = [f"model={args.shape}"] + ([f"model.path={args.folder}"] if args.folder else [])
-    hardware = "h200" if args.device == "cuda" else "cpu"
+    hardware = args.hardware or _hardware_of(args.device)
     return [
         *model,
         f"hardware={hardware}",
@@ -105,6 +105,15 @@ def overrides(args, schedule: str) -> list[str]:
         *SCHEDULES[schedule],
         *args.extra,
     ]
+
+
+def _hardware_of(device: str) -> str:
+    """The preset of the GPU this runs on: an H100 plans under its own 80 GB, not the H200's."""
+    if device != "cuda":
+        return "cpu"
+    import torch
+
+    return "h100" if "H100" in torch.cuda.get_device_name() else "h200"
 
 
 def compose_spec(items: list[str], job: str = "train"):
@@ -171,6 +180,7 @@ def main() -> None:
     ap.add_argument("--shape", default="qwen2_5_vl_3b")
     ap.add_argument("--folder", default=None, help="Hub-format model folder (random weights)")
     ap.add_argument("--schedules", default="verl,serial_dedup,rollplex")
+    ap.add_argument("--hardware", default=None, help="preset (default: from the GPU's name)")
     ap.add_argument("--frames", type=int, default=8)
     ap.add_argument("--size", type=int, default=448)
     ap.add_argument("--prompts", type=int, default=4)

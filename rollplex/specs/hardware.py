@@ -81,6 +81,10 @@ def _h200(n: int) -> HardwareSpec:
 
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     "h200": _h200(1),
+    # One H100 SXM 80 GB (HBM3 at 3.35 TB/s; same SMs and bf16 peak as the H200).
+    "h100": _h200(1).model_copy(
+        update={"name": "h100", "gpu": "NVIDIA H100", "hbm_gib": 79.6, "hbm_bandwidth_gbps": 3350}
+    ),
     "h200x2": _h200(2),
     "h200x8": _h200(8),
     # The paper's cluster: 4 nodes of 8 H800 80 GB (NVLink cut to 400 GB/s both ways).
