@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from cuda_timing import graph_ms  # bench/ is on sys.path as the script's folder
 
-from rollplex.backends.torch.engine.skinny import skinny_gate_up, skinny_linear
+from rollplex.engine.skinny import skinny_gate_up, skinny_linear
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS
 
 

@@ -27,8 +27,6 @@ from torch import nn
 
 from rollplex.backends.base import BackendError
 from rollplex.backends.torch.checkpointing import checkpointed_layers
-from rollplex.backends.torch.engine.riders import attach
-from rollplex.backends.torch.engine.step import rotary_fn
 from rollplex.backends.torch.exported_prefix import ExportedPrefix, prefill_exported
 from rollplex.backends.torch.logprob import (
     features_full_head_outputs,
@@ -65,6 +63,8 @@ from rollplex.backends.torch.values import (
     WeightsHandle,
 )
 from rollplex.data.prompts import PromptBatch
+from rollplex.engine.riders import attach
+from rollplex.engine.step import rotary_fn
 from rollplex.specs import AlgoSpec, ModelSpec
 
 

@@ -30,8 +30,6 @@ from rollplex.backends.base import (
 )
 from rollplex.backends.capabilities import TORCH_ROLLOUT, TORCH_SCORER, RoleCapabilities
 from rollplex.backends.torch.decode import DecodeSession as TorchDecodeSession
-from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows
-from rollplex.backends.torch.engine.session import DecodeEngine, EngineSession
 from rollplex.backends.torch.exported_prefix import ExportedPrefix, prefill_exported
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs, response_mask
 from rollplex.backends.torch.model import load_model
@@ -46,6 +44,8 @@ from rollplex.backends.torch.values import (
     TokenLogprobs,
 )
 from rollplex.data.prompts import PromptBatch
+from rollplex.engine.riders import RiddenPrefix, RiderRows
+from rollplex.engine.session import DecodeEngine, EngineSession
 from rollplex.specs import ModelSpec
 from rollplex.specs.torch_engine import TorchEngineSpec
 

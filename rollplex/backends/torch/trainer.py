@@ -19,8 +19,6 @@ import torch
 from rollplex.backends.base import BackendError, LiveWeights, Trainer
 from rollplex.backends.capabilities import TORCH_SCORER, RoleCapabilities
 from rollplex.backends.torch.checkpointing import checkpointed_layers
-from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows, attach, rider_rows
-from rollplex.backends.torch.engine.step import rotary_fn
 from rollplex.backends.torch.exported_prefix import ExportedPrefix
 from rollplex.backends.torch.host_memory import forget_tags
 from rollplex.backends.torch.logprob import (
@@ -62,6 +60,8 @@ from rollplex.backends.torch.values import (
     WeightsHandle,
 )
 from rollplex.data.prompts import PromptBatch
+from rollplex.engine.riders import RiddenPrefix, RiderRows, attach, rider_rows
+from rollplex.engine.step import rotary_fn
 from rollplex.specs import AlgoSpec, ModelSpec
 
 log = logging.getLogger(__name__)

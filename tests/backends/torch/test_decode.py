@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollplex.backends.torch.engine import (
+from rollplex.engine import (
     decode,
     expand_prefix,
     full_logits,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from rollplex.backends.torch.engine import (
+from rollplex.backends.torch.model import build_model, set_trainable
+from rollplex.engine import (
     decode,
     expand_prefix,
     full_logprobs,
@@ -16,7 +17,6 @@ from rollplex.backends.torch.engine import (
     response_mask,
     vision_encode,
 )
-from rollplex.backends.torch.model import build_model, set_trainable
 
 G, R, STEPS = 3, 4, 2
 

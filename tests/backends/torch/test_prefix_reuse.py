@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from rollplex.backends.torch.engine import (
+from rollplex.engine import (
     expand_prefix,
     full_logprobs,
     prefix_forward,

@@ -8,10 +8,10 @@ import itertools
 
 import pytest
 
-from rollplex.backends.torch.engine import split_kernel
-from rollplex.backends.torch.engine.session import DecodeEngine
-from rollplex.backends.torch.engine.split_kernel import BLOCK_KEYS, prefix_chunks
-from tests.backends.torch.interpreted import run_interpreted
+from rollplex.engine import split_kernel
+from rollplex.engine.session import DecodeEngine
+from rollplex.engine.split_kernel import BLOCK_KEYS, prefix_chunks
+from tests.engine.interpreted import run_interpreted
 
 
 @pytest.mark.slow  # ~40 s: every kernel case and three decodes under the interpreter
@@ -19,7 +19,7 @@ from tests.backends.torch.interpreted import run_interpreted
     split_kernel.triton is None, reason="Triton is not installed (pip install -e .[dev])"
 )
 def test_kernels_and_a_decode_agree_under_the_interpreter():
-    run_interpreted("tests.backends.torch.split_kernel_interpret", "split kernels agree")
+    run_interpreted("tests.engine.split_kernel_interpret", "split kernels agree")
 
 
 @pytest.mark.parametrize(

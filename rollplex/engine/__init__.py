@@ -44,8 +44,6 @@ models with the workload's length distribution (`train.response_lengths=workload
 from __future__ import annotations
 
 from rollplex.backends.torch.decode import decode, sample_next
-from rollplex.backends.torch.engine.roofline import RooflineReport, roofline
-from rollplex.backends.torch.engine.session import DecodeEngine, EngineSession
 from rollplex.backends.torch.logprob import (
     full_logits,
     full_logprobs,
@@ -56,6 +54,8 @@ from rollplex.backends.torch.logprob import (
 from rollplex.backends.torch.loss import group_advantages, grpo_loss
 from rollplex.backends.torch.prefix import PrefixState, expand_prefix, prefix_forward, vision_encode
 from rollplex.data.prompts import PromptBatch, PromptInputs, collate_prompts
+from rollplex.engine.roofline import RooflineReport, roofline
+from rollplex.engine.session import DecodeEngine, EngineSession
 
 __all__ = [
     "DecodeEngine",

@@ -9,8 +9,8 @@ import os
 import torch
 import torch.nn.functional as F
 
-from rollplex.backends.torch.engine import skinny, step
-from tests.backends.torch.interpreted import decodes_agree, tiny_prefix
+from rollplex.engine import skinny, step
+from tests.engine.interpreted import decodes_agree, tiny_prefix
 
 ROWS = (1, 5, 16, 33, 64)
 SHAPES = ((70, 300), (128, 256))  # (N, K): ragged against the 16 x 64 tile, and even

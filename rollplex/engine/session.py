@@ -25,13 +25,13 @@ from typing import Literal
 import torch
 
 from rollplex.backends.torch.decode import check_lengths
-from rollplex.backends.torch.engine.cache import Attention, round_up
-from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows, ride_alone
-from rollplex.backends.torch.engine.sampling import row_seeds
-from rollplex.backends.torch.engine.step import DecodeStep
-from rollplex.backends.torch.engine.workspace import Shape, Workspace
 from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv
 from rollplex.backends.torch.triton_support import resolve
+from rollplex.engine.cache import Attention, round_up
+from rollplex.engine.riders import RiddenPrefix, RiderRows, ride_alone
+from rollplex.engine.sampling import row_seeds
+from rollplex.engine.step import DecodeStep
+from rollplex.engine.workspace import Shape, Workspace
 from rollplex.ops.formulas.engines import (
     ENGINE_PREFIX_ALIGN,
     ENGINE_ROW_BUCKETS,

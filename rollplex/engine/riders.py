@@ -29,8 +29,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from rollplex.backends.torch.engine.cache import SharedPrefixKV
-from rollplex.backends.torch.engine.step import DecodeStep
 from rollplex.backends.torch.prefix import (
     Model,
     PrefixState,
@@ -40,6 +38,8 @@ from rollplex.backends.torch.prefix import (
     prefix_state,
 )
 from rollplex.data.prompts import PromptBatch
+from rollplex.engine.cache import SharedPrefixKV
+from rollplex.engine.step import DecodeStep
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) as the model's rotary embedding gives
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rollplex.backends.torch.engine.attention import attend_shared, split_attention
-from rollplex.backends.torch.engine.cache import SharedPrefixKV
-from rollplex.backends.torch.engine.session import DecodeEngine
 from rollplex.backends.torch.prefix import prefix_forward
+from rollplex.engine.attention import attend_shared, split_attention
+from rollplex.engine.cache import SharedPrefixKV
+from rollplex.engine.session import DecodeEngine
 from rollplex.ops.formulas import engine_attention, torch_engine_workspace
 from tests.backends.torch.test_riders import _setup
 from tests.backends.torch.test_video import renderer  # noqa: F401

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rollplex.backends.torch.engine import session
-from rollplex.backends.torch.engine.session import DecodeEngine
+from rollplex.engine import session
+from rollplex.engine.session import DecodeEngine
 
 INVALIDATED = "CUDA error: operation failed due to a previous error during capture"
 

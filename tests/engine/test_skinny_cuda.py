@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rollplex.backends.torch.engine import prefix_forward, skinny, vision_encode
-from rollplex.backends.torch.engine.session import DecodeEngine
+from rollplex.engine import prefix_forward, skinny, vision_encode
+from rollplex.engine.session import DecodeEngine
 
 pytestmark = [
     pytest.mark.gpu,

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollplex.backends.torch.engine import split_kernel
-from rollplex.backends.torch.engine.attention import split_attention, split_call
-from tests.backends.torch.test_engine_cuda import _run as run_engine
-from tests.backends.torch.test_engine_cuda import cuda_prefix  # noqa: F401
+from rollplex.engine import split_kernel
+from rollplex.engine.attention import split_attention, split_call
+from tests.engine.test_engine_cuda import _run as run_engine
+from tests.engine.test_engine_cuda import cuda_prefix  # noqa: F401
 
 pytestmark = [
     pytest.mark.gpu,

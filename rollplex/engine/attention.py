@@ -24,9 +24,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from rollplex.backends.torch.engine import flex
-from rollplex.backends.torch.engine.cache import SharedPrefixKV
-from rollplex.backends.torch.engine.split_kernel import split_attention_kernel
+from rollplex.engine import flex
+from rollplex.engine.cache import SharedPrefixKV
+from rollplex.engine.split_kernel import split_attention_kernel
 from rollplex.runtime.phases import first_call
 
 _compiled: Callable | None = None

@@ -14,7 +14,7 @@ import torch
 from rollplex.backends.torch.prefix import PrefixState
 from rollplex.data.prompts import PromptBatch
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_interpreted(module: str, marker: str) -> None:
@@ -68,7 +68,7 @@ def decodes_agree(
 ) -> None:
     """A decode with `knob` on equals one with it off (the engine's forward.`attr` says
     which ran): tokens and lengths exactly, logprobs within `atol`."""
-    from rollplex.backends.torch.engine.session import DecodeEngine
+    from rollplex.engine.session import DecodeEngine
 
     model, prefix = tiny_prefix()
     results = []

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from rollplex.backends.torch.engine.flex import BLOCK, FlexMask
+from rollplex.engine.flex import BLOCK, FlexMask
 from rollplex.ops.formulas.engines import ENGINE_MASK_ALIGN, EngineAttention
 
 Attention = EngineAttention

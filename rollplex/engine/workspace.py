@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from rollplex.backends.torch.engine.cache import Attention, SharedPrefixKV
-from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows, ride_step
-from rollplex.backends.torch.engine.sampling import next_tokens
-from rollplex.backends.torch.engine.step import DecodeStep
 from rollplex.backends.torch.prefix import Model
+from rollplex.engine.cache import Attention, SharedPrefixKV
+from rollplex.engine.riders import RiddenPrefix, RiderRows, ride_step
+from rollplex.engine.sampling import next_tokens
+from rollplex.engine.step import DecodeStep
 
 
 @dataclass(slots=True, frozen=True)

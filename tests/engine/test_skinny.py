@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from rollplex.backends.torch.engine import skinny
-from rollplex.backends.torch.engine.session import DecodeEngine
-from tests.backends.torch.interpreted import run_interpreted
+from rollplex.engine import skinny
+from rollplex.engine.session import DecodeEngine
+from tests.engine.interpreted import run_interpreted
 
 
 @pytest.mark.slow  # ~25 s under the interpreter
 @pytest.mark.skipif(skinny.triton is None, reason="Triton is not installed (pip install -e .[dev])")
 def test_kernels_and_a_decode_agree_under_the_interpreter():
-    run_interpreted("tests.backends.torch.skinny_interpret", "skinny kernels agree")
+    run_interpreted("tests.engine.skinny_interpret", "skinny kernels agree")
 
 
 @pytest.mark.parametrize(

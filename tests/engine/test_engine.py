@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollplex.backends.torch.engine import (
+from rollplex.backends.torch.logprob import token_logprobs
+from rollplex.backends.torch.roles import features_of
+from rollplex.backends.torch.task import QUESTIONS, VisualTask
+from rollplex.backends.torch.tokenizer import encode_prompt
+from rollplex.backends.torch.values import Pixels
+from rollplex.data.prompts import collate_prompts
+from rollplex.engine import (
     decode,
     expand_prefix,
     full_logits,
@@ -16,16 +22,10 @@ from rollplex.backends.torch.engine import (
     response_mask,
     vision_encode,
 )
-from rollplex.backends.torch.engine.session import DecodeEngine
-from rollplex.backends.torch.logprob import token_logprobs
-from rollplex.backends.torch.roles import features_of
-from rollplex.backends.torch.task import QUESTIONS, VisualTask
-from rollplex.backends.torch.tokenizer import encode_prompt
-from rollplex.backends.torch.values import Pixels
-from rollplex.data.prompts import collate_prompts
-from tests.backends.torch.interpreted import decodes_agree
+from rollplex.engine.session import DecodeEngine
 from tests.backends.torch.test_video import BATCHES, hf_logits, renderer  # noqa: F401
 from tests.backends.torch.test_video import G as VIDEO_G
+from tests.engine.interpreted import decodes_agree
 
 G = 3
 R = 7
@@ -231,7 +231,7 @@ def test_flex_attention_equals_sdpa(model, prefix, buckets):
 def test_flex_mask_visits_only_written_blocks(model, prefix):
     """The BlockMask reads no block past the slots written so far, and a block every key of
     which is valid prefix is marked full (no per-element mask)."""
-    from rollplex.backends.torch.engine.flex import BLOCK
+    from rollplex.engine.flex import BLOCK
 
     engine = DecodeEngine(model, attention="flex", keep_workspace=True)
     session = engine.start(prefix, 40, 4, 0.0, 1.0, None, -1)

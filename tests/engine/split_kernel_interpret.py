@@ -8,9 +8,9 @@ import os
 
 import torch
 
-from rollplex.backends.torch.engine import split_kernel
-from rollplex.backends.torch.engine.attention import split_attention
-from tests.backends.torch.interpreted import decodes_agree, tiny_batch
+from rollplex.engine import split_kernel
+from rollplex.engine.attention import split_attention
+from tests.engine.interpreted import decodes_agree, tiny_batch
 
 # (prompts, K/V heads, query heads per K/V head, G, prefix cap, response slots, head dim,
 # prefix programs aimed at): one chunk and many, ragged tiles, GQA 1 and 7 (the 7B's), one
@@ -91,11 +91,11 @@ def check_ride() -> None:
     """A training prefix riding a decode step on the kernels (which write the step's K/V,
     the default with them) leaves the decode's draws as they are without it (the ride's
     own outputs against a separate forward: test_riders.py)."""
-    from rollplex.backends.torch.engine.session import DecodeEngine
     from rollplex.backends.torch.prefix import prefix_forward
     from rollplex.backends.torch.roles import features_of, freeze_for_graph
     from rollplex.backends.torch.trainer import TorchTrainer
     from rollplex.backends.torch.values import Pixels
+    from rollplex.engine.session import DecodeEngine
     from rollplex.specs import AlgoSpec
     from rollplex.specs.model import MODEL_PRESETS
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from rollplex.backends.torch.engine.session import DecodeEngine
+from rollplex.engine.session import DecodeEngine
 from rollplex.ops.formulas import torch_engine_fused_qkv
 
 G, R = 3, 7

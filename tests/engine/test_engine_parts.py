@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollplex.backends.torch.engine import sampling
-from rollplex.backends.torch.engine.roofline import (
+from rollplex.backends.torch.logprob import token_logprobs
+from rollplex.engine import sampling
+from rollplex.engine.roofline import (
     kv_bytes_per_token,
     kv_token_reads,
     lm_weight_bytes,
     roofline,
 )
-from rollplex.backends.torch.engine.sampling import counter_uniform, draw, row_seeds, sample_rows
-from rollplex.backends.torch.logprob import token_logprobs
+from rollplex.engine.sampling import counter_uniform, draw, row_seeds, sample_rows
 
 
 def test_counter_uniform_is_a_function_of_seed_and_step():

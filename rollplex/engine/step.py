@@ -17,11 +17,11 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from rollplex.backends.torch.engine.attention import attend_shared
-from rollplex.backends.torch.engine.cache import SharedPrefixKV
-from rollplex.backends.torch.engine.fused_qkv import FusedQKV
-from rollplex.backends.torch.engine.sampling import next_tokens
-from rollplex.backends.torch.engine.skinny import (
+from rollplex.engine.attention import attend_shared
+from rollplex.engine.cache import SharedPrefixKV
+from rollplex.engine.fused_qkv import FusedQKV
+from rollplex.engine.sampling import next_tokens
+from rollplex.engine.skinny import (
     MAX_ROWS,
     SPLIT_MAX_ROWS,
     SPLITS,

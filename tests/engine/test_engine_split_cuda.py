@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollplex.backends.torch.engine import prefix_forward, vision_encode
 from rollplex.backends.torch.model import build_model
-from tests.backends.torch.test_engine_cuda import _run as run_engine
-from tests.backends.torch.test_engine_cuda import cuda_prefix  # noqa: F401
-from tests.backends.torch.test_engine_split import attend_steps
+from rollplex.engine import prefix_forward, vision_encode
+from tests.engine.test_engine_cuda import _run as run_engine
+from tests.engine.test_engine_cuda import cuda_prefix  # noqa: F401
+from tests.engine.test_engine_split import attend_steps
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
