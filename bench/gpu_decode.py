@@ -33,9 +33,9 @@ from gpu_sampler_check import one_scan_draw  # bench/ is on sys.path as the scri
 
 from rollplex.backends.torch.decode import DecodeSession
 from rollplex.backends.torch.model import build_model
-from rollplex.backends.torch.prefix import expand_prefix, prefix_forward
 from rollplex.data.prompts import PromptInputs, collate_prompts
 from rollplex.engine import step as step_module
+from rollplex.engine.prefix import expand_prefix, prefix_forward
 from rollplex.engine.roofline import (
     kv_bytes_per_token,
     kv_token_reads,

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 
 from rollplex.engine import flex
 from rollplex.engine.cache import SharedPrefixKV
+from rollplex.engine.phases import first_call
 from rollplex.engine.split_kernel import split_attention_kernel
-from rollplex.runtime.phases import first_call
 
 _compiled: Callable | None = None
 

@@ -29,7 +29,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from rollplex.backends.torch.prefix import (
+from rollplex.data.prompts import PromptBatch
+from rollplex.engine.cache import SharedPrefixKV
+from rollplex.engine.prefix import (
     Model,
     PrefixState,
     fork_cache,
@@ -37,8 +39,6 @@ from rollplex.backends.torch.prefix import (
     prefix_positions,
     prefix_state,
 )
-from rollplex.data.prompts import PromptBatch
-from rollplex.engine.cache import SharedPrefixKV
 from rollplex.engine.step import DecodeStep
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) as the model's rotary embedding gives

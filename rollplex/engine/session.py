@@ -24,13 +24,14 @@ from typing import Literal
 
 import torch
 
-from rollplex.backends.torch.decode import check_lengths
-from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv
-from rollplex.backends.torch.triton_support import resolve
 from rollplex.engine.cache import Attention, round_up
+from rollplex.engine.green_contexts import PartitionGraph, green_stream
+from rollplex.engine.phases import phase
+from rollplex.engine.prefix import Model, PrefixState, cache_kv
 from rollplex.engine.riders import RiddenPrefix, RiderRows, ride_alone
 from rollplex.engine.sampling import row_seeds
 from rollplex.engine.step import DecodeStep
+from rollplex.engine.triton_support import resolve
 from rollplex.engine.workspace import Shape, Workspace
 from rollplex.ops.formulas.engines import (
     ENGINE_PREFIX_ALIGN,
@@ -39,12 +40,20 @@ from rollplex.ops.formulas.engines import (
     engine_prompts,
 )
 from rollplex.planner.gc_paused import cyclic_gc_paused
-from rollplex.runtime.green_contexts import PartitionGraph, green_stream
-from rollplex.runtime.phases import phase
 
 # the planner prices the workspace these shape (ops/formulas/engines.py torch_engine_workspace)
 ROW_BUCKETS, PREFIX_ALIGN = ENGINE_ROW_BUCKETS, ENGINE_PREFIX_ALIGN
 log = logging.getLogger(__name__)
+
+
+def check_lengths(lengths: Sequence[int] | None, rows: int, cap: int) -> list[int] | None:
+    """Forced lengths, one per row, each in [1, cap]; raises ValueError otherwise."""
+    if lengths is None:
+        return None
+    out = [int(x) for x in lengths]
+    if len(out) != rows or not all(1 <= x <= cap for x in out):
+        raise ValueError(f"forced lengths need {rows} values in [1, {cap}], got {out[:8]}...")
+    return out
 
 
 class DecodeEngine:

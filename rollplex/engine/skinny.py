@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import torch
 
-from rollplex.backends.torch.triton_support import triton
+from rollplex.engine.triton_support import triton
 
 if triton is not None:
     import triton.language as tl

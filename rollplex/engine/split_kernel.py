@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from rollplex.backends.torch.triton_support import triton
+from rollplex.engine.triton_support import triton
 
 if triton is not None:
     import triton.language as tl

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from rollplex.engine.attention import attend_shared
 from rollplex.engine.cache import SharedPrefixKV
 from rollplex.engine.fused_qkv import FusedQKV
+from rollplex.engine.phases import first_call
 from rollplex.engine.sampling import next_tokens
 from rollplex.engine.skinny import (
     MAX_ROWS,
@@ -31,7 +32,6 @@ from rollplex.engine.skinny import (
     split_linear,
     sum_partials,
 )
-from rollplex.runtime.phases import first_call
 
 
 def rotary_fn(attn: torch.nn.Module) -> Callable:

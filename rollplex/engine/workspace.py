@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from rollplex.backends.torch.prefix import Model
 from rollplex.engine.cache import Attention, SharedPrefixKV
+from rollplex.engine.prefix import Model
 from rollplex.engine.riders import RiddenPrefix, RiderRows, ride_step
 from rollplex.engine.sampling import next_tokens
 from rollplex.engine.step import DecodeStep

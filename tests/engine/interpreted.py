@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from rollplex.backends.torch.prefix import PrefixState
 from rollplex.data.prompts import PromptBatch
+from rollplex.engine.prefix import PrefixState
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,7 +55,7 @@ def tiny_batch() -> tuple[torch.nn.Module, PromptBatch]:
 
 def tiny_prefix() -> tuple[torch.nn.Module, PrefixState]:
     """`tiny_batch`'s model and its two prompts prefilled."""
-    from rollplex.backends.torch.prefix import prefix_forward, vision_encode
+    from rollplex.engine.prefix import prefix_forward, vision_encode
 
     model, batch = tiny_batch()
     with torch.no_grad():

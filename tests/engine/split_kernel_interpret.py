@@ -91,10 +91,10 @@ def check_ride() -> None:
     """A training prefix riding a decode step on the kernels (which write the step's K/V,
     the default with them) leaves the decode's draws as they are without it (the ride's
     own outputs against a separate forward: test_riders.py)."""
-    from rollplex.backends.torch.prefix import prefix_forward
     from rollplex.backends.torch.roles import features_of, freeze_for_graph
     from rollplex.backends.torch.trainer import TorchTrainer
     from rollplex.backends.torch.values import Pixels
+    from rollplex.engine.prefix import prefix_forward
     from rollplex.engine.session import DecodeEngine
     from rollplex.specs import AlgoSpec
     from rollplex.specs.model import MODEL_PRESETS

@@ -7,21 +7,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollplex.backends.torch.logprob import token_logprobs
+from rollplex.backends.torch.decode import decode
+from rollplex.backends.torch.logprob import (
+    full_logits,
+    response_logprobs,
+    response_mask,
+    token_logprobs,
+)
 from rollplex.backends.torch.roles import features_of
 from rollplex.backends.torch.task import QUESTIONS, VisualTask
 from rollplex.backends.torch.tokenizer import encode_prompt
 from rollplex.backends.torch.values import Pixels
 from rollplex.data.prompts import collate_prompts
-from rollplex.engine import (
-    decode,
-    expand_prefix,
-    full_logits,
-    prefix_forward,
-    response_logprobs,
-    response_mask,
-    vision_encode,
-)
+from rollplex.engine.prefix import expand_prefix, prefix_forward, vision_encode
 from rollplex.engine.session import DecodeEngine
 from tests.backends.torch.test_video import BATCHES, hf_logits, renderer  # noqa: F401
 from tests.backends.torch.test_video import G as VIDEO_G
@@ -95,7 +93,7 @@ def test_draws_depend_on_seed_not_on_bucket_or_batch(model, prefix):
 
 
 def _prompt(prefix, row):
-    from rollplex.backends.torch.prefix import PrefixState, cache_kv, fork_cache
+    from rollplex.engine.prefix import PrefixState, cache_kv, fork_cache
 
     kv = [(k[row : row + 1], v[row : row + 1]) for k, v in cache_kv(prefix.cache)]
     cut = {

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollplex.engine import decode, expand_prefix, prefix_forward, vision_encode
+from rollplex.backends.torch.decode import decode
+from rollplex.engine.prefix import expand_prefix, prefix_forward, vision_encode
 from rollplex.engine.session import DecodeEngine
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rollplex.backends.torch.prefix import prefix_forward
 from rollplex.engine.attention import attend_shared, split_attention
 from rollplex.engine.cache import SharedPrefixKV
+from rollplex.engine.prefix import prefix_forward
 from rollplex.engine.session import DecodeEngine
 from rollplex.ops.formulas import engine_attention, torch_engine_workspace
 from tests.backends.torch.test_riders import _setup

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rollplex.backends.torch.model import build_model
-from rollplex.engine import prefix_forward, vision_encode
+from rollplex.engine.prefix import prefix_forward, vision_encode
 from tests.engine.test_engine_cuda import _run as run_engine
 from tests.engine.test_engine_cuda import cuda_prefix  # noqa: F401
 from tests.engine.test_engine_split import attend_steps

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rollplex.engine import prefix_forward, skinny, vision_encode
+from rollplex.engine import skinny
+from rollplex.engine.prefix import prefix_forward, vision_encode
 from rollplex.engine.session import DecodeEngine
 
 pytestmark = [

@@ -42,7 +42,6 @@ from rollplex.backends.torch.loss import (
 from rollplex.backends.torch.masters import adamw_over, clear_grads, clipped_step
 from rollplex.backends.torch.micro import response_micro_batches, sample_micro_batches
 from rollplex.backends.torch.micro_loss import backward_loss, micro_loss
-from rollplex.backends.torch.prefix import Model, PrefixState, prefix_forward
 from rollplex.backends.torch.roles import (
     capture_saved,
     features_of,
@@ -63,6 +62,7 @@ from rollplex.backends.torch.values import (
     WeightsHandle,
 )
 from rollplex.data.prompts import PromptBatch
+from rollplex.engine.prefix import Model, PrefixState, prefix_forward
 from rollplex.engine.riders import attach
 from rollplex.engine.step import rotary_fn
 from rollplex.specs import AlgoSpec, ModelSpec

@@ -39,7 +39,6 @@ from rollplex.backends.torch.masters import (
 from rollplex.backends.torch.micro import response_micro_batches, sample_micro_batches
 from rollplex.backends.torch.micro_loss import backward_loss, micro_loss
 from rollplex.backends.torch.model import load_model, save_model
-from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv, fork_cache, prefix_forward
 from rollplex.backends.torch.roles import (
     TorchReference,
     capture_saved,
@@ -60,6 +59,7 @@ from rollplex.backends.torch.values import (
     WeightsHandle,
 )
 from rollplex.data.prompts import PromptBatch
+from rollplex.engine.prefix import Model, PrefixState, cache_kv, fork_cache, prefix_forward
 from rollplex.engine.riders import RiddenPrefix, RiderRows, attach, rider_rows
 from rollplex.engine.step import rotary_fn
 from rollplex.specs import AlgoSpec, ModelSpec

@@ -12,6 +12,7 @@ import torch
 from safetensors import safe_open
 from transformers import Qwen2_5_VLForConditionalGeneration
 
+from rollplex.backends.torch.logprob import full_logits
 from rollplex.backends.torch.model import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -21,7 +22,6 @@ from rollplex.backends.torch.model import (
     save_model,
     set_trainable,
 )
-from rollplex.engine import full_logits
 from rollplex.specs.model import ModelSpec
 
 RESPONSES = torch.tensor([[9, 10, 2], [11, 2, 0]])

@@ -29,5 +29,5 @@ def resolve(asked: bool | None, knob: str, device_type: str) -> bool:
     if asked is None:
         return device_type == "cuda" and usable(device_type)
     if asked and not usable(device_type):
-        raise ValueError(f"{knob} needs CUDA and Triton (backends/torch/engine/)")
+        raise ValueError(f"{knob} needs CUDA and Triton (rollplex/engine/)")
     return asked
