@@ -1,21 +1,6 @@
 """Decode attention over the shared-prefix cache (cache.py), by the cache's `attention`:
-
-- "sdpa": SDPA with the query heads of each K/V head folded into the query length, over
-  the buffer up to kv_len and the cache's additive mask. transformers' own SDPA path would
-  `repeat_kv` the whole cache for GQA whenever a mask is given (on CUDA), reading it
-  `heads / kv_heads` times over; the fold reads it once. But every row reads all G rows'
-  response K/V (and the mask) up to kv_len.
-- "flex": FlexAttention's split-KV decoding kernel (flex.py).
-- "split": the exact softmax over (the prompt's valid prefix) U (the row's own response
-  keys at steps <= the current one), as two parts merged with one joint max and sum:
-  part A folds the group's G rows x query heads of a K/V head into one query block, so
-  the prefix is read once per prompt; part B is each row's queries over its own response
-  buffer only; each part's (max, sum, unnormalised output) merge as flash-decoding's
-  splits do. Plain matmuls around masked fp32 softmax pieces, compiled on CUDA (one
-  `torch.compile(dynamic=True)` for every bucket and kv_len) so the elementwise and
-  reduction pieces fuse around the matmuls; no mask tensor is read. With `kernel` (the
-  CUDA default) the same softmax runs as split_kernel.py's two Triton kernels instead.
-"""
+"sdpa", "flex" (flex.py) or "split" (`split_attention`; on CUDA by default split_kernel.py's
+two Triton kernels, the same softmax)."""
 
 from __future__ import annotations
 
@@ -67,8 +52,10 @@ def attend_shared(
         if kernel:
             return split_attention_kernel(*args, new_kv=new_kv)
         return (split_call() if q.is_cuda else split_attention)(*args)
-    # Query head j * rep + r reads K/V head j (transformers' repeat_kv order): fold r into
-    # the query length, as rows r * G + g.
+    # "sdpa". Query head j * rep + r reads K/V head j (transformers' repeat_kv order): fold r
+    # into the query length, as rows r * G + g. transformers' own SDPA path would repeat_kv
+    # the whole cache for GQA whenever a mask is given (on CUDA), reading it rep times over;
+    # the fold reads it once. But every row reads all G rows' response K/V (and the mask).
     q = q.reshape(b, kv_heads, (heads // kv_heads) * g, d)
     out = F.scaled_dot_product_attention(
         q,
@@ -109,10 +96,15 @@ def split_attention(
 ) -> torch.Tensor:
     """q [B, H, G, D] over prompt b's prefix K/V [B, Hkv, C, D] (its first
     `prefix_lengths[b]` keys) and row g's own response K/V [B, Hkv, G, n, D] (steps <=
-    `step`): [B, G, H * D]. Each part's max, sum and weighted values apart, then merged
-    (log-sum-exp): scores, exps and sums in fp32, matmuls in q's dtype. Masked scores are
-    the float32 minimum, not -inf: a part with no visible key (a padding prompt's prefix)
-    then weighs exp(min - max) = 0, and a row with no key at all averages finite values."""
+    `step`): [B, G, H * D], the exact softmax over their union. Part A folds the group's G
+    rows x query heads of a K/V head into one query block, so the prefix is read once per
+    prompt; part B is each row's queries over its own responses only; no mask tensor is
+    read. Each part's max, sum and weighted values apart, then merged (log-sum-exp), as
+    flash-decoding's splits merge: scores, exps and sums in fp32, matmuls in q's dtype.
+    On CUDA it runs compiled (`split_call`), so the fp32 pieces fuse around the matmuls.
+    Masked scores are the float32 minimum, not -inf: a part with no visible key (a padding
+    prompt's prefix) then weighs exp(min - max) = 0, and a row with no key at all averages
+    finite values."""
     b, heads, g, d = q.shape
     kv_heads, cap, n = prefix_k.shape[1], prefix_k.shape[2], own_k.shape[3]
     rep = heads // kv_heads

@@ -1,33 +1,5 @@
-"""A static K/V cache that stores each prompt's prefix once for its G rows.
-
-Layout, per layer: one buffer [prompts, kv_heads, length, head_dim] in the model's dtype.
-A prompt's slice holds its prefix K/V in [0, prefix_cap) (right-padded, pads masked) and
-then its G rows' response K/V step-major: row g's token at response step s sits at
-`prefix_cap + s * G + g`. So
-
-- the prefix is stored (and read) once per prompt, never copied per sample;
-- the G rows of a prompt are queries over *one* key sequence: attention for the whole
-  group is a single SDPA call with the prompt as the batch and its G rows (times the
-  query heads of a K/V head) as the query length, and no K/V is repeated, neither over
-  the group nor over GQA heads;
-- the entries written by step s end at `prefix_cap + (s + 1) * G`, so a step attends to a
-  prefix of the buffer: `kv_len` slices off the slots no row has written yet.
-
-Two ways to attend over that layout (`attention`):
-- "sdpa": an additive mask [prompts, 1, q_heads_per_kv * G, length] lets query row r*G + g
-  (row g, r-th query head of a K/V head) see the prompt's valid prefix and row g's own
-  slots. It is opened one slot per row at each step (`open_step`), in place, so a captured
-  graph replays it. Masked entries hold finfo.min (not -inf): a padding prompt with no
-  valid key then averages finite values instead of producing NaN.
-- "flex": FlexAttention's split-KV decoding kernel with a BlockMask of the same
-  visibility (flex.py); the step opens its blocks (`open_step`) the same way.
-
-"split" lays the responses out otherwise: the buffer holds the prefix only
-([prompts, kv_heads, prefix_cap, head_dim]) and each row's response K/V sits in its own
-`RowResponses` buffer [prompts, kv_heads, G, response slots, head_dim] at its step index.
-Attention (attention.py) reads the prefix once per prompt and each row only its own
-response keys, with no mask tensor: validity comes from the prefix lengths and the step.
-"""
+"""A static K/V cache that stores each prompt's prefix once for its G rows
+(`SharedPrefixKV`); under attention="split" each row's responses sit apart (`RowResponses`)."""
 
 from __future__ import annotations
 
@@ -72,7 +44,23 @@ class RowResponses:
 
 
 class SharedPrefixKV:
-    """The static buffers of one (prompts, G, prefix_cap, response slots) shape."""
+    """The static buffers of one (prompts, G, prefix_cap, response slots) shape.
+
+    Per layer one buffer [prompts, kv_heads, length, head_dim] in the model's dtype: a
+    prompt's prefix K/V in [0, prefix_cap) (right-padded, pads masked), then its G rows'
+    response K/V step-major, row g's token at step s at `prefix_cap + s * G + g`. So the
+    prefix is stored and read once per prompt; a group is one SDPA call (the prompt as the
+    batch, G rows x query heads of a K/V head as the query length), no K/V repeated over
+    the group or the GQA heads; and step s's entries end at `prefix_cap + (s + 1) * G`, so
+    `kv_len` slices off the slots no row has written yet.
+
+    "sdpa" reads an additive mask [prompts, 1, rep * G, length]: query row r * G + g sees
+    the prompt's valid prefix and row g's own slots, opened one slot per row each step
+    (`open_step`, in place, so a captured graph replays it). Masked entries hold finfo.min,
+    not -inf: a padding prompt with no valid key averages finite values instead of NaN.
+    "flex" keeps a BlockMask of the same visibility (flex.py), opened the same way.
+    "split" keeps only the prefix here ([prompts, kv_heads, prefix_cap, head_dim]) and each
+    row's responses in `RowResponses`; its attention needs no mask tensor."""
 
     def __init__(
         self,

@@ -1,28 +1,6 @@
-"""Split-KV decode attention over the shared-prefix cache, with torch's FlexAttention.
-
-SDPA's kernels parallelise over (batch, heads, query blocks): a decode step over the
-shared-prefix layout has one query block per (prompt, K/V head), so at 8 rows the whole
-attention runs on a handful of thread blocks, each walking every key. FlexAttention's
-decoding kernel (chosen for query lengths under 128) splits the keys across the SMs
-(flash-decoding) and packs the query heads of a K/V head into one tile, so it reads each
-K/V entry once for the group and the GQA heads, and skips the blocks its BlockMask leaves
-out without reading them.
-
-The mask is the cache's: row g of prompt b sees the prompt's valid prefix and its own
-response slots written so far (`prefix_cap + s * G + g` for s <= step). The BlockMask
-says which KV blocks to visit: a prefix block every key of which is valid is *full* (no
-mask evaluated), the prefix's last block and the response blocks are *partial*
-(`mask_mod` per element), the padding between prefix and responses is skipped. Its tensors
-are static: `load` rewrites them for a new batch of prompts, and `open_through` (run inside
-a captured step) truncates each prompt's partial list to the blocks written so far, so one
-CUDA graph serves every step and no unwritten block is read.
-
-Measured on an H200 (bench/results/gpu_decode/) it beats SDPA (cuDNN) at the 3B shape's
-small batches and loses at 7B and at 256 rows, so it is an option (`attention="flex"`),
-not the default. On CUDA the call is compiled (`torch.compile`, static shapes: one
-compile per workspace shape); elsewhere flex_attention runs its eager reference, which the
-CPU tests compare with the SDPA path.
-"""
+"""Split-KV decode attention over the shared-prefix cache with torch's FlexAttention
+(attention="flex"): a static BlockMask of the cache's visibility, so one CUDA graph serves
+every step. An option, not the default (bench/results/gpu_decode/)."""
 
 from __future__ import annotations
 
@@ -53,7 +31,19 @@ def flex_call() -> Callable:
 
 
 class FlexMask:
-    """The BlockMask of one cache shape, updated in place."""
+    """The BlockMask of one cache shape, updated in place.
+
+    SDPA runs a decode step over this layout on one query block per (prompt, K/V head), a
+    handful of thread blocks at 8 rows; FlexAttention's decoding kernel splits the keys
+    across the SMs (flash-decoding), packs a K/V head's query heads into one tile, and skips
+    the blocks its BlockMask leaves out without reading them. Row g of prompt b sees the
+    prompt's valid prefix and its own response slots written so far. A prefix block all of
+    whose keys are valid is *full* (no mask evaluated); the prefix's last block and the
+    response blocks are *partial* (`mask_mod` per element); the padding between is skipped.
+    `load` rewrites the block lists for new prompts, and `open_through` (inside a captured
+    step) truncates each prompt's partial list to the blocks written so far. Measured on an
+    H200 it beats cuDNN SDPA at the 3B shape's small batches and loses at 7B and at 256 rows.
+    """
 
     def __init__(
         self,
@@ -133,6 +123,7 @@ class FlexMask:
 def attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: FlexMask, scale: float
 ) -> torch.Tensor:
-    """q [prompts, heads, G, D] over the cache's K/V [prompts, kv_heads, length, D]."""
+    """q [prompts, heads, G, D] over the cache's K/V [prompts, kv_heads, length, D]. Off
+    CUDA flex_attention runs its eager reference, which the CPU tests compare with SDPA."""
     call = flex_call() if q.is_cuda else flex_attention
     return call(q, k, v, block_mask=mask.mask, scale=scale, enable_gqa=True)

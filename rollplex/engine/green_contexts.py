@@ -1,27 +1,6 @@
-"""SM partitions as torch streams: CUDA green contexts, through cuda.bindings.
-
-A plan may put streams of a device group on SM partitions (`StreamPlan.partition`, a
-fraction of the SMs). `sm_counts` turns one group's fractions into SM counts the driver
-can honour: whole groups of the architecture's granularity (8 SMs on Hopper), at least
-one each, never more than the device has; when the fractions sum to 1 the last stream
-also takes the SMs that fill no group (50/50 on 132 SMs is 64 + 68).
-
-`make_green_streams` splits the device's SMs once (`cuDevSmResourceSplitByCount` into
-groups of the granularity) and gives each partition a union of those groups, so no two
-partitions share an SM (splitting again per partition would let them overlap). Each
-partition gets a green context (`cuDevResourceGenerateDesc` -> `cuGreenCtxCreate`) and a
-stream in it (`cuGreenCtxStreamCreate`), wrapped as `torch.cuda.ExternalStream`. When
-they cannot be made (no cuda.bindings, a driver without green contexts, a split or a
-context refused) it returns the reason instead of raising: the runtime then runs plain
-streams and reports that reason. cuda.bindings is imported only here, lazily.
-
-CUDA graphs: a graph's kernels stay on a partition only if the graph was captured on the
-partition's stream; one captured elsewhere and replayed there runs on the whole GPU.
-`PartitionGraph` remembers where it was captured and notes such a replay on the green
-stream (`GreenStream.unconfined`), which the executor reports as a deviation. A graph
-captured on a green stream is void once its executor is closed (`close`): replaying it
-raises.
-"""
+"""SM partitions as torch streams: CUDA green contexts, through cuda.bindings (imported only
+here, lazily). `make_green_streams` gives each of a plan's partitions its own SMs or says why
+it cannot; `PartitionGraph` notes a CUDA graph replayed off the partition it was captured on."""
 
 from __future__ import annotations
 
@@ -59,7 +38,8 @@ def check_fractions(fractions: Mapping[str, float]) -> None:
 def sm_counts(fractions: Mapping[str, float], total: int, granularity: int) -> dict[str, int]:
     """SMs per stream (in `fractions`' order) for a device of `total` SMs split in groups of
     `granularity`: each a multiple of it, rounded to nearest and at least one group, all
-    together within the device; with fractions summing to 1 the last one takes the rest."""
+    together within the device; with fractions summing to 1 the last one takes the rest
+    (50/50 on 132 SMs in groups of 8 is 64 + 68)."""
     check_fractions(fractions)
     if granularity < 1 or total < 1:
         raise PartitionError(
@@ -126,7 +106,9 @@ def green_stream(stream: torch.cuda.Stream | None = None) -> GreenStream | None:
 
 class PartitionGraph(torch.cuda.CUDAGraph):
     """A CUDA graph that knows the green stream it was captured on (None: none), and notes
-    a replay on a green stream it was not captured on: its kernels are not confined there."""
+    a replay on a green stream it was not captured on: its kernels are not confined there
+    (they run on the whole GPU), which the executor reports as a deviation. A graph
+    captured on a green stream is void once its executor is closed: replaying it raises."""
 
     captured_on: GreenStream | None = None
 
@@ -201,7 +183,15 @@ def _granularity(sm: Any, major: int) -> int:
 
 def make_green_streams(device: torch.device, fractions: Mapping[str, float]) -> GreenContexts | str:
     """Green streams for one device group's partitions (`fractions`: stream name ->
-    fraction), or the reason they cannot be made. Invalid fractions raise."""
+    fraction), or the reason they cannot be made (no cuda.bindings, a driver without green
+    contexts, a split or a context refused: the runtime then runs plain streams and reports
+    it). Invalid fractions raise.
+
+    The device's SMs are split once (`cuDevSmResourceSplitByCount`, groups of the
+    granularity) and each partition gets a union of those groups, so no two partitions share
+    an SM (splitting again per partition would let them overlap); each gets a green context
+    (`cuDevResourceGenerateDesc` -> `cuGreenCtxCreate`) and a stream in it
+    (`cuGreenCtxStreamCreate`), wrapped as `torch.cuda.ExternalStream`."""
     check_fractions(fractions)  # a plan defect; everything after is this machine's answer
     try:
         from cuda.bindings import driver

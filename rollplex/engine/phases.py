@@ -1,8 +1,6 @@
-"""One-time phases of a run: model load, each engine piece's first compilation, each
-CUDA-graph capture, the first step's warm-up. A minute of compiling must not look like a
-hang: each phase is logged once, with its duration, when it ends, and watchers (the
-progress bar's description) are told the innermost phase running. Standard logging only:
-the run's logging setup decides where the lines go.
+"""One-time phases of a run (model load, a first compilation, a CUDA-graph capture), each
+logged once with its duration, and the innermost running one told to watchers (the progress
+bar), so a minute of compiling does not look like a hang. Standard logging only.
 
     with phase("model load"):
         ...

@@ -1,16 +1,7 @@
-"""The response-independent half of a step: vision features and the prefix forward.
+"""The response-independent half of a step, once per prompt: vision features and the
+prefix forward, whose KV cache its G responses share (decode engine, response_logprobs).
 
-A prompt's prefix (image tokens + question) is the same for all G responses sampled from
-it, so it runs once per prompt and its KV cache is shared:
-
-    vision_encode -> prefix_forward -> decode engine / response_logprobs (G rows per prefix)
-
-Layout: prompts are right-padded (see rollplex/data/prompts.py). Each row's M-RoPE
-positions come from `get_rope_index` over its valid tokens, image and video grids alike;
-the first response token sits at position `next_positions[row]` on all three axes (the
-position get_rope_index gives a text token right after the prompt), the next one at +1,
-and so on. Positions are always passed explicitly: transformers keeps `rope_deltas` as
-state on the module, and with explicit positions that state is never read.
+    vision_encode -> prefix_forward -> expand_prefix / DecodeEngine.start / response_logprobs
 """
 
 from __future__ import annotations
@@ -30,7 +21,13 @@ Model = Qwen2_5_VLForConditionalGeneration
 
 @dataclass(slots=True)
 class PrefixState:
-    """What the response half needs from a prefix forward, one row per sequence."""
+    """What the response half needs from a prefix forward, one row per sequence.
+
+    Prompts are right-padded (rollplex/data/prompts.py). Each row's M-RoPE positions come
+    from `get_rope_index` over its valid tokens, image and video grids alike; the first
+    response token sits at `next_positions[row]` on all three axes, the next one at +1, and
+    so on. Positions are always passed explicitly: transformers keeps `rope_deltas` as state
+    on the module, and with explicit positions that state is never read."""
 
     cache: DynamicCache  # K/V of every prefix position (pads included, masked out)
     # [N, V] logits at each row's last valid prefix token; None while only `last_hidden`

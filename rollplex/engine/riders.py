@@ -1,24 +1,6 @@
-"""Prefix rows that ride a decode step: one set of GEMMs for both.
-
-A decode step of a few hundred rows reads every weight once and does little with it; the
-response-independent prefix forward of the training phase reads the same weights (same
-version: the plan proves it, the dispatch checks it). Riding, the prefix rows of one chunk
-are concatenated to the decode rows in front of every projection and MLP of every layer
-(chunked-prefill style): one weight read serves both. Only attention is per part: the
-decode rows attend to the shared-prefix cache (step.py), the prefix rows causally to
-their own prompt.
-
-The ride runs without autograd: its outputs are each layer's input (what an activation
-checkpoint keeps), K/V and last hidden state. `attach` turns them into a differentiable
-prefix: a chain of `_Replayed` nodes, one a layer, whose forward returns what the ride
-computed and whose backward recomputes that layer from its saved input (as a checkpointed
-layer does) and backpropagates through it. So the training step's forward happens inside
-the decode window, its backward where the plan puts it, and the gradients are those of
-the separate prefix forward up to the rounding of bigger GEMMs.
-
-`prefix_layer` is the one layer function for both: the ride (with a `Decoding` part) and
-the recompute (without).
-"""
+"""Prefix rows that ride a decode step: the training phase's prefix forward in the same
+GEMMs as the decode rows (one weight read serves both), then made differentiable (`attach`).
+`prefix_layer` is the one layer function for the ride and for its recompute."""
 
 from __future__ import annotations
 
@@ -144,7 +126,15 @@ def ride_step(
     kv_len: int,
     rows: RiderRows,
 ) -> tuple[torch.Tensor, RiddenPrefix]:
-    """`DecodeStep.__call__` with `rows` riding: (decode logits [rows, V], the ride)."""
+    """`DecodeStep.__call__` with `rows` riding: (decode logits [rows, V], the ride).
+
+    A decode step of a few hundred rows reads every weight once and does little with it;
+    the prefix forward reads the same weights (same version: the plan proves it, the
+    dispatch checks it). So the prefix rows of one chunk are concatenated to the decode rows
+    in front of every projection and MLP of every layer (chunked-prefill style); only
+    attention is per part: the decode rows over the shared-prefix cache, the prefix rows
+    causally over their own prompt. No autograd: the ride keeps each layer's input (what an
+    activation checkpoint keeps), K/V and the last hidden state."""
     lm = forward.model.model.language_model
     b, g = cache.prompts, cache.group_size
     h = lm.embed_tokens(tokens).view(b, g, -1)
@@ -202,10 +192,13 @@ class _Replayed(torch.autograd.Function):
 def attach(
     model: Model, rotary: Callable, ridden: RiddenPrefix, features: torch.Tensor, head: bool
 ) -> PrefixState:
-    """A differentiable PrefixState from a ride (module docstring); its backward keeps
-    each layer's input (saved by `_Replayed`, as a checkpoint saves it). The embeddings
-    are recomputed with grad (a lookup and a scatter), so gradients reach the vision
-    features when those carry grad."""
+    """A differentiable PrefixState from a ride: a chain of `_Replayed` nodes, one a layer,
+    whose forward returns what the ride computed and whose backward recomputes that layer
+    from its saved input (as a checkpointed layer does). So the training step's forward
+    happens inside the decode window, its backward where the plan puts it, and the
+    gradients are those of the separate prefix forward up to the rounding of bigger GEMMs.
+    The embeddings are recomputed with grad (a lookup and a scatter), so gradients reach
+    the vision features when those carry grad."""
     rows = ridden.rows
     batch = rows.batch
     lm = model.model.language_model

@@ -1,13 +1,10 @@
-"""How close a decode step comes to the HBM roofline.
-
-A decode step must read every weight of the language model once (the LM head included,
-the embedding table only for the rows it looks up, which we neglect) and every K/V entry
-each row attends to. The prefix K/V of a prompt is shared by its G rows, so it counts once
-per prompt; each row adds its own response K/V. Anything read beyond that (masked slack,
-padding rows, attention-mask bytes, sampling) is overhead the ratio exposes:
+"""How close a decode step comes to the HBM roofline:
 
     efficiency = (weight bytes + useful K/V bytes) / step time / peak HBM bandwidth
-"""
+
+The weights are the language model's (LM head included, embedding table neglected); a
+prompt's prefix K/V counts once for its G rows, each row adds its own responses. Anything
+read beyond that (masked slack, padding rows, the mask, sampling) is overhead it exposes."""
 
 from __future__ import annotations
 

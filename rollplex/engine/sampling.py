@@ -1,16 +1,6 @@
-"""Sampling on the device, as a pure function of (row seed, step, logits).
-
-Each row gets one 62-bit seed when its decode starts, drawn from the step's generator (or
-from the row's own generator when the hooks give one per sample, as data-parallel ranks
-do), so a row's tokens are a function of (run seed, RL step, row) exactly as before. The
-uniform a row needs at decode step t is a counter-based hash of (seed, t): no generator
-state advances inside the step, so the step can be captured in a CUDA graph and replayed,
-and a row's draw never depends on which other rows (or padding rows) share its batch.
-
-A draw is the inverse CDF at that uniform over the temperature-scaled distribution
-(after the top-p cut when top_p < 1): the same distribution as `torch.multinomial`, not
-the same tokens for a given seed.
-"""
+"""Sampling on the device as a pure function of (row seed, step, logits): no generator state
+advances inside a step, so it can be captured in a CUDA graph, and a row's draw never
+depends on which other rows (or padding rows) share its batch."""
 
 from __future__ import annotations
 
@@ -28,7 +18,9 @@ def row_seeds(
     device: torch.device,
 ) -> torch.Tensor:
     """[rows] int64 seeds: one draw per row from `generator`, or one from each of a
-    sequence of per-row generators; the global RNG when None (unseeded, as before)."""
+    sequence of per-row generators (data-parallel ranks); the global RNG when None
+    (unseeded, as before). So a row's tokens are a function of (run seed, RL step, row);
+    its uniform at step t is a counter-based hash of (seed, t) (`counter_uniform`)."""
     high = 1 << SEED_BITS
     if isinstance(generator, list | tuple):
         if len(generator) != rows:
@@ -108,7 +100,8 @@ def draw(
     else the inverse CDF at `uniforms` [N] of softmax(logits / T) cut to its top-p nucleus.
     The logprob is log softmax(logits / T) of the token before the cut (raw logits when
     greedy), as `token_logprobs` scores it; both share one fp32 copy of the logits and one
-    log-normaliser, since at a real vocabulary these passes cost as much as a layer."""
+    log-normaliser, since at a real vocabulary these passes cost as much as a layer. The
+    same distribution as `torch.multinomial`, not the same tokens for a given seed."""
     if temperature < 0 or not 0 < top_p <= 1:
         raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
     scaled = logits.to(torch.float32, copy=True)

@@ -1,19 +1,6 @@
-"""The decode engine: static buffers, one step as a pure function of them, CUDA graphs.
-
-`DecodeEngine.start` returns a session with the contract of decode.py's `DecodeSession`
-(advance(k) / steps_left / result(), resumable between any two steps): token 0 of each row
-is drawn from the prefix's last logits, then each step feeds the last token through the
-model (step.py) and draws the next. A finished row (it emitted eos) rides along masked:
-its later tokens are pad, its logprobs 0, and its length stops growing.
-
-Everything a step reads or writes lives in a `Workspace` of static tensors (the cache, the
-current tokens and positions, the step counter, the outputs), so on CUDA the step is
-captured once per (rows bucket, kv_len) as a CUDA graph and replayed; on CPU the same
-function runs eagerly. Rows are padded to a bucket (8, 16, ... 256 by default) with dummy
-prompts; a row's tokens never depend on them (sampling.py draws per row). Graphs and
-buffers are kept for the next session of the same shape (one shape at a time) and are
-captured again whenever the model's weights are no longer the tensors they read.
-"""
+"""The decode engine's entry point: `DecodeEngine.start` returns an `EngineSession`
+(advance(k) / steps_left / result(), the contract of backends/torch/decode.py's eager
+`DecodeSession`) over a `Workspace` of static buffers, its steps replayed as CUDA graphs."""
 
 from __future__ import annotations
 
@@ -57,7 +44,17 @@ def check_lengths(lengths: Sequence[int] | None, rows: int, cap: int) -> list[in
 
 
 class DecodeEngine:
-    """Decode for one model. `use_graphs` defaults to True on CUDA. `attention`:
+    """Decode for one model. Token 0 of each row is drawn from the prefix's last logits,
+    then each step feeds the last token through the model (step.py) and draws the next. A
+    finished row (it emitted eos) rides along masked: its later tokens are pad, its
+    logprobs 0, its length stops growing. Everything a step reads or writes lives in a
+    `Workspace`, so on CUDA the step is captured once per (rows bucket, kv_len) as a CUDA
+    graph and replayed; on CPU it runs eagerly. Rows are padded to a bucket (8, 16, ... 256)
+    with dummy prompts, on which no row's tokens depend (sampling.py draws per row). Graphs
+    and buffers are kept for the next session of the same shape (one shape at a time) and
+    captured again once the model's weights are no longer the tensors they read.
+
+    `use_graphs` defaults to True on CUDA. `attention`:
     - "sdpa": SDPA over the group's folded queries and a visibility mask;
     - "split" (attention.py): each row reads the prefix and only its own response K/V;
     - "flex": FlexAttention's split-KV kernel (one graph for every step: its BlockMask

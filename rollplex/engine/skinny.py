@@ -1,25 +1,6 @@
-"""Weight-streaming GEMMs for a decode step's few rows (Triton, CUDA only).
-
-At a few rows a decode step's projections are matrix-vector work: the time is the weights'
-bytes over HBM bandwidth. These kernels give each program a slab of output columns and the
-whole reduction, so every weight byte is read once, with the rows padded to one
-tensor-core tile:
-- `skinny_gate_up(x, wg, wu)`: silu(x @ wg.T) * (x @ wu.T), the MLP's two input projections
-  and its activation in one kernel over the modules' own weights (no stacked copy), rounded
-  where transformers' unfused modules round (each GEMM's bf16 output, the activation's);
-- `skinny_linear(x, w, b)`: x @ w.T + b.
-
-Measured one at a time against cuBLAS on an H200 (bench/results/gpu_decode/skinny.md), they
-win where the weight is wide: gate + up at 8-32 rows (7B: 84% of HBM bandwidth against
-cuBLAS's two GEMMs and fused SiLU at 73%) and the LM head (92% against 87%); cuBLAS wins
-on the narrow q/k/v, o and down projections, so the engine uses only those two (step.py),
-up to MAX_ROWS rows. For o and down, `skinny_partials` splits the reduction as well, for
-more programs than output slabs alone give; the engine runs them on it up to
-SPLIT_MAX_ROWS rows (`split_gemm`, bench/results/gpu_decode/split_gemm.md).
-
-All three are torch custom ops, so a compiled decode layer calls them as opaque kernels, and
-each tunes its tile per (rows tile, N, K) on first use: the engine's eager warm-up before
-each graph capture runs that tuning, never the capture."""
+"""Weight-streaming GEMMs for a decode step's few rows (Triton, CUDA only): each program
+takes a slab of output columns and the whole reduction, so every weight byte is read once.
+Measured against cuBLAS in bench/results/gpu_decode/skinny.md and split_gemm.md."""
 
 from __future__ import annotations
 
@@ -34,6 +15,12 @@ from rollplex.engine.triton_support import triton
 if triton is not None:
     import triton.language as tl
 
+# At a few rows a projection is matrix-vector work, bound by the weights' bytes over HBM
+# bandwidth. These win where the weight is wide: gate + up at 8-32 rows (7B: 84% of HBM
+# bandwidth against cuBLAS's two GEMMs and fused SiLU at 73%) and the LM head (92% against
+# 87%); cuBLAS wins on the narrow q/k/v, o and down, so the engine uses only those two.
+# All are torch custom ops (opaque to a compiled layer), each tuning its tile per (rows
+# tile, N, K) on first use: the eager warm-up before a graph capture, never the capture.
 MAX_ROWS = 32  # at 64 rows cuBLAS draws level (skinny.md)
 # split partials for the o and down projections: 4 slices were the best of 2 / 4 / 8 alone at
 # 8-32 rows of the 7B and 3B shapes; in the engine, side by side with o and down on cuBLAS,
@@ -187,7 +174,9 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
 
 @torch.library.custom_op("rollplex::skinny_gate_up", mutates_args=())
 def skinny_gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(x @ gate.T) * (x @ up.T) for x's few rows: [..., K] -> [..., N]."""
+    """silu(x @ gate.T) * (x @ up.T) for x's few rows: [..., K] -> [..., N], in one kernel
+    over the modules' own weights (no stacked copy), rounded where transformers' unfused
+    modules round (each GEMM's output in the weights' dtype, then the activation's)."""
     x2 = _rows_2d(x)
     (m, k), n = x2.shape, gate.shape[0]
     y = x2.new_empty(m, n)

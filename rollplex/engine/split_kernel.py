@@ -1,24 +1,6 @@
-"""attention="split" as two Triton kernels (CUDA, or Triton's CPU interpreter in tests).
-
-The compiled torch version (attention.split_attention) is seven or so kernels a layer: two
-matmul pairs, their fused softmax pieces and the merge, each a launch and a round trip of
-its scores through memory. Here the same exact softmax is flash-decoding's two passes:
-
-1. `_partials`, one program per (prompt, K/V head) and per piece of work:
-   - a chunk of the prompt's prefix, for the folded query block of the group's G rows x
-     the rep query heads of that K/V head (the prefix is read once per prompt, as in the
-     torch version), or
-   - one row's own response keys at steps <= the current one, for that row's rep heads;
-   each leaves its running (max, sum of exps, unnormalised output) in float32;
-2. `_merge`, one program per (prompt, K/V head, row): the row's pieces by log-sum-exp,
-   written as the layer's attention output [B, G, H * D].
-
-Prefix chunks spread a step over the SMs when few prompts share it (`prefix_chunks`): the
-7B's one prompt and four K/V heads would otherwise be four programs on a 132-SM GPU. Groups
-with more than MAX_QUERY_BLOCK folded query rows (G x query heads per K/V head; 56 at the
-7B with G = 8) take several query tiles per chunk, each reading the chunk (from L2 after the
-first). The rounding follows the torch version: scores and exps in float32, the exps cast to the
-values' dtype for the PV product, normalised only after the merge."""
+"""attention="split" as two Triton kernels (CUDA, or Triton's CPU interpreter in tests),
+flash-decoding style: `_partials` per piece of work, then `_merge` per row, in place of the
+compiled torch version's seven or so kernels a layer (attention.split_attention)."""
 
 from __future__ import annotations
 
@@ -229,7 +211,19 @@ def split_attention_kernel(
     [B, Hkv, G, n, D] at steps <= `step`: [B, G, H * D]. `programs`: how many prefix
     programs to aim for (default two per SM). `new_kv`: this step's K and V [B, Hkv, G, D],
     which the kernel writes into own_k / own_v at `step` before reading them (instead of a
-    cache write of two launches before it)."""
+    cache write of two launches before it).
+
+    1. `_partials`, one program per (prompt, K/V head) and piece of work: a chunk of the
+       prefix for the folded query block of the group's G rows x the rep query heads (the
+       prefix read once per prompt), or one row's own response keys for its rep heads; each
+       leaves its running (max, sum of exps, unnormalised output) in float32.
+    2. `_merge`, one program per (prompt, K/V head, row): the row's pieces by log-sum-exp.
+    Prefix chunks spread a step over the SMs when few prompts share it: the 7B's one prompt
+    and four K/V heads would otherwise be four programs on 132 SMs. More than
+    MAX_QUERY_BLOCK folded query rows (56 at the 7B with G = 8) take several query tiles a
+    chunk, each reading the chunk (from L2 after the first). Rounding as the torch version:
+    scores and exps in float32, exps cast to the values' dtype for PV, normalised after the
+    merge."""
     b, heads, g, d = q.shape
     kv_heads, cap, n = prefix_k.shape[1], prefix_k.shape[2], own_k.shape[3]
     rep = heads // kv_heads

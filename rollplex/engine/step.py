@@ -1,12 +1,7 @@
-"""One decode forward over the static cache, on the model's own modules and weights.
-
-The G rows of a prompt enter the decoder as one sequence of G tokens (batch = prompts),
-so every projection, norm, MLP, the rotary embedding and the LM head are transformers'
-module calls on [prompts, G, hidden], except two things:
-- the q/k/v projections run as one GEMM over a stacked copy of their weights (FusedQKV);
-- attention: its K/V go into the shared-prefix cache (cache.py) instead of a transformers
-  Cache, and it runs over the whole group at once (attention.py: sdpa, split or flex).
-"""
+"""One decode forward over the static cache, on the model's own modules and weights: the G
+rows of a prompt enter as one sequence of G tokens, so projections, norms, MLP, rotary and
+LM head are transformers' calls on [prompts, G, hidden], except the q/k/v projections (one
+GEMM, fused_qkv.py) and attention (into and over the shared-prefix cache, attention.py)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Where the engine's Triton kernels (engine/skinny.py, engine/split_kernel.py) can run:
-Triton must be installed (CPU-only torch builds ship none), and the device CUDA, or the
-process under Triton's CPU interpreter (TRITON_INTERPRET=1, set before the kernels are
-defined: what the CPU tests run them under).
-
-Outside the engine package and free of torch, so the CLI refuses a knob by name before it
-imports the model code (that import alone costs seconds)."""
+"""Where the engine's Triton kernels (skinny.py, split_kernel.py) can run: Triton installed
+and the device CUDA, or Triton's CPU interpreter (TRITON_INTERPRET=1, as the CPU tests run
+them). Free of torch, so the train job refuses a knob by name before any model code loads."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The static tensors one decode step reads and writes, and the step itself.
-
-Everything lives in preallocated tensors (the shared-prefix cache, the current tokens and
-positions, the step counter, the outputs), so the step (`Workspace.body`) can be captured
-as a CUDA graph and replayed: it reads the step it is at from a device tensor, never from
-Python.
-"""
+"""The static tensors one decode step reads and writes, and the step itself
+(`Workspace.body`), which reads its step from a device tensor, never from Python: so it can
+be captured as a CUDA graph and replayed."""
 
 from __future__ import annotations
 
