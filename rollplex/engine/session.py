@@ -256,7 +256,7 @@ class DecodeEngine:
         graph = ws.graphs.get(kv_len)
         if graph is None:
             name = f"CUDA-graph capture ({ws.shape.rows} rows, kv {kv_len})"
-            with phase(name):  # one log line per bucket (runtime/phases.py)
+            with phase(name):  # one log line per bucket (phases.py)
                 graph = ws.graphs[kv_len] = self._capture(ws, kv_len)
         graph.replay()
 
@@ -302,7 +302,7 @@ class DecodeEngine:
                 self._pool = torch.cuda.graph_pool_handle()
             # On an SM partition's (green context's) stream, capture there: only a graph
             # captured on it stays on its SMs. The graph notes a replay on a partition it was
-            # not captured on (runtime/green_contexts.py), which the executor reports.
+            # not captured on (green_contexts.py), which the executor reports.
             green = green_stream()
             graph = PartitionGraph()
             graph.captured_on = green

@@ -151,7 +151,7 @@ class DecodeStep:
         if compile:
             mode = compile if isinstance(compile, str) else None
             kw = {"dynamic": True} if mode is None else {"dynamic": False, "mode": mode}
-            # each piece's first call compiles it: a logged phase (runtime/phases.py)
+            # each piece's first call compiles it: a logged phase (phases.py)
             before = first_call(torch.compile(before, **kw), "compile decode layer (before)")
             after = first_call(torch.compile(after, **kw), "compile decode layer (after)")
             last = first_call(torch.compile(last, **kw), "compile decode final norm")
