@@ -30,8 +30,8 @@ from types import SimpleNamespace
 import torch
 from cuda_timing import graph_ms  # bench/ is on sys.path as the script's folder
 
-from rollplex.backends.torch.engine.attention import attend_shared
-from rollplex.backends.torch.engine.cache import SharedPrefixKV, round_up
+from rollplex.engine.attention import attend_shared
+from rollplex.engine.cache import SharedPrefixKV, round_up
 from rollplex.specs.model import MODEL_PRESETS
 
 G, KV_CHUNK = 8, 64

@@ -24,8 +24,8 @@ import torch
 from rollplex.backends.torch.decode import decode
 from rollplex.backends.torch.logprob import response_logprobs
 from rollplex.backends.torch.model import build_model
-from rollplex.backends.torch.prefix import expand_prefix, prefix_forward, vision_encode
 from rollplex.data.prompts import PromptInputs, collate_prompts
+from rollplex.engine.prefix import expand_prefix, prefix_forward, vision_encode
 from rollplex.ops import formulas as F
 from rollplex.planner.cost_model import CostModel, write_calibration
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec

@@ -32,17 +32,17 @@ import torch
 from gpu_sampler_check import one_scan_draw  # bench/ is on sys.path as the script's folder
 
 from rollplex.backends.torch.decode import DecodeSession
-from rollplex.backends.torch.engine import step as step_module
-from rollplex.backends.torch.engine.roofline import (
+from rollplex.backends.torch.model import build_model
+from rollplex.data.prompts import PromptInputs, collate_prompts
+from rollplex.engine import step as step_module
+from rollplex.engine.prefix import expand_prefix, prefix_forward
+from rollplex.engine.roofline import (
     kv_bytes_per_token,
     kv_token_reads,
     lm_weight_bytes,
     roofline,
 )
-from rollplex.backends.torch.engine.session import DecodeEngine
-from rollplex.backends.torch.model import build_model
-from rollplex.backends.torch.prefix import expand_prefix, prefix_forward
-from rollplex.data.prompts import PromptInputs, collate_prompts
+from rollplex.engine.session import DecodeEngine
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec
 
 

@@ -1,5 +1,5 @@
 """Decode-like and prefix-like work side by side: serially, on two plain streams, and on
-SM partitions (CUDA green contexts, rollplex/runtime/green_contexts.py).
+SM partitions (CUDA green contexts, rollplex/engine/green_contexts.py).
 
 - decode-like: bandwidth-bound. One "step" is a chain of skinny bf16 GEMMs (`--rows` rows)
   over `--decode-gb` of distinct weights, captured as one CUDA graph and replayed `--steps`
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from rollplex.runtime.green_contexts import (
+from rollplex.engine.green_contexts import (
     GreenContexts,
     PartitionGraph,
     green_stream,

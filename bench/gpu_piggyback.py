@@ -34,14 +34,14 @@ from pathlib import Path
 
 import torch
 
-from rollplex.backends.torch.engine.riders import ride_alone
-from rollplex.backends.torch.engine.session import DecodeEngine
 from rollplex.backends.torch.model import build_model
-from rollplex.backends.torch.prefix import cache_kv, prefix_forward
 from rollplex.backends.torch.roles import freeze_for_graph
 from rollplex.backends.torch.trainer import TorchTrainer
 from rollplex.backends.torch.values import Features
 from rollplex.data.prompts import collate_prompts
+from rollplex.engine.prefix import cache_kv, prefix_forward
+from rollplex.engine.riders import ride_alone
+from rollplex.engine.session import DecodeEngine
 from rollplex.specs import MODEL_PRESETS, AlgoSpec
 
 sys.path.insert(0, str(Path(__file__).parent))

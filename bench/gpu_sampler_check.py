@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 from cuda_timing import graph_ms  # bench/ is on sys.path as the script's folder
 
-from rollplex.backends.torch.engine import sampling
-from rollplex.backends.torch.engine.sampling import next_tokens
+from rollplex.engine import sampling
+from rollplex.engine.sampling import next_tokens
 
 VOCAB = 152064  # Qwen2.5-VL's padded vocabulary
 

@@ -52,7 +52,10 @@ from rollplex.backends.torch.logprob import (
 from rollplex.backends.torch.micro import response_micro_batches
 from rollplex.backends.torch.micro_loss import backward_micro_batches
 from rollplex.backends.torch.model import build_model
-from rollplex.backends.torch.prefix import (
+from rollplex.backends.torch.shared_prefix_attention import SharedPrefix
+from rollplex.backends.torch.values import Responses, SavedActivations
+from rollplex.data.prompts import collate_prompts
+from rollplex.engine.prefix import (
     cache_kv,
     embed_tokens,
     expand_prefix,
@@ -61,9 +64,6 @@ from rollplex.backends.torch.prefix import (
     prefix_forward,
     response_positions,
 )
-from rollplex.backends.torch.shared_prefix_attention import SharedPrefix
-from rollplex.backends.torch.values import Responses, SavedActivations
-from rollplex.data.prompts import collate_prompts
 from rollplex.specs import MODEL_PRESETS
 
 

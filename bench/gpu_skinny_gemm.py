@@ -1,5 +1,5 @@
 """A decode step's projections at its few rows: cuBLAS vs cuBLASLt vs the engine's Triton
-weight-streaming kernels (rollplex/backends/torch/engine/skinny.py), side by side.
+weight-streaming kernels (rollplex/engine/skinny.py), side by side.
 
 For the 3B and 7B shapes' q/k/v (stacked), o, gate+up (+SiLU), down and LM-head weights at
 8-64 rows, times one call (CUDA graph of 20 calls, median of 5 replays) and reports the
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from cuda_timing import graph_ms  # bench/ is on sys.path as the script's folder
 
-from rollplex.backends.torch.engine.skinny import skinny_gate_up, skinny_linear
+from rollplex.engine.skinny import skinny_gate_up, skinny_linear
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS
 
 

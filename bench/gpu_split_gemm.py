@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from cuda_timing import graph_ms  # bench/ is on sys.path as the script's folder
 from gpu_skinny_gemm import sweep, write_rows
 
-from rollplex.backends.torch.engine.skinny import skinny_linear, skinny_partials, split_linear
+from rollplex.engine.skinny import skinny_linear, skinny_partials, split_linear
 from rollplex.specs import HARDWARE_PRESETS
 
 L2_BYTES = 50 * 2**20

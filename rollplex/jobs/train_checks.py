@@ -55,7 +55,7 @@ def _check_triton_knobs(engine: TorchEngineSpec, device: str) -> None:
     }
     if not any(knobs.values()):
         return
-    from rollplex.backends.torch.triton_support import usable
+    from rollplex.engine.triton_support import usable
 
     if usable(device.split(":")[0]):
         return

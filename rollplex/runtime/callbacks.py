@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rollplex.engine.phases import watch
 from rollplex.planner.plan import Step
-from rollplex.runtime.phases import watch
 from rollplex.runtime.record import MeasuredStep, StepResult
 
 

@@ -13,13 +13,13 @@ from contextlib import contextmanager
 
 import torch
 
-from rollplex.planner.plan import Plan, Step
-from rollplex.runtime.green_contexts import (
+from rollplex.engine.green_contexts import (
     GreenContexts,
     GreenStream,
     check_fractions,
     make_green_streams,
 )
+from rollplex.planner.plan import Plan, Step
 from rollplex.runtime.plan_effects import partition_notes, unpartitioned_streams
 
 

@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from rollplex.runtime import phases
+from rollplex.engine import phases
 from rollplex.runtime.callbacks import Progress
 from rollplex.runtime.compile_cache import (
     CACHE_VARS,
@@ -23,7 +23,7 @@ from rollplex.runtime.compile_cache import (
 )
 from rollplex.specs import MODEL_PRESETS
 
-PHASE_LOG = "rollplex.runtime.phases"
+PHASE_LOG = "rollplex.engine.phases"
 
 
 def phase_lines(caplog) -> list[str]:

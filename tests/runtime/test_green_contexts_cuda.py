@@ -13,7 +13,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 import pytest
 import torch
 
-from rollplex.runtime import green_contexts as gc
+from rollplex.engine import green_contexts as gc
 from rollplex.specs import ScheduleSpec
 from tests.runtime.conftest import run_schedule
 

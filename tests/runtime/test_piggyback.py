@@ -11,7 +11,7 @@ import logging
 import pytest
 import torch
 
-import rollplex.backends.torch.engine.workspace as workspace
+import rollplex.engine.workspace as workspace
 from rollplex.backends.base import BackendError
 from rollplex.backends.torch.roles import TorchDecode
 from rollplex.planner.plan import CoRun

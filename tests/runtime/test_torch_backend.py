@@ -10,9 +10,9 @@ import torch
 from rollplex.backends.base import BackendError, Chunk
 from rollplex.backends.torch.decode import DecodeSession, decode
 from rollplex.backends.torch.model import build_model
-from rollplex.backends.torch.prefix import expand_prefix, prefix_forward
 from rollplex.backends.torch.rows import row_ranges, text_only
 from rollplex.backends.torch.values import Pixels
+from rollplex.engine.prefix import expand_prefix, prefix_forward
 from rollplex.graph.ir import Op, Phase
 from tests.runtime.conftest import MODEL, WORKLOAD
 

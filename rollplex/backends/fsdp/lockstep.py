@@ -16,9 +16,9 @@ import torch.distributed as dist
 
 from rollplex.backends.base import BackendError
 from rollplex.backends.torch.decode import DecodeSession as TorchDecodeSession
-from rollplex.backends.torch.engine.sampling import counter_uniform, draw, row_seeds
 from rollplex.backends.torch.roles import TorchDecode
 from rollplex.backends.torch.values import Features, Responses, TokenLogprobs
+from rollplex.engine.sampling import counter_uniform, draw, row_seeds
 
 
 def gather_cat(t: torch.Tensor, group: dist.ProcessGroup, device: torch.device) -> torch.Tensor:

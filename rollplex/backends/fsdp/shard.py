@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
-from rollplex.backends.torch.prefix import Model
+from rollplex.engine.prefix import Model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # The root returns views (logprob slices, prefix states); nothing modifies them in place.

@@ -36,8 +36,8 @@ from rollplex.backends.fsdp.lockstep import (
     member_rows,
 )
 from rollplex.backends.fsdp.shard import DTYPES, local
-from rollplex.backends.torch.prefix import expand_prefix, prefix_forward
 from rollplex.backends.torch.roles import TorchRollout
+from rollplex.engine.prefix import expand_prefix, prefix_forward
 from rollplex.specs import ModelSpec
 from rollplex.weights import LayoutError, WeightSharing
 from rollplex.weights.torch_rollout import aliased, rollout_sharing

@@ -28,11 +28,11 @@ from rollplex.backends.capabilities import FSDP_TRAINER, RoleCapabilities
 from rollplex.backends.fsdp.shard import full, local, shard_model
 from rollplex.backends.torch.loss import agg_units
 from rollplex.backends.torch.model import load_model, save_model
-from rollplex.backends.torch.prefix import Model
 from rollplex.backends.torch.roles import weights_params
 from rollplex.backends.torch.rows import merge_chunks
 from rollplex.backends.torch.trainer import TorchTrainer
 from rollplex.backends.torch.values import GradsHandle, Loss, TokenLogprobs, WeightsHandle
+from rollplex.engine.prefix import Model
 from rollplex.specs import AlgoSpec, ModelSpec
 from rollplex.specs.fsdp import FsdpSpec
 

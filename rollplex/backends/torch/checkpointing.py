@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from rollplex.backends.torch.prefix import Model
 from rollplex.backends.torch.values import SavedActivations
+from rollplex.engine.prefix import Model
 
 
 class _ReplayCache:

@@ -17,8 +17,6 @@ from torch import nn
 
 from rollplex.backends.base import BackendError
 from rollplex.backends.torch.checkpointing import checkpointed_layers
-from rollplex.backends.torch.engine.riders import attach
-from rollplex.backends.torch.engine.step import rotary_fn
 from rollplex.backends.torch.exported_prefix import ExportedPrefix, prefill_exported
 from rollplex.backends.torch.logprob import (
     features_full_head_outputs,
@@ -34,7 +32,6 @@ from rollplex.backends.torch.loss import (
 from rollplex.backends.torch.masters import adamw_over, clear_grads, clipped_step
 from rollplex.backends.torch.micro import response_micro_batches, sample_micro_batches
 from rollplex.backends.torch.micro_loss import backward_loss, micro_loss
-from rollplex.backends.torch.prefix import Model, PrefixState, prefix_forward
 from rollplex.backends.torch.roles import (
     capture_saved,
     features_of,
@@ -55,6 +52,9 @@ from rollplex.backends.torch.values import (
     WeightsHandle,
 )
 from rollplex.data.prompts import PromptBatch
+from rollplex.engine.prefix import Model, PrefixState, prefix_forward
+from rollplex.engine.riders import attach
+from rollplex.engine.step import rotary_fn
 from rollplex.specs import AlgoSpec, ModelSpec
 
 

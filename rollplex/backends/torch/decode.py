@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from rollplex.backends.torch.logprob import token_logprobs
-from rollplex.backends.torch.prefix import (
+from rollplex.engine.prefix import (
     Model,
     PrefixState,
     cache_kv,
@@ -35,6 +35,7 @@ from rollplex.backends.torch.prefix import (
     lm_hidden,
     response_positions,
 )
+from rollplex.engine.session import check_lengths
 
 
 def sample_next(
@@ -66,16 +67,6 @@ def sample_next(
         ]
         return torch.cat(rows).squeeze(-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-
-
-def check_lengths(lengths: Sequence[int] | None, rows: int, cap: int) -> list[int] | None:
-    """Forced lengths, one per row, each in [1, cap]; raises ValueError otherwise."""
-    if lengths is None:
-        return None
-    out = [int(x) for x in lengths]
-    if len(out) != rows or not all(1 <= x <= cap for x in out):
-        raise ValueError(f"forced lengths need {rows} values in [1, {cap}], got {out[:8]}...")
-    return out
 
 
 @dataclass(slots=True)

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from rollplex.backends.torch.engine.riders import RiddenPrefix, rider_rows
-from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv, prefix_forward
 from rollplex.data.prompts import PromptBatch
+from rollplex.engine.prefix import Model, PrefixState, cache_kv, prefix_forward
+from rollplex.engine.riders import RiddenPrefix, rider_rows
 
 
 @dataclass(slots=True)

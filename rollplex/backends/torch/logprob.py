@@ -11,7 +11,9 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from rollplex.backends.torch.prefix import (
+from rollplex.backends.torch.shared_prefix_attention import SharedPrefix, use_shared_prefix
+from rollplex.data.prompts import PromptBatch
+from rollplex.engine.prefix import (
     Model,
     PrefixState,
     cache_kv,
@@ -20,8 +22,6 @@ from rollplex.backends.torch.prefix import (
     rope_index,
     scatter_visual,
 )
-from rollplex.backends.torch.shared_prefix_attention import SharedPrefix, use_shared_prefix
-from rollplex.data.prompts import PromptBatch
 
 
 def token_logprobs(

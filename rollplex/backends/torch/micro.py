@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from rollplex.backends.torch.checkpointing import checkpointed_layers
-from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv
 from rollplex.backends.torch.roles import capture_saved, masked_logprobs
 from rollplex.backends.torch.values import MicroLogprobs, Responses, SavedActivations
+from rollplex.engine.prefix import Model, PrefixState, cache_kv
 
 log = logging.getLogger(__name__)
 _WARNED: set[tuple[int, int, str]] = set()

@@ -27,13 +27,9 @@ from rollplex.backends.base import (
 )
 from rollplex.backends.capabilities import TORCH_ROLLOUT, TORCH_SCORER, RoleCapabilities
 from rollplex.backends.torch.decode import DecodeSession as TorchDecodeSession
-from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows
-from rollplex.backends.torch.engine.session import DecodeEngine, EngineSession
 from rollplex.backends.torch.exported_prefix import ExportedPrefix, prefill_exported
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs, response_mask
 from rollplex.backends.torch.model import load_model
-from rollplex.backends.torch.prefix import Model, PrefixState, prefix_forward
-from rollplex.backends.torch.prefix import vision_encode as encode
 from rollplex.backends.torch.rows import merge_chunks
 from rollplex.backends.torch.values import (
     Features,
@@ -43,6 +39,10 @@ from rollplex.backends.torch.values import (
     TokenLogprobs,
 )
 from rollplex.data.prompts import PromptBatch
+from rollplex.engine.prefix import Model, PrefixState, prefix_forward
+from rollplex.engine.prefix import vision_encode as encode
+from rollplex.engine.riders import RiddenPrefix, RiderRows
+from rollplex.engine.session import DecodeEngine, EngineSession
 from rollplex.specs import ModelSpec
 from rollplex.specs.torch_engine import TorchEngineSpec
 

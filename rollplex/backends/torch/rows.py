@@ -16,7 +16,6 @@ from torch import nn
 
 from rollplex.backends.base import BackendError, ValueOps
 from rollplex.backends.torch.host_memory import move
-from rollplex.backends.torch.prefix import PrefixState, cache_kv, fork_cache
 from rollplex.backends.torch.values import (
     Features,
     Pixels,
@@ -26,6 +25,7 @@ from rollplex.backends.torch.values import (
 )
 from rollplex.data.prompts import PromptBatch
 from rollplex.data.sample import Sample
+from rollplex.engine.prefix import PrefixState, cache_kv, fork_cache
 
 
 def row_ranges(rows: int, chunks: int) -> list[tuple[int, int]]:

@@ -19,7 +19,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from rollplex.runtime.phases import first_call
+from rollplex.engine.phases import first_call
 
 SUFFIX = "+shared_prefix"  # the dispatcher's name is the original implementation's + this
 

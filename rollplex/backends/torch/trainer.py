@@ -18,8 +18,6 @@ import torch
 from rollplex.backends.base import BackendError, LiveWeights, Trainer
 from rollplex.backends.capabilities import TORCH_SCORER, RoleCapabilities
 from rollplex.backends.torch.checkpointing import checkpointed_layers
-from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows, attach, rider_rows
-from rollplex.backends.torch.engine.step import rotary_fn
 from rollplex.backends.torch.exported_prefix import ExportedPrefix
 from rollplex.backends.torch.host_memory import forget_tags
 from rollplex.backends.torch.logprob import (
@@ -40,7 +38,6 @@ from rollplex.backends.torch.masters import (
 from rollplex.backends.torch.micro import response_micro_batches, sample_micro_batches
 from rollplex.backends.torch.micro_loss import backward_loss, micro_loss
 from rollplex.backends.torch.model import load_model, save_model
-from rollplex.backends.torch.prefix import Model, PrefixState, cache_kv, fork_cache, prefix_forward
 from rollplex.backends.torch.roles import (
     TorchReference,
     capture_saved,
@@ -61,6 +58,9 @@ from rollplex.backends.torch.values import (
     WeightsHandle,
 )
 from rollplex.data.prompts import PromptBatch
+from rollplex.engine.prefix import Model, PrefixState, cache_kv, fork_cache, prefix_forward
+from rollplex.engine.riders import RiddenPrefix, RiderRows, attach, rider_rows
+from rollplex.engine.step import rotary_fn
 from rollplex.specs import AlgoSpec, ModelSpec
 
 log = logging.getLogger(__name__)

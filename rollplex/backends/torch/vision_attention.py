@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from rollplex.backends.torch.by_identity import ByIdentity
-from rollplex.runtime.phases import first_forward
+from rollplex.engine.phases import first_forward
 
 VARLEN = "flash_varlen_torch"  # "flash" in the name: transformers then passes cu_seqlens
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)

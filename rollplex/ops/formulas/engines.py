@@ -10,7 +10,7 @@ from rollplex.ops.formulas.llm import kv_bytes_per_token
 from rollplex.specs.model import ModelSpec
 from rollplex.specs.workload import WorkloadSpec
 
-# The torch decode engine's static workspace (backends/torch/engine/): rows padded to a
+# The torch decode engine's static workspace (rollplex/engine/): rows padded to a
 # bucket, the prefix capacity to ENGINE_PREFIX_ALIGN tokens, each buffer's length to
 # ENGINE_MASK_ALIGN. Torch-free here for the planner; the engine takes its defaults from here.
 ENGINE_ROW_BUCKETS = (8, 16, 32, 64, 128, 256)

@@ -57,7 +57,7 @@ def batch(tokenizer, processor, spec) -> PromptBatch:
 @pytest.fixture
 def prefix(model, batch):
     """The batch's prompts prefilled once (no grad): one prefix state per prompt."""
-    from rollplex.backends.torch.prefix import prefix_forward, vision_encode
+    from rollplex.engine.prefix import prefix_forward, vision_encode
 
     with torch.no_grad():
         feats = vision_encode(model, batch.pixel_values, batch.image_grid_thw)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import torch
 
 from rollplex.backends.torch.critic import TorchCritic, build_critic_model
-from rollplex.backends.torch.engine import response_mask, vision_encode
+from rollplex.backends.torch.logprob import response_mask
 from rollplex.backends.torch.rows import text_only, text_repeat
 from rollplex.backends.torch.values import Features, Responses
+from rollplex.engine.prefix import vision_encode
 from rollplex.specs import AlgoSpec
 
 G = 3

@@ -6,14 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollplex.backends.torch.engine import (
-    decode,
-    expand_prefix,
-    full_logits,
-    response_logprobs,
-    response_mask,
-    sample_next,
-)
+from rollplex.backends.torch.decode import decode, sample_next
+from rollplex.backends.torch.logprob import full_logits, response_logprobs, response_mask
+from rollplex.engine.prefix import expand_prefix
 
 G = 2
 R = 6

@@ -5,18 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from rollplex.backends.torch.engine import (
-    decode,
-    expand_prefix,
-    full_logprobs,
-    group_advantages,
-    grpo_loss,
-    prefix_forward,
-    response_logprobs,
-    response_mask,
-    vision_encode,
-)
+from rollplex.backends.torch.decode import decode
+from rollplex.backends.torch.logprob import full_logprobs, response_logprobs, response_mask
+from rollplex.backends.torch.loss import group_advantages, grpo_loss
 from rollplex.backends.torch.model import build_model, set_trainable
+from rollplex.engine.prefix import expand_prefix, prefix_forward, vision_encode
 
 G, R, STEPS = 3, 4, 2
 

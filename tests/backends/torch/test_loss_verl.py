@@ -217,9 +217,10 @@ def test_value_loss_matches_verl(mode):
 
 def test_rollout_logprobs_equal_trainer_logprobs_at_temperature(spec, batch):
     """On-policy the ratio is 1: decode's logprobs are the scaled distribution's."""
-    from rollplex.backends.torch.engine import decode, expand_prefix, prefix_forward
-    from rollplex.backends.torch.engine import vision_encode as encode
+    from rollplex.backends.torch.decode import decode
     from rollplex.backends.torch.model import build_model
+    from rollplex.engine.prefix import expand_prefix, prefix_forward
+    from rollplex.engine.prefix import vision_encode as encode
 
     model = build_model(spec, seed=0)
     with torch.no_grad():

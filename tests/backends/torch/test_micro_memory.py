@@ -20,13 +20,13 @@ from torch.utils._pytree import tree_flatten
 from rollplex.backends.torch.logprob import response_logprobs
 from rollplex.backends.torch.loss import group_advantages
 from rollplex.backends.torch.model import build_model
-from rollplex.backends.torch.prefix import expand_prefix, prefix_forward
 from rollplex.backends.torch.roles import features_of
 from rollplex.backends.torch.task import QUESTIONS, VisualTask
 from rollplex.backends.torch.tokenizer import encode_prompt
 from rollplex.backends.torch.trainer import TorchTrainer
 from rollplex.backends.torch.values import Pixels, Responses, TokenLogprobs
 from rollplex.data.prompts import collate_prompts
+from rollplex.engine.prefix import expand_prefix, prefix_forward
 from rollplex.specs import AlgoSpec
 
 P, G, R = 4, 4, 48  # responses long enough that activations dwarf the gradients

@@ -11,8 +11,8 @@ import torch
 
 from rollplex.backends.base import BackendError
 from rollplex.backends.torch.exported_prefix import prefill_exported
-from rollplex.backends.torch.prefix import cache_kv, prefix_forward
 from rollplex.backends.torch.values import Responses, TokenLogprobs
+from rollplex.engine.prefix import cache_kv, prefix_forward
 from tests.backends.torch.test_riders import G, _decode, _setup
 from tests.backends.torch.test_video import BATCHES, renderer  # noqa: F401
 

@@ -5,14 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from rollplex.backends.torch.engine import (
-    expand_prefix,
-    full_logprobs,
-    prefix_forward,
-    response_logprobs,
-    response_mask,
-    vision_encode,
-)
+from rollplex.backends.torch.logprob import full_logprobs, response_logprobs, response_mask
+from rollplex.engine.prefix import expand_prefix, prefix_forward, vision_encode
 
 G = 3
 LENGTHS = torch.tensor([5, 1, 3, 4, 2, 5])  # unequal, so responses are right-padded

@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollplex.backends.torch.engine.session import DecodeEngine
 from rollplex.backends.torch.model import build_model
-from rollplex.backends.torch.prefix import cache_kv, prefix_forward
 from rollplex.backends.torch.roles import features_of, freeze_for_graph
 from rollplex.backends.torch.trainer import TorchTrainer
 from rollplex.backends.torch.values import Pixels, Responses, TokenLogprobs
+from rollplex.engine.prefix import cache_kv, prefix_forward
+from rollplex.engine.session import DecodeEngine
 from rollplex.specs import AlgoSpec
 from tests.backends.torch.test_video import BATCHES, renderer  # noqa: F401
 

@@ -25,7 +25,12 @@ from rollplex.backends.torch.logprob import (
 from rollplex.backends.torch.micro import response_micro_batches
 from rollplex.backends.torch.micro_loss import backward_micro_batches
 from rollplex.backends.torch.model import build_model
-from rollplex.backends.torch.prefix import (
+from rollplex.backends.torch.roles import TorchReference, capture_saved
+from rollplex.backends.torch.task import QUESTIONS, VisualTask
+from rollplex.backends.torch.tokenizer import encode_prompt
+from rollplex.backends.torch.values import Responses, SavedActivations
+from rollplex.data.prompts import collate_prompts
+from rollplex.engine.prefix import (
     cache_kv,
     embed_tokens,
     expand_prefix,
@@ -35,11 +40,6 @@ from rollplex.backends.torch.prefix import (
     response_positions,
     vision_encode,
 )
-from rollplex.backends.torch.roles import TorchReference, capture_saved
-from rollplex.backends.torch.task import QUESTIONS, VisualTask
-from rollplex.backends.torch.tokenizer import encode_prompt
-from rollplex.backends.torch.values import Responses, SavedActivations
-from rollplex.data.prompts import collate_prompts
 
 R = 6  # response width; its 5 fed tokens stay below every prompt's length
 TOL = 1e-5

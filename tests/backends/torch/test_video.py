@@ -12,7 +12,6 @@ from PIL import Image, ImageDraw
 
 from rollplex.backends.torch.decode import decode
 from rollplex.backends.torch.logprob import response_logprobs, response_mask, token_logprobs
-from rollplex.backends.torch.prefix import expand_prefix, prefix_forward
 from rollplex.backends.torch.roles import features_of
 from rollplex.backends.torch.task import VOCAB_WORDS
 from rollplex.backends.torch.tokenizer import build_image_processor, build_tokenizer, token_id
@@ -20,6 +19,7 @@ from rollplex.backends.torch.values import Pixels
 from rollplex.data import Sample
 from rollplex.data.prompts import PromptBatch
 from rollplex.data.render import PromptRenderer
+from rollplex.engine.prefix import expand_prefix, prefix_forward
 
 G = 2
 LENGTHS = torch.tensor([4, 1, 3, 2])

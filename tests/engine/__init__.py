@@ -1,0 +1,1 @@
+"""Tests of the decode engine (rollplex/engine)."""
