@@ -2,8 +2,9 @@
 one model folder, one workload, one seed, the same engine for every schedule.
 
 Schedules (all colocated on one GPU, the torch rollout with the decode engine):
-- verl:         schedule=serial schedule.dedup=false (each sample recomputes its prefix in
-                the reference and training phases, as verl does);
+- verl:         schedule=serial schedule.dedup=false schedule.train_micro_fused=true (each
+                sample recomputes its prefix in the reference and training phases, and the
+                actor runs forward and backward per micro-batch, as verl does);
 - serial_dedup: schedule=serial (the prefix once per prompt, phases back to back);
 - rollplex:     schedule=rollplex (prefix work moved into the decode window);
 - rollplex_streams, rollplex_piggyback (not run by default): ablations with every eligible
@@ -58,7 +59,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ab import compare, paired_seconds, placement_hash, round_orders
 
 SCHEDULES = {
-    "verl": ["schedule=serial", "schedule.dedup=false"],
+    # verl's actor runs forward and backward per micro-batch (its memory option): fused
+    "verl": ["schedule=serial", "schedule.dedup=false", "schedule.train_micro_fused=true"],
     "serial_dedup": ["schedule=serial"],
     "rollplex": ["schedule=rollplex"],
     # ablations: every eligible prefix op on a second CUDA stream beside decode; every
