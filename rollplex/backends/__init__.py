@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from rollplex.backends.base import BackendUnavailable
-from rollplex.backends.capabilities import (
+from rollplex.specs.roles import (
     FSDP_ROLLOUTS,
     FSDP_TRAINER,
     TORCH_ROLLOUT,

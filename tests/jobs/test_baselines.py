@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollplex.backends.capabilities import TORCH_ROLLOUT
 from rollplex.jobs.baselines import plan_baselines, plan_fitting, speedup_fields, speedup_text
 from rollplex.jobs.pipeline import plan_step
 from rollplex.jobs.sweep import write_comparison
 from rollplex.planner.residency import PlanOverBudget
 from rollplex.planner.schedules.memory_options import ONE_MICRO_BATCH, applied
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec
+from rollplex.specs.roles import TORCH_ROLLOUT
 from rollplex.specs.schedule import ScheduleSpec
 
 GIB = 1 << 30

@@ -28,7 +28,6 @@ from rollplex.backends.base import (
     WeightsSource,
     version_name,
 )
-from rollplex.backends.capabilities import TORCH_ROLLOUT, TORCH_SCORER, RoleCapabilities
 from rollplex.backends.torch.decode import DecodeSession as TorchDecodeSession
 from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows
 from rollplex.backends.torch.engine.session import DecodeEngine, EngineSession
@@ -47,6 +46,7 @@ from rollplex.backends.torch.values import (
 )
 from rollplex.data.prompts import PromptBatch
 from rollplex.specs import ModelSpec
+from rollplex.specs.roles import TORCH_ROLLOUT, TORCH_SCORER, RoleCapabilities
 from rollplex.specs.torch_engine import TorchEngineSpec
 
 

@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 import torch
 
 from rollplex.backends.base import BackendError, LiveWeights, Trainer
-from rollplex.backends.capabilities import TORCH_SCORER, RoleCapabilities
 from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.engine.riders import RiddenPrefix, RiderRows, attach, rider_rows
 from rollplex.backends.torch.engine.step import rotary_fn
@@ -63,6 +62,7 @@ from rollplex.backends.torch.values import (
 )
 from rollplex.data.prompts import PromptBatch
 from rollplex.specs import AlgoSpec, ModelSpec
+from rollplex.specs.roles import TORCH_SCORER, RoleCapabilities
 
 log = logging.getLogger(__name__)
 
