@@ -191,8 +191,8 @@ def test_plan_job_prints_no_ratio_against_a_misfit(tmp_path: Path) -> None:
 
 def test_a_trainer_that_cannot_fuse_refuses_the_plan_by_name() -> None:
     from rollplex.backends.base import BackendError
+    from rollplex.backends.step import StepConfig
     from rollplex.runtime.compose import compose
-    from rollplex.runtime.dispatch import StepConfig
     from tests.runtime.conftest import ALGO, MODEL
 
     backend = compose(StepConfig(MODEL, ALGO, seed=0, max_new_tokens=4))
