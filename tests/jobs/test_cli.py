@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rollplex.planner.plan import load_plan
+from rollplex.planner.validate import load_plan
 from tests.jobs.cli_run import rollplex, run_dir
 
 
