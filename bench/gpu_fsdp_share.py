@@ -75,7 +75,7 @@ def _check(rollout, trainer, share: bool) -> int:
 
 def sync(args) -> None:
     from rollplex.backends.fsdp.build import build_rollout, build_trainer
-    from rollplex.runtime.dispatch import StepConfig
+    from rollplex.backends.step import StepConfig
     from rollplex.specs import MODEL_PRESETS, AlgoSpec
     from rollplex.specs.backend import BackendSpec
     from rollplex.specs.fsdp import FsdpSpec

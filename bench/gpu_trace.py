@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
+from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
-from rollplex.runtime.dispatch import StepConfig
 from rollplex.runtime.profile import TABLE, export_run, load_trace, step_profiler
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
 from rollplex.trace.torch_trace import PLAN_TID

@@ -33,7 +33,6 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from rollplex.algos import build_step
-from rollplex.backends.capabilities import FSDP_ROLLOUTS, TORCH_ROLLOUT
 from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.planner.shared_weights import torch_shared_weights
 from rollplex.specs import (
@@ -43,6 +42,7 @@ from rollplex.specs import (
     AlgoSpec,
     ScheduleSpec,
 )
+from rollplex.specs.roles import FSDP_ROLLOUTS, TORCH_ROLLOUT
 
 GIB = 1 << 30
 CASES = [

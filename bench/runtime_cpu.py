@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
+from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
-from rollplex.runtime.dispatch import StepConfig
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
 
 MODEL, WORKLOAD, ALGO = MODEL_PRESETS["tiny"], WORKLOAD_PRESETS["tiny"], AlgoSpec(lr=1e-3)

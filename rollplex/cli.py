@@ -32,13 +32,9 @@ _VALUE_FLAGS = frozenset(
 
 
 def _conf_dir() -> str:
-    """The Hydra configs: rollplex/conf in an installed wheel (setup.py copies it there),
-    else the source checkout's top-level conf/ (the one source of truth)."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "conf", here.parent / "conf"):
-        if (candidate / "config.yaml").is_file():
-            return str(candidate)
-    raise SystemExit(f"rollplex: no configs found in {here / 'conf'} or {here.parent / 'conf'}")
+    from rollplex.jobs.conf import conf_dir  # jobs/ finds them (it needs them too)
+
+    return conf_dir()
 
 
 log = logging.getLogger("rollplex")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from rollplex.backends.base import BackendUnavailable
-from rollplex.backends.capabilities import (
+from rollplex.specs.roles import (
     FSDP_ROLLOUTS,
     FSDP_TRAINER,
     TORCH_ROLLOUT,
@@ -51,7 +51,7 @@ class RoleEntry:
     caps: RoleCapabilities | None = None  # what the role class declares (its `capabilities`)
     # A trainer whose weights the torch roles cannot read as they are (FSDP2's shards)
     # names, in `module`, the builders of its own torch rollout and reference, and
-    # `runtime`: (config, trainer) -> RoleRuntime (runtime/hooks.py), the step config,
+    # `runtime`: (config, trainer) -> RoleRuntime (backends/step.py), the step config,
     # value ops and step hooks the dispatch runs with.
     rollout_builder: str | None = None
     reference_builder: str | None = None

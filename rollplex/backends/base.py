@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rollplex.backends.capabilities import RoleCapabilities
 from rollplex.graph.ir import Graph, Op
+from rollplex.specs.roles import RoleCapabilities
 
 
 class BackendUnavailable(ValueError):

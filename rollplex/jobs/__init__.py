@@ -14,7 +14,7 @@ from rollplex.specs.run import RunSpec
 def run_job(spec: RunSpec, out: Path) -> dict[str, Any]:
     # Inputs a job would find bad only after loading data and models: refused first.
     if spec.calibration.path not in (None, "auto", "none") and spec.job in ("plan", "train"):
-        from rollplex.specs.calibration import load_calibration
+        from rollplex.ops.calibration import load_calibration
 
         load_calibration(spec.calibration.path)
     if spec.job in ("train", "eval"):

@@ -125,8 +125,8 @@ def run_eval(spec: RunSpec, out: Path) -> dict[str, Any]:
 
     import torch
 
+    from rollplex.backends.step import StepConfig
     from rollplex.runtime.compose import compose
-    from rollplex.runtime.dispatch import StepConfig
     from rollplex.runtime.evaluate import evaluate
 
     if spec.train.threads:

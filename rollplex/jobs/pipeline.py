@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rollplex.algos import build_step
-from rollplex.backends.capabilities import RoleCapabilities
 from rollplex.graph.invariants import lint
 from rollplex.graph.ir import Graph
 from rollplex.graph.passes import (
@@ -38,6 +37,7 @@ from rollplex.planner.plan import Plan
 from rollplex.planner.residency import PlanOverBudget
 from rollplex.planner.simulate import SimReport, report
 from rollplex.specs import AlgoSpec, HardwareSpec, ModelSpec, ScheduleSpec, WorkloadSpec
+from rollplex.specs.roles import RoleCapabilities
 from rollplex.specs.schedule import check_parallel, check_tp
 
 

@@ -13,14 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rollplex.ops.calibration import load_calibration
 from rollplex.planner.cost_model import CostModel
 from rollplex.planner.shipped_calibration import shipped_for
-from rollplex.specs.calibration import (
-    CalibrationError,
-    CalibrationFile,
-    load_calibration,
-    model_shape,
-)
+from rollplex.specs.calibration import CalibrationError, CalibrationFile, model_shape
 from rollplex.specs.hardware import gpu_model
 from rollplex.specs.run import RunSpec
 

@@ -72,9 +72,9 @@ def gpu_defaults(conf_dir: Path | None = None) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     if conf_dir is None:
-        from rollplex.cli import _conf_dir
+        from rollplex.jobs.conf import conf_dir as find_conf_dir
 
-        conf_dir = Path(_conf_dir())
+        conf_dir = Path(find_conf_dir())
     raw = OmegaConf.to_container(OmegaConf.load(conf_dir / GPU_DEFAULTS_FILE), resolve=True)
     return dict(_flatten(raw))
 

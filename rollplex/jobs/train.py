@@ -80,12 +80,12 @@ def run_train(spec: RunSpec, out: Path) -> dict[str, Any]:
 
 def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     from rollplex.backends import rollout_capabilities, trainer_capabilities
+    from rollplex.backends.step import StepConfig
     from rollplex.jobs.pipeline import plan_step
     from rollplex.jobs.plan import cost_model_for
     from rollplex.planner.plan import dump_plan
     from rollplex.runtime import Executor, Progress
     from rollplex.runtime.compose import compose
-    from rollplex.runtime.dispatch import StepConfig
     from rollplex.runtime.engine_residency import engine_kv_budget
     from rollplex.runtime.profile import step_profiler
     from rollplex.trace import open_writer
@@ -119,7 +119,7 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     fsdp = spec.backend.trainer == "fsdp"
     pools = _pools(plan, workload) if fsdp else None  # checked before any model loads
     if pools is not None:
-        from rollplex.backends.fsdp.pools import build_pool_backend
+        from rollplex.runtime.compose import build_pool_backend
 
         backend = build_pool_backend(config, spec.backend, pools)
     else:
@@ -133,7 +133,7 @@ def _train(spec: RunSpec, prepared, out: Path, ckpt) -> dict[str, Any]:
     info = backend.dist if pools is not None else getattr(backend.trainer, "dist", None)
     main = not fsdp or info.is_main  # only rank 0 writes the run folder
     if fsdp:
-        from rollplex.runtime.distributed import from_rank0, setup_rank_logging
+        from rollplex.backends.distributed import from_rank0, setup_rank_logging
 
         out = Path(from_rank0(str(out)))  # one run folder for all ranks
         setup_rank_logging(out, info)
@@ -282,7 +282,7 @@ def _close(pools) -> None:
     """Pooled ranks leave together: a rank that exits while another still writes the run
     folder must not tear down connections that rank's process group holds."""
     if pools is not None:
-        from rollplex.runtime.distributed import barrier, shutdown
+        from rollplex.backends.distributed import barrier, shutdown
 
         barrier()
         shutdown()
@@ -306,7 +306,7 @@ def _restore(fsdp: bool, backend, ckpt, pools=None) -> None:
 def _pools(plan, workload):
     """This rank's pool of a plan of several device groups (schedule=disaggregated);
     None for a colocated plan. PoolError (a ValueError) if the world cannot run it."""
-    from rollplex.runtime.pools import is_pooled, pools_for, torchrun_world
+    from rollplex.planner.pools import is_pooled, pools_for, torchrun_world
 
     if not is_pooled(plan):
         return None

@@ -32,8 +32,8 @@ cast onto float32 masters.
 
 from __future__ import annotations
 
-from rollplex.backends.capabilities import RoleCapabilities
 from rollplex.graph.ir import Graph, Op, Phase
+from rollplex.specs.roles import RoleCapabilities
 
 
 def apply_rollout_capabilities(graph: Graph, caps: RoleCapabilities) -> tuple[Graph, bool]:

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import ConfigDict, TypeAdapter
 
 if TYPE_CHECKING:
-    from rollplex.graph.ir import Graph
+    pass
 
 
 class CoRun(StrEnum):
@@ -204,26 +204,10 @@ for _record in (Step, Event, StreamPlan, MemoryEffect, Slot, DevicePlan, Route, 
 
 
 @functools.cache
-def _adapter() -> TypeAdapter[Plan]:
+def plan_adapter() -> TypeAdapter[Plan]:
     return TypeAdapter(Plan)
 
 
 def dump_plan(plan: Plan, indent: int | None = 1) -> str:
     """The plan as JSON (`plan.json`); `load_plan` gives back an equal Plan."""
-    return _adapter().dump_json(plan, indent=indent).decode()
-
-
-def load_plan(text: str | bytes, graph: Graph | None = None, budget: bool = True) -> Plan:
-    """A Plan from `dump_plan`'s JSON: its schema (types, enums, no unknown field, finite
-    numbers), then `validate_plan` (with `graph`, also that it is that graph's plan).
-    Raises PlanError naming the field, step, slot or event at fault."""
-    from rollplex.planner.validate import PlanError, validate_plan  # validate imports plan
-
-    try:
-        plan = _adapter().validate_json(text)
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "plan"
-        more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-        raise PlanError(f"plan.json: {where}: {first['msg']}{more}") from None
-    return validate_plan(plan, graph, budget=budget)
+    return plan_adapter().dump_json(plan, indent=indent).decode()

@@ -11,11 +11,13 @@ from __future__ import annotations
 import bisect
 import heapq
 
+from pydantic import ValidationError
+
 from rollplex.graph.ir import Graph, version_model
-from rollplex.planner.plan import DevicePlan, Event, Plan, Slot, Step
+from rollplex.planner.plan import DevicePlan, Event, Plan, Slot, Step, plan_adapter
 from rollplex.planner.plan_refs import COPY_KINDS, PlanError, check_references
 
-__all__ = ["PlanError", "validate_plan"]
+__all__ = ["PlanError", "load_plan", "validate_plan"]
 
 
 def validate_plan(
@@ -196,3 +198,17 @@ def _check_transfer_first(
 def _after_on_stream(dev: DevicePlan, syncs: list[Step], s: Step) -> bool:
     order = {i: k for st in dev.streams for k, i in enumerate(st.steps)}
     return all(x.stream == s.stream and order[x.index] < order[s.index] for x in syncs)
+
+
+def load_plan(text: str | bytes, graph: Graph | None = None, budget: bool = True) -> Plan:
+    """A Plan from `dump_plan`'s JSON: its schema (types, enums, no unknown field, finite
+    numbers), then `validate_plan` (with `graph`, also that it is that graph's plan).
+    Raises PlanError naming the field, step, slot or event at fault."""
+    try:
+        plan = plan_adapter().validate_json(text)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "plan"
+        more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+        raise PlanError(f"plan.json: {where}: {first['msg']}{more}") from None
+    return validate_plan(plan, graph, budget=budget)

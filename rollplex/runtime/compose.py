@@ -13,7 +13,9 @@ from typing import Any
 
 from rollplex.backends import role_entry
 from rollplex.backends.base import RolloutRole
-from rollplex.runtime.dispatch import RoleDispatch, Roles, StepConfig
+from rollplex.backends.step import Roles, StepConfig
+from rollplex.planner.pools import Pools
+from rollplex.runtime.dispatch import RoleDispatch
 from rollplex.specs.backend import BackendSpec
 
 
@@ -40,9 +42,10 @@ def compose(
     check_roles(spec)
     if spec.reference != "torch":
         raise ValueError(f"backend.reference={spec.reference!r}: only 'torch' is built")
+    from rollplex.backends.hooks import StepHooks
+    from rollplex.backends.step import RoleRuntime
     from rollplex.backends.torch.backend import TorchExternals, critic_factory
     from rollplex.backends.torch.rows import TorchValues
-    from rollplex.runtime.hooks import RoleRuntime, StepHooks
 
     entry = role_entry("trainer", spec.trainer)
     trainer = entry.builder_fn()(config, spec=spec)
@@ -73,3 +76,15 @@ def compose(
         run.hooks,
     )
     return RoleDispatch(config, roles)
+
+
+def build_pool_backend(config: StepConfig, spec: BackendSpec, pools: Pools) -> RoleDispatch:
+    """This rank's roles of a pooled plan (backends/fsdp/pools.py) behind one RoleDispatch,
+    with `.pool_side` (what the plan's transfers read and write) and `.dist` set."""
+    from rollplex.backends.fsdp.pools import PoolSide, build_pool_roles
+
+    built = build_pool_roles(config, spec, pools)
+    dispatch = RoleDispatch(built.config, built.roles)
+    dispatch.pool_side = PoolSide(dispatch, built.hooks, built.wire)  # type: ignore[attr-defined]
+    dispatch.dist = built.dist  # type: ignore[attr-defined]
+    return dispatch

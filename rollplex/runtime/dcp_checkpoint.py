@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from pydantic import Field, ValidationError
 
+from rollplex.backends.distributed import barrier
 from rollplex.models.files import CONFIG_FILE
 from rollplex.models.io import copy_assets
 from rollplex.runtime.checkpoint import (
@@ -30,7 +31,6 @@ from rollplex.runtime.checkpoint import (
     read_state_file,
     verify_files,
 )
-from rollplex.runtime.distributed import barrier
 from rollplex.specs import ModelSpec
 
 DCP_FORMAT = "rollplex-checkpoint/dcp-1"

@@ -36,7 +36,6 @@ detached: exactly on-policy for one update per batch (ratio 1, the PPO clip inac
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -50,14 +49,12 @@ from rollplex.backends.base import (
     RolloutRole,
     Sampling,
     Trainer,
-    ValueOps,
 )
+from rollplex.backends.step import Roles, StepConfig, StepInputs
 from rollplex.data.prompts import PromptBatch
 from rollplex.graph.ir import Graph, Op, Phase, version_model
-from rollplex.runtime.hooks import StepHooks, decode_seed
 from rollplex.runtime.role_free import RoleFreeOps, rewards
 from rollplex.runtime.rollout_ops import RolloutOps
-from rollplex.specs import AlgoSpec, ModelSpec
 
 log = logging.getLogger(__name__)
 PREFIX_KINDS = frozenset({"vision_encode", "prefix_prefill", "logprob_prefix"})
@@ -68,49 +65,6 @@ ROLE_KINDS = {
     Phase.TRAIN: Trainer.op_kinds,
     Phase.UPDATE: frozenset({"optimizer_step", "weight_sync"}),
 }
-
-
-@dataclass(slots=True, frozen=True)
-class StepConfig:
-    """What every role mix shares: the model, the algorithm and the rollout's sampling."""
-
-    model: ModelSpec
-    algo: AlgoSpec
-    seed: int
-    max_new_tokens: int
-    reward: str = "first_token"  # token-id rewards of the built-in task (task.py)
-    device: str = "cpu"
-    # Scores decoded responses against their samples (rollplex.runtime.scoring); None:
-    # the built-in task's token-id `reward`.
-    scorer: Any = None
-    # Draw each response's length from this distribution (a ResponseLengthSpec), eos
-    # ignored: benchmarks of random-weight models, which never stop (train.response_lengths)
-    forced_lengths: Any = None
-
-
-@dataclass(slots=True)
-class StepInputs:
-    """One RL step's prompts of the built-in task: a collated batch (pixels included), the
-    answer token ids, and the raw media (images) an engine rollout reads instead of pixel
-    patches. Real data comes as `rollplex.data.steps.StepInputs` (batch + samples, whose
-    images and frames are the media)."""
-
-    batch: PromptBatch
-    answers: torch.Tensor  # [B] long
-    media: Any = None
-
-
-@dataclass(slots=True)
-class Roles:
-    """The chosen roles, the value types they share, and what supplies the step's inputs."""
-
-    rollout: RolloutRole
-    reference: ReferenceScorer | None
-    trainer: Trainer
-    values: ValueOps
-    externals: Any  # .bind(graph) -> name -> what; .supply(step inputs, roles) -> what -> value
-    critic_factory: Any = None  # () -> critic, built when a graph reads critic weights
-    hooks: StepHooks = field(default_factory=StepHooks)  # data-parallel ranks (hooks.py)
 
 
 class RoleDispatch(Backend):
@@ -374,8 +328,4 @@ __all__ = [
     "PREFIX_KINDS",
     "ROLE_FREE_KINDS",
     "RoleDispatch",
-    "Roles",
-    "StepConfig",
-    "StepInputs",
-    "decode_seed",
 ]

@@ -20,6 +20,7 @@ from torch.profiler import record_function
 from rollplex.backends.base import Backend, Chunk
 from rollplex.graph.ir import Graph, ValueKind
 from rollplex.planner.plan import CoRun, Plan, Step
+from rollplex.planner.pools import Pools
 from rollplex.runtime.accounting import ExecutionError, MemoryLedger, check_versions
 from rollplex.runtime.callbacks import Callback, Callbacks
 from rollplex.runtime.engine_residency import engine_schedule
@@ -27,7 +28,6 @@ from rollplex.runtime.memory import Env, allocator_feed, iter_tensors
 from rollplex.runtime.order import plan_order
 from rollplex.runtime.plan_effects import COPY_KINDS, plan_effects
 from rollplex.runtime.pool_steps import PoolSteps
-from rollplex.runtime.pools import Pools
 from rollplex.runtime.record import MeasuredStep, StepResult
 from rollplex.runtime.rollout_ops import RAN_ALONE
 from rollplex.trace.timeline import MemoryEvent

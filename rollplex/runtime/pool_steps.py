@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from rollplex.graph.ir import Graph, ValueKind, version_model
 from rollplex.planner.plan import Plan, Step
-from rollplex.runtime.pools import PoolError, Pools
+from rollplex.planner.pools import PoolError, Pools
 from rollplex.runtime.transfers import (
     Moved,
     handover_values,

@@ -7,7 +7,7 @@ every mix of roles, so they run here, once, rather than in each backend.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -16,13 +16,11 @@ from rollplex.backends.torch.kl import KLController, sequence_mean_kl
 from rollplex.backends.torch.loss import ADVANTAGES, group_advantages, reward_kl
 from rollplex.backends.torch.task import first_token_reward, reward
 from rollplex.graph.ir import Op
-
-if TYPE_CHECKING:
-    from rollplex.runtime.dispatch import RoleDispatch
+from rollplex.runtime.dispatch_view import DispatchView
 
 
 class RoleFreeOps:
-    def __init__(self, dispatch: RoleDispatch) -> None:
+    def __init__(self, dispatch: DispatchView) -> None:
         self.d = dispatch
         self.kl_ctrl: KLController | None = None  # the reward KL's coefficient, step to step
 
@@ -112,7 +110,7 @@ def task_reward(kind: str, responses: Any, answers: torch.Tensor, group_size: in
     return torch.tensor(r, dtype=torch.float32, device=responses.tokens.device)
 
 
-def rewards(d: RoleDispatch, responses: Any, answers: Any, group_size: int) -> torch.Tensor:
+def rewards(d: DispatchView, responses: Any, answers: Any, group_size: int) -> torch.Tensor:
     """Each response's reward, recorded in the step's metrics: the configured scorer's
     (decoded text against the samples, which `answers` then are), else the built-in task's
     token-id reward."""

@@ -11,16 +11,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from rollplex.backends.base import BackendError, Chunk, Sampling
 from rollplex.data.prompts import PromptBatch
 from rollplex.graph.ir import Op
-
-if TYPE_CHECKING:
-    from rollplex.runtime.dispatch import RoleDispatch
+from rollplex.runtime.dispatch_view import DispatchView
 
 log = logging.getLogger(__name__)
 # A piggybacked chunk whose decode stopped before its window (short answers): the same
@@ -37,7 +35,7 @@ def forced_lengths(dist: Any, rows: int, cap: int, seed: int, step: int) -> tupl
 
 
 class RolloutOps:
-    def __init__(self, dispatch: RoleDispatch) -> None:
+    def __init__(self, dispatch: DispatchView) -> None:
         self.d = dispatch
         self.live: Any = None  # the decode session in flight: what piggybacked rows ride
 

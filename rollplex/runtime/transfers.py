@@ -31,8 +31,8 @@ import torch.distributed as dist
 
 from rollplex.backends.torch.values import Features, Responses, TokenLogprobs
 from rollplex.planner.plan import Transfer
+from rollplex.planner.pools import Pools
 from rollplex.planner.transfers import handover_values
-from rollplex.runtime.pools import Pools
 
 log = logging.getLogger(__name__)
 _TYPES = {c.__name__: c for c in (Responses, TokenLogprobs)}
@@ -117,12 +117,6 @@ def recv_weights(
     _done(dev)
     moved.seconds = time.perf_counter() - t0
     return int(tag.item()), moved
-
-
-def expected_chunk(shape: torch.Size, index: int, count: int) -> torch.Size:
-    """The dim-0 chunk `index` of `count` of a tensor of `shape` (torch.chunk's sizes)."""
-    meta = torch.empty(shape, device="meta").chunk(count)
-    return meta[index].shape if index < len(meta) else torch.Size([0, *shape[1:]])
 
 
 # -- rollout outputs ----------------------------------------------------------------------
@@ -277,7 +271,6 @@ def planned(transfer: Transfer) -> dict[tuple[int, int], int]:
 
 __all__ = [
     "Moved",
-    "expected_chunk",
     "handover_values",
     "planned",
     "prompt_rows",

@@ -14,15 +14,14 @@ from pydantic import Field, field_validator
 
 from rollplex.specs.base import Spec
 from rollplex.specs.fsdp import FsdpSpec
+from rollplex.specs.roles import ROLE_NAMES
 from rollplex.specs.torch_engine import TorchEngineSpec
 from rollplex.specs.vllm import VllmSpec
 
 
 def _known(role: str, name: str) -> str:
-    from rollplex.backends import ROLES  # light: no role module is imported
-
-    if name not in ROLES[role]:
-        raise ValueError(f"backend.{role}={name!r} is unknown; known: {sorted(ROLES[role])}")
+    if name not in ROLE_NAMES[role]:
+        raise ValueError(f"backend.{role}={name!r} is unknown; known: {sorted(ROLE_NAMES[role])}")
     return name
 
 

@@ -5,12 +5,10 @@ with one line naming the file and the field. CalibrationSpec is the run's choice
 
 from __future__ import annotations
 
-import json
 import statistics
-from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from rollplex.specs.base import Spec
 from rollplex.specs.model import ModelSpec
@@ -72,45 +70,6 @@ class CalibrationFile(Spec):
             if e.predicted_s > 0:
                 ratios.setdefault(e.kind, []).append(e.predicted_s / e.measured_s)
         return {kind: statistics.median(rs) for kind, rs in ratios.items()}
-
-
-def load_calibration(path: str | Path) -> CalibrationFile:
-    """Read and validate; raise CalibrationError (a ValueError) naming file and field."""
-    path = Path(path)
-    where = f"calibration file '{path}'"
-    if path.is_dir():
-        raise CalibrationError(f"{where}: a folder, not a calibration JSON file")
-    if not path.is_file():
-        raise CalibrationError(f"{where}: no such file")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CalibrationError(f"{where}: not valid JSON ({err})") from None
-    try:
-        file = CalibrationFile.model_validate(data)
-    except ValidationError as err:
-        e = err.errors()[0]
-        field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"])
-        field = field.lstrip(".") or "top level"
-        more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-        raise CalibrationError(
-            f"{where}: {field}: {e['msg']} (got {e.get('input')!r}){more}"
-        ) from None
-    _check_kinds(file, where)
-    return file
-
-
-def _check_kinds(file: CalibrationFile, where: str) -> None:
-    """Every entry's kind is a registered op kind: a misspelt one would rescale nothing."""
-    from rollplex.graph.schema import all_kinds
-
-    known = all_kinds()
-    for i, e in enumerate(file.entries):
-        if e.kind not in known:
-            raise CalibrationError(
-                f"{where}: entries[{i}].kind: unknown op kind '{e.kind}' (known: "
-                f"{', '.join(sorted(known))})"
-            )
 
 
 def model_shape(model: ModelSpec) -> dict[str, Any]:

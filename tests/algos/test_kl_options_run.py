@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
-from rollplex.runtime.dispatch import StepConfig
 from rollplex.specs import AlgoSpec, ScheduleSpec
 from tests.runtime.conftest import CPU, MODEL, WORKLOAD
 

@@ -33,7 +33,7 @@ from safetensors.torch import load_file
 
 from rollplex.backends.fsdp.checks import check_fsdp_spec, world_spec
 from rollplex.jobs.pipeline import plan_step
-from rollplex.runtime.pools import PoolError, pools_for
+from rollplex.planner.pools import PoolError, pools_for
 from rollplex.specs import MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec
 from tests.distributed.conftest import (
     ROOT,

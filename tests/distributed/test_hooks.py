@@ -10,11 +10,11 @@ import torch
 
 from rollplex.backends.base import BackendError
 from rollplex.backends.fsdp.build import FsdpHooks, FsdpValues, sample_seed
+from rollplex.backends.hooks import StepHooks, decode_seed
+from rollplex.backends.step import StepInputs
 from rollplex.backends.torch.data import TaskData
 from rollplex.backends.torch.values import OptimizerHandle
 from rollplex.backends.vllm.prompts import Media
-from rollplex.runtime.dispatch import StepInputs
-from rollplex.runtime.hooks import StepHooks, decode_seed
 from rollplex.specs import MODEL_PRESETS, WORKLOAD_PRESETS
 
 MODEL = MODEL_PRESETS["tiny"]

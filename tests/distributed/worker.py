@@ -28,12 +28,13 @@ import torch
 import torch.distributed as dist
 
 from rollplex.backends.fsdp.shard import full, local
+from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
 from rollplex.runtime.dcp_checkpoint import read_dcp_checkpoint, restore_dcp
-from rollplex.runtime.dispatch import RoleDispatch, StepConfig
+from rollplex.runtime.dispatch import RoleDispatch
 from rollplex.specs import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,

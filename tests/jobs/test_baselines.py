@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollplex.backends.capabilities import TORCH_ROLLOUT
 from rollplex.jobs.baselines import plan_baselines, plan_fitting, speedup_fields, speedup_text
 from rollplex.jobs.pipeline import plan_step
 from rollplex.jobs.sweep import write_comparison
 from rollplex.planner.residency import PlanOverBudget
 from rollplex.planner.schedules.memory_options import ONE_MICRO_BATCH, applied
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec
+from rollplex.specs.roles import TORCH_ROLLOUT
 from rollplex.specs.schedule import ScheduleSpec
 
 GIB = 1 << 30
@@ -191,8 +191,8 @@ def test_plan_job_prints_no_ratio_against_a_misfit(tmp_path: Path) -> None:
 
 def test_a_trainer_that_cannot_fuse_refuses_the_plan_by_name() -> None:
     from rollplex.backends.base import BackendError
+    from rollplex.backends.step import StepConfig
     from rollplex.runtime.compose import compose
-    from rollplex.runtime.dispatch import StepConfig
     from tests.runtime.conftest import ALGO, MODEL
 
     backend = compose(StepConfig(MODEL, ALGO, seed=0, max_new_tokens=4))

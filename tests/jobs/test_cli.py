@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rollplex.planner.plan import load_plan
+from rollplex.planner.validate import load_plan
 from tests.jobs.cli_run import rollplex, run_dir
 
 
@@ -192,9 +192,9 @@ def test_a_failing_run_does_not_end_the_sweep(tmp_path: Path) -> None:
 
 
 def test_summary_names_the_overridden_hardware_and_one_naive_colocation(tmp_path: Path) -> None:
-    from rollplex.backends.capabilities import TORCH_ROLLOUT
     from rollplex.jobs.pipeline import plan_step
     from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec
+    from rollplex.specs.roles import TORCH_ROLLOUT
     from rollplex.specs.schedule import ScheduleSpec
 
     p = rollplex(tmp_path, "plan", "model=qwen2_5_vl_3b", "hardware=h200x8", "hardware.num_gpus=16")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from rollplex.jobs.pricing import UNCALIBRATED
-from rollplex.specs.calibration import load_calibration
+from rollplex.ops.calibration import load_calibration
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # two tiny CPU runs of 2 steps, ~40 s on 2 shared cores

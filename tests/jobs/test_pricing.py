@@ -22,10 +22,11 @@ from rollplex.jobs.pricing import (
     provenance,
     resolve_auto,
 )
+from rollplex.ops.calibration import load_calibration
 from rollplex.planner.cost_model import CostModel, write_calibration
 from rollplex.planner.shipped_calibration import shipped_for
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS
-from rollplex.specs.calibration import CalibrationError, load_calibration
+from rollplex.specs.calibration import CalibrationError
 from rollplex.specs.run import RunSpec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,13 +8,6 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from rollplex.backends.capabilities import (
-    FSDP_TRAINER,
-    TORCH_ROLLOUT,
-    TORCH_SCORER,
-    VLLM_ROLLOUT,
-    RoleCapabilities,
-)
 from rollplex.graph.builder import StepBuilder
 from rollplex.graph.ir import Graph, Phase
 from rollplex.graph.passes import DEDUP_PASSES, SPLIT_ONLY, PassFn
@@ -24,6 +17,13 @@ from rollplex.specs import (
     ResponseLengthSpec,
     ScheduleSpec,
     WorkloadSpec,
+)
+from rollplex.specs.roles import (
+    FSDP_TRAINER,
+    TORCH_ROLLOUT,
+    TORCH_SCORER,
+    VLLM_ROLLOUT,
+    RoleCapabilities,
 )
 
 TINY = MODEL_PRESETS["tiny"]

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from rollplex.algos import build_step
-from rollplex.backends.capabilities import VLLM_ROLLOUT
 from rollplex.backends.torch.roles import TorchRollout
 from rollplex.graph.ir import Phase
 from rollplex.jobs.pipeline import plan_step
 from rollplex.planner.capabilities import apply_rollout_capabilities
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
+from rollplex.specs.roles import VLLM_ROLLOUT
 
 MODEL, WORKLOAD = MODEL_PRESETS["tiny"], WORKLOAD_PRESETS["tiny"]
 CPU, H200 = HARDWARE_PRESETS["cpu"], HARDWARE_PRESETS["h200"]

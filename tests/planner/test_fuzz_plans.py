@@ -13,8 +13,8 @@ import re
 import pytest
 
 from rollplex.jobs.pipeline import PlanResult, plan_step
-from rollplex.planner.plan import Plan, dump_plan, load_plan
-from rollplex.planner.validate import PlanError, validate_plan
+from rollplex.planner.plan import Plan, dump_plan
+from rollplex.planner.validate import PlanError, load_plan, validate_plan
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
 
 CASES = 400

@@ -10,6 +10,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.jobs.pipeline import plan_step
 from rollplex.planner.api import _sizers
@@ -17,7 +18,6 @@ from rollplex.planner.schedules import PlanningContext
 from rollplex.planner.sizing import micro_batch_count, train_micro_batches
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
-from rollplex.runtime.dispatch import StepConfig
 from rollplex.runtime.executor import ExecutionError, plan_micro_batches
 from rollplex.specs import (
     HARDWARE_PRESETS,

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollplex.backends.capabilities import TORCH_ROLLOUT
 from rollplex.jobs.pipeline import plan_step
 from rollplex.planner.residency import PlanOverBudget
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
+from rollplex.specs.roles import TORCH_ROLLOUT
 from tests.runtime.conftest import run_schedule
 
 GIB = 1 << 30

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.models import io as models_io
@@ -29,7 +30,6 @@ from rollplex.planner.residency import PlanOverBudget
 from rollplex.planner.sizing import SAVED_PARTS
 from rollplex.runtime import Executor, StepResult
 from rollplex.runtime.compose import compose
-from rollplex.runtime.dispatch import StepConfig
 from rollplex.runtime.memory import Env
 from rollplex.specs import (
     HARDWARE_PRESETS,

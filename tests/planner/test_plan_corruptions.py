@@ -13,8 +13,8 @@ import pytest
 from rollplex.algos import build_step
 from rollplex.graph.ir import Graph
 from rollplex.jobs.pipeline import PlanResult, plan_step
-from rollplex.planner.plan import Event, MemAction, MemoryEffect, Plan, Slot, dump_plan, load_plan
-from rollplex.planner.validate import PlanError, validate_plan
+from rollplex.planner.plan import Event, MemAction, MemoryEffect, Plan, Slot, dump_plan
+from rollplex.planner.validate import PlanError, load_plan, validate_plan
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
 
 TINY, TINY_LOAD = MODEL_PRESETS["tiny"], WORKLOAD_PRESETS["tiny"]

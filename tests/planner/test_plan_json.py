@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from rollplex.planner.plan import CoRun, dump_plan, load_plan
-from rollplex.planner.validate import PlanError
+from rollplex.planner.plan import CoRun, dump_plan
+from rollplex.planner.validate import PlanError, load_plan
 
 from .conftest import plan_7b
 

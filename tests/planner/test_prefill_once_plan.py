@@ -7,12 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from rollplex.backends.capabilities import (
-    FSDP_TRAINER,
-    TORCH_ROLLOUT,
-    TORCH_SCORER,
-    VLLM_ROLLOUT,
-)
 from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.specs import (
     HARDWARE_PRESETS,
@@ -22,6 +16,12 @@ from rollplex.specs import (
     ParallelSpec,
     ScheduleSpec,
     WorkloadSpec,
+)
+from rollplex.specs.roles import (
+    FSDP_TRAINER,
+    TORCH_ROLLOUT,
+    TORCH_SCORER,
+    VLLM_ROLLOUT,
 )
 
 H200 = HARDWARE_PRESETS["h200"]

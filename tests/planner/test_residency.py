@@ -124,7 +124,7 @@ VIDEO_7B = type(_VIDEO).model_validate(
 
 
 def _plan_7b(name: str, dedup: bool, hbm: float):
-    from rollplex.backends.capabilities import TORCH_SCORER
+    from rollplex.specs.roles import TORCH_SCORER
 
     hw = HARDWARE_PRESETS["h200"].model_copy(update={"hbm_gib": hbm})
     sched = ScheduleSpec(name=name, dedup=dedup)

@@ -7,7 +7,6 @@ import math
 
 import pytest
 
-from rollplex.backends.capabilities import VLLM_ROLLOUT
 from rollplex.graph.ir import Value, ValueKind
 from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.planner.api import _sizers
@@ -28,6 +27,7 @@ from rollplex.specs import (
     AlgoSpec,
     ScheduleSpec,
 )
+from rollplex.specs.roles import VLLM_ROLLOUT
 from rollplex.specs.weights import WeightsSpec
 from rollplex.weights import build_sharing
 

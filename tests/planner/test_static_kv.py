@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollplex.backends.capabilities import FSDP_ROLLOUTS, TORCH_ROLLOUT, VLLM_ROLLOUT
 from rollplex.backends.torch.model import build_model
 from rollplex.engine.prefix import PrefixState, fork_cache
 from rollplex.engine.session import DecodeEngine
 from rollplex.jobs.pipeline import plan_step
 from rollplex.ops.formulas import engine_kv_pool, torch_engine_fused_qkv, torch_engine_workspace
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
+from rollplex.specs.roles import FSDP_ROLLOUTS, TORCH_ROLLOUT, VLLM_ROLLOUT
 
 TINY = MODEL_PRESETS["tiny"]
 

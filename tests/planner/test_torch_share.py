@@ -11,7 +11,6 @@ from dataclasses import replace
 import pytest
 
 from rollplex.backends import rollout_capabilities
-from rollplex.backends.capabilities import FSDP_ROLLOUTS, TORCH_ROLLOUT
 from rollplex.graph.ir import Value, ValueKind
 from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.planner.cost_model import CostModel
@@ -24,6 +23,7 @@ from rollplex.planner.shared_weights import (
 )
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
 from rollplex.specs.backend import BackendSpec
+from rollplex.specs.roles import FSDP_ROLLOUTS, TORCH_ROLLOUT
 from rollplex.weights import LayoutError
 from rollplex.weights.rebuild import rebuild_plan
 from rollplex.weights.torch_rollout import aliased, rollout_sharing, torch_rollout_bytes

@@ -7,9 +7,9 @@ import pytest
 
 from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.planner.cost_model import CostModel
-from rollplex.planner.plan import Plan, Route, Step, Transfer, dump_plan, load_plan
+from rollplex.planner.plan import Plan, Route, Step, Transfer, dump_plan
 from rollplex.planner.transfers import busiest_bytes, output_routes, weight_bytes
-from rollplex.planner.validate import PlanError, validate_plan
+from rollplex.planner.validate import PlanError, load_plan, validate_plan
 from rollplex.specs import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,

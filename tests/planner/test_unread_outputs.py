@@ -13,8 +13,8 @@ import pytest
 from rollplex.graph.builder import StepBuilder
 from rollplex.graph.ir import Graph, Phase
 from rollplex.jobs.pipeline import plan_step
-from rollplex.planner.plan import dump_plan, load_plan
-from rollplex.planner.validate import validate_plan
+from rollplex.planner.plan import dump_plan
+from rollplex.planner.validate import load_plan, validate_plan
 from rollplex.specs import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,

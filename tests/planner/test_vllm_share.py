@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from rollplex.backends.capabilities import VLLM_ROLLOUT, VLLM_SHARED_ROLLOUT
 from rollplex.jobs.pipeline import plan_step
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
+from rollplex.specs.roles import VLLM_ROLLOUT, VLLM_SHARED_ROLLOUT
 
 from .conftest import VIDEO_16
 

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.runtime import Callback, Executor, StepResult
 from rollplex.runtime.compose import compose
-from rollplex.runtime.dispatch import RoleDispatch, StepConfig
+from rollplex.runtime.dispatch import RoleDispatch
 from rollplex.specs import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,

@@ -17,9 +17,9 @@ from rollplex.backends import (
     rollout_capabilities,
 )
 from rollplex.backends.base import RolloutRole, Trainer
-from rollplex.backends.capabilities import RoleCapabilities
 from rollplex.runtime.compose import check_roles
 from rollplex.specs.backend import BackendSpec
+from rollplex.specs.roles import ROLE_NAMES, RoleCapabilities
 
 
 def test_torch_roles_are_real_and_declare_capabilities():
@@ -39,6 +39,12 @@ def test_the_registry_declares_what_each_role_class_declares():
                 continue
             module = __import__(entry.module, fromlist=[entry.cls])
             assert entry.capabilities() == getattr(module, entry.cls).capabilities, (role, name)
+
+
+def test_the_registry_holds_exactly_the_names_a_spec_may_choose():
+    """specs/roles.py names the choices (the spec layer imports no backend); the registry
+    builds exactly those."""
+    assert {role: tuple(entries) for role, entries in ROLES.items()} == ROLE_NAMES
 
 
 def test_capabilities_are_small_frozen_values():

@@ -49,11 +49,11 @@ def test_offloads_on_cuda_copy_to_host_and_back():
 
 def test_profiled_cuda_steps_hold_kernels_and_memory_named_by_plan_step(tmp_path):
 
+    from rollplex.backends.step import StepConfig
     from rollplex.backends.torch.data import TaskData
     from rollplex.jobs.pipeline import plan_step
     from rollplex.runtime import Executor
     from rollplex.runtime.compose import compose
-    from rollplex.runtime.dispatch import StepConfig
     from rollplex.runtime.profile import export_run, load_trace, step_profiler
     from rollplex.trace.torch_trace import PLAN_TID
     from tests.runtime.conftest import ALGO, CPU, MODEL, WORKLOAD

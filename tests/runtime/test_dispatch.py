@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from rollplex.backends.base import BackendError
-from rollplex.backends.capabilities import RoleCapabilities
+from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.backends.torch.roles import TorchRollout
 from rollplex.graph.ir import Op, Phase
 from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
-from rollplex.runtime.dispatch import StepConfig
 from rollplex.specs import ScheduleSpec
+from rollplex.specs.roles import RoleCapabilities
 from tests.runtime.conftest import ALGO, CPU, MODEL, WORKLOAD, cached_run
 
 

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from rollplex.backends.base import Backend, OpResult
-from rollplex.backends.capabilities import VLLM_ROLLOUT
 from rollplex.jobs.pipeline import plan_step
 from rollplex.ops import formulas as F
 from rollplex.runtime import Executor
 from rollplex.runtime.engine_residency import engine_kv_budget, engine_schedule
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
+from rollplex.specs.roles import VLLM_ROLLOUT
 
 AWAKE_ENGINE = replace(VLLM_ROLLOUT, sleep_levels=())  # an engine without sleep mode
 

@@ -13,11 +13,11 @@ import types
 import pytest
 import torch
 
+from rollplex.backends.step import StepConfig
 from rollplex.engine import green_contexts as gc
 from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
-from rollplex.runtime.dispatch import StepConfig
 from rollplex.runtime.plan_effects import (
     partition_notes,
     partition_starts,

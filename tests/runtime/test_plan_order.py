@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.jobs.pipeline import plan_step
 from rollplex.planner.plan import MemAction, Plan
 from rollplex.runtime import Callback, Executor, measured_timeline, plan_order
 from rollplex.runtime import executor as executor_module
 from rollplex.runtime.compose import compose
-from rollplex.runtime.dispatch import StepConfig
 from rollplex.runtime.memory import Env
 from rollplex.runtime.plan_effects import unpartitioned_streams
 from rollplex.specs import ScheduleSpec

@@ -10,11 +10,11 @@ from collections import Counter
 
 import pytest
 
+from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
-from rollplex.runtime.dispatch import StepConfig
 from rollplex.runtime.profile import TABLE, export_run, load_trace, step_profiler
 from rollplex.specs import ScheduleSpec
 from tests.runtime.conftest import ALGO, CPU, MODEL, WORKLOAD

@@ -99,7 +99,8 @@ def test_an_op_faster_than_a_microsecond_still_writes_a_loadable_calibration(run
     the floor (a GPU run's serial_dedup file was refused by the next run's planner)."""
     import dataclasses
 
-    from rollplex.specs.calibration import MIN_S, load_calibration
+    from rollplex.ops.calibration import load_calibration
+    from rollplex.specs.calibration import MIN_S
 
     steps = [dataclasses.replace(m, end_s=m.start_s + 1e-9) for m in run.results[0].steps]
     fast = [dataclasses.replace(run.results[0], steps=steps)]

@@ -57,8 +57,8 @@ def test_row_ranges_cover_every_row_once():
 
 
 def test_chunked_prefill_is_bit_identical(setup):
+    from rollplex.backends.step import StepConfig
     from rollplex.runtime.compose import compose
-    from rollplex.runtime.dispatch import StepConfig
     from tests.runtime.conftest import ALGO
 
     _, batch, feats, _ = setup

@@ -8,13 +8,13 @@ import copy
 import pytest
 
 from rollplex.backends.base import BackendError
+from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.graph.ir import Op, Phase, Value, ValueKind
 from rollplex.jobs.pipeline import plan_step
 from rollplex.planner.plan import Step
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
-from rollplex.runtime.dispatch import StepConfig
 from rollplex.specs import ScheduleSpec
 from tests.runtime.conftest import ALGO, CPU, MODEL, WORKLOAD, cached_run
 

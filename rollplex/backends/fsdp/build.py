@@ -16,20 +16,21 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from rollplex.backends.base import BackendError, CheckpointWeights, LiveWeights, version_name
+from rollplex.backends.distributed import all_reduce_mean, init_distributed
 from rollplex.backends.fsdp.shard import DTYPES, local
 from rollplex.backends.fsdp.share import SharedRollout
 from rollplex.backends.fsdp.trainer import FsdpTrainer, ShardedWeightsHandle
+from rollplex.backends.hooks import StepHooks
+from rollplex.backends.step import RoleRuntime
 from rollplex.backends.torch.model import model_for
 from rollplex.backends.torch.roles import TorchReference, TorchRollout
 from rollplex.backends.torch.rows import TorchValues
 from rollplex.data.prompts import PromptBatch
 from rollplex.graph.ir import Graph
-from rollplex.runtime.distributed import all_reduce_mean, init_distributed
-from rollplex.runtime.hooks import RoleRuntime, StepHooks
 from rollplex.specs.backend import BackendSpec
 
 if TYPE_CHECKING:
-    from rollplex.runtime.dispatch import StepConfig
+    from rollplex.backends.step import StepConfig
 
 
 def sample_seed(seed: int, step: int, row: int) -> int:

@@ -9,31 +9,30 @@ seconds the slowest.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from rollplex.backends.base import BackendError, CheckpointWeights, version_name
+from rollplex.backends.distributed import DistInfo, init_distributed
 from rollplex.backends.fsdp.build import FsdpHooks, FsdpValues, build_reference
-from rollplex.backends.fsdp.shard import DTYPES, local
+from rollplex.backends.fsdp.shard import DTYPES, expected_chunk, local
 from rollplex.backends.fsdp.trainer import FsdpTrainer
+from rollplex.backends.step import Roles
 from rollplex.backends.torch.backend import TorchExternals
 from rollplex.backends.torch.model import model_for
 from rollplex.backends.torch.roles import TorchRollout, vision_params, weights_params
 from rollplex.backends.torch.rows import TorchValues, text_only
 from rollplex.backends.torch.values import Pixels, VersionCounter, WeightsHandle
 from rollplex.graph.ir import Graph, ValueKind, version_model
-from rollplex.runtime.dispatch import RoleDispatch, Roles
-from rollplex.runtime.distributed import DistInfo, init_distributed
-from rollplex.runtime.pools import Pools
-from rollplex.runtime.transfers import expected_chunk
+from rollplex.planner.pools import Pools
 from rollplex.specs.backend import BackendSpec
 
 if TYPE_CHECKING:
-    from rollplex.runtime.dispatch import StepConfig
+    from rollplex.backends.step import StepConfig
 
 log = logging.getLogger(__name__)
 TRANSFER_PREFIX = "transfer/"
@@ -123,10 +122,19 @@ class RolloutExternals(TorchExternals):
         return {name: source[what] for name, what in names.items()}
 
 
+class PoolDispatch(Protocol):
+    """What PoolSide reads of the dispatch over this rank's roles (runtime/dispatch.py)."""
+
+    device: torch.device
+    trainer: Any  # FsdpTrainer on a training rank
+    rollout: Any  # PoolRollout on a rollout rank
+    metrics: dict[str, torch.Tensor]  # the step's, replaced at each step's start
+
+
 class PoolSide:
     """What the transfers read from and write into this rank's roles."""
 
-    def __init__(self, dispatch: RoleDispatch, hooks: PoolHooks, wire: torch.dtype) -> None:
+    def __init__(self, dispatch: PoolDispatch, hooks: PoolHooks, wire: torch.dtype) -> None:
         self.d, self.hooks, self.wire = dispatch, hooks, wire
 
     @property
@@ -164,9 +172,21 @@ class PoolSide:
             self.d.metrics[k] = torch.tensor(float(v), dtype=torch.float64)
 
 
-def build_pool_backend(config: StepConfig, spec: BackendSpec, pools: Pools) -> RoleDispatch:
-    """This rank's roles behind one RoleDispatch, with `.pool_side` and `.dist` set.
-    Every rank creates every pool's process group (torch requires it of all ranks)."""
+@dataclass(slots=True, frozen=True)
+class PoolRoles:
+    """This rank's roles of one pool, and what the dispatch over them needs besides
+    (runtime/compose.py `build_pool_backend` puts them together)."""
+
+    config: StepConfig  # on this rank's device
+    roles: Roles
+    hooks: PoolHooks
+    wire: torch.dtype  # the weights transfer's dtype: the rollout's
+    dist: DistInfo
+
+
+def build_pool_roles(config: StepConfig, spec: BackendSpec, pools: Pools) -> PoolRoles:
+    """This rank's roles of its pool. Every rank creates every pool's process group (torch
+    requires it of all ranks)."""
     fsdp = spec.fsdp
     info = init_distributed(config.device)
     train_ranks = list(pools.pool_ranks("train"))
@@ -187,11 +207,8 @@ def build_pool_backend(config: StepConfig, spec: BackendSpec, pools: Pools) -> R
         rollout = PoolRollout(config.model, info.device, model)
         roles = Roles(rollout, None, None, TorchValues(),  # type: ignore[arg-type]
                       RolloutExternals(rollout), None, hooks)  # fmt: skip
-    dispatch = RoleDispatch(config, roles)
-    dispatch.pool_side = PoolSide(dispatch, hooks, dtype)  # type: ignore[attr-defined]
-    dispatch.dist = info  # type: ignore[attr-defined]
     log.info("rank %d: built the '%s' pool's roles on %s", info.rank, pools.name, info.device)
-    return dispatch
+    return PoolRoles(config, roles, hooks, dtype, info)
 
 
 def _pool_info(info: DistInfo, pools: Pools) -> DistInfo:
@@ -199,4 +216,12 @@ def _pool_info(info: DistInfo, pools: Pools) -> DistInfo:
     return replace(info, rank=pools.index_in_pool(), world=len(pools.ranks))
 
 
-__all__ = ["PoolHooks", "PoolRollout", "PoolSide", "RolloutExternals", "build_pool_backend"]
+__all__ = [
+    "PoolDispatch",
+    "PoolHooks",
+    "PoolRoles",
+    "PoolRollout",
+    "PoolSide",
+    "RolloutExternals",
+    "build_pool_roles",
+]

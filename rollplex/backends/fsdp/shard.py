@@ -66,6 +66,12 @@ def shard_model(
     return root
 
 
+def expected_chunk(shape: torch.Size, index: int, count: int) -> torch.Size:
+    """The dim-0 chunk `index` of `count` of a tensor of `shape` (torch.chunk's sizes)."""
+    meta = torch.empty(shape, device="meta").chunk(count)
+    return meta[index].shape if index < len(meta) else torch.Size([0, *shape[1:]])
+
+
 def local(p: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a parameter (the tensor itself when not sharded)."""
     return p.to_local() if isinstance(p, DTensor) else p

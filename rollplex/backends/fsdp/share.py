@@ -26,7 +26,6 @@ from torch.distributed.tensor.parallel import (
 )
 
 from rollplex.backends.base import BackendError, CheckpointWeights, LiveWeights, version_name
-from rollplex.backends.capabilities import RoleCapabilities
 from rollplex.backends.fsdp.exchange import Exchange
 from rollplex.backends.fsdp.lockstep import (
     GroupDecodeSession,
@@ -39,6 +38,7 @@ from rollplex.backends.fsdp.shard import DTYPES, local
 from rollplex.backends.torch.roles import TorchRollout
 from rollplex.engine.prefix import expand_prefix, prefix_forward
 from rollplex.specs import ModelSpec
+from rollplex.specs.roles import RoleCapabilities
 from rollplex.weights import LayoutError, WeightSharing
 from rollplex.weights.torch_rollout import aliased, rollout_sharing
 

@@ -24,7 +24,6 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 
 from rollplex.backends.base import LiveWeights
-from rollplex.backends.capabilities import FSDP_TRAINER, RoleCapabilities
 from rollplex.backends.fsdp.shard import full, local, shard_model
 from rollplex.backends.torch.loss import agg_units
 from rollplex.backends.torch.model import load_model, save_model
@@ -35,6 +34,7 @@ from rollplex.backends.torch.values import GradsHandle, Loss, TokenLogprobs, Wei
 from rollplex.engine.prefix import Model
 from rollplex.specs import AlgoSpec, ModelSpec
 from rollplex.specs.fsdp import FsdpSpec
+from rollplex.specs.roles import FSDP_TRAINER, RoleCapabilities
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 # aggregated by loss_agg_mode

@@ -28,7 +28,7 @@ from rollplex.graph.ir import Graph, ValueKind, version_model
 from rollplex.specs.backend import BackendSpec
 
 if TYPE_CHECKING:
-    from rollplex.runtime.dispatch import StepConfig
+    from rollplex.backends.step import StepConfig
 
 
 def build_trainer(config: StepConfig, **_: Any) -> TorchTrainer:

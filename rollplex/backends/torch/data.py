@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from rollplex.backends.step import StepInputs
 from rollplex.backends.torch.task import KINDS, VisualTask
 from rollplex.backends.torch.tokenizer import (
     build_image_processor,
@@ -20,7 +21,6 @@ from rollplex.backends.torch.tokenizer import (
 )
 from rollplex.backends.vllm.prompts import Media
 from rollplex.data.prompts import collate_prompts
-from rollplex.runtime.dispatch import StepInputs
 from rollplex.specs import ModelSpec, WorkloadSpec
 
 

@@ -11,8 +11,7 @@ from typing import Any
 import torch
 
 from rollplex.backends.torch.loss import micro_batch_weights
-from rollplex.backends.torch.micro import MicroBatches
-from rollplex.backends.torch.values import Loss
+from rollplex.backends.torch.values import Loss, MicroBatches
 
 
 def backward_micro_batches(terms: list[Any], micro: MicroBatches) -> None:

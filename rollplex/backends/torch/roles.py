@@ -25,7 +25,6 @@ from rollplex.backends.base import (
     WeightsSource,
     version_name,
 )
-from rollplex.backends.capabilities import TORCH_ROLLOUT, TORCH_SCORER, RoleCapabilities
 from rollplex.backends.torch.decode import DecodeSession as TorchDecodeSession
 from rollplex.backends.torch.exported_prefix import ExportedPrefix, prefill_exported
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs, response_mask
@@ -44,6 +43,7 @@ from rollplex.engine.prefix import vision_encode as encode
 from rollplex.engine.riders import RiddenPrefix, RiderRows
 from rollplex.engine.session import DecodeEngine, EngineSession
 from rollplex.specs import ModelSpec
+from rollplex.specs.roles import TORCH_ROLLOUT, TORCH_SCORER, RoleCapabilities
 from rollplex.specs.torch_engine import TorchEngineSpec
 
 

@@ -16,7 +16,6 @@ from typing import Any, ClassVar
 import torch
 
 from rollplex.backends.base import BackendError, LiveWeights, Trainer
-from rollplex.backends.capabilities import TORCH_SCORER, RoleCapabilities
 from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.exported_prefix import ExportedPrefix
 from rollplex.backends.torch.host_memory import forget_tags
@@ -62,6 +61,7 @@ from rollplex.engine.prefix import Model, PrefixState, cache_kv, fork_cache, pre
 from rollplex.engine.riders import RiddenPrefix, RiderRows, attach, rider_rows
 from rollplex.engine.step import rotary_fn
 from rollplex.specs import AlgoSpec, ModelSpec
+from rollplex.specs.roles import TORCH_SCORER, RoleCapabilities
 
 log = logging.getLogger(__name__)
 

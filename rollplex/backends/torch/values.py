@@ -7,9 +7,9 @@ what an op read and really free what the plan frees. `tensors()` is what account
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -17,9 +17,6 @@ from torch import nn
 from rollplex.backends.base import BackendError, version_name
 from rollplex.backends.torch.host_memory import move
 from rollplex.data.prompts import PromptBatch
-
-if TYPE_CHECKING:
-    from rollplex.backends.torch.micro import MicroBatches
 
 
 @dataclass(slots=True)
@@ -191,6 +188,97 @@ class SavedActivations:
         return SavedActivations(
             [t for p in parts for t in p.saved], [q for p in parts for q in p.parts]
         )
+
+
+# a micro-batch forward's outputs: [rows, R], or ([rows, R] logprobs, [rows, R] entropy)
+Scored = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(slots=True, eq=False)
+class Boundary:
+    """Outputs of a forward shared by the micro-batches, and the leaves each one reads.
+
+    `cut` hands out rows of a source as a detached leaf; each micro-batch's backward stops
+    there and leaves its gradient on the leaf. `backward` then joins the leaves' gradients
+    (in row order: the cuts of one source must cover it in order) and backpropagates them
+    once through the shared forward."""
+
+    sources: list[torch.Tensor] = field(default_factory=list)
+    leaves: list[list[torch.Tensor]] = field(default_factory=list)
+
+    def cut(self, source: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        if not source.requires_grad:
+            return source[lo:hi]
+        leaf = source[lo:hi].detach().requires_grad_()
+        for i, s in enumerate(self.sources):
+            if s is source:
+                self.leaves[i].append(leaf)
+                return leaf
+        self.sources.append(source)
+        self.leaves.append([leaf])
+        return leaf
+
+    def backward(self) -> None:
+        sources, grads = [], []
+        for source, leaves in zip(self.sources, self.leaves, strict=True):
+            if all(leaf.grad is None for leaf in leaves):
+                continue
+            grad = torch.cat([torch.zeros_like(x) if x.grad is None else x.grad for x in leaves])
+            if grad.shape != source.shape:
+                raise RuntimeError(f"micro-batch leaves cover {grad.shape} of {source.shape}")
+            sources.append(source)
+            grads.append(grad)
+        self.sources, self.leaves = [], []
+        if sources:
+            torch.autograd.backward(sources, grads)
+
+
+@dataclass(slots=True, eq=False)
+class MicroBatches:
+    """One training forward cut into micro-batches of sample rows."""
+
+    rows: list[tuple[int, int]] = field(default_factory=list)  # sample rows [lo, hi)
+    logprobs: list[torch.Tensor] = field(default_factory=list)  # [hi - lo, R], with grad
+    saved: list[SavedActivations] = field(default_factory=list)  # kept for each backward
+    boundary: Boundary = field(default_factory=Boundary)
+    # recompute mode: the forward ran without grad, and redo(k) runs micro-batch k's again
+    # with grad (in the backward, one at a time), returning its outputs
+    redo: Callable[[int], torch.Tensor] | None = None
+    # fused mode: the forward step ran nothing; redo(k) writes its rows' values into `sink`
+    fused: bool = False
+    sink: torch.Tensor | None = None
+    # the policy's per-token entropy [hi - lo, R] beside each micro-batch's logprobs, when
+    # the forward returns (logprobs, entropy) (empty otherwise); with grad only when the
+    # loss has an entropy term. Fused mode fills `entropy_sink` as it does `sink`.
+    entropy: list[torch.Tensor] = field(default_factory=list)
+    entropy_sink: torch.Tensor | None = None
+
+    def add(self, rows: tuple[int, int], out: Scored, saved: SavedActivations):
+        self.rows.append(rows)
+        logprobs, entropy = out if isinstance(out, tuple) else (out, None)
+        self.logprobs.append(logprobs)
+        if entropy is not None:
+            self.entropy.append(entropy)
+        self.saved.append(saved)
+
+    def set(self, k: int, out: Scored) -> None:
+        """Micro-batch `k`'s outputs from its forward run again (recompute, fused)."""
+        self.logprobs[k], entropy = out if isinstance(out, tuple) else (out, None)
+        if entropy is not None:
+            self.entropy[k] = entropy
+
+    def release(self, k: int) -> None:
+        """Drop micro-batch `k`'s graph and kept activations (after its backward)."""
+        self.logprobs[k] = self.logprobs[k].detach()
+        if self.entropy:
+            self.entropy[k] = self.entropy[k].detach()
+        self.saved[k].release()
+
+    def values(self) -> torch.Tensor:
+        return torch.cat([x.detach() for x in self.logprobs])
+
+    def entropy_values(self) -> torch.Tensor | None:
+        return torch.cat([x.detach() for x in self.entropy]) if self.entropy else None
 
 
 class VersionCounter:

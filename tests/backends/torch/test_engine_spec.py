@@ -8,9 +8,9 @@ import torch
 from pydantic import ValidationError
 
 from rollplex.backends.base import Sampling
+from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.backend import build_rollout
 from rollplex.backends.torch.trainer import TorchTrainer
-from rollplex.runtime.dispatch import StepConfig
 from rollplex.specs import AlgoSpec
 from rollplex.specs.backend import BackendSpec
 

@@ -17,11 +17,12 @@ import math
 import pytest
 import torch
 
+from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
-from rollplex.runtime.dispatch import RoleDispatch, StepConfig
+from rollplex.runtime.dispatch import RoleDispatch
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
 
 MODEL = MODEL_PRESETS["tiny"]

@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from rollplex.backends.base import BackendError
-from rollplex.backends.capabilities import TORCH_ROLLOUT, TORCH_SCORER
+from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.backends.torch.exported_prefix import ExportedPrefix
 from rollplex.backends.torch.trainer import TorchTrainer
 from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
-from rollplex.runtime.dispatch import StepConfig
 from rollplex.specs import AlgoSpec, ScheduleSpec
+from rollplex.specs.roles import TORCH_ROLLOUT, TORCH_SCORER
 from tests.runtime.conftest import ALGO, CPU, MODEL, WORKLOAD, Run, initial_params
 
 PPO = AlgoSpec(name="ppo", lr=1e-3, critic_lr=1e-3, use_reference=True, kl_coef=0.04)

@@ -205,10 +205,10 @@ def test_grpo_steps_train_on_video_alike_under_every_schedule(spec, renderer):
     """Two GRPO steps on video prompts through plans and the executor: serial (verl-style
     recompute) and rollplex (shared prefix, its training prefix riding the decode) end
     with the same parameters, to rounding."""
+    from rollplex.backends.step import StepConfig, StepInputs
     from rollplex.jobs.pipeline import plan_step
     from rollplex.runtime import Executor
     from rollplex.runtime.compose import compose
-    from rollplex.runtime.dispatch import StepConfig, StepInputs
     from rollplex.specs import HARDWARE_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
 
     workload = WORKLOAD_PRESETS["tiny"].model_copy(update={"frames": 4, "prompts_per_step": 2})

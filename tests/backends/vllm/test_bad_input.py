@@ -80,10 +80,10 @@ def test_spec_rejects_bad_knobs():
 
 @needs_vllm
 def test_sharing_on_a_cpu_engine_is_refused_before_it_starts(no_engine, monkeypatch):
+    from rollplex.backends.step import StepConfig
     from rollplex.backends.torch.model import build_model
     from rollplex.backends.torch.trainer import TorchTrainer
     from rollplex.backends.vllm.build import build_rollout
-    from rollplex.runtime.dispatch import StepConfig
     from rollplex.specs import AlgoSpec
     from rollplex.specs.backend import BackendSpec
     from tests.backends.vllm.tiny_folder import SPEC

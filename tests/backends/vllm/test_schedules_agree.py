@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from rollplex.backends import rollout_capabilities
+from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.backends.vllm.build import kv_budget
 from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
-from rollplex.runtime.dispatch import StepConfig
 from rollplex.runtime.engine_residency import engine_kv_budget
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
 from rollplex.specs.backend import BackendSpec

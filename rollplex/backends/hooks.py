@@ -14,16 +14,11 @@ hooks, its value ops and the step config (its device: a rank's own GPU).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from rollplex.backends.base import ValueOps
 from rollplex.graph.ir import Graph
-
-if TYPE_CHECKING:
-    from rollplex.runtime.dispatch import StepConfig
 
 
 def decode_seed(seed: int, step: int) -> int:
@@ -49,13 +44,4 @@ class StepHooks:
         return values
 
 
-@dataclass(slots=True, frozen=True)
-class RoleRuntime:
-    """What a trainer brings to the dispatch besides its roles."""
-
-    config: StepConfig
-    values: ValueOps
-    hooks: StepHooks
-
-
-__all__ = ["RoleRuntime", "StepHooks", "decode_seed"]
+__all__ = ["StepHooks", "decode_seed"]

@@ -108,3 +108,13 @@ FSDP_ROLLOUTS = {
     # its tensor-parallel decode is the eager loop over a growing cache, not the engine
     "share": replace(_FSDP_ROLLOUT, weights_layout="torch_tp", static_kv=False),
 }
+
+
+# -- the role names a spec may choose ----------------------------------------------------------
+# Each registered implementation of each role (backend.rollout=vllm ...): BackendSpec checks
+# a choice against these, and the registry (rollplex.backends.ROLES) holds exactly these.
+ROLE_NAMES: dict[str, tuple[str, ...]] = {
+    "rollout": ("torch", "vllm"),
+    "reference": ("torch",),
+    "trainer": ("torch", "fsdp"),
+}
