@@ -3,7 +3,7 @@
 The folder is claimed before Hydra starts: created atomically with a `_1`, `_2`... suffix
 while the name is taken (two runs in one second share Hydra's name), then handed to Hydra.
 Under torchrun only rank 0 claims one; the others log into a temporary folder until they
-take rank 0's (runtime.distributed.from_rank0).
+take rank 0's (backends.distributed.from_rank0).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ class Callbacks(Callback):
 
 class Progress(Callback):
     """A tqdm bar over RL steps with the latest metrics in its postfix, and the one-time
-    phase running (runtime/phases.py: model load, a compilation, a graph capture) in its
+    phase running (engine/phases.py: model load, a compilation, a graph capture) in its
     description."""
 
     def __init__(

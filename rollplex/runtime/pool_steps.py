@@ -1,4 +1,4 @@
-"""The executor's side of a pooled plan (runtime/pools.py): which steps this rank issues, and
+"""The executor's side of a pooled plan (planner/pools.py): which steps this rank issues, and
 its part of each transfer step (runtime/transfers.py moves the bytes).
 
 A rank issues its own group's steps and every transfer whose routes name it: trainers send

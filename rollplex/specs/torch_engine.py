@@ -10,7 +10,7 @@ from rollplex.specs.base import Spec
 
 
 class TorchEngineSpec(Spec):
-    """Knobs of the torch decode engine (backends/torch/engine/); read when rollout=torch.
+    """Knobs of the torch decode engine (engine/); read when rollout=torch.
     The planner prices the engine's workspace in the SDPA layout with the stacked q/k/v
     weights, which bounds every setting here."""
 
@@ -33,7 +33,7 @@ class TorchEngineSpec(Spec):
         None,
         description="Run the MLP's gate/up projections with their SiLU as one Triton kernel, "
         "and the LM head on a Triton weight-streaming GEMM, in decode steps of at most 32 "
-        "rows (backends/torch/engine/skinny.py; measured against cuBLAS in "
+        "rows (engine/skinny.py; measured against cuBLAS in "
         "bench/results/gpu_decode/skinny.md). None: on CUDA when Triton is installed; true "
         "elsewhere is refused when the engine starts.",
     )
@@ -42,7 +42,7 @@ class TorchEngineSpec(Spec):
         description="In decode steps of at most 64 rows, run the o and down projections on "
         "a Triton kernel that splits each one's reduction into float32 partial sums, which "
         "the next fused norm kernel adds up "
-        "(backends/torch/engine/skinny.py; measured in bench/results/gpu_decode/"
+        "(engine/skinny.py; measured in bench/results/gpu_decode/"
         "split_gemm.md: 1.01-1.05x the step at 8-64 rows of the 7B and 3B shapes). None: "
         "on CUDA when Triton is installed; true elsewhere is refused when the engine starts.",
     )
@@ -50,7 +50,7 @@ class TorchEngineSpec(Spec):
         None,
         description="Under attention 'split', attend with two Triton kernels (flash-decoding's "
         "prefix chunks and per-row response pieces, then one merge: "
-        "backends/torch/engine/split_kernel.py) instead of compiled torch matmuls. None: on "
+        "engine/split_kernel.py) instead of compiled torch matmuls. None: on "
         "CUDA when Triton is installed; true elsewhere is refused before the model loads.",
     )
     compile: bool | None = Field(

@@ -1,5 +1,5 @@
 """What a first GPU run says and keeps, checked on CPU: each one-time phase logged once with
-its duration and shown in the progress bar (runtime/phases.py), and the compile cache keyed
+its duration and shown in the progress bar (engine/phases.py), and the compile cache keyed
 so that a changed model shape, software version or device never reuses a stale folder
 (runtime/compile_cache.py)."""
 

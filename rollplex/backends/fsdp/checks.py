@@ -111,7 +111,7 @@ def check_rollout_tp(spec: RunSpec, world: int) -> None:
 
 
 def check_pooled_spec(spec: RunSpec, world: int) -> None:
-    """schedule=disaggregated: the pools split torchrun's ranks (runtime/pools.py), each
+    """schedule=disaggregated: the pools split torchrun's ranks (planner/pools.py), each
     rollout rank holds a full model loaded by the plan's weights transfer."""
     from rollplex.planner.pools import check_pool_spec
 

@@ -1,4 +1,4 @@
-"""The fsdp roles of one pool of a disaggregated plan (runtime/pools.py), one rank each.
+"""The fsdp roles of one pool of a disaggregated plan (planner/pools.py), one rank each.
 
 Training pool: the FSDP2 trainer over the training ranks' own group and a frozen reference
 per rank. Rollout pool: a full rollout model per rank (TP 1), its trained parameters filled

@@ -132,7 +132,7 @@ def _flex() -> Callable:
     cfg = torch._dynamo.config
     cfg.recompile_limit = max(cfg.recompile_limit, 64)
     cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 1024)
-    # its first call compiles: a logged phase (runtime/phases.py)
+    # its first call compiles: a logged phase (engine/phases.py)
     return first_call(torch.compile(flex_attention, fullgraph=True), "compile flex attention")
 
 
