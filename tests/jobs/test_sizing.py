@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 
 from rollplex.cli import _conf_dir
 from rollplex.jobs.sizing import gpu_defaults, size_train
-from rollplex.jobs.train_checks import check_spec
+from rollplex.jobs.validate_run import check_spec
 from rollplex.specs import HARDWARE_PRESETS
 from rollplex.specs.hardware import GIB, DeviceInfo, gpu_model
 from rollplex.specs.run import RunSpec
