@@ -72,6 +72,9 @@ class RoleNeeds:
 
     def refusal(self, spec: Any, world: int = 1) -> str | None:
         """The first declared refusal that holds for `spec` on `world` ranks, else None."""
+        device = spec.train.device
+        if device.split(":")[0] not in self.devices:
+            return f"{self.where} runs on {' or '.join(self.devices)}, not train.device={device}"
         for r in self.refuses:
             if r.holds(spec):
                 return r.says(spec)
