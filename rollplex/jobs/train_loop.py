@@ -21,7 +21,7 @@ from rollplex.runtime.evaluate import evaluate
 from rollplex.specs.run import RunSpec
 from rollplex.trace import write_scalars
 
-log = logging.getLogger("rollplex.jobs.train")
+log = logging.getLogger("rollplex.jobs.train")  # the train job's step lines, as before
 
 
 @dataclass(slots=True)
