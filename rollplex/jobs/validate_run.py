@@ -18,6 +18,7 @@ from rollplex.backends.base import BackendUnavailable
 from rollplex.specs.hardware import DeviceInfo
 from rollplex.specs.role_needs import RoleNeeds, chosen_needs, field_value
 from rollplex.specs.run import RunSpec
+from rollplex.specs.schedule import check_parallel
 
 ORDER = (
     "device",  # train.device on this torch
@@ -26,6 +27,7 @@ ORDER = (
     "role refusals",  # each chosen role's declared refusals and TP degrees
     "roles available",  # each chosen role installed and importable here
     "role world",  # a torchrun role's layout against the world (prompts, sync, widths, pools)
+    "TP degrees",  # schedule.parallel against the GPUs and the model's heads (specs/schedule.py)
     "engine knobs",  # knobs whose Triton kernels cannot run on this device
     "response cap",  # train.max_new_tokens within the plan's response length
     "mini-batches",  # a PPO mini-batch no larger than the step's batch
@@ -123,6 +125,7 @@ def check_combination(
     for n in needs:
         if n.world_check:
             _hook(n.world_check)(spec, world)
+    check_parallel(spec.schedule, spec.model, spec.hardware)  # plan_step's guard, made early
     _engine_knobs(spec, needs, facts.triton)
     t, w = spec.train, spec.workload
     if t.max_new_tokens > w.response_length.max:

@@ -116,6 +116,8 @@ BAD = [
      facts(keys=frozenset({"workload.response_length.max"})),
      "train.max_new_tokens=32 exceeds workload.response_length.max=16",
      {"train.max_new_tokens": 16}),
+    ("rollout TP over the plan's GPUs", {"schedule.parallel.rollout_tp": 2}, facts(),
+     "schedule.parallel.rollout_tp=2 exceeds the 1 GPUs", {"schedule.parallel.rollout_tp": 1}),
     ("mini-batch over the batch", {"algo.ppo_mini_batch_size": 5}, facts(),
      "algo.ppo_mini_batch_size=5 exceeds", {"algo.ppo_mini_batch_size": 4}),
     ("hardware that is not the device", {"train.device": "cuda", "hardware": H200_PRESET},
@@ -230,6 +232,7 @@ def test_nothing_loads_before_a_refusal(tmp_path: Path, monkeypatch):
     for bad, says in (
         ({**KL_IN_REWARD, "backend.rollout": "vllm"}, "kl_in_reward with backend.rollout=vllm"),
         (FSDP, "prompts_per_step=4 does not divide over 3"),
+        ({"schedule.parallel.train_tp": 2}, "train_tp=2 exceeds"),
         ({"backend.torch_engine.skinny_gemm": True}, "skinny_gemm=true with train.device=cpu"),
     ):
         with pytest.raises(ValueError, match=re.escape(says)):
