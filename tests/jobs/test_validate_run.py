@@ -238,3 +238,19 @@ def test_nothing_loads_before_a_refusal(tmp_path: Path, monkeypatch):
         with pytest.raises(ValueError, match=re.escape(says)):
             run_train(spec(**bad), tmp_path)
     assert not (tmp_path / "plan.json").exists()
+
+
+def test_the_eval_job_names_a_missing_role_before_any_weights_load(tmp_path: Path, monkeypatch):
+    """compose() no longer re-checks the roles: the eval job checks them at its own edge."""
+    import importlib.util
+
+    import rollplex.runtime.compose as compose_module
+    from rollplex.jobs.eval import run_eval
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real(n, *a)
+    )
+    monkeypatch.setattr(compose_module, "compose", lambda *_, **__: pytest.fail("loaded"))
+    with pytest.raises(BackendUnavailable, match="pip install vllm"):
+        run_eval(spec(**{"job": "eval", "backend.rollout": "vllm"}), tmp_path)
