@@ -17,10 +17,10 @@ def run_job(spec: RunSpec, out: Path) -> dict[str, Any]:
         from rollplex.ops.calibration import load_calibration
 
         load_calibration(spec.calibration.path)
-    if spec.job in ("train", "eval"):
+    if spec.job == "eval":  # train's is checked with the rest (jobs/validate_run.py)
         from rollplex.jobs.devices import check_device
 
-        check_device(f"{spec.job}.device", getattr(spec, spec.job).device)
+        check_device("eval.device", spec.eval.device)
     out.mkdir(parents=True, exist_ok=True)
     main = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 writes
     if main:

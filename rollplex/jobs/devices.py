@@ -12,22 +12,34 @@ def check_device(field: str, device: str) -> None:
     """Raise ValueError naming `field` unless this torch can run on `device`."""
     import torch
 
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    why = device_refusal(field, device, torch.backends.cuda.is_built(), count, torch.__version__)
+    if why is not None:
+        raise ValueError(why)
+
+
+def device_refusal(
+    field: str, device: str, cuda_built: bool, cuda_devices: int, torch_version: str
+) -> str | None:
+    """Why `device` cannot run on a torch with these facts (None: it can), naming `field`."""
+    import torch
+
     try:
         kind = torch.device(device).type
         index = torch.device(device).index
     except (RuntimeError, TypeError, ValueError):
-        raise ValueError(f"{field}={device}: not a device rollplex runs on (cpu or cuda)") from None
+        return f"{field}={device}: not a device rollplex runs on (cpu or cuda)"
     if kind == "cpu":
-        return
+        return None
     if kind != "cuda":
-        raise ValueError(f"{field}={device}: rollplex runs on cpu or cuda, not {kind}")
-    if not torch.backends.cuda.is_built():
-        raise ValueError(
-            f"{field}={device}: this torch ({torch.__version__}) is a CPU-only build; "
+        return f"{field}={device}: rollplex runs on cpu or cuda, not {kind}"
+    if not cuda_built:
+        return (
+            f"{field}={device}: this torch ({torch_version}) is a CPU-only build; "
             f"use {field}=cpu, or install a CUDA build of torch"
         )
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count == 0:
-        raise ValueError(f"{field}={device}: no CUDA device is visible to torch")
-    if index is not None and index >= count:
-        raise ValueError(f"{field}={device}: only {count} CUDA device(s) are visible")
+    if cuda_devices == 0:
+        return f"{field}={device}: no CUDA device is visible to torch"
+    if index is not None and index >= cuda_devices:
+        return f"{field}={device}: only {cuda_devices} CUDA device(s) are visible"
+    return None

@@ -119,6 +119,9 @@ def run_eval(spec: RunSpec, out: Path) -> dict[str, Any]:
             e.prompts,
             spec.seed,
         )
+    from rollplex.runtime.compose import check_roles
+
+    check_roles(spec.backend)  # BackendUnavailable says what to install, before any load
     folder = model_folder(spec)  # checked before any weights load
     source = build_source(spec.data, e.split, spec.seed, frames=spec.workload.frames)
     renderer = renderer_for(spec, folder, spec.workload)

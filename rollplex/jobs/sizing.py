@@ -54,14 +54,12 @@ def is_set(key: str, keys: frozenset[str]) -> bool:
 
 
 def read_device(device: str) -> DeviceInfo | None:
-    """The CUDA device `device` names (None for a CPU device). Refuses cuda without one."""
+    """The CUDA device `device` names (None for a CPU device); the caller checked that this
+    torch can run on it (jobs/validate_run.py run_facts)."""
     if not device.startswith("cuda"):
         return None
     import torch
 
-    from rollplex.jobs.devices import check_device
-
-    check_device("train.device", device)  # one place says why a device cannot be used
     index = torch.device(device).index or 0
     props = torch.cuda.get_device_properties(index)
     return DeviceInfo(props.name, int(props.total_memory), torch.cuda.device_count())
@@ -163,13 +161,11 @@ def _response_cap(raw: dict[str, Any], keys: frozenset[str] | None, notes: list[
         notes.append(f"{RESPONSE_KEY}: fixed at train.max_new_tokens={cap}")
 
 
-def size_for_run(spec: RunSpec, out: Path) -> RunSpec:
-    """`size_train` for this process's command line and device; logs each decision and
-    rewrites the run folder's config.json with the spec the job runs."""
-    sized = size_train(spec, command_line_keys(), read_device(spec.train.device))
-    for note in sized.notes:
+def record_sizing(given: RunSpec, sized: RunSpec, notes: tuple[str, ...], out: Path) -> None:
+    """Log each sizing decision and rewrite the run folder's config.json with the spec the
+    job runs (rank 0 only under torchrun)."""
+    for note in notes:
         log.info("sized: %s", note)
     main = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 writes
-    if main and sized.spec != spec and (out / "config.json").is_file():
-        (out / "config.json").write_text(sized.spec.model_dump_json(indent=1))
-    return sized.spec
+    if main and sized != given and (out / "config.json").is_file():
+        (out / "config.json").write_text(sized.model_dump_json(indent=1))

@@ -181,3 +181,19 @@ def run_summary(spec: RunSpec, plan, rows, start, ckpt, ckpt_root, last_ckpt, re
         "measured_peak_resident_bytes": measured_peak,
         "decisions": plan.notes,
     }
+
+
+def final_line(summary: dict, rows: int, start: int, evals: bool, out: Path) -> str:
+    """The run's last line: mean reward first -> last (and held-out accuracy), its folder."""
+    first = min(10, rows)  # run_summary's first mean: this run's first rows
+    line = (
+        f"mean reward {summary['first_mean_reward']:.3f} (steps {start + 1}-{start + first})"
+        f" -> {summary['final_mean_reward']:.3f} (last {summary['final_mean_reward_over']})"
+    )
+    if evals:
+        line += (
+            f"; held-out accuracy {summary['eval_accuracy_first']:.3f} -> "
+            f"{summary['eval_accuracy_last']:.3f} (always '{summary['majority_answer']}': "
+            f"{summary['majority_accuracy']:.3f})"
+        )
+    return f"{line}; run folder {out} (tensorboard --logdir {out})"

@@ -39,7 +39,6 @@ def compose(
     `rollout`: a rollout role already built (a started engine, whose start-up is the
     expensive part) to reuse; it is given the new trainer's weights."""
     spec = spec or BackendSpec()
-    check_roles(spec)
     if spec.reference != "torch":
         raise ValueError(f"backend.reference={spec.reference!r}: only 'torch' is built")
     from rollplex.backends.hooks import StepHooks

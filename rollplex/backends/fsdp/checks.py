@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 
+from rollplex.specs.role_needs import needs_of
 from rollplex.specs.run import RunSpec
 
 log = logging.getLogger(__name__)
@@ -51,19 +52,17 @@ def world_spec(spec: RunSpec, world: int | None = None) -> RunSpec:
 
 
 def check_fsdp_spec(spec: RunSpec, world: int | None = None) -> None:
+    """What the fsdp trainer declares it refuses (specs/role_needs.py), then
+    `check_fsdp_world`."""
     world = torchrun_world() if world is None else world
+    if why := needs_of("trainer", "fsdp").refusal(spec, world):
+        raise ValueError(why)
+    check_fsdp_world(spec, world)
+
+
+def check_fsdp_world(spec: RunSpec, world: int) -> None:
+    """The fsdp trainer's layout against torchrun's `world` (its declared refusals passed)."""
     b, prompts = spec.backend, spec.workload.prompts_per_step
-    if spec.algo.name == "ppo":
-        raise ValueError(
-            "backend.trainer=fsdp with algo=ppo: the FSDP2 trainer trains the policy only "
-            "(no critic); use algo=grpo or rloo, or backend.trainer=torch"
-        )
-    if b.rollout != "torch" or b.reference != "torch":
-        raise ValueError(
-            f"backend.trainer=fsdp with backend.rollout={b.rollout}, backend.reference="
-            f"{b.reference}: the FSDP2 trainer brings its own torch rollout and reference "
-            "(full models on every rank); use backend.rollout=torch backend.reference=torch"
-        )
     if spec.schedule.name == "disaggregated":
         return check_pooled_spec(spec, world)
     if prompts % world:
@@ -77,25 +76,16 @@ def check_fsdp_spec(spec: RunSpec, world: int | None = None) -> None:
             f"backend.fsdp.rollout_sync=alias needs 1 rank computing in float32 (here {world} "
             f"ranks, {dtype}): only there is a shard the whole parameter; use gather"
         )
-    check_rollout_tp(spec, world)
+    check_rollout_tp(spec)
 
 
-def check_rollout_tp(spec: RunSpec, world: int) -> None:
-    """backend.fsdp.rollout_tp against the sync mode, the world and the model's widths."""
+def check_rollout_tp(spec: RunSpec) -> None:
+    """backend.fsdp.rollout_tp against the model's widths (its sync mode and the world are
+    declared in specs/role_needs.py)."""
     f, m = spec.backend.fsdp, spec.model
     t = f.rollout_tp
     if t == 1:
         return
-    if f.rollout_sync != "share":
-        raise ValueError(
-            f"backend.fsdp.rollout_tp={t} needs backend.fsdp.rollout_sync=share (here "
-            f"{f.rollout_sync}): only the shared rollout runs tensor-parallel"
-        )
-    if world % t:
-        raise ValueError(
-            f"backend.fsdp.rollout_tp={t} does not divide the {world} torchrun ranks: "
-            "each rollout replica takes rollout_tp whole ranks"
-        )
     layer = "model.language_model.layers.*"
     for what, n, param in (
         ("attention heads", m.num_heads, f"{layer}.self_attn.q_proj"),
