@@ -147,7 +147,9 @@ def export_traces(
 
     def cost(step) -> tuple[float, float]:
         op = graph.ops[step.op]
-        c = op_cost(graph, op, CostContext(spec.model, spec.workload, dp=step.chunks))
+        micro = plan.meta.get("train_micro_batches", 1)  # rows a trained forward runs together
+        ctx = CostContext(spec.model, spec.workload, dp=step.chunks, micro_batches=micro)
+        c = op_cost(graph, op, ctx)
         return c.flops, c.bytes
 
     from rollplex.jobs.pricing import device_name, provenance

@@ -2,8 +2,9 @@
 
 Sizes come from the graph (row counts, prefix lengths from value shapes), so a pass that
 shares a prefix across a group or merges phases changes the cost automatically. Dynamic
-response lengths come from the workload's distribution (expected values), not from the
-padded shapes. Rows split over `dp` data-parallel ranks; weights over `tp`.
+response lengths come from the workload's distribution: the expected width each scoring
+path pads its rows to (response_width.py). Rows split over `dp` data-parallel ranks;
+weights over `tp`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from functools import lru_cache
 from rollplex.graph.ir import DTYPE_BYTES, Graph, Op, Value
 from rollplex.graph.schema import get_kind
 from rollplex.ops import formulas as F
+from rollplex.ops import response_width as W
 from rollplex.ops.formulas import Cost
 from rollplex.ops.formulas.llm import lm_head_forward
 from rollplex.specs import ModelSpec, WorkloadSpec
@@ -37,6 +39,10 @@ class CostContext:
     # its backward (schedule.train_micro_fused, verl's): the forward step does nothing,
     # the backward pays the forward once
     fused_forward: bool = False
+    # the trainer's micro-batches of a step (`planner.sizing.train_micro_batches`): its
+    # forwards with grad and their backward run in these, each padded to its own longest
+    # response, so rows run together (and the width they pay for) follow from it
+    micro_batches: int = 1
 
     def per_rank(self, rows: int) -> float:
         return math.ceil(rows / self.dp)
@@ -113,8 +119,27 @@ def _prefix_tokens(ins: dict[str, Value]) -> int:
     return ins["features"].shape[1] + ins["text"].shape[1]
 
 
-def _response_tokens(ctx: CostContext) -> int:
-    return max(1, round(ctx.workload.response_length.mean))
+def _trained_tokens(ctx: CostContext, fwd: Op, ins: dict[str, Value]) -> int:
+    """Columns per row of a forward with grad (`fwd`'s inputs `ins`), run in the trainer's
+    micro-batches: of whole prompts' groups (response part) or of samples (full)."""
+    rows = ins["responses"].shape[0]
+    if fwd.kind == "logprob":
+        units, per_unit = ctx.per_rank(rows), 1
+    else:
+        prompts = ins["kv"].shape[2]
+        units, per_unit = ctx.per_rank(prompts), max(1, rows // max(1, prompts))
+    return W.trimmed_width(ctx.workload.response_length, units, ctx.micro_batches, per_unit)
+
+
+def _scored_tokens(ctx: CostContext, op: Op, ins: dict[str, Value], part: str) -> int:
+    """Columns per row of a logprob forward: trimmed per micro-batch with grad; without,
+    the whole padded width (response part) or its rows' longest (full: response_width.py)."""
+    if "saved" in op.outputs:
+        return _trained_tokens(ctx, op, ins)
+    lengths = ctx.workload.response_length
+    if part == "response":
+        return W.cap_width(lengths)
+    return W.longest_width(lengths, ctx.per_rank(ins["responses"].shape[0]))
 
 
 def _grid(pixels: Value) -> dict:
@@ -223,11 +248,12 @@ def _logprob(part: str):
             rows, prefix = ctx.per_rank(ins["responses"].shape[0]), ins["kv"].shape[3]
         else:
             rows, prefix = ctx.per_rank(ins["features"].shape[0]), _prefix_tokens(ins)
+        tokens = 0 if part == "prefix" else _scored_tokens(ctx, op, ins, part)
         cost = F.logprob(
             ctx.model,
             rows,
             prefix,
-            _response_tokens(ctx),
+            tokens,
             part,
             ctx.tp,
             grad=grad,
@@ -258,16 +284,20 @@ def _select(g: Graph, op: Op, ctx: CostContext) -> Cost:
 def _reward(g: Graph, op: Op, ctx: CostContext) -> Cost:
     ins = g.inputs_of(op)
     rows = ctx.per_rank(ins["responses"].shape[0])
+    lengths = ctx.workload.response_length
     if "weights" in ins:  # a learned reward model scores prefix + response
+        # No runtime runs one yet: priced as a no-grad full forward, to its rows' longest.
         prefix = _prefix_tokens(ins) if "features" in ins else 0
-        return F.logprob(ctx.model, rows, prefix, _response_tokens(ctx), "full", ctx.tp)
-    return F.reward(rows, _response_tokens(ctx))
+        tokens = W.longest_width(lengths, rows)
+        return F.logprob(ctx.model, rows, prefix, tokens, "full", ctx.tp)
+    return F.reward(rows, W.mean_width(lengths))  # each row's own tokens
 
 
 def _advantage(g: Graph, op: Op, ctx: CostContext) -> Cost:
     ins = g.inputs_of(op)
     rows = ctx.per_rank(ins["rewards"].shape[0])
-    tokens = _response_tokens(ctx) if "values" in ins else 1
+    # GAE runs over the [rows, cap] values
+    tokens = W.cap_width(ctx.workload.response_length) if "values" in ins else 1
     return F.advantage(rows, op.attrs.get("group_size", 1), tokens)
 
 
@@ -285,7 +315,8 @@ def _combine(g: Graph, op: Op, ctx: CostContext) -> Cost:
 def _loss(g: Graph, op: Op, ctx: CostContext) -> Cost:
     ins = g.inputs_of(op)
     first = next(iter(ins.values()))
-    elems = ctx.per_rank(first.shape[0]) * _response_tokens(ctx)
+    # elementwise over [rows, cap]: each micro-batch's values are padded back to the cap
+    elems = ctx.per_rank(first.shape[0]) * W.cap_width(ctx.workload.response_length)
     read = elems * 4 * len(ins)
     return Cost(flops=20 * elems, bytes_read=read, bytes_written=4, persistent_bytes=4)
 
@@ -311,11 +342,13 @@ def _backward(g: Graph, op: Op, ctx: CostContext, prefix_only: bool = False) -> 
             rows, prefix = ins["responses"].shape[0], ins["kv"].shape[3]
         else:
             rows, prefix = ins["features"].shape[0], _prefix_tokens(ins)
+        # the micro-batches' forwards it differentiates (and runs again) were trimmed
+        tokens = 0 if part == "prefix" else _trained_tokens(ctx, fwd, ins)
         back = F.backward(
             ctx.model,
             ctx.per_rank(rows),
             prefix,
-            _response_tokens(ctx),
+            tokens,
             part,
             ctx.tp,
             checkpointing=ctx.checkpointing,
@@ -325,7 +358,7 @@ def _backward(g: Graph, op: Op, ctx: CostContext, prefix_only: bool = False) -> 
             # The forward again, with grad, before its micro-batch's backward: what it
             # keeps lives beside that backward's scratch, not in an output.
             again = F.logprob(
-                ctx.model, ctx.per_rank(rows), prefix, _response_tokens(ctx), part, ctx.tp,
+                ctx.model, ctx.per_rank(rows), prefix, tokens, part, ctx.tp,
                 grad=True, checkpointing=ctx.checkpointing,
             )  # fmt: skip
             kept = again.persistent_bytes

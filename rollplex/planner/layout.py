@@ -81,7 +81,14 @@ class OpTimer:
             shards=t.gpus,
             recompute_forward=self.micro_recompute,
             fused_forward=self.micro_fused,
+            micro_batches=self._train_micro_batches(),
         )
+
+    def _train_micro_batches(self) -> int:
+        """The step's training micro-batch count, which the trainer runs (1 unsplit)."""
+        if self.micro_tokens <= 0:
+            return 1
+        return train_micro_batches(self.model, self.workload, self.train.gpus, self.micro_tokens)
 
     def time(self, op: Op, chunks: int = 1) -> Timing:
         """Solo time of `op`, or of one of its `chunks` row chunks, on one GPU: priced in

@@ -17,15 +17,19 @@ from rollplex.specs.model import ModelSpec
 #   qwen2_5_vl_7b: bench/results/gpu_step/runs_qwen2_5_vl_7b_run9/serial_dedup/calibration.json
 # Kinds priced by their launch alone (reward, advantage, policy_loss, weight_sync) are left
 # out: an efficiency scale does not reach them.
-# model -> (kind, predicted s, measured s): each kind summed over its entries in the file
+# model -> (kind, predicted s, measured s): each kind summed over its entries in the file.
+# logprob_response's and backward's predicted seconds are re-priced at the width the runtime
+# pads scoring rows to (ops/response_width.py): the file's, times new over old pricing of
+# the same plan (bench/pricing_padded_tokens.py --rerun <run>/serial_dedup), so each
+# measured ratio stays the time the model still misses, not the padding it now prices.
 _H200: dict[str, tuple[tuple[str, float, float], ...]] = {
     "qwen2_5_vl_3b": (
         ("vision_encode", 0.0714995, 0.129387),
         ("prefix_prefill", 0.0831491, 0.132654),
         ("decode", 3.55336, 9.11291),
         ("logprob_prefix", 0.166298, 0.264142),
-        ("logprob_response", 0.63921, 2.05924),
-        ("backward", 1.07653, 3.18753),
+        ("logprob_response", 1.29889, 2.05924),
+        ("backward", 1.68680, 3.18753),
         ("optimizer_step", 0.0514723, 0.183909),
     ),
     "qwen2_5_vl_7b": (
@@ -33,8 +37,8 @@ _H200: dict[str, tuple[tuple[str, float, float], ...]] = {
         ("prefix_prefill", 0.191136, 0.212258),
         ("decode", 7.8173, 9.56358),
         ("logprob_prefix", 0.382272, 0.443433),
-        ("logprob_response", 1.42476, 3.5383),
-        ("backward", 2.42003, 5.10417),
+        ("logprob_response", 2.87249, 3.5383),
+        ("backward", 3.76456, 5.10417),
         ("optimizer_step", 0.126967, 0.277607),
     ),
 }

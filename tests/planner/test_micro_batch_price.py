@@ -1,8 +1,10 @@
 """The micro-batch count is priced: each micro-batch of a forward or backward reads the
 weights again and launches its kernels again, and `train_micro_recompute` runs each
-micro-batch's forward once more. Smaller micro-batches never make a step faster at a budget
-that needs no offloads (models x workloads x schedules x GPU counts), and one token per
-micro-batch costs far more than ten micro-batches."""
+micro-batch's forward once more. At a fixed response length, smaller micro-batches never
+make a step faster at a budget that needs no offloads (models x workloads x schedules x GPU
+counts), and one token per micro-batch costs far more than ten micro-batches. (With
+long-tailed lengths they can: each micro-batch runs to its own longest response, so fewer
+rows together pad less; tests/ops/test_padded_width.py holds that pricing.)"""
 
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ SCHEDULES = [
 
 
 def _plan(model: str, workload: str, gpus: int, schedule: ScheduleSpec, micro: int, **kw):
-    w = WORKLOAD_PRESETS[workload].model_copy(update={"prompts_per_step": 2 * gpus})
+    w = WORKLOAD_PRESETS[workload]
+    fixed = w.response_length.model_copy(update={"distribution": "fixed"})
+    w = w.model_copy(update={"prompts_per_step": 2 * gpus, "response_length": fixed})
     roomy = HARDWARE_PRESETS["h200x8"].model_copy(update={"num_gpus": gpus, "hbm_gib": 1e6})
     sched = schedule.model_copy(update={"train_micro_tokens": micro, **kw})
     return plan_step(MODEL_PRESETS[model], w, AlgoSpec(), roomy, sched).plan

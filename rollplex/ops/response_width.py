@@ -1,0 +1,62 @@
+"""Response columns per row that a scoring op runs: the width the runtime pads its rows to.
+
+The torch backend (and FSDP2's trainer, which wraps it) scores responses on [rows, width]
+tensors right-padded to a common width, and pays for every column:
+- a forward with grad (the trainer's, the critic's in training) runs in the step's training
+  micro-batches, each on the columns up to its own rows' longest response
+  (backends/torch/micro.py `trimmed`); its backward, and its forward run again inside the
+  backward (recompute, fused), the same: `trimmed_width`;
+- a no-grad response part (reference, old-policy scorer, the critic's old values) runs the
+  responses' whole padded width, the generation cap (roles.py
+  `TorchReference.logprob_response`, critic.py): `cap_width`;
+- a no-grad full forward (verl's per-sample one) runs prefix + the longest response of its
+  rows through the decoder (logprob.py `_full_sequences`): `longest_width` of its rows. Its
+  LM head runs over the cap's columns, under 1% of its FLOPs at real shapes: left out;
+- the losses and GAE run elementwise over [rows, cap]; a rule-based reward reads each
+  row's own tokens (the mean). No scoring path packs rows without padding.
+
+The expected longest of n rows is `ResponseLengthSpec.expected_max(n)` (the n/(n+1)
+quantile, as the decode prices the step's longest), never below the mean: one row's
+expected length is the mean, which the n/(n+1) quantile (the median at n = 1) can be under.
+"""
+
+from __future__ import annotations
+
+from rollplex.specs.workload import ResponseLengthSpec
+
+
+def longest(lengths: ResponseLengthSpec, rows: float) -> float:
+    """Expected longest response of `rows` rows run together, at most the cap."""
+    n = max(1, int(rows))
+    return min(float(lengths.max), max(float(lengths.mean), lengths.expected_max(n)))
+
+
+def longest_width(lengths: ResponseLengthSpec, rows: float) -> int:
+    """Columns per row of a forward that runs `rows` rows together to their longest."""
+    return max(1, round(longest(lengths, rows)))
+
+
+def micro_batch_rows(units: int, count: int, rows_per_unit: int) -> list[int]:
+    """Rows of each micro-batch the trainer cuts `units` (prompts, whose groups of
+    `rows_per_unit` rows stay together, or samples) into: micro.py `micro_ranges`, `count`
+    near-equal contiguous ranges of at least one unit."""
+    units, count = max(1, int(units)), max(1, int(count))
+    n = min(count, units)
+    return [rows_per_unit * (units * (i + 1) // n - units * i // n) for i in range(n)]
+
+
+def trimmed_width(lengths: ResponseLengthSpec, units: int, count: int, rows_per_unit: int) -> int:
+    """Columns per row (rows-weighted over the micro-batches) of a forward run in `count`
+    micro-batches, each up to its own rows' longest response."""
+    rows = micro_batch_rows(units, count, rows_per_unit)
+    return max(1, round(sum(r * longest(lengths, r) for r in rows) / sum(rows)))
+
+
+def cap_width(lengths: ResponseLengthSpec) -> int:
+    """Columns per row of a path that runs the responses' whole padded width."""
+    return lengths.max
+
+
+def mean_width(lengths: ResponseLengthSpec) -> int:
+    """Tokens per row of a path that reads each row's own tokens only."""
+    return max(1, round(lengths.mean))
