@@ -33,7 +33,7 @@ class TrainRun:
     plan: Any  # planner/plan.Plan
     graph: Any  # the graph the plan runs
     backend: Any  # the RoleDispatch (or a pool's)
-    pools: Any  # runtime/pools.Pools of a pooled plan, else None
+    pools: Any  # planner/pools.Pools of a pooled plan, else None
     out: Path  # the run folder (rank 0's under torchrun)
     main: bool  # this rank writes the run folder
 

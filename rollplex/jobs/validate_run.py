@@ -103,15 +103,6 @@ def validate_run(spec: RunSpec, facts: RunFacts) -> RunChecks:
     return RunChecks(spec, sized.spec, tuple(sized.notes), world, rank, needs)
 
 
-def check_spec(spec: RunSpec, facts: RunFacts | None = None) -> None:
-    """`ORDER` from "world" on, for a spec already sized (no device check): this process's
-    facts unless `facts` are given."""
-    facts = run_facts(spec) if facts is None else facts
-    needs = chosen_needs(spec.backend)
-    spec, world, _ = _for_world(spec, needs, facts)
-    check_combination(spec, needs, world, facts)
-
-
 def check_combination(
     spec: RunSpec, needs: tuple[RoleNeeds, ...], world: int, facts: RunFacts
 ) -> None:
@@ -178,7 +169,6 @@ __all__ = [
     "RunChecks",
     "RunFacts",
     "check_combination",
-    "check_spec",
     "run_facts",
     "validate_run",
 ]

@@ -17,7 +17,6 @@ group's rewards and advantages are computed over all of its samples.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 from rollplex.planner.plan import Plan, Transfer
@@ -27,17 +26,6 @@ log = logging.getLogger(__name__)
 
 class PoolError(ValueError):
     """The plan's device groups cannot run on this torchrun world (or spec)."""
-
-
-def torchrun_world() -> tuple[int, int]:
-    """(RANK, WORLD_SIZE) as torchrun sets them; (0, 1) without torchrun."""
-    out = []
-    for name, default in (("RANK", "0"), ("WORLD_SIZE", "1")):
-        raw = os.environ.get(name, default)
-        if not raw.isdigit():
-            raise PoolError(f"environment variable {name}={raw!r} is not a non-negative integer")
-        out.append(int(raw))
-    return out[0], out[1]
 
 
 def check_pool_spec(num_gpus: int, rollout_gpus: int | None, world: int) -> None:
@@ -128,4 +116,4 @@ def is_pooled(plan: Plan) -> bool:
     return len(plan.devices) > 1
 
 
-__all__ = ["PoolError", "Pools", "check_pool_spec", "is_pooled", "pools_for", "torchrun_world"]
+__all__ = ["PoolError", "Pools", "check_pool_spec", "is_pooled", "pools_for"]

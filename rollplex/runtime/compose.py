@@ -2,8 +2,8 @@
 
     dispatch = compose(StepConfig(model, algo, seed, max_new_tokens), BackendSpec(rollout="vllm"))
 The trainer is built first (the others start from its weights), then the reference, then the
-rollout; a trainer entry may bring its own rollout, reference and runtime (FSDP2 does). Roles
-are checked before anything is built (`check_roles`), so a missing vLLM costs no model load.
+rollout; a trainer entry may bring its own rollout, reference and runtime (FSDP2 does). It
+checks nothing: the jobs check the chosen roles at their edge (train: jobs/validate_run.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from rollplex.specs.backend import BackendSpec
 
 def check_roles(spec: BackendSpec) -> None:
     """BackendUnavailable (a ValueError) naming what to install, for any chosen role that
-    cannot run here. Imports no model code."""
+    cannot run here. Imports no model code. Kept for the eval job's edge (jobs/eval.py); a
+    train run's is jobs/validate_run.py."""
     for role in ("rollout", "reference", "trainer"):
         role_entry(role, getattr(spec, role)).check()
 

@@ -24,7 +24,7 @@ through here; backends provide roles and their value types only. Per op:
   (`Trainer.scorer`), as does its frozen vision tower's when no reference model is loaded.
   Each update's loss metrics are averaged over the step's updates, as verl's
   `reduce_metrics` averages its per-micro-batch `pg_clipfrac`, `ppo_kl`, ...;
-- step hooks (hooks.py): which prompts this process runs, the decode's generators and the
+- step hooks (backends/hooks.py): which prompts this process runs, the decode's generators and the
   logged metrics; a data-parallel trainer (FSDP2) brings its own.
 
 Old logprobs: a rollout that returns none (vLLM without `return_logprobs`, or whose

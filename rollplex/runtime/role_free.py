@@ -81,7 +81,7 @@ class RoleFreeOps:
 
     def _select(self, op: Op, value: Any) -> Any:
         """Rows [lo, hi) of the graph's batch. A data-parallel rank holds its share of the
-        batch (hooks.py): it takes the same share of the window, which must then fall on
+        batch (backends/hooks.py): it takes the same share of the window, which must then fall on
         whole rows of its own."""
         lo, hi, whole = op.attrs["lo"], op.attrs["hi"], op.attrs.get("rows")
         rows = self.d.values.row_count(value)

@@ -11,9 +11,10 @@ from hydra import compose, initialize_config_dir
 
 from rollplex.cli import _conf_dir
 from rollplex.jobs.sizing import gpu_defaults, size_train
-from rollplex.jobs.validate_run import check_spec
+from rollplex.jobs.validate_run import RunFacts, check_combination
 from rollplex.specs import HARDWARE_PRESETS
 from rollplex.specs.hardware import GIB, DeviceInfo, gpu_model
+from rollplex.specs.role_needs import chosen_needs
 from rollplex.specs.run import RunSpec
 
 H200 = DeviceInfo("NVIDIA H200", int(139.8 * GIB), 1)
@@ -140,6 +141,11 @@ def test_gpu_defaults_fill_only_what_the_command_line_left_unset():
     assert sized.hardware == spec.hardware
 
 
+def accept(sized: RunSpec) -> None:
+    """validate_run's checks after the sizing, for a spec already sized (one CPU process)."""
+    check_combination(sized, chosen_needs(sized.backend), 1, RunFacts())
+
+
 @pytest.mark.parametrize("device", [None, H200])
 @pytest.mark.parametrize("cap", [1, 16, 128, 700])
 def test_the_plans_responses_follow_max_new_tokens(device, cap):
@@ -148,7 +154,7 @@ def test_the_plans_responses_follow_max_new_tokens(device, cap):
     sized = size_train(spec, keys, device).spec
     r = sized.workload.response_length
     assert (r.distribution, r.mean, r.max) == ("fixed", cap, cap)
-    check_spec(sized)  # no longer refused, whatever the cap
+    accept(sized)  # no longer refused, whatever the cap
 
 
 def test_an_explicit_response_length_is_kept_and_a_larger_cap_refused_as_before():
@@ -156,7 +162,7 @@ def test_an_explicit_response_length_is_kept_and_a_larger_cap_refused_as_before(
     sized = size_train(spec, keys, None).spec
     assert sized.workload.response_length == spec.workload.response_length
     with pytest.raises(ValueError, match=r"train\.max_new_tokens=128 exceeds workload"):
-        check_spec(sized)
+        accept(sized)
 
 
 def test_forced_lengths_keep_the_workloads_distribution():
