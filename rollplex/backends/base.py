@@ -1,26 +1,8 @@
-"""What a backend is: three roles, the op kinds it runs, and how it holds memory per role.
-
-A step's graph names *what* to compute; a backend says *how*, through three roles:
-- `RolloutRole`: vision encode, prefix prefill and (segmentable) decode of multimodal
-  prompts, returning token ids and per-token logprobs. It takes its weights from the
-  trainer's live parameters (an alias or a rebuilt buffer) or from a checkpoint folder,
-  so an engine other than torch (vLLM) can stand in for it;
-- `ReferenceScorer`: logprobs under the frozen reference, split into the prefix part and
-  the response part (or the full per-sample forward, as verl runs it);
-- `Trainer`: the same logprobs with grad, the loss, backward, the optimizer step and the
-  state a checkpoint needs.
-
-Each role class declares what it can do (`capabilities`, a `RoleCapabilities`); the
-planner reads them before planning (planner/capabilities.py), so a plan never asks a role
-for work it cannot host. The executor never talks to the roles: it hands each plan step to
-`Backend.run_op`, which `rollplex.runtime.dispatch.RoleDispatch` implements once for every
-mix of roles (op -> role routing, row chunks, role-free ops). Every op reports the weights
-versions it read, so a plan's claim that piggybacked work reads the decode's weights is
-checked on every step, not assumed.
-
-Where a role's weights live between uses is the plan's decision (its residency actions),
-not a per-backend constant: the `Lifecycle` enum that once declared it was never read and
-is gone; what a role can free is `RoleCapabilities.sleep_levels`.
+"""What a backend is: three role protocols (rollout, reference scorer, trainer), the op
+kinds each runs, their value ops, and `Backend`, what the executor drives. Each role class
+declares what it can do (`capabilities`, data in specs/roles.py) and the planner reads only
+that; where a role's weights live between uses is the plan's decision (its residency
+actions), what a role can free is `RoleCapabilities.sleep_levels`.
 """
 
 from __future__ import annotations
@@ -108,6 +90,11 @@ class DecodeSession(ABC):
 
 
 class RolloutRole(ABC):
+    """Vision encode, prefix prefill and (segmentable) decode of multimodal prompts,
+    returning token ids and per-token logprobs. It takes its weights from the trainer's
+    live parameters (an alias or a rebuilt buffer) or from a checkpoint folder, so an
+    engine other than torch (vLLM) can stand in for it."""
+
     op_kinds: ClassVar[frozenset[str]] = frozenset(
         {"vision_encode", "prefix_prefill", "decode", "generate"}
     )
@@ -147,6 +134,9 @@ class RolloutRole(ABC):
 
 
 class ReferenceScorer(ABC):
+    """Logprobs under the frozen reference, split into the prefix part and the response
+    part (or the full per-sample forward, as verl runs it)."""
+
     op_kinds: ClassVar[frozenset[str]] = frozenset(
         {"vision_encode", "logprob_prefix", "logprob_response", "logprob"}
     )
@@ -176,6 +166,9 @@ class ReferenceScorer(ABC):
 
 
 class Trainer(ABC):
+    """The same logprobs with grad, the loss, backward, the optimizer step and the state a
+    checkpoint needs."""
+
     op_kinds: ClassVar[frozenset[str]] = frozenset(
         {
             "vision_encode",
@@ -320,7 +313,10 @@ class OpResult:
 
 class Backend(ABC):
     """What the executor drives: a step graph's ops over an environment of values.
-    `rollplex.runtime.dispatch.RoleDispatch` is the one implementation, over any roles."""
+    `rollplex.runtime.dispatch.RoleDispatch` is the one implementation, over any roles
+    (op -> role routing, row chunks, role-free ops). Every op reports the weights versions
+    it read, so a plan's claim that piggybacked work reads the decode's weights is checked
+    on every step, not assumed."""
 
     name: ClassVar[str] = "roles"
 

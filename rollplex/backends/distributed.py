@@ -1,13 +1,7 @@
-"""Process groups from torchrun's environment, and rank-aware logging and output.
-
-`init_distributed()` reads torchrun's RANK / WORLD_SIZE / LOCAL_RANK (MASTER_ADDR/PORT
-come with them) and starts the default process group: gloo on CPU, NCCL on CUDA (each
-rank on cuda:LOCAL_RANK). Without torchrun's variables it starts a one-process gloo group
-on an in-memory store, so the same FSDP2 code runs as a plain `python -m rollplex.cli`.
-
-Only rank 0 writes the run folder, TensorBoard and the summary (`is_main`); every other
-rank logs to `<run folder>/ranks/rank<N>.log` (`rank_log_file`), so N processes never
-interleave one file.
+"""Process groups from torchrun's environment, and rank-aware logging and output: gloo on
+CPU, NCCL on CUDA, or a one-process gloo group without torchrun, so the same FSDP2 code
+runs as a plain `python -m rollplex.cli`. Only rank 0 writes the run folder, TensorBoard
+and the summary (`is_main`); every other rank logs to a file of its own.
 """
 
 from __future__ import annotations
@@ -55,7 +49,10 @@ def launched_by_torchrun() -> bool:
 
 
 def init_distributed(device: str = "cpu", timeout_s: float = 600.0) -> DistInfo:
-    """Start (or reuse) the default process group for `device` ('cpu' or 'cuda')."""
+    """Start (or reuse) the default process group for `device` ('cpu' or 'cuda'), from
+    torchrun's RANK / WORLD_SIZE / LOCAL_RANK (MASTER_ADDR/PORT come with them): gloo on
+    CPU, NCCL on CUDA (each rank on cuda:LOCAL_RANK). Without torchrun's variables, a
+    one-process gloo group on an in-memory store."""
     kind = torch.device(device).type
     if kind not in ("cpu", "cuda"):
         raise DistributedError(f"train.device={device!r}: FSDP runs on cpu (gloo) or cuda (nccl)")
@@ -94,6 +91,7 @@ def shutdown() -> None:
 
 
 def rank_log_file(out: Path, rank: int) -> Path:
+    """Where rank N logs (`<run folder>/ranks/rank<N>.log`): N processes never share a file."""
     return out / "ranks" / f"rank{rank}.log"
 
 

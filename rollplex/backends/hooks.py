@@ -1,14 +1,7 @@
 """Step hooks: what a data-parallel trainer changes in the dispatch's step, and nothing else.
-
-The dispatch calls them at the edges of each RL step; the defaults (`StepHooks`) leave the
-step as one process runs it:
-- `inputs`: the step's prompts this process runs (a rank's slice of them);
-- `generator`: the decode's random stream (one per step, or one per sample, so a sample's
-  tokens do not depend on which rank decodes it);
-- `metrics`: the step's metrics as logged (averaged over ranks).
-
-A trainer entry with a `runtime` (rollplex.backends.ROLES) returns a `RoleRuntime`: its
-hooks, its value ops and the step config (its device: a rank's own GPU).
+The dispatch calls them at the edges of each RL step; the defaults (`StepHooks`) run the
+step as one process. A trainer entry with a `runtime` (rollplex.backends.ROLES) brings its
+own in a `RoleRuntime` (backends/step.py).
 """
 
 from __future__ import annotations
@@ -29,7 +22,11 @@ def decode_seed(seed: int, step: int) -> int:
 
 
 class StepHooks:
-    """One process runs the whole step."""
+    """One process runs the whole step. A data-parallel trainer overrides:
+    - `inputs`: the step's prompts this process runs (a rank's slice of them);
+    - `generator`: the decode's random stream (one per step, or one per sample, so a
+      sample's tokens do not depend on which rank decodes it);
+    - `metrics`: the step's metrics as logged (averaged over ranks)."""
 
     def bind(self, graph: Graph) -> None:
         """Called once per graph, before its steps run."""

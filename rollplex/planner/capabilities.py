@@ -1,33 +1,7 @@
-"""Plan only what the chosen roles can do: a graph pass driven by the rollout's capabilities.
-
-It runs on the algorithm's graph before the deduplicating passes (`plan_step(...,
-rollout=caps)`), and it is all the planner needs to know about roles:
-- `fused_prefix` (an engine such as vLLM that encodes, prefills and prefix-caches inside
-  its own steps): the rollout's vision_encode -> prefix_prefill -> decode chain becomes
-  one `generate` op over pixels + text. There is no separate rollout prefix work to place,
-  and no rollout features or KV for the reference or trainer to reuse: they encode their
-  own, and that prefix work can still overlap the engine's decode window on another
-  stream (schedules/rollplex.py keeps them as candidates);
-- `piggyback_rows` false: the decode window op gets `meta["piggyback_rows"] = False`, and
-  the rollplex schedule then offers no piggyback placement on it;
-- `static_kv` (the torch engine) goes on the `decode` op (`meta["static_kv"]`): its cost is
-  the engine's static workspace, and the plan holds that all step (planner/api.py);
-- `weights_layout`: "engine" and "replica" (a copy of its own) make `weight_sync` mode
-  "load", priced as a full copy rather than a free alias; an engine that reads the
-  trainer's storage (vLLM with `weights=share`: "algebra") keeps the alias, and its
-  `generate` op says so (`meta["own_weights"]`); "torch_tp" (the FSDP2 shared rollout) and
-  "replica" also go on the sync as `attrs["layout"]`, so the planner charges that rollout's
-  own layout (planner/shared_weights.py) instead of the algebra's best one;
-- `sleep_levels` go on the `generate` op (`meta["sleep_levels"]`): an engine that can drop
-  its weights and KV (level 2) lets the plan free its copy and its KV pool after the
-  rollout and bring them back at the weight sync and the next rollout (lifetimes.py);
-  one that cannot holds both all step.
-A torch rollout (prefix KV exported, rows piggybacked, weights aliased) leaves the graph as
-it is, apart from the meta flag (and, under the FSDP2 trainer, the weight_sync's layout).
-
-Of the trainer the planner reads one thing, `float32_grads` (`apply_trainer_capabilities`):
-the dtype its backward leaves the gradients in, which sizes them and the optimizer step's
-cast onto float32 masters.
+"""Plan only what the chosen roles can do: graph passes driven by the roles' declared
+capabilities (`RoleCapabilities`, data in specs/roles.py). They run on the algorithm's
+graph before the deduplicating passes (`plan_step(..., rollout=caps)`), and they are all
+the planner knows about roles.
 """
 
 from __future__ import annotations
@@ -37,7 +11,30 @@ from rollplex.specs.roles import RoleCapabilities
 
 
 def apply_rollout_capabilities(graph: Graph, caps: RoleCapabilities) -> tuple[Graph, bool]:
-    """`graph` rewritten for a rollout role with `caps` (a new graph); (graph, changed)."""
+    """`graph` rewritten for a rollout role with `caps` (a new graph); (graph, changed).
+
+    - `fused_prefix` (an engine such as vLLM that encodes, prefills and prefix-caches inside
+      its own steps): the rollout's vision_encode -> prefix_prefill -> decode chain becomes
+      one `generate` op over pixels + text. No rollout prefix work is left to place and no
+      rollout features or KV for the reference or trainer to reuse: they encode their own,
+      and that prefix work can still overlap the engine's decode window on another stream
+      (schedules/rollplex.py keeps them as candidates);
+    - `piggyback_rows` false: the decode window op gets `meta["piggyback_rows"] = False`,
+      and the rollplex schedule offers no piggyback placement on it;
+    - `static_kv` (the torch engine) goes on the `decode` op (`meta["static_kv"]`): its cost
+      is the engine's static workspace, held all step (planner/api.py);
+    - `weights_layout`: "engine" and "replica" (a copy of its own) make `weight_sync` mode
+      "load", priced as a full copy rather than a free alias; an engine that reads the
+      trainer's storage (vLLM with `weights=share`: "algebra") keeps the alias, and its
+      `generate` op says so (`meta["own_weights"]`); "torch_tp" (the FSDP2 shared rollout)
+      and "replica" also go on the sync as `attrs["layout"]`, so the planner charges that
+      rollout's own layout (planner/shared_weights.py), not the algebra's best one;
+    - `sleep_levels` go on the `generate` op (`meta["sleep_levels"]`): an engine that can
+      drop its weights and KV (level 2) lets the plan free its copy and KV pool after the
+      rollout and bring them back at the weight sync and the next rollout (lifetimes.py);
+      one that cannot holds both all step.
+    A torch rollout (prefix KV exported, rows piggybacked, weights aliased) leaves the graph
+    as it is, apart from the meta flag (and, under the FSDP2 trainer, the sync's layout)."""
     ops: list[Op] = []
     changed = False
     fused: dict[str, Op] = {}  # decode name -> its generate op

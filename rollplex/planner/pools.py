@@ -1,17 +1,7 @@
 """Which torchrun ranks run which device group of a plan (the disaggregated schedule's
-rollout pool and training pool), checked before any model loads.
-
-A plan with several device groups (`Plan.devices`, each with its global `ranks`) runs one
-process per rank: rank r executes only the steps of the group holding r, plus its side of
-every cross-group transfer (`Plan.transfers`) that names r (runtime/transfers.py). The
-plan must have been made for exactly torchrun's world: `hardware.num_gpus` must equal
-WORLD_SIZE (nothing is overridden: a plan for another GPU count would split other pools
-and route other bytes), and the groups' ranks must cover 0..WORLD_SIZE-1 once each.
-
-Within a group every rank takes an equal, contiguous slice of the step's prompts (a
-rollout replica its rows, a trainer its rows), so `workload.prompts_per_step` must divide
-by each group's data-parallel width; a rollout replica keeps whole prompts, so a GRPO
-group's rewards and advantages are computed over all of its samples.
+rollout pool and training pool), checked before any model loads. Rank r executes only the
+steps of the group holding r, plus its side of every cross-group transfer that names r
+(runtime/transfers.py).
 """
 
 from __future__ import annotations
@@ -30,8 +20,9 @@ class PoolError(ValueError):
 
 def check_pool_spec(num_gpus: int, rollout_gpus: int | None, world: int) -> None:
     """`schedule=disaggregated` under torchrun: the plan is made for `hardware.num_gpus`
-    GPUs and run on WORLD_SIZE ranks, so the two must agree, and the pools must both be
-    non-empty. Raises PoolError naming the field."""
+    GPUs and run on WORLD_SIZE ranks, so the two must agree (nothing is overridden: a plan
+    for another GPU count would split other pools and route other bytes), and the pools must
+    both be non-empty. Raises PoolError naming the field."""
     if world < 2:
         raise PoolError(
             f"schedule=disaggregated runs a rollout pool and a training pool on their own "
@@ -86,8 +77,12 @@ class Pools:
 
 
 def pools_for(plan: Plan, rank: int, world: int, prompts: int) -> Pools:
-    """This rank's pool; PoolError if the plan's groups do not cover the world, a pool
-    runs tensor-parallel (not executed across processes yet), or the prompts do not split."""
+    """This rank's pool; PoolError if the plan's groups do not cover 0..world-1 once each,
+    a pool runs tensor-parallel (not executed across processes yet), or the prompts do not
+    split. Within a group every rank takes an equal, contiguous slice of the step's prompts
+    (a rollout replica its rows, a trainer its rows), so `prompts` must divide by each
+    group's width; a replica keeps whole prompts, so a GRPO group's rewards and advantages
+    are computed over all of its samples."""
     groups = tuple(tuple(d.ranks) for d in plan.devices)
     seen = sorted(r for g in groups for r in g)
     if seen != list(range(world)):

@@ -1,36 +1,7 @@
 """RoleDispatch: the one place that runs a step graph's ops on whatever roles were chosen.
-
 Every mix of roles (torch or vLLM rollout, torch reference, torch or FSDP2 trainer) goes
-through here; backends provide roles and their value types only. Per op:
-- routing: by the op's phase and kind. Rollout ops go to the rollout role, reference ops
-  to the reference scorer, training and update ops to the trainer; ops that read the
-  critic's weights (PPO) go to the critic. `weight_sync` hands the trainer's live
-  weights to the rollout (an alias for a colocated torch rollout, an in-place load for an
-  engine); `generate` is the whole rollout in one engine op (planned for a rollout whose
-  capabilities say `fused_prefix`, see planner/capabilities.py);
-- row chunks: a prefix op's chunk i of n runs rows `row_ranges(rows, n)[i]` with the LM
-  head deferred, and the last chunk merges all parts through the role's `merge_rows`.
-  A chunk the plan piggybacks rides the live decode's next step (rollout_ops.ride);
-  where it cannot, it runs separately and the step reports the deviation.
-  A prefill with an `exported` output (graph/passes/prefill_once.py) also keeps what
-  the training prefix forward would; `attach_prefix` hands that to the trainer;
-  A row chunk runs matrix products with fewer rows, which may round differently from the
-  whole batch, so chunked prefix results equal the unchunked ones to float rounding;
-- the rollout side (decode segments, engine prompts, weight syncs, the engine's
-  sleep/wake, evaluation's generate): rollout_ops.py;
-- role-free ops (expand_group, select_rows, reward, advantage, value_loss): role_free.py;
-- PPO mini-batches (algos/updates.py): the old-logprob forward is a reference-phase op
-  that reads the policy's weights; it runs on the trainer's no-grad scorer
-  (`Trainer.scorer`), as does its frozen vision tower's when no reference model is loaded.
-  Each update's loss metrics are averaged over the step's updates, as verl's
-  `reduce_metrics` averages its per-micro-batch `pg_clipfrac`, `ppo_kl`, ...;
-- step hooks (backends/hooks.py): which prompts this process runs, the decode's generators and the
-  logged metrics; a data-parallel trainer (FSDP2) brings its own.
-
-Old logprobs: a rollout that returns none (vLLM without `return_logprobs`, or whose
-logprobs are not of the temperature-scaled distribution the trainer scores) leaves the
-decode's `logprobs` output None, and the policy loss then uses the trainer's own logprobs,
-detached: exactly on-policy for one update per batch (ratio 1, the PPO clip inactive).
+through here; backends provide roles and their value types only. The rollout side lives in
+rollout_ops.py, the role-free ops in role_free.py.
 """
 
 from __future__ import annotations
@@ -68,6 +39,38 @@ ROLE_KINDS = {
 
 
 class RoleDispatch(Backend):
+    """Runs each op on its role. Per op:
+    - routing: by the op's phase and kind. Rollout ops go to the rollout role, reference
+      ops to the reference scorer, training and update ops to the trainer; ops that read
+      the critic's weights (PPO) go to the critic. `weight_sync` hands the trainer's live
+      weights to the rollout (an alias for a colocated torch rollout, an in-place load for
+      an engine); `generate` is the whole rollout in one engine op (planned for a rollout
+      whose capabilities say `fused_prefix`, see planner/capabilities.py);
+    - row chunks: a prefix op's chunk i of n runs rows `row_ranges(rows, n)[i]` with the LM
+      head deferred, and the last chunk merges all parts through the role's `merge_rows`.
+      A chunk the plan piggybacks rides the live decode's next step (rollout_ops.ride);
+      where it cannot, it runs separately and the step reports the deviation. A prefill
+      with an `exported` output (graph/passes/prefill_once.py) also keeps what the training
+      prefix forward would; `attach_prefix` hands that to the trainer. A row chunk runs
+      matrix products with fewer rows, which may round differently from the whole batch,
+      so chunked prefix results equal the unchunked ones to float rounding;
+    - the rollout side (decode segments, engine prompts, weight syncs, the engine's
+      sleep/wake, evaluation's generate): rollout_ops.py;
+    - role-free ops (expand_group, select_rows, reward, advantage, value_loss): role_free.py;
+    - PPO mini-batches (algos/updates.py): the old-logprob forward is a reference-phase op
+      that reads the policy's weights; it runs on the trainer's no-grad scorer
+      (`Trainer.scorer`), as does its frozen vision tower's when no reference model is
+      loaded. Each update's loss metrics are averaged over the step's updates, as verl's
+      `reduce_metrics` averages its per-micro-batch `pg_clipfrac`, `ppo_kl`, ...;
+    - step hooks (backends/hooks.py): which prompts this process runs, the decode's
+      generators and the logged metrics; a data-parallel trainer (FSDP2) brings its own.
+
+    Old logprobs: a rollout that returns none (vLLM without `return_logprobs`, or whose
+    logprobs are not of the temperature-scaled distribution the trainer scores) leaves the
+    decode's `logprobs` output None, and the policy loss then uses the trainer's own
+    logprobs, detached: exactly on-policy for one update per batch (ratio 1, the PPO clip
+    inactive)."""
+
     name: ClassVar[str] = "roles"
 
     def __init__(self, config: StepConfig, roles: Roles) -> None:

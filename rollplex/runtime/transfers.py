@@ -1,21 +1,7 @@
-"""Executing a plan's cross-pool `Transfer`s with torch.distributed point-to-point ops.
-
-Two kinds of transfer come out of the disaggregated schedule (planner/transfers.py):
-- **weights** (the graph's `weight_sync`, first step of every RL step): every training
-  rank sends, to every rollout rank its routes name, its FSDP2 shard of every trained
-  parameter (`Shard(0)`: torch.chunk's split of dim 0), cast to the rollout's dtype; the
-  rollout rank receives chunk j straight into rows of its full parameter (a contiguous
-  view: no staging buffer) from the j-th training rank. The trainer's version travels
-  with it (8 bytes from the first training rank), so the rollout names what it holds.
-- **rollout outputs** (the hand-over): the values rollout ops make and later ops read
-  (features, responses, old logprobs, advantages: `handover_values`) go by prompt rows:
-  replica k made prompts [kB/D, (k+1)B/D), trainer g needs [gB/T, (g+1)B/T); each
-  overlap travels from k to g as a small pickled header (shapes, dtypes, token counts)
-  and then the tensors themselves.
+"""Executing a plan's cross-pool `Transfer`s (planner/transfers.py) with torch.distributed
+point-to-point ops: the weights every RL step, then the rollout's outputs by prompt rows.
 All sends and receives of one transfer are posted at once (`batch_isend_irecv`: gloo on
-CPU, NCCL on GPU) on the default group; each side records the bytes per route it moved
-(tensor payload only; headers and the version are counted apart) and the seconds it
-waited, and logs them.
+CPU, NCCL on GPU); each side records and logs the bytes per route and the seconds waited.
 """
 
 from __future__ import annotations
@@ -70,7 +56,11 @@ def send_weights(
     pools: Pools, transfer: Transfer, shards: Sequence[torch.Tensor], version: int, step: str
 ) -> Moved:
     """Training rank: its local shards (dim-0 chunks, in the rollout's dtype, contiguous)
-    of every trained parameter to each rollout rank of `transfer`'s routes from it."""
+    of every trained parameter to each rollout rank of `transfer`'s routes from it. FSDP2's
+    `Shard(0)` is torch.chunk's split of dim 0, so the rollout rank receives chunk j straight
+    into rows of its full parameter (a contiguous view: no staging buffer) from the j-th
+    training rank. The first training rank also sends the version (8 bytes, counted apart
+    from the payload), so the rollout names what it holds."""
     moved = Moved(step, transfer.what)
     t0 = time.perf_counter()
     dsts = sorted({r.dst for r in transfer.routes if r.src == pools.rank})
@@ -129,7 +119,11 @@ def prompt_rows(index: int, count: int, prompts: int) -> tuple[int, int]:
 def send_outputs(
     pools: Pools, transfer: Transfer, values: dict[str, Any], prompts: int, step: str
 ) -> Moved:
-    """Rollout replica: to each trainer of its routes, the prompt rows they share."""
+    """Rollout replica: to each trainer of its routes, the prompt rows they share. The
+    hand-over's values (features, responses, old logprobs, advantages: `handover_values`)
+    go by prompt rows: replica k made prompts [kB/D, (k+1)B/D), trainer g needs
+    [gB/T, (g+1)B/T); each overlap travels from k to g as a small pickled header (shapes,
+    dtypes, token counts, counted apart from the payload), then the tensors themselves."""
     moved = Moved(step, transfer.what)
     t0 = time.perf_counter()
     roll, train = list(pools.pool_ranks("rollout")), list(pools.pool_ranks("train"))

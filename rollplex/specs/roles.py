@@ -1,14 +1,8 @@
-"""What a role can do, declared on its class so the planner plans only that.
-
-The built roles' declarations live here, beside the dataclass, so the planner (and
-`rollplex plan`, which stays free of torch) can read them without importing a role's
-module; each role class points at its constant, and a test keeps the registry and the
-classes in step.
-
-A vLLM rollout, for example, decodes in segments (engine steps) but cannot export its
-prefix KV to another role, nor host rows of another phase inside its decode steps: the
-planner must not place a piggyback there, and its prefix caching stands in for a separate
-`prefix_prefill`.
+"""What a role can do, declared on its class so the planner plans only that. The built roles'
+declarations live here as data, so the planner (and `rollplex plan`, which stays free of
+torch) reads them without importing a role's module; each role class points at its
+constant, and a test keeps the registry and the classes in step. `ROLE_NAMES`: the
+implementations a spec may choose for each role.
 """
 
 from __future__ import annotations
@@ -23,6 +17,11 @@ WeightsLayout = Literal["algebra", "torch_tp", "replica", "engine"]
 
 @dataclass(slots=True, frozen=True)
 class RoleCapabilities:
+    """What one role implementation can do. A vLLM rollout, for example, decodes in
+    segments (engine steps) but cannot export its prefix KV to another role, nor host rows
+    of another phase inside its decode steps: the planner must not place a piggyback there,
+    and its prefix caching stands in for a separate `prefix_prefill`."""
+
     segmented_decode: bool = False  # decode can stop after a segment and resume
     prefix_kv_export: bool = False  # its prefix KV can be handed to another role
     piggyback_rows: bool = False  # other phases' rows can ride on its decode steps

@@ -1,21 +1,7 @@
 """Batched, seeded sampling on the model's forward with a KV cache (never `generate()`):
-the eager reference loop. The torch rollout decodes with engine/ (static shared-prefix
+the eager reference loop. The torch rollout decodes with rollplex/engine (static shared-prefix
 cache, CUDA graphs, on-device sampling); this loop stays as what the engine is tested
 against (same greedy tokens and logprobs) and as bench/gpu_decode.py's baseline.
-
-Every row takes one token per step. The first token is sampled from the prefix's last
-logits; each next one from a one-token forward over the growing cache. A row that emits
-`eos_id` is done: it keeps riding along (fed `pad_id`, masked out) until all rows are done
-or `max_new_tokens` is reached, so the batch stays rectangular.
-
-The returned logprobs are of the temperature-scaled distribution the token was drawn from
-(log softmax(logits / T), before top-p, as verl and TRL score them), so they equal
-`response_logprobs(..., temperature=T)` of the same tokens and serve as the old-policy
-logprobs of the ratio.
-
-`DecodeSession` is the resumable form: `advance(k)` runs k decode steps and stops, keeping
-the cache, the last logits and the generator, so a plan can split decode into segments
-(and run other work between them) and still draw exactly the tokens of one `decode()`.
 """
 
 from __future__ import annotations
@@ -84,7 +70,15 @@ class DecodeSession:
     Each step draws one token per row from the current logits, then (unless finished) runs a
     one-token forward for the next logits. Stopping between steps keeps all of that state,
     and every draw comes from the same `generator`, so any split into `advance` calls gives
-    the tokens of one uninterrupted run. `state` is never modified."""
+    the tokens of one uninterrupted run, so a plan can split decode into segments (and run
+    other work between them). `state` is never modified.
+
+    A row that emits `eos_id` is done: it keeps riding along (fed `pad_id`, masked out)
+    until all rows are done or `max_new_tokens` is reached, so the batch stays rectangular.
+    The logprobs are of the temperature-scaled distribution the token was drawn from
+    (log softmax(logits / T), before top-p, as verl and TRL score them), so they equal
+    `response_logprobs(..., temperature=T)` of the same tokens and serve as the old-policy
+    logprobs of the ratio."""
 
     def __init__(
         self,
