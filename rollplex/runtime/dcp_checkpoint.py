@@ -17,8 +17,6 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from pydantic import Field, ValidationError
 
-from rollplex.backends.distributed import barrier
-from rollplex.models.files import CONFIG_FILE
 from rollplex.models.io import copy_assets
 from rollplex.runtime.checkpoint import (
     STATE_FILE,
@@ -143,15 +141,3 @@ def restore_dcp(trainer, ckpt: DcpCheckpoint, group: dist.ProcessGroup | None = 
     dcp.load(state, checkpoint_id=ckpt.folder / DCP_DIR, process_group=group)
     trainer.load_sharded_state(state)
     trainer.load_state_dict({"version": ckpt.state.version})
-
-
-def export_hub_folder(trainer, model: ModelSpec, folder: Path) -> Path:
-    """The trained weights as a Hub-format folder (`from_pretrained` loads it): every rank
-    gathers, rank 0 writes, with the source folder's tokenizer/processor files."""
-    trainer.save_weights(folder)
-    if dist.get_rank() == 0 and model.path is not None:
-        copy_assets(Path(model.path), folder)
-    barrier()
-    if dist.get_rank() == 0 and not (folder / CONFIG_FILE).is_file():
-        raise CheckpointError(f"{folder}: the export wrote no {CONFIG_FILE}")
-    return folder

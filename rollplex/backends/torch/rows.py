@@ -35,10 +35,6 @@ def row_ranges(rows: int, chunks: int) -> list[tuple[int, int]]:
     return [(rows * i // chunks, rows * (i + 1) // chunks) for i in range(chunks)]
 
 
-def _rep(t: torch.Tensor, g: int) -> torch.Tensor:
-    return t.repeat_interleave(g, dim=0)
-
-
 # Prompt text is a PromptBatch whose pixels are empty: the pixels travel separately.
 def text_rows(batch: PromptBatch, lo: int, hi: int) -> PromptBatch:
     return batch.select(lo, hi)
