@@ -4,9 +4,6 @@ role is selected.
 
     role_entry("rollout", "vllm").check()   # BackendUnavailable naming what to install
     role_entry("rollout", "vllm").role_class().capabilities   # no engine started
-
-An entry is importable (module, role class, builder) or a known role not built yet, with
-the reason; selecting the latter never falls back to another one.
 """
 
 from __future__ import annotations
@@ -40,6 +37,9 @@ INSTALL = {
 
 @dataclass(slots=True, frozen=True)
 class RoleEntry:
+    """One implementation of a role: importable (module, role class, builder) or known and
+    not built yet, with the reason; selecting the latter never falls back to another one."""
+
     role: str  # "rollout" | "reference" | "trainer"
     name: str  # "torch" | "vllm" | "fsdp"
     module: str | None  # None: not built
