@@ -1,18 +1,19 @@
 """Every repository path that docs/architecture.md and README.md's Layout section name in
-backticks exists, so the map cannot drift from the code again.
+backticks exists, and every `rollplex.x.y` they name (backticked or not) is a module or a
+module's top-level name, so the map cannot drift from the code again.
 
 A span counts as a path when it has no spaces or placeholders and ends in `.py`, is one
 folder (`torch/`), or starts with a top-level folder of the repository or a package of
-rollplex; `rollplex.x.y`
-spans are modules (or a module's top-level name). A path resolves from the repository
-root, from `rollplex/`, or from a folder that the same paragraph (or table row) names, so
-README's `base.py` in the `backends/` row is rollplex/backends/base.py.
+rollplex. A path resolves from the repository root, from `rollplex/`, or from a folder
+that the same paragraph (or table row) names, so README's `base.py` in the `backends/`
+row is rollplex/backends/base.py.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "rollplex"
 TOP = {p.name for p in ROOT.iterdir() if not p.name.startswith(".")}
 PACKAGES = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+DOTTED = re.compile(r"(?<![\w/.])rollplex(?:\.(?!py\b)\w+)+")  # in prose and figures too
 NOT_A_PATH = re.compile(r"[\s*<>{}~=:()\[\],]")  # globs, placeholders, URLs, overrides, code
 
 
@@ -87,7 +89,7 @@ def missing(text: str) -> list[str]:
         paths = [s for s in spans(block) if is_path(s)]
         folders = [f for s in paths if (f := resolve(s, [])) is not None and f.is_dir()]
         gone += [s for s in paths if resolve(s, folders) is None]
-        gone += [s for s in spans(block) if s.startswith("rollplex.") and not dotted_exists(s)]
+        gone += [d for d in DOTTED.findall(block) if not dotted_exists(d)]
     return gone
 
 
@@ -112,10 +114,11 @@ def test_every_path_the_docs_name_exists(name, text):
 def test_the_check_finds_a_missing_path_and_ignores_what_is_not_a_path():
     text = (
         "Moved: `runtime/hooks.py`, `backends/capabilities.py`, `rollplex.runtime.pools`,\n"
-        "`rollplex.planner.pools.torchrun_world`, `nowhere.py`.\n\n"
+        "`rollplex.planner.pools.torchrun_world`, `nowhere.py`, rollplex.runtime.hooks.\n\n"
         "Fine: `backends/hooks.py`, `planner/pools.py`, `rollplex.planner.pools.Pools`,\n"
         "`tests/`, `conf/algo/`, `data.template`, `backend.rollout=vllm`, `bench/results/*.md`,\n"
-        "`checkpoints/step-NNNNNN/` (a run's folder).\n\n"
+        "`checkpoints/step-NNNNNN/` (a run's folder), rollplex.planner.simulate in prose,\n"
+        "`planner/schedules/rollplex.py`.\n\n"
         "| `engine/` | `session.py`, `phases.py` |\n"
         "| `jobs/` | `session.py` |"
     )
@@ -125,14 +128,13 @@ def test_the_check_finds_a_missing_path_and_ignores_what_is_not_a_path():
         "nowhere.py",
         "rollplex.runtime.pools",
         "rollplex.planner.pools.torchrun_world",
+        "rollplex.runtime.hooks",
         "session.py",  # the jobs row: only the engine row's folder holds a session.py
     ]
 
 
 def test_the_layout_figure_is_the_import_linter_layers_contract():
     """docs/architecture.md's layer figure lists pyproject's layers, top down."""
-    import tomllib
-
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
     layers = next(c for c in config["contracts"] if c["type"] == "layers")["layers"]
     doc = (ROOT / "docs/architecture.md").read_text()
