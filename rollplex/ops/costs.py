@@ -132,13 +132,11 @@ def _trained_tokens(ctx: CostContext, fwd: Op, ins: dict[str, Value]) -> int:
 
 
 def _scored_tokens(ctx: CostContext, op: Op, ins: dict[str, Value], part: str) -> int:
-    """Columns per row of a logprob forward: trimmed per micro-batch with grad; without,
-    the whole padded width (response part) or its rows' longest (full: response_width.py)."""
+    """Columns per row of a logprob forward (`part`: response or full): trimmed per
+    micro-batch with grad; without, its rows' longest (response_width.py)."""
     if "saved" in op.outputs:
         return _trained_tokens(ctx, op, ins)
     lengths = ctx.workload.response_length
-    if part == "response":
-        return W.cap_width(lengths)
     return W.longest_width(lengths, ctx.per_rank(ins["responses"].shape[0]))
 
 

@@ -4,14 +4,14 @@ The torch backend (and FSDP2's trainer, which wraps it) scores responses on [row
 tensors right-padded to a common width, and pays for every column:
 - a forward with grad (the trainer's, the critic's in training) runs in the step's training
   micro-batches, each on the columns up to its own rows' longest response
-  (backends/torch/micro.py `trimmed`); its backward, and its forward run again inside the
-  backward (recompute, fused), the same: `trimmed_width`;
-- a no-grad response part (reference, old-policy scorer, the critic's old values) runs the
-  responses' whole padded width, the generation cap (roles.py
-  `TorchReference.logprob_response`, critic.py): `cap_width`;
+  (backends/torch/trim.py `trimmed`, from micro.py); its backward, and its forward run again
+  inside the backward (recompute, fused), the same: `trimmed_width`;
+- a no-grad response part (reference, old-policy scorer, the critic's old values) runs all
+  its rows together up to their longest response, zeros after (the same `trimmed`, from
+  roles.py `TorchReference.logprob_response` and critic.py): `longest_width` of its rows;
 - a no-grad full forward (verl's per-sample one) runs prefix + the longest response of its
-  rows through the decoder (logprob.py `_full_sequences`): `longest_width` of its rows. Its
-  LM head runs over the cap's columns, under 1% of its FLOPs at real shapes: left out;
+  rows through the decoder (logprob.py `_full_sequences`), its LM head the longest response
+  (`trimmed`): `longest_width` of its rows;
 - the losses and GAE run elementwise over [rows, cap]; a rule-based reward reads each
   row's own tokens (the mean). No scoring path packs rows without padding.
 

@@ -1,7 +1,7 @@
 """Scoring ops are priced at the width the runtime pads their rows to (ops/response_width.py):
 a forward with grad, and its backward, at the expected longest response of one
-micro-batch's rows (whole prompts' groups, or samples); a no-grad response part at the
-generation cap. On a grid of length distributions x rows x micro-batches: a fixed length
+micro-batch's rows (whole prompts' groups, or samples); a no-grad forward at the expected
+longest of its rows. On a grid of length distributions x rows x micro-batches: a fixed length
 prices the mean exactly, and more rows run together never price fewer tokens."""
 
 from __future__ import annotations
@@ -101,17 +101,54 @@ def test_more_rows_together_never_price_fewer_tokens(lengths):
         assert per_row[-1] == pytest.approx(per_row[0])
 
 
+@pytest.mark.parametrize("dp", [1, 4])
 @pytest.mark.parametrize(("lengths", "rows"), list(itertools.product(LENGTHS, ROWS)))
-def test_no_grad_response_part_priced_at_the_cap(lengths, rows):
-    """The reference's response part runs the responses' whole padded width."""
+def test_no_grad_response_part_priced_at_its_rows_longest(lengths, rows, dp):
+    """The reference's response part runs its rows (a rank's) to their longest response,
+    not the cap: under it wherever the expected longest is (a short cap, lognormal_capped,
+    is reached by 8 rows), and the mean for a fixed length or a single row."""
     g, w = _graph(lengths, rows, dedup=True)
     op = g.ops["reference.logprob_response"]
     ins = g.inputs_of(op)
     cap = ins["responses"].shape[1]
     assert cap == w.response_length.max
+    per_rank = -(-rows // dp)  # each rank's rows, rounded up
+    width = _expected_width(w.response_length, per_rank)
+    assert width <= cap
+    if w.response_length.distribution == "fixed" or per_rank == 1:
+        assert width == round(w.response_length.mean)
     for micro in MICRO:  # the trainer's micro-batches do not reach it
-        cost = op_cost(g, op, CostContext(MODEL, w, micro_batches=micro))
-        assert cost == F.logprob(MODEL, rows, ins["kv"].shape[3], cap, "response")
+        cost = op_cost(g, op, CostContext(MODEL, w, dp=dp, micro_batches=micro))
+        n, prefix = per_rank, ins["kv"].shape[3]
+        assert cost == F.logprob(MODEL, n, prefix, width, "response")
+        at_cap = F.logprob(MODEL, n, prefix, cap, "response").flops
+        assert cost.flops < at_cap if width < cap else cost.flops == at_cap
+
+
+@pytest.mark.parametrize("dedup", [True, False], ids=["prefix_shared", "per_sample"])
+def test_every_no_grad_scorer_priced_at_its_rows_longest(dedup):
+    """PPO's no-grad scorers (reference, old-policy with a second epoch, the critic's old
+    values), prefix-shared or per-sample: each at its rows' longest, none at the cap."""
+    w = WORKLOAD_PRESETS["image"].model_copy(
+        update={"prompts_per_step": 4, "group_size": 8, "response_length": LENGTHS["uniform"]}
+    )
+    g = build_step(MODEL, w, AlgoSpec(name="ppo", ppo_epochs=2))
+    g = run_passes(g, DEDUP_PASSES)[0] if dedup else g
+    kinds = ("logprob_response",) if dedup else ("logprob",)
+    scorers = [op for op in g.ops.values() if op.kind in kinds and "saved" not in op.outputs]
+    names = " ".join(op.name for op in scorers)
+    assert all(who in names for who in ("reference.logprob", "old_logprob", "critic")), names
+    for op in scorers:
+        ins = g.inputs_of(op)
+        rows = ins["responses"].shape[0]
+        width = _expected_width(w.response_length, rows)
+        assert width < w.response_length.max
+        if dedup:
+            prefix, part = ins["kv"].shape[3], "response"
+        else:
+            prefix, part = ins["features"].shape[1] + ins["text"].shape[1], "full"
+        want = F.logprob(MODEL, rows, prefix, width, part)
+        assert op_cost(g, op, CostContext(MODEL, w)) == want, op.name
 
 
 @pytest.mark.parametrize(("lengths", "rows"), list(itertools.product(LENGTHS, ROWS)))

@@ -40,6 +40,7 @@ from rollplex.backends.torch.roles import (
     weights_params,
 )
 from rollplex.backends.torch.rows import merge_chunks
+from rollplex.backends.torch.trim import trimmed
 from rollplex.backends.torch.values import (
     Features,
     GradsHandle,
@@ -227,11 +228,11 @@ class CriticRole:
 
     def logprob_response(self, prefix: PrefixState, responses: Responses, group_size: int):
         if self.train:  # in the plan's micro-batches of prompts' groups, as the trainer
-            mask = response_mask(responses.lengths, responses.tokens.shape[1])
 
-            def score(state: PrefixState, tokens, lengths, rows: slice) -> torch.Tensor:
+            def score(state: PrefixState, tokens, lengths, _rows: slice) -> torch.Tensor:
                 out = response_head_outputs(self.model, state, tokens, lengths)
-                return torch.where(mask[rows], _values(*out), 0.0)
+                mask = response_mask(lengths, tokens.shape[1])  # its trimmed columns
+                return torch.where(mask, _values(*out), 0.0)
 
             return response_micro_batches(
                 self.model,
@@ -242,18 +243,21 @@ class CriticRole:
                 score,
                 self.critic.micro_recompute or self.critic.micro_fused,
             )
+        lengths = responses.lengths
+
+        def values(tokens: torch.Tensor) -> torch.Tensor:
+            return _values(*response_head_outputs(self.model, prefix, tokens, lengths, group_size))
+
         with torch.no_grad():  # each prompt's G responses share its prefix K/V (no expand)
-            tokens, lengths = responses.tokens, responses.lengths
-            out = response_head_outputs(self.model, prefix, tokens, lengths, group_size)
-            return _masked(_values(*out), responses)
+            return _masked(trimmed(values, responses.tokens, lengths), responses)
 
     def logprob(self, features: Features, text: PromptBatch, responses: Responses):
         if self.train:  # in the plan's micro-batches of samples
-            mask = response_mask(responses.lengths, responses.tokens.shape[1])
 
-            def score(text, visual, tokens, lengths, rows: slice) -> torch.Tensor:
+            def score(text, visual, tokens, lengths, _rows: slice) -> torch.Tensor:
                 out = features_full_head_outputs(self.model, text, visual, tokens, lengths)
-                return torch.where(mask[rows], out.squeeze(-1).float(), 0.0)
+                mask = response_mask(lengths, tokens.shape[1])  # its trimmed columns
+                return torch.where(mask, out.squeeze(-1).float(), 0.0)
 
             return sample_micro_batches(
                 self.model,
@@ -264,8 +268,11 @@ class CriticRole:
                 score,
                 self.critic.micro_recompute or self.critic.micro_fused,
             )
-        with torch.no_grad():
-            out = features_full_head_outputs(
-                self.model, text, features.values, responses.tokens, responses.lengths
-            )
-            return _masked(out.squeeze(-1).float(), responses)
+        lengths = responses.lengths
+
+        def values(tokens: torch.Tensor) -> torch.Tensor:
+            out = features_full_head_outputs(self.model, text, features.values, tokens, lengths)
+            return out.squeeze(-1).float()
+
+        with torch.no_grad():  # to the rows' longest response, not the cap
+            return _masked(trimmed(values, responses.tokens, lengths), responses)

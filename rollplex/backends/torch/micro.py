@@ -17,6 +17,7 @@ import torch
 
 from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.roles import capture_saved, masked_logprobs
+from rollplex.backends.torch.trim import trimmed
 from rollplex.backends.torch.values import (
     Boundary,
     MicroBatches,
@@ -121,28 +122,6 @@ def micro_logprobs(
         micro.sink, micro.entropy_sink = out.values, entropy
     value = MicroLogprobs(out.values, out.mask, micro, entropy)
     return value, SavedActivations(parts=list(micro.saved))
-
-
-def trimmed(
-    score: Callable[[torch.Tensor], Scored], tokens: torch.Tensor, lengths: torch.Tensor
-) -> Scored:
-    """`score(tokens)` [rows, R] run on the columns up to these rows' longest response only,
-    zeros after: the columns past every row's end are padding whose outputs nothing reads
-    (the response mask is 0 there), and a micro-batch without the step's longest row would
-    otherwise run, and keep for backward, all `max_new_tokens` columns. A (logprobs,
-    entropy) pair is padded each."""
-    width, used = tokens.shape[1], max(1, int(lengths.max()))
-    if used >= width:
-        return score(tokens)
-    out = score(tokens[:, :used])
-    if isinstance(out, tuple):
-        logprobs, entropy = out
-        return _pad(logprobs, width - used), _pad(entropy, width - used)
-    return _pad(out, width - used)
-
-
-def _pad(x: torch.Tensor, columns: int) -> torch.Tensor:
-    return torch.nn.functional.pad(x, (0, columns))
 
 
 def response_micro_batches(

@@ -30,6 +30,7 @@ from rollplex.backends.torch.exported_prefix import ExportedPrefix, prefill_expo
 from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs, response_mask
 from rollplex.backends.torch.model import load_model
 from rollplex.backends.torch.rows import merge_chunks
+from rollplex.backends.torch.trim import trimmed
 from rollplex.backends.torch.values import (
     Features,
     Pixels,
@@ -246,25 +247,21 @@ class TorchReference(ReferenceScorer):
     def logprob_response(
         self, prefix: PrefixState, responses: Responses, group_size: int
     ) -> TokenLogprobs:
+        lengths, t = responses.lengths, self.temperature
+
+        def score(tokens: torch.Tensor) -> torch.Tensor:
+            return response_logprobs(self.model, prefix, tokens, lengths, t, group_size)
+
         with torch.no_grad():  # each prompt's G responses share its prefix K/V (no expand)
-            lp = response_logprobs(
-                self.model,
-                prefix,
-                responses.tokens,
-                responses.lengths,
-                self.temperature,
-                group_size,
-            )
+            lp = trimmed(score, responses.tokens, lengths)  # to the rows' longest, not the cap
         return masked_logprobs(lp, responses)
 
     def logprob(self, features: Features, text: PromptBatch, responses: Responses) -> TokenLogprobs:
-        with torch.no_grad():
-            lp = features_full_logprobs(
-                self.model,
-                text,
-                features.values,
-                responses.tokens,
-                responses.lengths,
-                self.temperature,
-            )
+        lengths, t = responses.lengths, self.temperature
+
+        def score(tokens: torch.Tensor) -> torch.Tensor:
+            return features_full_logprobs(self.model, text, features.values, tokens, lengths, t)
+
+        with torch.no_grad():  # its LM head to the rows' longest response, not the cap
+            lp = trimmed(score, responses.tokens, lengths)
         return masked_logprobs(lp, responses)

@@ -1,19 +1,22 @@
 """The widths the planner prices scoring ops at (ops/response_width.py) are the widths the
 torch backend runs, on a tiny model with known response lengths: the trainer's forward in
 each micro-batch (prefix-shared groups or per-sample rows, kept or recomputed) runs up to
-the longest response of the rows the pricing puts together; the reference's response part
-runs the whole padded width (the cap); verl's no-grad full forward runs its prefix and its
-rows' longest response through the decoder. The pricing's expected longest is replaced by
-the actual longest of those rows here."""
+the longest response of the rows the pricing puts together; the no-grad response parts
+(reference, old-policy scorer, critic) run the step's longest response, not the cap; verl's
+no-grad full forward runs its prefix and its rows' longest response through the decoder, and
+its head to the longest response. The pricing's expected longest is replaced by the actual
+longest of those rows here."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import rollplex.backends.torch.critic as critic_module
 import rollplex.backends.torch.logprob as logprob_module
 import rollplex.backends.torch.roles as roles_module
 import rollplex.backends.torch.trainer as trainer_module
+from rollplex.backends.torch.critic import TorchCritic, build_critic_model
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.roles import TorchReference
 from rollplex.backends.torch.trainer import TorchTrainer
@@ -81,14 +84,26 @@ def test_trainer_runs_each_micro_batch_to_its_priced_width(
     assert max(widths) < CAP  # it trimmed: nothing ran the padding past every row's end
 
 
-def test_reference_response_part_runs_the_cap(spec, batch, monkeypatch):
-    ref = TorchReference(build_model(spec, seed=0))
+@pytest.mark.parametrize("role", ["reference", "old_policy", "critic"])
+def test_no_grad_response_part_runs_the_steps_longest(spec, batch, monkeypatch, role):
+    """Priced at `longest_width` of the step's rows (their actual longest here), and the
+    runtime runs that many columns, not the cap."""
+    model = build_model(spec, seed=0)
+    if role == "critic":
+        scorer = TorchCritic(build_critic_model(model, spec, seed=0), spec, AlgoSpec()).scorer
+        module, name = critic_module, "response_head_outputs"
+    else:
+        trainer = TorchTrainer(model, spec, AlgoSpec())
+        scorer = TorchReference(model) if role == "reference" else trainer.scorer()
+        module, name = roles_module, "response_logprobs"
     widths: list[int] = []
-    _recording(monkeypatch, roles_module, "response_logprobs", 2, widths)
-    state = ref.logprob_prefix(ref.vision_encode(Pixels.of(batch)), batch.text_only())
-    ref.logprob_response(state, _responses(spec), G)
-    cap = ResponseLengthSpec(distribution="lognormal", mean=3, max=CAP)
-    assert widths == [W.cap_width(cap)]
+    _recording(monkeypatch, module, name, 2, widths)  # (model, state, tokens, ...)
+    state = scorer.logprob_prefix(scorer.vision_encode(Pixels.of(batch)), batch.text_only())
+    with torch.no_grad():
+        scorer.logprob_response(state, _responses(spec), G)
+    fixed = ResponseLengthSpec(distribution="fixed", mean=max(LENGTHS), max=CAP)
+    assert widths == [W.longest_width(fixed, len(LENGTHS))] == [max(LENGTHS)]
+    assert widths[0] < CAP
 
 
 def test_reference_full_forward_runs_prefix_and_its_rows_longest(spec, batch, monkeypatch):
@@ -104,3 +119,13 @@ def test_reference_full_forward_runs_prefix_and_its_rows_longest(spec, batch, mo
     assert widths == [int((prefixes + torch.tensor(LENGTHS)).max())]
     assert widths[0] <= int(prefixes.max()) + max(LENGTHS)
     assert widths[0] - int(prefixes.max()) < CAP
+
+
+def test_reference_full_forward_head_runs_its_rows_longest(spec, batch, monkeypatch):
+    """Its LM head (the part the pricing leaves out) runs the longest response, not the cap."""
+    ref = TorchReference(build_model(spec, seed=0))
+    widths: list[int] = []
+    _recording(monkeypatch, roles_module, "features_full_logprobs", 3, widths)
+    feats = ref.vision_encode(Pixels.of(batch))
+    ref.logprob(feats.repeat(G), batch.text_only().repeat(G), _responses(spec))
+    assert widths == [max(LENGTHS)]
