@@ -77,7 +77,7 @@ def main() -> None:
         cfg["schedule"] = {**cfg["schedule"], "prefill_once": False}
         spec = RunSpec.model_validate(cfg)
     else:
-        args.folder, args.device, args.steps = None, "cuda", 1
+        args.folder, args.device, args.steps, args.hardware = None, "cuda", 1, "h200"
         items = [o for o in overrides(args, args.schedule) if not o.startswith("train.device")]
         spec = compose_spec(items, job="plan")
     times, step, micro = op_times(spec, args.calibration)
