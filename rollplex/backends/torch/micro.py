@@ -27,21 +27,11 @@ from rollplex.backends.torch.values import (
     Scored,
 )
 from rollplex.engine.prefix import Model, PrefixState, cache_kv
+from rollplex.ops.micro_batches import micro_ranges
 
 log = logging.getLogger(__name__)
 _WARNED: set[tuple[int, int, str]] = set()
 GROUPS = "prompts (a group shares its prefix)"
-
-
-def micro_ranges(units: int, count: int) -> list[tuple[int, int]]:
-    """`count` contiguous, near-equal ranges of `units`, each at least one unit (a count
-    above the units gives one unit each)."""
-    if count < 1:
-        raise ValueError(f"train micro-batch count must be >= 1, got {count}")
-    if units < 1:
-        raise ValueError(f"no rows to cut into micro-batches ({units})")
-    n = min(count, units)
-    return [(units * i // n, units * (i + 1) // n) for i in range(n)]
 
 
 def planned_ranges(units: int, count: int, what: str) -> list[tuple[int, int]]:
