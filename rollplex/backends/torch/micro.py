@@ -36,7 +36,8 @@ GROUPS = "prompts (a group shares its prefix)"
 
 def planned_ranges(units: int, count: int, what: str) -> list[tuple[int, int]]:
     """`micro_ranges`, saying once in the run log when the plan's count exceeds the units
-    (the plan counts tokens; a micro-batch holds at least one of `what`)."""
+    (a micro-batch holds at least one of `what`; the plan counts at most its units per
+    rank, so a plan made for another split or batch can exceed them)."""
     if count > units and (units, count, what) not in _WARNED:
         _WARNED.add((units, count, what))
         log.warning(
