@@ -19,6 +19,7 @@ from rollplex.ops import formulas as F
 from rollplex.ops import response_width as W
 from rollplex.ops.formulas import Cost
 from rollplex.ops.formulas.llm import lm_head_forward
+from rollplex.ops.micro_batches import trained_units
 from rollplex.specs import ModelSpec, WorkloadSpec
 
 
@@ -122,12 +123,7 @@ def _prefix_tokens(ins: dict[str, Value]) -> int:
 def _trained_tokens(ctx: CostContext, fwd: Op, ins: dict[str, Value]) -> int:
     """Columns per row of a forward with grad (`fwd`'s inputs `ins`), run in the trainer's
     micro-batches: of whole prompts' groups (response part) or of samples (full)."""
-    rows = ins["responses"].shape[0]
-    if fwd.kind == "logprob":
-        units, per_unit = ctx.per_rank(rows), 1
-    else:
-        prompts = ins["kv"].shape[2]
-        units, per_unit = ctx.per_rank(prompts), max(1, rows // max(1, prompts))
+    units, per_unit = trained_units(ins, ctx.dp)
     return W.trimmed_width(ctx.workload.response_length, units, ctx.micro_batches, per_unit)
 
 

@@ -22,6 +22,7 @@ expected length is the mean, which the n/(n+1) quantile (the median at n = 1) ca
 
 from __future__ import annotations
 
+from rollplex.ops.micro_batches import micro_ranges
 from rollplex.specs.workload import ResponseLengthSpec
 
 
@@ -38,11 +39,10 @@ def longest_width(lengths: ResponseLengthSpec, rows: float) -> int:
 
 def micro_batch_rows(units: int, count: int, rows_per_unit: int) -> list[int]:
     """Rows of each micro-batch the trainer cuts `units` (prompts, whose groups of
-    `rows_per_unit` rows stay together, or samples) into: micro.py `micro_ranges`, `count`
+    `rows_per_unit` rows stay together, or samples) into: `micro_ranges`, `count`
     near-equal contiguous ranges of at least one unit."""
-    units, count = max(1, int(units)), max(1, int(count))
-    n = min(count, units)
-    return [rows_per_unit * (units * (i + 1) // n - units * i // n) for i in range(n)]
+    ranges = micro_ranges(max(1, int(units)), max(1, int(count)))
+    return [rows_per_unit * (hi - lo) for lo, hi in ranges]
 
 
 def trimmed_width(lengths: ResponseLengthSpec, units: int, count: int, rows_per_unit: int) -> int:

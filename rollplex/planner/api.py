@@ -89,7 +89,7 @@ def plan_graph(
         plan.notes.append(note)
     # The trainer runs the step's forward and backward in exactly the micro-batches sized here.
     plan.meta["train_micro_batches"] = train_micro_batches(
-        model, workload, _train_gpus(plan, ctx), schedule.train_micro_tokens
+        model, workload, graph, _train_gpus(plan, ctx), schedule.train_micro_tokens
     )
     plan.meta["train_micro_recompute"] = schedule.train_micro_recompute
     plan.meta["train_micro_fused"] = schedule.train_micro_fused

@@ -15,6 +15,7 @@ from rollplex.ops import formulas as F
 from rollplex.ops.costs import CostContext, decode_steps, op_cost
 from rollplex.ops.formulas import Cost
 from rollplex.ops.formulas.llm import decoder_weight_bytes, lm_head_weight_bytes
+from rollplex.ops.micro_batches import micro_batches_run, trained_forward, trained_units
 from rollplex.planner.cost_model import (
     BACKWARD_KERNELS_PER_LAYER,
     FORWARD_KERNELS_PER_LAYER,
@@ -26,6 +27,7 @@ from rollplex.planner.sizing import micro_batch_count, train_micro_batches
 from rollplex.specs import HardwareSpec, ModelSpec, WorkloadSpec
 
 LOGPROB_KINDS = frozenset({"logprob", "logprob_prefix", "logprob_response"})
+TRAINER_MICRO_KINDS = frozenset({"logprob", "logprob_response", "backward"})
 
 
 @dataclass(slots=True, frozen=True)
@@ -88,7 +90,9 @@ class OpTimer:
         """The step's training micro-batch count, which the trainer runs (1 unsplit)."""
         if self.micro_tokens <= 0:
             return 1
-        return train_micro_batches(self.model, self.workload, self.train.gpus, self.micro_tokens)
+        return train_micro_batches(
+            self.model, self.workload, self.graph, self.train.gpus, self.micro_tokens
+        )
 
     def time(self, op: Op, chunks: int = 1) -> Timing:
         """Solo time of `op`, or of one of its `chunks` row chunks, on one GPU: priced in
@@ -104,12 +108,17 @@ class OpTimer:
         )
 
     def _step_count(self, op: Op) -> int | None:
-        """The trainer's micro-batch count, for the ops it runs in it; else None."""
-        if op.phase is Phase.TRAIN and op.kind in ("logprob", "logprob_response", "backward"):
-            return train_micro_batches(
-                self.model, self.workload, self.train.gpus, self.micro_tokens
-            )
-        return None
+        """The micro-batches the trainer runs `op` in, for the ops it runs in them (its
+        forwards with grad and their backward: the plan's count, at most one per unit of
+        the forward, ops/micro_batches.py); else None."""
+        if op.phase is not Phase.TRAIN or op.kind not in TRAINER_MICRO_KINDS:
+            return None
+        count = self._train_micro_batches()
+        fwd = trained_forward(self.graph, op)
+        if fwd is None:
+            return count
+        units, _ = trained_units(self.graph.inputs_of(fwd), self.train.gpus)
+        return micro_batches_run(units, count)
 
     def _kernels(self, op: Op, ctx: CostContext) -> int:
         """Kernels one micro-batch of `op` launches: per layer, a forward's, or a backward's

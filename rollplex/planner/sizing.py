@@ -15,6 +15,12 @@ from weakref import WeakKeyDictionary
 from rollplex.graph.ir import Graph, Phase, Value, ValueKind
 from rollplex.ops.formulas import kv_fraction, saved_activation_bytes
 from rollplex.ops.formulas.llm import LogprobPart
+from rollplex.ops.micro_batches import (
+    micro_batch_count,
+    micro_batches_run,
+    trained_forward,
+    trained_units,
+)
 from rollplex.planner.plan import DevicePlan
 from rollplex.planner.shared_weights import (
     holds_own_copy,
@@ -90,7 +96,7 @@ class DeviceSizer:
         carries and the trainer runs; it bounds op scratch, not the values' sizes."""
         if not self._micro:
             self._micro = train_micro_batches(
-                self.model, self.workload, self.train_gpus, self.micro_tokens
+                self.model, self.workload, self.graph, self.train_gpus, self.micro_tokens
             )
         return self._micro
 
@@ -139,24 +145,25 @@ def saved_part(graph: Graph, v: Value) -> LogprobPart | None:
     return SAVED_PARTS.get(op.kind)
 
 
-def micro_batch_count(tokens: float, micro_tokens: int) -> int:
-    """Micro-batches of at most `micro_tokens` tokens that `tokens` need: at least one."""
-    if micro_tokens < 1:
-        raise ValueError(f"schedule.train_micro_tokens must be >= 1, got {micro_tokens}")
-    return max(1, math.ceil(tokens / micro_tokens))
-
-
 def train_micro_batches(
-    model: ModelSpec, workload: WorkloadSpec, train_gpus: int, micro_tokens: int
+    model: ModelSpec, workload: WorkloadSpec, graph: Graph, train_gpus: int, micro_tokens: int
 ) -> int:
     """How many micro-batches one training GPU runs a step's forward and backward in: its
-    samples' expected tokens (prefix + mean response) over `schedule.train_micro_tokens`.
-    The planner sizes the training forward's and backward's scratch as one of them (their
-    saved activations are every micro-batch's); the plan carries the count
-    (`Plan.meta["train_micro_batches"]`) and the trainer runs exactly that many."""
+    samples' expected tokens (prefix + mean response) over `schedule.train_micro_tokens`,
+    at most one per unit of `graph`'s training forwards (a prompt's group where they share
+    the prefix, else a sample: ops/micro_batches.py, the trainer's rule). The planner sizes
+    the training forward's and backward's scratch as one of them (their saved activations
+    are every micro-batch's); the plan carries the count (`Plan.meta["train_micro_batches"]`)
+    and the trainer runs exactly that many."""
     samples = workload.samples_per_step / max(1, train_gpus)
     tokens = samples * (workload.prefix_tokens(model.vision) + workload.response_length.mean)
-    return micro_batch_count(tokens, micro_tokens)
+    count = micro_batch_count(tokens, micro_tokens)
+    units = [
+        trained_units(graph.inputs_of(op), train_gpus)[0]
+        for op in graph.ops.values()
+        if op.phase is Phase.TRAIN and trained_forward(graph, op) is op
+    ]
+    return micro_batches_run(max(units), count) if units else count
 
 
 _SHAPES: WeakKeyDictionary[Graph, tuple[dict, list[tuple[Value, Phase | None, int]]]] = (

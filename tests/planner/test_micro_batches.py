@@ -53,7 +53,8 @@ def test_trainer_runs_the_planned_micro_batches(workload, schedule, micro_tokens
     schedule = schedule.model_copy(update={"train_micro_tokens": micro_tokens})
     planned = plan_step(MODEL, workload, ALGO, CPU, schedule)
     count = planned.plan.meta["train_micro_batches"]
-    assert count == math.ceil(_tokens(workload) / micro_tokens)
+    units = workload.prompts_per_step * (1 if schedule.dedup else workload.group_size)
+    assert count == min(units, math.ceil(_tokens(workload) / micro_tokens))
     ctx = PlanningContext(planned.graph, MODEL, workload, CPU, schedule, None, None)
     assert {s.micro_batches() for s in _sizers(planned.plan, ctx).values()} == {count}
     backend = compose(StepConfig(MODEL, ALGO, seed=0, max_new_tokens=4))
@@ -63,24 +64,29 @@ def test_trainer_runs_the_planned_micro_batches(workload, schedule, micro_tokens
     assert result.metrics["train_micro_batches"] == count
 
 
-def test_more_micro_batches_than_groups_run_one_group_each(caplog):
-    # 16 micro-batches planned, but prefix sharing cuts only between the 4 prompts' groups
-    schedule = ScheduleSpec(name="serial", train_micro_tokens=28)
+@pytest.mark.parametrize(("dedup", "units"), [(True, 4), (False, 16)])
+def test_a_count_above_the_units_is_planned_as_the_trainer_runs_it(caplog, dedup, units):
+    # 28 tokens a micro-batch would need 16, but prefix sharing cuts only between the 4
+    # prompts' groups (per-sample: between the 16 samples): the plan carries what runs
+    schedule = ScheduleSpec(name="serial", train_micro_tokens=28, dedup=dedup)
     planned = plan_step(MODEL, TINY, ALGO, CPU, schedule)
-    assert planned.plan.meta["train_micro_batches"] == 16
+    assert math.ceil(_tokens(TINY) / 28) == 16
+    assert planned.plan.meta["train_micro_batches"] == units
     backend = compose(StepConfig(MODEL, ALGO, seed=0, max_new_tokens=4))
     result = Executor(planned.plan, planned.graph, backend).run_step(
         0, TaskData(MODEL, TINY, seed=0).step(0)
     )
-    assert result.metrics["train_micro_batches"] == TINY.prompts_per_step
-    assert "exceed this step's 4 prompts" in caplog.text
+    assert result.metrics["train_micro_batches"] == units
+    assert "exceed this step's" not in caplog.text  # nothing clamped at run time
 
 
 def test_micro_batch_count_is_never_zero():
     assert micro_batch_count(0, 16) == 1
     assert micro_batch_count(1, 10**9) == 1
     assert micro_batch_count(17, 16) == 2
-    assert train_micro_batches(MODEL, TINY, train_gpus=64, micro_tokens=1) >= 1
+    assert train_micro_batches(
+        MODEL, TINY, plan_step(MODEL, TINY, ALGO, CPU, ScheduleSpec()).graph, 64, 1
+    ) >= 1
     with pytest.raises(ValueError, match=r"schedule\.train_micro_tokens"):
         micro_batch_count(10, 0)
     with pytest.raises(ValidationError, match="train_micro_tokens"):

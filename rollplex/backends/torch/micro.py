@@ -27,26 +27,17 @@ from rollplex.backends.torch.values import (
     Scored,
 )
 from rollplex.engine.prefix import Model, PrefixState, cache_kv
+from rollplex.ops.micro_batches import micro_ranges
 
 log = logging.getLogger(__name__)
 _WARNED: set[tuple[int, int, str]] = set()
 GROUPS = "prompts (a group shares its prefix)"
 
 
-def micro_ranges(units: int, count: int) -> list[tuple[int, int]]:
-    """`count` contiguous, near-equal ranges of `units`, each at least one unit (a count
-    above the units gives one unit each)."""
-    if count < 1:
-        raise ValueError(f"train micro-batch count must be >= 1, got {count}")
-    if units < 1:
-        raise ValueError(f"no rows to cut into micro-batches ({units})")
-    n = min(count, units)
-    return [(units * i // n, units * (i + 1) // n) for i in range(n)]
-
-
 def planned_ranges(units: int, count: int, what: str) -> list[tuple[int, int]]:
     """`micro_ranges`, saying once in the run log when the plan's count exceeds the units
-    (the plan counts tokens; a micro-batch holds at least one of `what`)."""
+    (a micro-batch holds at least one of `what`; the plan counts at most its units per
+    rank, so a plan made for another split or batch can exceed them)."""
     if count > units and (units, count, what) not in _WARNED:
         _WARNED.add((units, count, what))
         log.warning(

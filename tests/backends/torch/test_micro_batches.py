@@ -25,7 +25,6 @@ from rollplex.backends.torch.loss import (
     policy_loss,
     value_loss,
 )
-from rollplex.backends.torch.micro import micro_ranges
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.roles import features_of, freeze_for_graph
 from rollplex.backends.torch.task import QUESTIONS, VisualTask
@@ -34,6 +33,7 @@ from rollplex.backends.torch.trainer import TorchTrainer
 from rollplex.backends.torch.values import Pixels, Responses, TokenLogprobs
 from rollplex.data.prompts import collate_prompts
 from rollplex.engine.prefix import expand_prefix, prefix_forward
+from rollplex.ops.micro_batches import micro_ranges
 from rollplex.specs import AlgoSpec
 
 G, R, PROMPTS = 3, 6, 5
