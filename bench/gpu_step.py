@@ -175,14 +175,8 @@ def run_schedule(args, schedule: str, root: Path, calibration: Path | None) -> d
     return entry
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--shape", default="qwen2_5_vl_3b")
-    ap.add_argument("--folder", default=None, help="Hub-format model folder (random weights)")
-    ap.add_argument("--schedules", default="verl,serial_dedup,rollplex")
-    ap.add_argument("--hardware", default=None, help="preset (default: from the GPU's name)")
+def add_workload_arguments(ap: argparse.ArgumentParser) -> None:
+    """The workload's flags (`overrides` reads them): video prompts x G, forced lengths."""
     ap.add_argument("--frames", type=int, default=8)
     ap.add_argument("--size", type=int, default=448)
     ap.add_argument("--prompts", type=int, default=4)
@@ -191,6 +185,17 @@ def main() -> None:
     ap.add_argument("--mean-length", type=int, default=448)
     ap.add_argument("--sigma", type=float, default=0.45)
     ap.add_argument("--max-length", type=int, default=1024)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--shape", default="qwen2_5_vl_3b")
+    ap.add_argument("--folder", default=None, help="Hub-format model folder (random weights)")
+    ap.add_argument("--schedules", default="verl,serial_dedup,rollplex")
+    ap.add_argument("--hardware", default=None, help="preset (default: from the GPU's name)")
+    add_workload_arguments(ap)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument(
         "--rounds",

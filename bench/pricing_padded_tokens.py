@@ -18,32 +18,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_step import compose_spec, overrides
+from gpu_step import add_workload_arguments, compose_spec, overrides
 
-from rollplex.backends import rollout_capabilities, trainer_capabilities
-from rollplex.jobs.pipeline import plan_step
-from rollplex.planner.cost_model import CostModel
-from rollplex.planner.shipped_calibration import shipped_for
+from rollplex.jobs.plan import plan_for
 from rollplex.specs.run import RunSpec
 
 
-def op_times(spec: RunSpec, calibration: str) -> tuple[dict[str, float], float, int]:
-    """(op name -> planned seconds, step seconds, train micro-batches) of `spec`'s plan."""
-    cost = CostModel(spec.hardware)
-    if calibration == "shipped":
-        shipped = shipped_for(spec.hardware, spec.model)
-        if shipped is not None:
-            cost = cost.calibrated_by([e.model_dump() for e in shipped[0].entries])
-    result = plan_step(
-        spec.model,
-        spec.workload,
-        spec.algo,
-        spec.hardware,
-        spec.schedule,
-        cost_model=cost,
-        rollout=rollout_capabilities(spec.backend),
-        trainer=trainer_capabilities(spec.backend, spec.hardware.num_gpus),
-    )
+def op_times(spec: RunSpec) -> tuple[dict[str, float], float, int]:
+    """(op name -> planned seconds, step seconds, train micro-batches) of `spec`'s plan,
+    priced as `rollplex plan` prices it (`calibration.path`: none, or the shipped default)."""
+    result = plan_for(spec)
     plan = result.plan
     times: dict[str, float] = {}
     for dev in plan.devices:
@@ -56,31 +40,29 @@ def op_times(spec: RunSpec, calibration: str) -> tuple[dict[str, float], float, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--shape", default="qwen2_5_vl_7b")
-    ap.add_argument("--frames", type=int, default=8)
-    ap.add_argument("--size", type=int, default=448)
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--group", type=int, default=8)
-    ap.add_argument("--text-tokens", type=int, default=64)
-    ap.add_argument("--mean-length", type=int, default=448)
-    ap.add_argument("--sigma", type=float, default=0.45)
-    ap.add_argument("--max-length", type=int, default=1024)
+    add_workload_arguments(ap)
     ap.add_argument("--schedule", default="serial_dedup")
     ap.add_argument("--calibration", choices=("none", "shipped"), default="none")
     ap.add_argument("--rerun", type=Path, help="a gpu_step run folder (its config.json)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("extra", nargs="*", help="more Hydra overrides (not with --rerun)")
+    # what gpu_step's `overrides` reads besides the workload: a plan of one H200 step
+    ap.set_defaults(folder=None, device="cuda", steps=1, hardware="h200")
     args = ap.parse_args()
+    calibration = {"path": None if args.calibration == "shipped" else "none"}
     if args.rerun:
         cfg = json.loads((args.rerun / "config.json").read_text())
-        cfg["calibration"] = {**(cfg.get("calibration") or {}), "path": "none"}
+        cfg["calibration"] = {**(cfg.get("calibration") or {}), **calibration}
         # the recorded runs ran their own training prefix forward (before prefill_once)
         cfg["schedule"] = {**cfg["schedule"], "prefill_once": False}
         spec = RunSpec.model_validate(cfg)
     else:
-        args.folder, args.device, args.steps, args.hardware = None, "cuda", 1, "h200"
         items = [o for o in overrides(args, args.schedule) if not o.startswith("train.device")]
         spec = compose_spec(items, job="plan")
-    times, step, micro = op_times(spec, args.calibration)
+        spec = spec.model_copy(
+            update={"calibration": spec.calibration.model_copy(update=calibration)}
+        )
+    times, step, micro = op_times(spec)
     print(f"step {step:.3f} s, train micro-batches {micro}")
     for op, t in times.items():
         print(f"{op:<32}{t:>9.4f}")

@@ -9,6 +9,7 @@ predicted step times from the same graph and models (jobs/baselines.py).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,9 @@ from rollplex.jobs.pipeline import plan_step
 from rollplex.jobs.pricing import pricing_for, resolve_auto
 from rollplex.planner.cost_model import CostModel
 from rollplex.planner.plan import Plan, dump_plan
+from rollplex.specs.model import ModelSpec
 from rollplex.specs.run import RunSpec
+from rollplex.specs.workload import WorkloadSpec
 from rollplex.trace import (
     markdown_table,
     open_writer,
@@ -49,16 +52,26 @@ def cost_model_for(spec: RunSpec) -> CostModel:
     return pricing_for(spec).cost_model
 
 
-def _baselines(spec: RunSpec) -> dict[str, Baseline]:
-    return plan_baselines(
-        spec.model,
-        spec.workload,
+def plan_for(
+    spec: RunSpec,
+    model: ModelSpec | None = None,
+    workload: WorkloadSpec | None = None,
+    planner: Callable[..., Any] = plan_step,
+    **kw: Any,
+) -> Any:
+    """`planner` (plan_step, or plan_baselines) on `spec`'s step for the roles it chose
+    (the planner plans only what they can do), priced by `cost_model_for(spec)`; `model`
+    and `workload`: measured ones in place of the spec's."""
+    return planner(
+        model or spec.model,
+        workload or spec.workload,
         spec.algo,
         spec.hardware,
         spec.schedule,
         cost_model=cost_model_for(spec),
         rollout=rollout_capabilities(spec.backend),
         trainer=trainer_capabilities(spec.backend, spec.hardware.num_gpus),
+        **kw,
     )
 
 
@@ -73,18 +86,9 @@ def naive_colocation_bytes(verl_serial: Baseline | None) -> int | None:
 
 def run_plan(spec: RunSpec, out: Path) -> dict[str, Any]:
     spec = resolve_auto(spec, out)  # calibration=auto: an earlier run's file, or the default
-    result = plan_step(
-        spec.model,
-        spec.workload,
-        spec.algo,
-        spec.hardware,
-        spec.schedule,
-        cost_model=cost_model_for(spec),
-        rollout=rollout_capabilities(spec.backend),  # plan only what the rollout can do
-        trainer=trainer_capabilities(spec.backend, spec.hardware.num_gpus),
-    )
+    result = plan_for(spec)
     plan, report = result.plan, result.report
-    base = _baselines(spec)
+    base: dict[str, Baseline] = plan_for(spec, planner=plan_baselines)
     (out / "plan.json").write_text(dump_plan(plan))
     dev = max(plan.devices, key=lambda d: d.peak_bytes)
     summary: dict[str, Any] = {

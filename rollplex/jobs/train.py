@@ -88,22 +88,11 @@ def _prepare(spec: RunSpec):
 
 def _plan(spec: RunSpec, prepared):
     """One plan for every step, made from the measured workload for the chosen roles."""
-    from rollplex.backends import rollout_capabilities, trainer_capabilities
     from rollplex.backends.torch.loss import group_of_one_note
-    from rollplex.jobs.pipeline import plan_step
-    from rollplex.jobs.plan import cost_model_for
+    from rollplex.jobs.plan import plan_for
 
-    result = plan_step(
-        prepared.model,
-        prepared.workload,
-        spec.algo,
-        spec.hardware,
-        spec.schedule,
-        cost_model=cost_model_for(spec),  # measured op times when `calibration` is given
-        rollout=rollout_capabilities(spec.backend),  # the planner plans only what it can do
-        engine_sleep={"auto": None, "always": True, "never": False}[spec.backend.vllm.sleep],
-        trainer=trainer_capabilities(spec.backend, spec.hardware.num_gpus),
-    )
+    sleep = {"auto": None, "always": True, "never": False}[spec.backend.vllm.sleep]
+    result = plan_for(spec, prepared.model, prepared.workload, engine_sleep=sleep)
     plan = result.plan
     log.info(
         "plan '%s' (dedup=%s, overlap=%s): %d steps on %d streams; %s",
