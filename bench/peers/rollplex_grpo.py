@@ -1,6 +1,7 @@
 """`rollplex train` on the peers' shared prompts and model folder, as a user runs it, one
 schedule per process: `serial` (with dedup), `rollplex`, and verl-like (`serial` with
-`schedule.dedup=false`: the prefix recomputed per sample and per phase).
+`schedule.dedup=false schedule.train_micro_fused=true`: the prefix recomputed per sample and
+per phase, forward and backward per micro-batch, as verl's actor runs them).
 
     python bench/peers/rollplex_grpo.py --model <folder> --data /tmp/peers/easyvqa/train.jsonl \
         --shape qwen2_5_vl_7b --workload easyvqa --schedule rollplex --steps 6 --out row.json
@@ -24,16 +25,13 @@ from settings import PeerSettings
 SCHEDULES = {
     "serial": ["schedule=serial"],
     "rollplex": ["schedule=rollplex"],
-    "verl-like": ["schedule=serial", "schedule.dedup=false"],
+    "verl-like": ["schedule=serial", "schedule.dedup=false", "schedule.train_micro_fused=true"],
 }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=Path, required=True)
-    ap.add_argument("--data", type=Path, required=True)
-    ap.add_argument("--shape", required=True)
-    ap.add_argument("--workload", required=True)
+    PeerSettings.add_inputs(ap)
     ap.add_argument("--schedule", choices=sorted(SCHEDULES), default="rollplex")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", type=Path, required=True)

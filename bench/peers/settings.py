@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 
@@ -21,6 +22,14 @@ class PeerSettings:
     temperature: float = 1.0
     steps: int = 6
     seed: int = 0
+
+    @staticmethod
+    def add_inputs(ap: argparse.ArgumentParser) -> None:
+        """The inputs every peer runs on: the model folder, the prompts, their names."""
+        ap.add_argument("--model", type=Path, required=True)
+        ap.add_argument("--data", type=Path, required=True)
+        ap.add_argument("--shape", required=True)
+        ap.add_argument("--workload", required=True)
 
     @classmethod
     def add_arguments(cls, ap: argparse.ArgumentParser) -> None:

@@ -226,12 +226,9 @@ def run(args: argparse.Namespace, s: PeerSettings) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=Path, required=True)
-    ap.add_argument("--data", type=Path, required=True)
+    PeerSettings.add_inputs(ap)
     ap.add_argument("--eval-data", type=Path)
     ap.add_argument("--eval-every", type=int, default=0)
-    ap.add_argument("--shape", required=True)
-    ap.add_argument("--workload", required=True)
     ap.add_argument("--vllm", action="store_true", help="TRL's colocated vLLM generation")
     ap.add_argument("--vllm-memory", type=float, default=0.3)
     ap.add_argument(

@@ -127,10 +127,7 @@ def overrides(args: argparse.Namespace, s: PeerSettings, data: Path, video: bool
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=Path, required=True)
-    ap.add_argument("--data", type=Path, required=True)
-    ap.add_argument("--shape", required=True)
-    ap.add_argument("--workload", required=True)
+    PeerSettings.add_inputs(ap)
     ap.add_argument("--vllm-memory", type=float, default=0.5)  # verl's default
     ap.add_argument("--offload", choices=["True", "False"], default="False",
                     help="actor parameter + optimizer offload (verl's memory option)")  # fmt: skip

@@ -8,26 +8,10 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from transformers import PreTrainedTokenizerFast
 
 from rollplex.backends.torch.tokenizer import SPECIAL_TOKEN_NAMES, build_image_processor
+from rollplex.models.chat_template import QWEN2_5_VL_CHAT_TEMPLATE
 from rollplex.specs.model import MODEL_PRESETS
 
 SPEC = MODEL_PRESETS["tiny"]
-# Qwen2.5-VL's chat template (as its Hub folders ship it).
-QWEN_TEMPLATE = (
-    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
-    "{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
-    "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'video' or 'video' in content %}"
-    "<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
-    "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +32,7 @@ def tokenizer() -> PreTrainedTokenizerFast:
     tok.train_from_iterator(text, trainer)
     tok.add_special_tokens([AddedToken(n, special=True) for _, n in specials])
     out = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>")
-    out.chat_template = QWEN_TEMPLATE
+    out.chat_template = QWEN2_5_VL_CHAT_TEMPLATE  # as its Hub folders ship it
     return out
 
 
