@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 
 from rollplex.engine.cache import Attention, round_up
-from rollplex.engine.green_contexts import PartitionGraph, green_stream
+from rollplex.engine.graph_capture import StepGraphs
 from rollplex.engine.phases import phase
 from rollplex.engine.prefix import Model, PrefixState, cache_kv
 from rollplex.engine.riders import RiddenPrefix, RiderRows, ride_alone
@@ -26,7 +26,6 @@ from rollplex.ops.formulas.engines import (
     engine_attention,
     engine_prompts,
 )
-from rollplex.planner.gc_paused import cyclic_gc_paused
 
 # the planner prices the workspace these shape (ops/formulas/engines.py torch_engine_workspace)
 ROW_BUCKETS, PREFIX_ALIGN = ENGINE_ROW_BUCKETS, ENGINE_PREFIX_ALIGN
@@ -133,8 +132,7 @@ class DecodeEngine:
             split_gemm,
         )
         self.workspace: Workspace | None = None
-        self._pool = None
-        self.capture_retries = 0  # graph captures CUDA invalidated and taken again (_capture)
+        self.graphs = StepGraphs(self.device)  # its CUDA-graph captures and their pool
 
     def attention_for(self, prompts: int) -> Attention:
         """The attention a decode of `prompts` padded prompts runs (engine_attention for
@@ -152,7 +150,7 @@ class DecodeEngine:
     def release(self) -> None:
         """Drop the buffers and graphs (their memory returns to the allocator)."""
         self.workspace = None
-        self._pool = None
+        self.graphs.release()
 
     def start(
         self,
@@ -244,6 +242,11 @@ class DecodeEngine:
             ws.weights = weights
         return ws
 
+    @property
+    def capture_retries(self) -> int:
+        """Graph captures CUDA invalidated and took again (graph_capture.py)."""
+        return self.graphs.retries
+
     def kv_len(self, ws: Workspace, step: int) -> int:
         """The kv_len of the graph that runs response step `step` (slots of steps <= step)."""
         return ws.cache.kv_len(round_up(step + 1, self.kv_chunk))
@@ -257,66 +260,8 @@ class DecodeEngine:
         if graph is None:
             name = f"CUDA-graph capture ({ws.shape.rows} rows, kv {kv_len})"
             with phase(name):  # one log line per bucket (phases.py)
-                graph = ws.graphs[kv_len] = self._capture(ws, kv_len)
+                graph = ws.graphs[kv_len] = self.graphs.capture(ws, self.forward, kv_len)
         graph.replay()
-
-    def _capture(self, ws: Workspace, kv_len: int) -> torch.cuda.CUDAGraph:
-        """`_capture_once`, tried again once when CUDA invalidated the capture. An H200 run
-        saw that intermittently at 64 and 256 rows ("operation failed due to a previous
-        error during capture", bench/results/gpu_decode/fusion.md) with the step's kernels
-        the same as in the warm-up just before; the process went on capturing other graphs
-        fine, so one more warm-up and capture recovers. The retry is logged and counted in
-        `capture_retries`; a second failure raises."""
-        try:
-            return self._capture_once(ws, kv_len)
-        except RuntimeError as err:  # torch.AcceleratorError is a RuntimeError
-            if "capture" not in str(err):
-                raise
-            log.warning(
-                "decode graph capture at %d rows, kv_len %d was invalidated (%s); warming up "
-                "and capturing again",
-                ws.shape.rows,
-                kv_len,
-                str(err).splitlines()[0],
-            )
-            self.capture_retries += 1
-            torch.cuda.synchronize(self.device)
-            return self._capture_once(ws, kv_len)
-
-    def _capture_once(self, ws: Workspace, kv_len: int) -> torch.cuda.CUDAGraph:
-        """Warm up and capture `ws.body` at `kv_len`, leaving the workspace's state as it
-        was (also when the capture fails). The warm-up runs the current step for real; what
-        it accumulates is restored after, and what it overwrites (this step's K/V slots,
-        mask slot and output column) the replay that follows writes again with the same
-        values. Python's cyclic collector is off during the capture: a collection there
-        may free CUDA objects of earlier graphs or streams mid-capture."""
-        mutable = (ws.token, ws.position, ws.step, ws.done, ws.lengths)
-        saved = [t.clone() for t in mutable]
-        try:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                ws.body(self.forward, kv_len)  # warm-up: lazy inits and workspace allocations
-            torch.cuda.current_stream().wait_stream(stream)
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            # On an SM partition's (green context's) stream, capture there: only a graph
-            # captured on it stays on its SMs. The graph notes a replay on a partition it was
-            # not captured on (green_contexts.py), which the executor reports.
-            green = green_stream()
-            graph = PartitionGraph()
-            graph.captured_on = green
-            with (
-                cyclic_gc_paused(),
-                torch.cuda.graph(
-                    graph, pool=self._pool, stream=None if green is None else green.stream
-                ),
-            ):
-                ws.body(self.forward, kv_len)
-        finally:
-            for t, s in zip(mutable, saved, strict=True):
-                t.copy_(s)
-        return graph
 
 
 class EngineSession:

@@ -8,50 +8,51 @@ import logging
 from types import SimpleNamespace
 
 import pytest
+import torch
 
-from rollplex.engine import session
-from rollplex.engine.session import DecodeEngine
+from rollplex.engine import graph_capture
+from rollplex.engine.graph_capture import StepGraphs
 
 INVALIDATED = "CUDA error: operation failed due to a previous error during capture"
 
 
-def _engine(model, failures: list[str]) -> tuple[DecodeEngine, list[int]]:
-    """An engine whose `_capture_once` raises the queued errors, then returns a graph."""
-    engine = DecodeEngine(model)
+def _engine(failures: list[str]) -> tuple[StepGraphs, list[int]]:
+    """An engine's captures whose `capture_once` raises the queued errors, then returns a
+    graph."""
     calls: list[int] = []
 
-    def capture_once(ws, kv_len):
-        calls.append(kv_len)
-        if failures:
-            raise RuntimeError(failures.pop(0))
-        return f"graph at {kv_len}"
+    class Stubbed(StepGraphs):
+        def capture_once(self, ws, forward, kv_len):
+            calls.append(kv_len)
+            if failures:
+                raise RuntimeError(failures.pop(0))
+            return f"graph at {kv_len}"
 
-    engine._capture_once = capture_once
-    return engine, calls
+    return Stubbed(torch.device("cpu")), calls
 
 
 @pytest.fixture
 def no_cuda_sync(monkeypatch):
-    monkeypatch.setattr(session.torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(graph_capture.torch.cuda, "synchronize", lambda device=None: None)
 
 
-def test_an_invalidated_capture_is_warmed_up_and_taken_again(model, no_cuda_sync, caplog):
-    engine, calls = _engine(model, [INVALIDATED])
+def test_an_invalidated_capture_is_warmed_up_and_taken_again(no_cuda_sync, caplog):
+    engine, calls = _engine([INVALIDATED])
     ws = SimpleNamespace(shape=SimpleNamespace(rows=64))
-    with caplog.at_level(logging.WARNING, logger=session.__name__):
-        assert engine._capture(ws, 320) == "graph at 320"
-    assert calls == [320, 320] and engine.capture_retries == 1
+    with caplog.at_level(logging.WARNING, logger=graph_capture.__name__):
+        assert engine.capture(ws, None, 320) == "graph at 320"
+    assert calls == [320, 320] and engine.retries == 1
     assert "64 rows, kv_len 320 was invalidated" in caplog.text
 
 
-def test_a_second_invalidation_and_other_errors_are_raised(model, no_cuda_sync):
-    engine, calls = _engine(model, [INVALIDATED, INVALIDATED])
+def test_a_second_invalidation_and_other_errors_are_raised(no_cuda_sync):
+    engine, calls = _engine([INVALIDATED, INVALIDATED])
     ws = SimpleNamespace(shape=SimpleNamespace(rows=8))
     with pytest.raises(RuntimeError, match="during capture"):
-        engine._capture(ws, 64)
-    assert calls == [64, 64] and engine.capture_retries == 1
+        engine.capture(ws, None, 64)
+    assert calls == [64, 64] and engine.retries == 1
     # an error that is not the capture's (a bad shape, an OOM) is not retried
-    engine, calls = _engine(model, ["CUDA out of memory"])
+    engine, calls = _engine(["CUDA out of memory"])
     with pytest.raises(RuntimeError, match="out of memory"):
-        engine._capture(ws, 64)
-    assert calls == [64] and engine.capture_retries == 0
+        engine.capture(ws, None, 64)
+    assert calls == [64] and engine.retries == 0
