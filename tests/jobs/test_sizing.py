@@ -49,7 +49,9 @@ def test_the_hardware_is_read_from_the_device_when_not_given(device, extra):
     if device in (H200, H100):  # a GPU with a preset plans with the preset's rates
         preset = HARDWARE_PRESETS["h200" if device is H200 else "h100"]
         assert (hw.name, hw.bf16_tflops, hw.hbm_bandwidth_gbps) == (
-            preset.name, preset.bf16_tflops, preset.hbm_bandwidth_gbps,
+            preset.name,
+            preset.bf16_tflops,
+            preset.hbm_bandwidth_gbps,
         )
     else:
         assert hw.name.startswith("detected-")

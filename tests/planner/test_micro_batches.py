@@ -84,9 +84,12 @@ def test_micro_batch_count_is_never_zero():
     assert micro_batch_count(0, 16) == 1
     assert micro_batch_count(1, 10**9) == 1
     assert micro_batch_count(17, 16) == 2
-    assert train_micro_batches(
-        MODEL, TINY, plan_step(MODEL, TINY, ALGO, CPU, ScheduleSpec()).graph, 64, 1
-    ) >= 1
+    assert (
+        train_micro_batches(
+            MODEL, TINY, plan_step(MODEL, TINY, ALGO, CPU, ScheduleSpec()).graph, 64, 1
+        )
+        >= 1
+    )
     with pytest.raises(ValueError, match=r"schedule\.train_micro_tokens"):
         micro_batch_count(10, 0)
     with pytest.raises(ValidationError, match="train_micro_tokens"):
