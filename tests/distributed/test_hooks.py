@@ -14,7 +14,7 @@ from rollplex.backends.hooks import StepHooks, decode_seed
 from rollplex.backends.step import StepInputs
 from rollplex.backends.torch.data import TaskData
 from rollplex.backends.torch.values import OptimizerHandle
-from rollplex.backends.vllm.prompts import Media
+from rollplex.data.prompt_media import Media
 from rollplex.specs import MODEL_PRESETS, WORKLOAD_PRESETS
 
 MODEL = MODEL_PRESETS["tiny"]

@@ -174,7 +174,7 @@ def _cut(v: Any, lo: int, hi: int) -> Any:
         return None
     if isinstance(v, PromptBatch):
         return v.select(lo, hi)
-    if is_dataclass(v):  # per-prompt tuples (vllm.prompts.Media)
+    if is_dataclass(v):  # per-prompt tuples (data.prompt_media.Media)
         per_row = {f.name: getattr(v, f.name) for f in fields(v)}
         return replace(
             v, **{k: x[lo:hi] for k, x in per_row.items() if isinstance(x, tuple | list)}

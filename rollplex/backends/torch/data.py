@@ -19,7 +19,7 @@ from rollplex.backends.torch.tokenizer import (
     encode_prompt,
     token_id,
 )
-from rollplex.backends.vllm.prompts import Media
+from rollplex.data.prompt_media import Media
 from rollplex.data.prompts import collate_prompts
 from rollplex.specs import ModelSpec, WorkloadSpec
 

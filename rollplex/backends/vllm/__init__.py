@@ -5,12 +5,11 @@ vllm is missing."""
 from rollplex.backends.vllm.decode import VllmDecode
 from rollplex.backends.vllm.engine import INSTALL_HINT, require_vllm
 from rollplex.backends.vllm.folder import ModelFolderError, check_model_folder
-from rollplex.backends.vllm.prompts import Media, VllmPrompts
+from rollplex.backends.vllm.prompts import VllmPrompts
 from rollplex.backends.vllm.rollout import VllmRollout
 
 __all__ = [
     "INSTALL_HINT",
-    "Media",
     "ModelFolderError",
     "VllmDecode",
     "VllmPrompts",

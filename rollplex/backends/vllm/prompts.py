@@ -13,54 +13,31 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
 
 from rollplex.backends.base import BackendError
+from rollplex.data.prompt_media import Media
 
 
-@dataclass(slots=True, frozen=True)
-class Media:
-    """Per prompt: its images (RGB) and its video frames (RGB, or None). Frames are already
-    sampled (the data layer picks them), at `fps` frames per second of video: M-RoPE's
-    temporal positions follow it, so it must be the rate the prompt renderer used."""
-
-    images: tuple[tuple[Image.Image, ...], ...]
-    videos: tuple[tuple[Image.Image, ...] | None, ...] = ()
-    fps: float = 2.0
-
-    @staticmethod
-    def of(samples: Sequence[Any], fps: float = 2.0) -> Media:
-        """The media of data samples (`rollplex.data.Sample`: `.images`, `.video`)."""
-        return Media(
-            tuple(tuple(s.images) for s in samples),
-            tuple(tuple(s.video) if s.video else None for s in samples),
-            fps,
-        )
-
-    @property
-    def rows(self) -> int:
-        return len(self.images)
-
-    def data(self, row: int) -> dict[str, Any]:
-        """`multi_modal_data` of one prompt."""
-        out: dict[str, Any] = {}
-        if self.images[row]:
-            out["image"] = list(self.images[row])
-        video = self.videos[row] if self.videos else None
-        if video:
-            frames = np.stack([np.asarray(f.convert("RGB")) for f in video])
-            n = len(video)
-            # vLLM wants metadata with raw frames; these are all the frames, none to sample
-            meta = {
-                "total_num_frames": n,
-                "fps": self.fps,
-                "duration": n / self.fps,
-                "video_backend": "rollplex",
-                "frames_indices": list(range(n)),
-                "do_sample_frames": False,
-            }
-            out["video"] = (frames, meta)
-        return out
+def multi_modal_data(media: Media, row: int) -> dict[str, Any]:
+    """vLLM's `multi_modal_data` of one prompt of `media`."""
+    out: dict[str, Any] = {}
+    if media.images[row]:
+        out["image"] = list(media.images[row])
+    video = media.video(row)
+    if video:
+        frames = np.stack([np.asarray(f.convert("RGB")) for f in video])
+        n = len(video)
+        # vLLM wants metadata with raw frames; these are all the frames, none to sample
+        meta = {
+            "total_num_frames": n,
+            "fps": media.fps,
+            "duration": n / media.fps,
+            "video_backend": "rollplex",
+            "frames_indices": list(range(n)),
+            "do_sample_frames": False,
+        }
+        out["video"] = (frames, meta)
+    return out
 
 
 @dataclass(slots=True, frozen=True)
@@ -98,7 +75,7 @@ def build_prompts(media: Media, text: Any, pads: frozenset[int] = frozenset()) -
     out = []
     for i, ids in enumerate(rows):
         prompt: dict[str, Any] = {"prompt_token_ids": ids}
-        if data := media.data(i):
+        if data := multi_modal_data(media, i):
             prompt["multi_modal_data"] = data
         out.append(prompt)
     return VllmPrompts(tuple(out))

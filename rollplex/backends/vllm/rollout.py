@@ -25,9 +25,10 @@ from rollplex.backends.base import (
 from rollplex.backends.vllm.decode import VllmDecode, step_seed
 from rollplex.backends.vllm.engine import on_cpu, require_vllm, start_engine
 from rollplex.backends.vllm.folder import check_model_folder, placeholder_ids
-from rollplex.backends.vllm.prompts import Media, VllmPrompts, build_prompts
+from rollplex.backends.vllm.prompts import VllmPrompts, build_prompts
 from rollplex.backends.vllm.share import ON_CPU, SharedStorage
 from rollplex.backends.vllm.weights import live_tensors, reload_in_place, reset_caches, tensors_of
+from rollplex.data.prompt_media import Media
 from rollplex.specs.roles import VLLM_ROLLOUT, VLLM_SHARED_ROLLOUT, RoleCapabilities
 from rollplex.specs.vllm import VllmSpec
 

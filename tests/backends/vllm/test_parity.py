@@ -85,7 +85,7 @@ def test_video_prompt_runs(engine):
     transformers for video is not established: see bench/results/vllm_cpu.md.)"""
     from PIL import Image
 
-    from rollplex.backends.vllm import Media
+    from rollplex.data.prompt_media import Media
 
     st = SPEC.special_tokens
     ids = [st.vision_start_token_id, st.video_token_id, st.vision_end_token_id, 8, 9, 10]
@@ -149,7 +149,7 @@ def test_video_matches_torch(engine, folder, frames):
     from transformers import AutoTokenizer
 
     from rollplex.backends.torch.tokenizer import build_image_processor
-    from rollplex.backends.vllm import Media
+    from rollplex.data.prompt_media import Media
     from rollplex.data.render import PromptRenderer
     from rollplex.data.sample import Sample
 

@@ -10,7 +10,7 @@ import torch
 from rollplex.backends.torch.model import build_model, save_model
 from rollplex.backends.torch.task import QUESTIONS, VisualTask
 from rollplex.backends.torch.tokenizer import build_image_processor, build_tokenizer, encode_prompt
-from rollplex.backends.vllm.prompts import Media
+from rollplex.data.prompt_media import Media
 from rollplex.data.prompts import PromptBatch, collate_prompts
 from rollplex.specs.model import MODEL_PRESETS, ModelSpec
 
