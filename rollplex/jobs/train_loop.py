@@ -171,7 +171,9 @@ def _restore(run: TrainRun, ckpt) -> None:
     if not run.fsdp:
         from rollplex.runtime.checkpoint import restore
 
-        return restore(trainer, ckpt)
+        # PPO: the critic the first step would build, built now to take the saved one
+        critic = run.backend.build_critic() if ckpt.critic is not None else None
+        return restore(trainer, ckpt, critic)
     from rollplex.runtime.dcp_checkpoint import restore_dcp
 
     if run.pools is None:
@@ -185,7 +187,7 @@ def _save(run: TrainRun, root: Path, step: int) -> Path:
     if not run.fsdp:
         from rollplex.runtime.checkpoint import save_checkpoint
 
-        return save_checkpoint(root, step, trainer, model, seed)
+        return save_checkpoint(root, step, trainer, model, seed, critic=run.backend.critic)
     from rollplex.runtime.dcp_checkpoint import save_dcp_checkpoint
 
     if run.pools is None:
