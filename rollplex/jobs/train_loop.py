@@ -173,7 +173,10 @@ def _restore(run: TrainRun, ckpt) -> None:
 
         # PPO: the critic the first step would build, built now to take the saved one
         critic = run.backend.build_critic() if ckpt.critic is not None else None
-        return restore(trainer, ckpt, critic)
+        restore(trainer, ckpt, critic)
+        if ckpt.state.reward_kl_coef is not None and run.spec.algo.kl_ctrl == "adaptive":
+            run.backend.role_free.resume_reward_kl(ckpt.state.reward_kl_coef)
+        return None
     from rollplex.runtime.dcp_checkpoint import restore_dcp
 
     if run.pools is None:
@@ -187,7 +190,9 @@ def _save(run: TrainRun, root: Path, step: int) -> Path:
     if not run.fsdp:
         from rollplex.runtime.checkpoint import save_checkpoint
 
-        return save_checkpoint(root, step, trainer, model, seed, critic=run.backend.critic)
+        b = run.backend
+        kl = b.role_free.reward_kl_coef()
+        return save_checkpoint(root, step, trainer, model, seed, critic=b.critic, reward_kl_coef=kl)
     from rollplex.runtime.dcp_checkpoint import save_dcp_checkpoint
 
     if run.pools is None:

@@ -72,6 +72,13 @@ class CheckpointState(BaseModel):
         "the checkpoint holds no critic (a GRPO/RLOO run's, or one written before PPO "
         "checkpoints held it).",
     )
+    reward_kl_coef: float | None = Field(
+        None,
+        gt=0,
+        exclude_if=lambda v: v is None,
+        description="PPO with kl_in_reward and kl_ctrl=adaptive: the coefficient the next "
+        "step's reward penalty starts from (the controller moved it from algo.kl_coef).",
+    )
 
 
 @dataclass(slots=True)
@@ -148,12 +155,14 @@ def save_checkpoint(
     seed: int,
     assets_from: str | Path | None = None,
     critic: Any = None,
+    reward_kl_coef: float | None = None,
 ) -> Path:
     """Write checkpoint `root/step-NNNNNN` atomically; returns its folder.
 
     The tokenizer/processor files come from `assets_from`, default the run's model folder
     (`model.path`); files the trainer's `save_weights` already wrote are kept. `critic`:
-    PPO's (backends/torch/critic.py), saved beside the policy in critic/."""
+    PPO's (backends/torch/critic.py), saved beside the policy in critic/; `reward_kl_coef`:
+    its adaptive reward-KL coefficient (runtime/role_free.py), where one adapts."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
@@ -179,6 +188,7 @@ def save_checkpoint(
             model=model.model_dump(mode="json"),
             files=files,
             critic_version=critic_version,
+            reward_kl_coef=reward_kl_coef,
         )
         (tmp / STATE_FILE).write_text(meta.model_dump_json(indent=1) + "\n")
         for p in [*_files(tmp), tmp / STATE_FILE]:

@@ -98,21 +98,46 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
     }
 
 
+# PPO as configured, and with the KL in the reward under the adaptive controller, whose
+# coefficient moves step to step (kl_horizon=10: visibly, in 3 steps) and feeds the returns
+VARIANTS = {
+    "ppo": (),
+    "adaptive kl_in_reward": (
+        "algo.use_reference=true", "algo.kl_coef=0.05", "algo.kl_in_reward=true",
+        "algo.kl_ctrl=adaptive", "algo.kl_horizon=10",
+    ),
+}  # fmt: skip
+_RUNS: dict[str, dict[str, Any]] = {}
+
+
+def _pair_of_runs(tmp_path_factory, variant: str) -> dict[str, Any]:
+    """A run of STEPS steps straight through, and one resumed from its step-AT checkpoint
+    (which must come out of that untouched); once per variant and module."""
+    if variant not in _RUNS:
+        root = tmp_path_factory.mktemp("ppo_resume")
+        overrides = VARIANTS[variant]
+        straight = _train(root / "straight", *overrides)
+        start = _ckpt(root / "straight", AT)
+        before = _snapshot(start)
+        resumed = _train(root / "resumed", *overrides, f"train.resume={start}")
+        assert _snapshot(start) == before
+        _RUNS[variant] = {"root": root, "straight": straight, "resumed": resumed, "start": start}
+    return _RUNS[variant]
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def pair(request, tmp_path_factory) -> dict[str, Any]:
+    return _pair_of_runs(tmp_path_factory, request.param) | {"variant": request.param}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Any]:
-    """A PPO run of STEPS steps straight through, and one resumed from its step-AT
-    checkpoint (which must come out of that untouched)."""
-    root = tmp_path_factory.mktemp("ppo_resume")
-    straight = _train(root / "straight")
-    start = _ckpt(root / "straight", AT)
-    before = _snapshot(start)
-    resumed = _train(root / "resumed", f"train.resume={start}")
-    assert _snapshot(start) == before
-    return {"root": root, "straight": straight, "resumed": resumed, "start": start}
+    """The plain PPO pair: its step-AT checkpoint is what the refusals below damage."""
+    return _pair_of_runs(tmp_path_factory, "ppo")
 
 
-def test_a_resumed_ppo_run_ends_where_the_straight_one_does(runs):
-    root = runs["root"]
+def test_a_resumed_ppo_run_ends_where_the_straight_one_does(pair):
+    runs, root = pair, pair["root"]
     a, b = _tensors(_ckpt(root / "straight", STEPS)), _tensors(_ckpt(root / "resumed", STEPS))
     assert a.keys() == b.keys() and any(k.startswith("critic.lm_head") for k in a)
     assert [k for k in a if not torch.equal(a[k], b[k])] == []  # bitwise
@@ -124,16 +149,21 @@ def test_a_resumed_ppo_run_ends_where_the_straight_one_does(runs):
     for run in ("straight", "resumed"):
         state = json.loads((_ckpt(root / run, STEPS) / STATE_FILE).read_text())
         assert state["critic_version"] == state["version"] == STEPS
+        adaptive = pair["variant"] == "adaptive kl_in_reward"
+        assert ("reward_kl_coef" in state) == adaptive  # kept only where it moves
 
 
-def test_the_steps_after_the_resume_log_the_same_metrics(runs):
+def test_the_steps_after_the_resume_log_the_same_metrics(pair):
     """Every metric a step reports (no timings among them): the critic's values, returns
-    and value loss, the policy's loss, ratio and entropy, to the bit."""
-    straight, resumed = runs["straight"], runs["resumed"]
+    and value loss, the policy's loss, ratio and entropy, the reward KL's coefficient, to
+    the bit."""
+    straight, resumed = pair["straight"], pair["resumed"]
     assert len(straight) == STEPS and len(resumed) == STEPS - AT
     assert {"vf_loss", "values_mean", "returns_mean", "pg_loss"} <= straight[0].keys()
     assert straight[AT:] == resumed
     assert straight[AT]["values_mean"] != straight[0]["values_mean"]  # the critic moved
+    coefs = [row.get("reward_kl_coef") for row in straight]
+    assert len(set(coefs)) == (STEPS if pair["variant"] == "adaptive kl_in_reward" else 1)
 
 
 def _critic_step(critic: TorchCritic, k: int) -> None:
