@@ -39,7 +39,7 @@ from rollplex.runtime.checkpoint import (
     restore,
     save_checkpoint,
 )
-from rollplex.specs import MODEL_PRESETS, AlgoSpec
+from rollplex.specs import MODEL_PRESETS, AlgoSpec, ModelSpec
 from rollplex.specs.run import RunSpec
 
 STEPS, AT = 3, 1  # the straight run's steps; the step the resumed run starts from
@@ -175,8 +175,17 @@ def _critic_step(critic: TorchCritic, k: int) -> None:
     critic.optimizer_step(critic.backward(Loss(loss, {})))
 
 
-def _pair(dtype: torch.dtype, seed: int = 0) -> tuple[TorchTrainer, TorchCritic]:
-    spec = MODEL_PRESETS["tiny"]
+TINY = MODEL_PRESETS["tiny"]
+# the critic's own vision tower (trained) and embeddings that the policy ties to its head
+MODELS = {
+    "frozen vision": TINY,
+    "trained vision, tied": TINY.model_copy(
+        update={"trainable_vision": True, "tie_word_embeddings": True}
+    ),
+}
+
+
+def _pair(dtype: torch.dtype, spec: ModelSpec, seed: int = 0) -> tuple[TorchTrainer, TorchCritic]:
     algo = AlgoSpec(lr=1e-5, critic_lr=1e-5)  # bf16: most updates live in the masters
     trainer = TorchTrainer(build_model(spec, seed=seed).to(dtype), spec, algo)
     return trainer, TorchCritic(build_critic_model(trainer.model, spec, seed), spec, algo)
@@ -191,14 +200,17 @@ def _critic_state(critic: TorchCritic) -> dict[str, torch.Tensor]:
     return out
 
 
+@pytest.mark.parametrize("model", list(MODELS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_the_critics_optimizer_state_round_trips(tmp_path, dtype):
+def test_the_critics_optimizer_state_round_trips(tmp_path, dtype, model):
     """The critic's moments, step counts, masters (bf16) and version come back exactly, and
     its next steps are the uninterrupted critic's; a fresh AdamW would not give them."""
-    trainer, critic = _pair(dtype)
+    spec = MODELS[model]
+    trainer, critic = _pair(dtype, spec)
+    vision = [n for n, _ in critic.named if ".visual." in f".{n}"]
+    assert bool(vision) == spec.trainable_vision  # a frozen tower is the policy's, unsaved
     for k in range(2):
         _critic_step(critic, k)
-    spec = MODEL_PRESETS["tiny"]
     folder = save_checkpoint(tmp_path, 2, trainer, spec, seed=0, critic=critic)
     assert (folder / CRITIC_MASTERS).exists() == (dtype == torch.bfloat16)
     saved = _critic_state(critic)
@@ -206,7 +218,7 @@ def test_the_critics_optimizer_state_round_trips(tmp_path, dtype):
         _critic_step(critic, k)
     straight = _critic_state(critic)
 
-    other_trainer, resumed = _pair(dtype, seed=1)  # other weights: all from the checkpoint
+    other_trainer, resumed = _pair(dtype, spec, seed=1)  # other weights: all from the checkpoint
     assert resumed.optimizer.state_dict()["state"] == {}
     restore(other_trainer, read_checkpoint(folder, spec, seed=0, critic=True), resumed)
     assert resumed.counter.n == 2
@@ -218,7 +230,7 @@ def test_the_critics_optimizer_state_round_trips(tmp_path, dtype):
         _critic_step(resumed, k)
     assert all(torch.equal(straight[k], v) for k, v in _critic_state(resumed).items())
 
-    fresh_trainer, fresh = _pair(dtype, seed=1)  # the same weights, a fresh optimizer
+    fresh_trainer, fresh = _pair(dtype, spec, seed=1)  # the same weights, a fresh optimizer
     ckpt = read_checkpoint(folder, spec, seed=0, critic=True)
     ckpt.critic.optimizer = fresh.optimizer.state_dict()
     restore(fresh_trainer, ckpt, fresh)
