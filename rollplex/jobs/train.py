@@ -83,7 +83,9 @@ def _prepare(spec: RunSpec):
         return prepared, read_dcp_checkpoint(t.resume, prepared.model, spec.seed)
     from rollplex.runtime.checkpoint import read_checkpoint
 
-    return prepared, read_checkpoint(t.resume, prepared.model, spec.seed)
+    # PPO trains a critic: its checkpoint must hold one (refused here, before any model)
+    critic = spec.algo.name == "ppo"
+    return prepared, read_checkpoint(t.resume, prepared.model, spec.seed, critic=critic)
 
 
 def _plan(spec: RunSpec, prepared):

@@ -171,7 +171,12 @@ def _restore(run: TrainRun, ckpt) -> None:
     if not run.fsdp:
         from rollplex.runtime.checkpoint import restore
 
-        return restore(trainer, ckpt)
+        # PPO: the critic the first step would build, built now to take the saved one
+        critic = run.backend.build_critic() if ckpt.critic is not None else None
+        restore(trainer, ckpt, critic)
+        if ckpt.state.reward_kl_coef is not None and run.spec.algo.kl_ctrl == "adaptive":
+            run.backend.role_free.resume_reward_kl(ckpt.state.reward_kl_coef)
+        return None
     from rollplex.runtime.dcp_checkpoint import restore_dcp
 
     if run.pools is None:
@@ -185,7 +190,9 @@ def _save(run: TrainRun, root: Path, step: int) -> Path:
     if not run.fsdp:
         from rollplex.runtime.checkpoint import save_checkpoint
 
-        return save_checkpoint(root, step, trainer, model, seed)
+        b = run.backend
+        kl = b.role_free.reward_kl_coef()
+        return save_checkpoint(root, step, trainer, model, seed, critic=b.critic, reward_kl_coef=kl)
     from rollplex.runtime.dcp_checkpoint import save_dcp_checkpoint
 
     if run.pools is None:

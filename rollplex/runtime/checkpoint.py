@@ -1,7 +1,8 @@
 """Training checkpoints: written atomically, checked completely before anything loads.
 
 `step-NNNNNN/` holds trainer_state.json, a Hub-format model/ folder, optimizer.pt, the float32
-masters of a bf16 run and rng.pt, written into a hidden folder and renamed when complete.
+masters of a bf16 run, rng.pt and, for PPO, critic/ (the critic's weights, AdamW state and
+masters), written into a hidden folder and renamed when complete.
 `read_checkpoint` validates everything and only reads: a bad checkpoint raises
 `CheckpointError` naming the file and field. Layout: docs/architecture.md (Checkpoints).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import random
 import re
@@ -33,9 +35,19 @@ MODEL_DIR = "model"
 OPTIMIZER_FILE = "optimizer.pt"
 MASTERS_FILE = "masters.safetensors"
 RNG_FILE = "rng.pt"
+# PPO's critic: its trained weights (trunk copy and value head), AdamW state, bf16 masters
+CRITIC_WEIGHTS = "critic/weights.safetensors"
+CRITIC_OPTIMIZER = "critic/optimizer.pt"
+CRITIC_MASTERS = "critic/masters.safetensors"
+log = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 # which file holds each part of a trainer's state (a StateMismatch's `part`)
 _PART_FILES = {"optimizer": OPTIMIZER_FILE, "masters": MASTERS_FILE}
+_CRITIC_FILES = {
+    "weights": CRITIC_WEIGHTS,
+    "optimizer": CRITIC_OPTIMIZER,
+    "masters": CRITIC_MASTERS,
+}
 
 
 class CheckpointError(ValueError):
@@ -52,6 +64,35 @@ class CheckpointState(BaseModel):
     version: int = Field(..., ge=0, description="Weights version of the trained model.")
     model: dict[str, Any] = Field(..., description="The ModelSpec the weights belong to.")
     files: dict[str, str] = Field(..., description="Relative path -> sha256 of its bytes.")
+    critic_version: int | None = Field(
+        None,
+        ge=0,
+        exclude_if=lambda v: v is None,  # a run without a critic writes what it always did
+        description="Optimizer steps of PPO's critic, whose state is in critic/; absent: "
+        "the checkpoint holds no critic (a GRPO/RLOO run's, or one written before PPO "
+        "checkpoints held it).",
+    )
+    reward_kl_coef: float | None = Field(
+        None,
+        gt=0,
+        exclude_if=lambda v: v is None,
+        description="PPO with kl_in_reward and kl_ctrl=adaptive: the coefficient the next "
+        "step's reward penalty starts from (the controller moved it from algo.kl_coef).",
+    )
+
+
+@dataclass(slots=True)
+class CriticState:
+    """critic/ of a checkpoint, read and checked for form: `TorchCritic.state_dict`'s."""
+
+    weights: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    version: int
+    masters: dict[str, torch.Tensor] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {"weights": self.weights, "optimizer": self.optimizer, "version": self.version}
+        return out | ({"masters": self.masters} if self.masters is not None else {})
 
 
 @dataclass(slots=True)
@@ -61,6 +102,7 @@ class Checkpoint:
     optimizer: dict[str, Any]
     rng: dict[str, Any]
     masters: dict[str, torch.Tensor] | None = None  # None: the checkpoint has none
+    critic: CriticState | None = None  # None: none saved, or this run reads none
 
     @property
     def model_folder(self) -> Path:
@@ -112,11 +154,15 @@ def save_checkpoint(
     model: ModelSpec,
     seed: int,
     assets_from: str | Path | None = None,
+    critic: Any = None,
+    reward_kl_coef: float | None = None,
 ) -> Path:
     """Write checkpoint `root/step-NNNNNN` atomically; returns its folder.
 
     The tokenizer/processor files come from `assets_from`, default the run's model folder
-    (`model.path`); files the trainer's `save_weights` already wrote are kept."""
+    (`model.path`); files the trainer's `save_weights` already wrote are kept. `critic`:
+    PPO's (backends/torch/critic.py), saved beside the policy in critic/; `reward_kl_coef`:
+    its adaptive reward-KL coefficient (runtime/role_free.py), where one adapts."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
@@ -132,6 +178,7 @@ def save_checkpoint(
         if state.get("masters"):
             save_file(state["masters"], tmp / MASTERS_FILE)
         torch.save(rng_state(), tmp / RNG_FILE)
+        critic_version = _save_critic(tmp, critic.state_dict()) if critic is not None else None
         files = {p.relative_to(tmp).as_posix(): _sha256(p) for p in _files(tmp)}
         meta = CheckpointState(
             format=FORMAT,
@@ -140,6 +187,8 @@ def save_checkpoint(
             version=state["version"],
             model=model.model_dump(mode="json"),
             files=files,
+            critic_version=critic_version,
+            reward_kl_coef=reward_kl_coef,
         )
         (tmp / STATE_FILE).write_text(meta.model_dump_json(indent=1) + "\n")
         for p in [*_files(tmp), tmp / STATE_FILE]:
@@ -155,6 +204,16 @@ def save_checkpoint(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _save_critic(folder: Path, state: dict[str, Any]) -> int:
+    """The critic's state into `folder`/critic/; returns its version."""
+    (folder / CRITIC_WEIGHTS).parent.mkdir()
+    save_file(state["weights"], folder / CRITIC_WEIGHTS)
+    torch.save(state["optimizer"], folder / CRITIC_OPTIMIZER)
+    if state.get("masters"):
+        save_file(state["masters"], folder / CRITIC_MASTERS)
+    return int(state["version"])
 
 
 def _fsync(path: Path) -> None:
@@ -201,8 +260,12 @@ def read_state_file(path: str | Path) -> tuple[Path, Path, dict[str, Any]]:
         raise CheckpointError(f"{state_path}: not valid JSON ({e})") from e
 
 
-def read_checkpoint(path: str | Path, model: ModelSpec, seed: int) -> Checkpoint:
-    """Validate and read a checkpoint for a run of `model` with `seed`; never writes."""
+def read_checkpoint(
+    path: str | Path, model: ModelSpec, seed: int, critic: bool = False
+) -> Checkpoint:
+    """Validate and read a checkpoint for a run of `model` with `seed`; never writes.
+    `critic`: the run trains PPO's critic, so the checkpoint must hold one (it is read only
+    then: a run without a critic resumes a PPO checkpoint's policy and leaves its critic)."""
     folder, state_path, raw = read_state_file(path)
     try:
         state = CheckpointState.model_validate(raw)
@@ -223,6 +286,7 @@ def read_checkpoint(path: str | Path, model: ModelSpec, seed: int) -> Checkpoint
             raise CheckpointError(f"{state_path}: 'files' lacks {rel!r}")
     if not {f"{MODEL_DIR}/{WEIGHTS_FILE}", f"{MODEL_DIR}/{INDEX_FILE}"} & set(state.files):
         raise CheckpointError(f"{state_path}: 'files' lacks {MODEL_DIR}/{WEIGHTS_FILE!r}")
+    critic_version = _critic_version(state_path, state) if critic else None
     verify_files(folder, state.files)
     optimizer = _load(folder / OPTIMIZER_FILE)
     rng = _load(folder / RNG_FILE)
@@ -230,14 +294,47 @@ def read_checkpoint(path: str | Path, model: ModelSpec, seed: int) -> Checkpoint
         if key not in optimizer:
             raise CheckpointError(f"{folder / OPTIMIZER_FILE}: no {key!r} in the optimizer state")
     masters = _load_masters(folder / MASTERS_FILE) if MASTERS_FILE in state.files else None
-    return Checkpoint(folder, state, optimizer, rng, masters)
+    saved_critic = None if critic_version is None else _read_critic(folder, state, critic_version)
+    return Checkpoint(folder, state, optimizer, rng, masters, saved_critic)
+
+
+def _critic_version(state_path: Path, state: CheckpointState) -> int:
+    """The critic's version; CheckpointError unless the state file records a critic and
+    lists its files."""
+    if state.critic_version is None:
+        raise CheckpointError(
+            f"{state_path}: no 'critic_version': the checkpoint holds no critic (written by "
+            "an algo=grpo or rloo run, or before PPO checkpoints held the critic), and "
+            "algo=ppo would restart its critic; resume it with the algo that wrote it, or "
+            "start the PPO run without train.resume"
+        )
+    for rel in (CRITIC_WEIGHTS, CRITIC_OPTIMIZER):
+        if rel not in state.files:
+            raise CheckpointError(f"{state_path}: 'files' lacks {rel!r} (the PPO critic's)")
+    return state.critic_version
+
+
+def _read_critic(folder: Path, state: CheckpointState, version: int) -> CriticState:
+    optimizer = _load(folder / CRITIC_OPTIMIZER)
+    for key in ("state", "param_groups"):
+        if key not in optimizer:
+            raise CheckpointError(f"{folder / CRITIC_OPTIMIZER}: no {key!r} in the optimizer state")
+    weights = _load_safetensors(folder / CRITIC_WEIGHTS)
+    masters = None
+    if CRITIC_MASTERS in state.files:
+        masters = _load_masters(folder / CRITIC_MASTERS)
+    return CriticState(weights, optimizer, version, masters)
+
+
+def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(path)
+    except Exception as e:  # safetensors raises its own and OS errors for a damaged file
+        raise CheckpointError(f"{path}: cannot be read ({type(e).__name__}: {e})") from e
 
 
 def _load_masters(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        out = load_file(path)
-    except Exception as e:  # safetensors raises its own and OS errors for a damaged file
-        raise CheckpointError(f"{path}: cannot be read ({type(e).__name__}: {e})") from e
+    out = _load_safetensors(path)
     if bad := sorted(k for k, v in out.items() if v.dtype != torch.float32):
         raise CheckpointError(f"{path}: {bad[0]} is not float32")
     return out
@@ -267,9 +364,23 @@ def _load(path: Path) -> dict[str, Any]:
     return out
 
 
-def restore(trainer: Trainer, ckpt: Checkpoint) -> None:
-    """Load a validated checkpoint into the trainer and the process RNGs. An optimizer
-    state or masters that do not fit the trainer raise CheckpointError naming the file."""
+def restore(trainer: Trainer, ckpt: Checkpoint, critic: Any = None) -> None:
+    """Load a validated checkpoint into the trainer, PPO's `critic` (read with
+    `critic=True`) and the process RNGs. An optimizer state, masters or critic state that
+    do not fit raise CheckpointError naming the file; the critic is checked first, so a
+    refusal leaves the trainer as it was."""
+    if critic is not None:
+        if ckpt.critic is None:
+            raise CheckpointError(f"{ckpt.folder}: read without its critic (critic=True)")
+        try:
+            critic.load_state_dict(ckpt.critic.as_dict())
+        except (BackendError, ValueError) as e:
+            part = _CRITIC_FILES[getattr(e, "part", "optimizer")]
+            raise CheckpointError(
+                f"{ckpt.folder / part}: does not fit this run's critic ({e})"
+            ) from e
+    elif ckpt.state.critic_version is not None:
+        log.info("%s: this run trains no critic: the checkpoint's critic/ is not used", ckpt.folder)
     trainer.load_weights(ckpt.model_folder)
     state: dict[str, Any] = {"optimizer": ckpt.optimizer, "version": ckpt.state.version}
     if ckpt.masters is not None:  # else a trainer with masters takes them from the weights

@@ -130,9 +130,7 @@ class RoleDispatch(Backend):
             and version_model(graph.values[op.inputs["weights"]].version) == "critic"
         )
         if self._critic_ops and self.critic is None:
-            if self.roles.critic_factory is None:
-                raise BackendError(f"ops {sorted(self._critic_ops)} need a critic: none built")
-            self.critic = self.roles.critic_factory()
+            self.build_critic(f"ops {sorted(self._critic_ops)} need")
         # the policy's, and the frozen tower's when no reference model would run it
         scored = {"policy"} if self.reference is not None else {"policy", "vision"}
         self._policy_scoring = frozenset(
@@ -144,6 +142,14 @@ class RoleDispatch(Backend):
         )
         self._externals = self.roles.externals.bind(graph)
         self.roles.hooks.bind(graph)
+
+    def build_critic(self, needed_by: str = "a checkpoint's critic needs") -> Any:
+        """The critic, built now: at the first graph that reads its weights, or earlier by a
+        resume that restores into it (the graph then keeps it)."""
+        if self.roles.critic_factory is None:
+            raise BackendError(f"{needed_by} a critic: none built")
+        self.critic = self.roles.critic_factory()
+        return self.critic
 
     def train_micro_batches(self, count: int, recompute: bool = False, fused: bool = False) -> None:
         for owner in (self.trainer, self.critic):

@@ -63,6 +63,17 @@ class RoleFreeOps:
             return {"advantages": estimator(x["rewards"], a["group_size"])}
         raise BackendError(f"'{op.name}' ({k}) is not a role-free op")
 
+    def reward_kl_coef(self) -> float | None:
+        """The adaptive reward-KL coefficient the next step starts from (a checkpoint keeps
+        it); None where none adapts (no kl_in_reward, or kl_ctrl=fixed)."""
+        ctrl = self.kl_ctrl
+        return ctrl.value if ctrl is not None and ctrl.kind != "fixed" else None
+
+    def resume_reward_kl(self, coef: float) -> None:
+        """A resumed run's controller starts at its checkpoint's coefficient, not kl_coef."""
+        algo = self.d.config.algo
+        self.kl_ctrl = KLController(coef, algo.kl_ctrl, algo.target_kl, algo.kl_horizon)
+
     def _reward_kl(self, old: Any, ref: Any, mask: torch.Tensor, attrs: dict) -> tuple:
         """(old, ref, coefficient, estimator) for the critic's KL-penalised rewards, with
         verl's metrics: reward_kl (per-sequence mean KL, averaged) and reward_kl_coef (the

@@ -112,17 +112,8 @@ NEEDS: dict[tuple[str, str], RoleNeeds] = {
         ),
     ),
     ("reference", "torch"): RoleNeeds("reference", "torch"),
-    ("trainer", "torch"): RoleNeeds(
-        "trainer",
-        "torch",
-        refuses=(
-            Refusal(
-                (When("algo.name", is_=("ppo",)), When("train.resume", not_=(None, ""))),
-                "train.resume with algo=ppo: checkpoints hold the policy, not the critic, so "
-                "a resumed PPO run would restart its critic; run PPO without resuming",
-            ),
-        ),
-    ),
+    # PPO resumes: its checkpoints hold the critic (runtime/checkpoint.py checks each one)
+    ("trainer", "torch"): RoleNeeds("trainer", "torch"),
     ("trainer", "fsdp"): RoleNeeds(
         "trainer",
         "fsdp",

@@ -106,8 +106,8 @@ BAD = [
      "backend.rollout=vllm needs vllm", {"backend.rollout": "torch"}),
     ("kl_in_reward with vllm", {**KL_IN_REWARD, "backend.rollout": "vllm"}, facts(),
      "algo.kl_in_reward with backend.rollout=vllm", {"backend.rollout": "torch"}),
-    ("ppo resumed", {**PPO, "train.resume": "/some/run"}, facts(),
-     "train.resume with algo=ppo", {"train.resume": None}),
+    ("fsdp ppo resumed", {**FSDP, **PPO, "train.resume": "/some/run"}, facts(),
+     "backend.trainer=fsdp with algo=ppo", {"backend.trainer": "torch"}),
     ("triton knob on cpu", {"backend.torch_engine.split_gemm": True}, facts(triton=False),
      "backend.torch_engine.split_gemm=true with train.device=cpu",
      {"backend.torch_engine.split_gemm": None}),
@@ -163,11 +163,18 @@ def test_the_first_refusal_in_order_wins():
     gone = facts(unavailable={"backend.rollout=vllm": "vllm is not installed"})
     with pytest.raises(ValueError, match="kl_in_reward"):  # a role refusal before availability
         validate_run(spec(**KL_IN_REWARD, **{"backend.rollout": "vllm"}), gone)
-    with pytest.raises(ValueError, match=r"train\.resume with algo=ppo"):
-        validate_run(spec(**PPO, **{"train.resume": "/r", "algo.ppo_mini_batch_size": 5}), facts())
+    with pytest.raises(ValueError, match=r"backend\.trainer=fsdp with algo=ppo"):
+        validate_run(spec(**FSDP, **PPO, **{"algo.ppo_mini_batch_size": 5}), facts())
     assert (
         ORDER.index("role refusals") < ORDER.index("roles available") < ORDER.index("mini-batches")
     )
+
+
+def test_a_ppo_run_with_the_torch_trainer_may_resume():
+    """Its checkpoints hold the critic: whether one can be resumed is the checkpoint's
+    check (runtime/checkpoint.py, tests/jobs/test_ppo_resume.py), not the spec's."""
+    checks = validate_run(spec(**PPO, **{"train.resume": "/some/run"}), facts())
+    assert checks.spec.train.resume == "/some/run" and checks.spec.algo.name == "ppo"
 
 
 def test_every_registered_role_declares_its_needs():

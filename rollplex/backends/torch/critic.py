@@ -18,6 +18,7 @@ from torch import nn
 from rollplex.backends.base import BackendError
 from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.exported_prefix import ExportedPrefix, prefill_exported
+from rollplex.backends.torch.host_memory import forget_tags
 from rollplex.backends.torch.logprob import (
     features_full_head_outputs,
     response_head_outputs,
@@ -29,7 +30,15 @@ from rollplex.backends.torch.loss import (
     token_rewards,
     value_loss,
 )
-from rollplex.backends.torch.masters import adamw_over, clear_grads, clipped_step
+from rollplex.backends.torch.masters import (
+    Masters,
+    StateMismatch,
+    _few,
+    adamw_over,
+    check_optimizer_state,
+    clear_grads,
+    clipped_step,
+)
 from rollplex.backends.torch.micro import response_micro_batches, sample_micro_batches
 from rollplex.backends.torch.micro_loss import backward_loss, micro_loss
 from rollplex.backends.torch.roles import (
@@ -94,11 +103,14 @@ class TorchCritic:
     def __init__(self, model: Model, spec: ModelSpec, algo: AlgoSpec, version: int = 0) -> None:
         self.model, self.spec, self.algo = model, spec, algo
         freeze_for_graph(model, spec)
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self.params = tuple(p for _, p in named)
+        self.named = tuple((n, p) for n, p in model.named_parameters() if p.requires_grad)
+        self.params = tuple(p for _, p in self.named)
         # a bf16/fp16 critic trains through float32 masters, as the policy does (masters.py)
         self.masters, self.optimizer = adamw_over(
-            named, lr=algo.critic_lr, betas=tuple(algo.adam_betas), weight_decay=algo.weight_decay
+            self.named,
+            lr=algo.critic_lr,
+            betas=tuple(algo.adam_betas),
+            weight_decay=algo.weight_decay,
         )
         self.counter = VersionCounter(version)
         self.micro_batches = 1  # the plan's training micro-batches (runtime/dispatch.py)
@@ -163,8 +175,12 @@ class TorchCritic:
         return self.counter.n
 
     def state_dict(self) -> dict[str, Any]:
-        out = {
-            "model": self.model.state_dict(),
+        """What a checkpoint keeps of the critic: "weights", its trained parameters (the
+        trunk copy and the value head; a frozen vision tower is the policy's), its AdamW
+        "optimizer" state (each parameter's step count, moments), its "version" (optimizer
+        steps taken) and, for a bf16/fp16 critic, its float32 "masters"."""
+        out: dict[str, Any] = {
+            "weights": {n: p.detach().cpu().contiguous() for n, p in self.named},
             "optimizer": self.optimizer.state_dict(),
             "version": self.counter.n,
         }
@@ -173,12 +189,42 @@ class TorchCritic:
         return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.masters is not None:  # the saved masters, else the loaded weights
-            saved = state.get("masters") or dict(self.model.named_parameters())
-            self.masters.assign(saved)
+        """`state_dict`'s output into this critic, everything checked before anything
+        changes, as the trainer's load is; StateMismatch (part "weights", "optimizer" or
+        "masters") names what does not fit. Without "masters" they start from the weights."""
+        weights, masters = state["weights"], state.get("masters")
+        _check_weights(weights, self.named)
+        if masters is not None:  # they must round to the saved weights
+            Masters.check(masters, self.masters, [(n, weights[n]) for n, _ in self.named])
+        check_optimizer_state(state["optimizer"], self.optimizer, [n for n, _ in self.named])
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except ValueError as e:  # torch's own group-size checks
+            raise StateMismatch("optimizer", str(e)) from e
+        with torch.no_grad():
+            for n, p in self.named:
+                p.copy_(weights[n])  # in place: the critic's handles alias them
+        if masters is not None:
+            Masters.load(masters, self.masters, self.named)
+        elif self.masters is not None:
+            self.masters.assign(dict(self.named))
         self.counter.n = int(state["version"])
+        forget_tags(self.model.parameters())  # a version number this process may have seen
+
+
+def _check_weights(saved: Mapping[str, Any], named: tuple[tuple[str, nn.Parameter], ...]) -> None:
+    """StateMismatch("weights") unless `saved` holds a tensor of the right shape for exactly
+    the critic's trained parameters."""
+    shapes = {n: p.shape for n, p in named}
+    if missing := sorted(set(shapes) - set(saved)):
+        raise StateMismatch("weights", f"no weight for {_few(missing)}")
+    if extra := sorted(set(saved) - set(shapes)):
+        raise StateMismatch("weights", f"weights of no trained parameter: {_few(extra)}")
+    for n, shape in shapes.items():
+        t = saved[n]
+        if not isinstance(t, torch.Tensor) or t.shape != shape:
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise StateMismatch("weights", f"{n}: {got}, the parameter's {tuple(shape)}")
 
 
 class CriticRole:
