@@ -28,12 +28,14 @@ MODEL, WORKLOAD = MODEL_PRESETS["tiny"], WORKLOAD_PRESETS["tiny"]
 ALGO = AlgoSpec(name="ppo", lr=3e-4, critic_lr=3e-4, weight_decay=0.1)
 
 
-def run_ppo(trainer: str, steps: int) -> dict:
-    """`steps` PPO steps (serial schedule) with backend.trainer=`trainer`; the report."""
+def run_ppo(trainer: str, steps: int, micro_tokens: int | None = None) -> dict:
+    """`steps` PPO steps (serial schedule) with backend.trainer=`trainer`; the report.
+    `micro_tokens`: the schedule's train_micro_tokens (default: one micro-batch)."""
     b = compose(StepConfig(MODEL, ALGO, 0, 4), BackendSpec(trainer=trainer))
     if trainer == "torch":  # the fsdp trainer's per-sample generators, on one process
         b.roles.hooks = FsdpHooks(0, 0, 1)
-    serial = ScheduleSpec(name="serial")
+    micro = {} if micro_tokens is None else {"train_micro_tokens": micro_tokens}
+    serial = ScheduleSpec(name="serial", **micro)
     planned = plan_step(MODEL, WORKLOAD, ALGO, HARDWARE_PRESETS["cpu"], serial)
     data = TaskData(MODEL, WORKLOAD, seed=0)
     ex = Executor(planned.plan, planned.graph, b)  # binds the graph: builds the critic
@@ -46,6 +48,8 @@ def run_ppo(trainer: str, steps: int) -> dict:
         "policy": _full(b.trainer.model),
         "critic": _full(critic.model),
         "critic_version": critic.counter.n,
+        # the plan's training micro-batches as each model was given them (runtime/dispatch)
+        "micro_batches": (b.trainer.micro_batches, critic.micro_batches),
         "holds": _holds(critic),
     }
 
@@ -69,9 +73,9 @@ def _holds(critic) -> dict[str, dict]:
     return out
 
 
-def rank_report(steps: int) -> dict:
+def rank_report(steps: int, micro_tokens: int | None = None) -> dict:
     """worker.py `ppo`: this rank's report of the fsdp trainer's run."""
-    report = run_ppo("fsdp", steps)
+    report = run_ppo("fsdp", steps, micro_tokens)
     report.update(rank=dist.get_rank(), world=dist.get_world_size())
     return report
 

@@ -1,13 +1,14 @@
 """PPO under the FSDP2 trainer: 2 gloo ranks, the critic sharded over both as the policy is,
 each rank valuing its own half of the step's rows, end where the torch trainer's PPO in one
-process ends (worker.py `ppo` in the checks2 launch; the torch run in this process, with the
-same per-sample generators, so both draw the same tokens: ppo_checks.py).
+process ends, in one training micro-batch or in two per rank (worker.py `ppo` in the checks2
+launch; the torch run in this process, with the same per-sample generators, so both draw
+the same tokens: ppo_checks.py).
 
 Tolerance: test_equivalence's, for its reasons (half-row GEMMs, the loss rescaled per rank,
 gradients summed by a reduce-scatter, AdamW turning that rounding into a relative error of
 the update), plus GAE's whitening statistics summed over the ranks. Measured after 2 steps:
-policy max 2.1e-5, 99.9th percentile 2.2e-8; critic max 1.6e-6, 99.9th percentile 5.6e-9;
-value loss within 1e-7.
+policy max 2.1e-5, 99.9th percentile 2.3e-8; critic max 1.6e-6, 99.9th percentile 5.6e-9
+(both micro-batchings); value loss within 1e-7.
 """
 
 from __future__ import annotations
@@ -28,10 +29,17 @@ def one() -> dict:
     return run_ppo("torch", STEPS)
 
 
-@pytest.fixture(scope="module")
-def two(checks2) -> list[dict]:
-    """The fsdp trainer's PPO on 2 ranks: each rank's report."""
-    return checks2.rank_reports("ppo")
+@pytest.fixture(scope="module", params=["ppo", "ppo-micro"])
+def two(checks2, request) -> list[dict]:
+    """The fsdp trainer's PPO on 2 ranks, each rank's report: in one training micro-batch,
+    or in 2 per rank (policy and critic: each micro-batch's backward reduce-scatters)."""
+    reports = checks2.rank_reports(request.param)
+    micro = 2 if request.param == "ppo-micro" else 1
+    for r in reports:  # the plan's count, given to both models; run on a rank's 2 groups
+        policy, critic = r["micro_batches"]
+        assert policy == critic and (policy > 1) == (micro > 1)
+        assert [m["train_micro_batches"] for m in r["metrics"]] == [micro] * STEPS
+    return reports
 
 
 @pytest.mark.parametrize("model", ["policy", "critic"])

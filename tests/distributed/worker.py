@@ -11,7 +11,7 @@ that fails raises, so the process group exits non-zero.
     load   --ckpt DIR --out F
         restore a DCP checkpoint (saved by any number of ranks) and write the gathered full
         parameters and AdamW state.
-    ppo    --steps K --out F
+    ppo    --steps K --out F [--micro-tokens N]
         K PPO steps with the fsdp trainer (ppo_checks.py); one report per rank (F with
         suffix .rankN.pt): the gathered policy and critic, the value loss, the critic's shards.
     batch  JOB...
@@ -136,7 +136,8 @@ def share_views(args) -> None:
 def ppo(args) -> None:
     from tests.distributed.ppo_checks import rank_report
 
-    torch.save(rank_report(args.steps), args.out.with_suffix(f".rank{dist.get_rank()}.pt"))
+    report = rank_report(args.steps, args.micro_tokens)
+    torch.save(report, args.out.with_suffix(f".rank{dist.get_rank()}.pt"))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -149,6 +150,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--kv-heads", type=int, default=None)
     ap.add_argument("--dtype", default=None, help="the trainer's compute dtype (FsdpSpec)")
     ap.add_argument("--ckpt", type=Path)
+    ap.add_argument("--micro-tokens", type=int, default=None, help="ppo: train_micro_tokens")
     return ap
 
 
