@@ -65,6 +65,7 @@ class RoleRuntime:
     config: StepConfig
     values: ValueOps
     hooks: StepHooks
+    critic_factory: Any = None  # () -> its critic (PPO); None: the torch backend's
 
 
 __all__ = ["RoleRuntime", "Roles", "StepConfig", "StepInputs"]

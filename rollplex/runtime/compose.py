@@ -72,7 +72,7 @@ def compose(
         trainer,
         run.values,
         TorchExternals(trainer, reference),
-        None if runtime_fn else critic_factory(config, trainer),
+        run.critic_factory if runtime_fn else critic_factory(config, trainer),
         run.hooks,
     )
     return RoleDispatch(config, roles)

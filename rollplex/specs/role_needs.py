@@ -129,9 +129,21 @@ NEEDS: dict[tuple[str, str], RoleNeeds] = {
                 "group decodes its members' rows together; use rollout_tp=1",
             ),
             Refusal(
-                (When("algo.name", is_=("ppo",)),),
-                "backend.trainer=fsdp with algo=ppo: the FSDP2 trainer trains the policy only "
-                "(no critic); use algo=grpo or rloo, or backend.trainer=torch",
+                (When("algo.name", is_=("ppo",)), When("train.resume", not_=(None, ""))),
+                "train.resume with algo=ppo and backend.trainer=fsdp: the FSDP2 checkpoints "
+                "hold the policy's shards, not the critic's, so a resumed PPO run would "
+                "restart its critic; run PPO without resuming",
+            ),
+            Refusal(
+                (When("algo.name", is_=("ppo",)), When("schedule.name", is_=("disaggregated",))),
+                "schedule.name=disaggregated with algo=ppo and backend.trainer=fsdp: the "
+                "training pool builds no critic; use schedule=serial or rollplex",
+            ),
+            Refusal(
+                (When("algo.kl_in_reward", is_=(True,)), When("algo.kl_ctrl", is_=("adaptive",))),
+                "algo.kl_ctrl=adaptive with algo.kl_in_reward and backend.trainer=fsdp: each "
+                "rank's controller would adapt to its own rows' KL, and the ranks' "
+                "coefficients would drift apart; use algo.kl_ctrl=fixed",
             ),
             *(
                 Refusal(

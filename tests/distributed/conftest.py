@@ -147,6 +147,8 @@ CHECKS: dict[int, dict[str, tuple[str, ...]]] = {
         "share-tp1": (*SHARE, "--tp", "1"),
         "share-tp1-bf16": (*SHARE, "--tp", "1", "--dtype", "bfloat16"),
         "share-tp2-bf16": (*SHARE, "--tp", "2", "--dtype", "bfloat16"),
+        "ppo": ("ppo", "--steps", "2"),  # test_ppo.py
+        "ppo-micro": ("ppo", "--steps", "2", "--micro-tokens", "100"),  # 2 per rank
     },
     4: {
         "load": ("load", "--ckpt", "{ckpt}"),

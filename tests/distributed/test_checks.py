@@ -67,7 +67,15 @@ def test_world_size_from_torchrun(monkeypatch):
         torchrun_world()
 
 
-def test_cli_refuses_ppo_in_one_line():
+def test_ppo_runs_but_is_not_resumed():
+    """The sharded critic trains (test_ppo.py); the checkpoints hold no critic, so a PPO
+    resume is refused by name."""
+    check_fsdp_spec(spec("algo=ppo"), world=2)
+    with pytest.raises(ValueError, match=r"train\.resume with algo=ppo and backend.trainer=fsdp"):
+        check_fsdp_spec(spec("algo=ppo", "train.resume=/some/run"), world=2)
+
+
+def test_cli_refuses_a_ppo_resume_in_one_line(tmp_path):
     p = subprocess.run(
         [
             sys.executable,
@@ -77,6 +85,8 @@ def test_cli_refuses_ppo_in_one_line():
             "backend.trainer=fsdp",  # the key itself; conftest uses the group
             "algo=ppo",
             "algo.kl_coef=0",
+            f"train.resume={tmp_path / 'run'}",
+            f"hydra.run.dir={tmp_path / 'out'}",
         ],
         cwd=ROOT,
         env=env(),
@@ -85,5 +95,5 @@ def test_cli_refuses_ppo_in_one_line():
         timeout=120,
     )
     assert p.returncode == 2
-    assert "backend.trainer=fsdp with algo=ppo" in p.stderr
+    assert "train.resume with algo=ppo and backend.trainer=fsdp" in p.stderr
     assert "Traceback" not in p.stderr

@@ -11,6 +11,9 @@ that fails raises, so the process group exits non-zero.
     load   --ckpt DIR --out F
         restore a DCP checkpoint (saved by any number of ranks) and write the gathered full
         parameters and AdamW state.
+    ppo    --steps K --out F [--micro-tokens N]
+        K PPO steps with the fsdp trainer (ppo_checks.py); one report per rank (F with
+        suffix .rankN.pt): the gathered policy and critic, the value loss, the critic's shards.
     batch  JOB...
         each JOB (one quoted command line of the above) in turn, in one process group: a
         launch's start costs more than its checks (conftest.py CHECKS).
@@ -130,9 +133,16 @@ def share_views(args) -> None:
     torch.save(report, args.out.with_suffix(f".rank{dist.get_rank()}.pt"))
 
 
+def ppo(args) -> None:
+    from tests.distributed.ppo_checks import rank_report
+
+    report = rank_report(args.steps, args.micro_tokens)
+    torch.save(report, args.out.with_suffix(f".rank{dist.get_rank()}.pt"))
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["views", "load"])
+    ap.add_argument("mode", choices=["views", "load", "ppo"])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--sync", default="gather")
@@ -140,6 +150,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--kv-heads", type=int, default=None)
     ap.add_argument("--dtype", default=None, help="the trainer's compute dtype (FsdpSpec)")
     ap.add_argument("--ckpt", type=Path)
+    ap.add_argument("--micro-tokens", type=int, default=None, help="ppo: train_micro_tokens")
     return ap
 
 
@@ -151,7 +162,7 @@ def main() -> None:
     for job in jobs:
         args = parser().parse_args(job)
         torch.use_deterministic_algorithms(False)  # as a fresh process starts (views sets it)
-        views(args) if args.mode == "views" else load(args)
+        {"views": views, "load": load, "ppo": ppo}[args.mode](args)
         dist.barrier()
     dist.destroy_process_group()
 

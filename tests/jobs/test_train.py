@@ -171,9 +171,10 @@ def _other_model_checkpoint(folder: Path) -> Path:
 
 
 def test_what_the_fsdp_trainer_cannot_run_is_refused_before_any_work(tmp_path):
-    p = train(tmp_path / "out", "backend=fsdp", "algo=ppo", "algo.kl_coef=0")
+    resume = f"train.resume={tmp_path / 'before'}"  # PPO's critic is not in checkpoints
+    p = train(tmp_path / "out", "backend=fsdp", "algo=ppo", "algo.kl_coef=0", resume)
     assert p.returncode == 2 and "Traceback" not in p.stderr
-    assert "backend.trainer=fsdp with algo=ppo" in p.stderr
+    assert "train.resume with algo=ppo and backend.trainer=fsdp" in p.stderr
     assert not (tmp_path / "out" / "plan.json").exists()
 
 

@@ -3,7 +3,8 @@ step hooks that go with it (one process per rank, each on its slice of the step'
 
 Rollout: a full model per rank (`rollout_sync=gather`) or TP over the trainer's shards
 (`share`, share.py), each sample drawing from its own (seed, step, sample) generator;
-reference: a frozen full copy per rank; trainer: `FsdpTrainer`. Pools: pools.py.
+reference: a frozen full copy per rank; trainer: `FsdpTrainer`; PPO's critic: critic.py.
+Pools: pools.py.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from rollplex.backends.base import BackendError, CheckpointWeights, LiveWeights, version_name
 from rollplex.backends.distributed import all_reduce_mean, init_distributed
+from rollplex.backends.fsdp.critic import FsdpCritic, build_critic
 from rollplex.backends.fsdp.shard import DTYPES, local
 from rollplex.backends.fsdp.share import SharedRollout
 from rollplex.backends.fsdp.trainer import FsdpTrainer, ShardedWeightsHandle
@@ -42,9 +44,8 @@ def sample_seed(seed: int, step: int, row: int) -> int:
 # -- roles --------------------------------------------------------------------------------
 def build_trainer(config: StepConfig, spec: BackendSpec | None = None, **_: Any) -> FsdpTrainer:
     """Joins torchrun's process group (or a private one-rank gloo group) and shards the
-    float32 masters (the folder's weights when model.path is set, else from the seed)."""
-    if config.algo.name == "ppo":
-        raise BackendError("backend.trainer=fsdp trains the policy only: algo=ppo needs a critic")
+    float32 masters (the folder's weights when model.path is set, else from the seed). PPO's
+    critic is sharded over the same mesh when a graph first reads it (critic.py)."""
     fsdp = (spec or BackendSpec()).fsdp
     info = init_distributed(config.device)
     mesh = init_device_mesh(info.device.type, (info.world,))
@@ -82,10 +83,19 @@ def build_rollout(
 
 
 def runtime(config: StepConfig, trainer: FsdpTrainer) -> RoleRuntime:
-    """The dispatch's step config on this rank's device, with the rank's hooks and values."""
+    """The dispatch's step config on this rank's device, with the rank's hooks and values,
+    and PPO's critic, sharded, built when a graph first reads it."""
     info = trainer.dist
     config = replace(config, device=str(info.device))
-    return RoleRuntime(config, FsdpValues(trainer), FsdpHooks(config.seed, info.rank, info.world))
+    values = FsdpValues(trainer)
+
+    def critic() -> FsdpCritic:
+        built = build_critic(config, trainer)
+        values.owners.append(built)  # its shards and AdamW state are sharded values too
+        return built
+
+    hooks = FsdpHooks(config.seed, info.rank, info.world)
+    return RoleRuntime(config, values, hooks, critic)
 
 
 class GatheredRollout(TorchRollout):
@@ -183,23 +193,23 @@ def _cut(v: Any, lo: int, hi: int) -> Any:
 
 
 class FsdpValues(TorchValues):
-    """Activations and prompts move as torch values. The trainer's shards, AdamW state and
-    gradients are DTensors: on CPU host and device are one memory, so they stay; on GPU
-    their offload is not implemented and is refused by name."""
+    """Activations and prompts move as torch values. The trainer's (and the critic's)
+    shards, AdamW state and gradients are DTensors: on CPU host and device are one memory,
+    so they stay; on GPU their offload is not implemented and is refused by name."""
 
     def __init__(self, trainer: FsdpTrainer) -> None:
         self.trainer = trainer
+        self.owners: list[Any] = [trainer]  # what holds sharded state: the critic joins
 
     def move(self, value: Any, device: Any) -> Any:
-        t = self.trainer
-        sharded = (
-            isinstance(value, ShardedWeightsHandle)
-            or getattr(value, "optimizer", None) is t.optimizer
-            or getattr(value, "params", None) is t.params
+        sharded = isinstance(value, ShardedWeightsHandle) or any(
+            getattr(value, "optimizer", None) is o.optimizer
+            or getattr(value, "params", None) is o.params
+            for o in self.owners
         )
         if not sharded:
             return super().move(value, device)
-        if t.dist.device.type == "cpu":
+        if self.trainer.dist.device.type == "cpu":
             return value
         raise BackendError(
             f"the plan offloads the FSDP2 trainer's {type(value).__name__}: moving sharded "

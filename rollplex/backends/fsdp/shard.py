@@ -9,7 +9,8 @@ The torch backend calls model pieces rather than `forward`, so the root is a thi
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -64,6 +65,20 @@ def shard_model(
     root = ShardedRoot(model)
     fully_shard(root, reshard_after_forward=False, **kw)
     return root
+
+
+@contextmanager
+def root_kept_through_backward(root: ShardedRoot) -> Iterator[None]:
+    """The root's parameters (embeddings, norm, head) stay gathered over all of a loss's
+    micro-batches' backwards and are resharded once at the end: each backward recomputes
+    its checkpointed head from the module's weights, which FSDP2 would otherwise have put
+    back to shards after the first micro-batch."""
+    root.set_reshard_after_backward(False, recurse=False)
+    try:
+        yield
+    finally:
+        root.set_reshard_after_backward(True, recurse=False)
+        root.reshard()
 
 
 def expected_chunk(shape: torch.Size, index: int, count: int) -> torch.Size:

@@ -24,8 +24,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 
 from rollplex.backends.base import LiveWeights
-from rollplex.backends.fsdp.shard import full, local, shard_model
-from rollplex.backends.torch.loss import agg_units
+from rollplex.backends.fsdp.global_batch import global_loss
+from rollplex.backends.fsdp.shard import full, local, root_kept_through_backward, shard_model
 from rollplex.backends.torch.model import load_model, save_model
 from rollplex.backends.torch.roles import weights_params
 from rollplex.backends.torch.rows import merge_chunks
@@ -37,9 +37,8 @@ from rollplex.specs.fsdp import FsdpSpec
 from rollplex.specs.roles import FSDP_TRAINER, RoleCapabilities
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-# aggregated by loss_agg_mode
+# aggregated by loss_agg_mode (global_batch.py)
 AGGREGATED = frozenset({"loss", "pg_loss", "kl", "loss_kl", "entropy"})
-UNSCALED = frozenset({"tokens", "train_micro_batches"})  # the same on every rank
 
 
 class ShardedWeightsHandle(WeightsHandle):
@@ -104,16 +103,8 @@ class FsdpTrainer(TorchTrainer):
         return self.root(super().logprob, features, text, responses)
 
     def backward(self, loss: Loss) -> GradsHandle:
-        """The root's parameters (embeddings, norm, LM head) stay gathered over all the
-        micro-batches' backwards and are resharded once at the end: each backward
-        recomputes its checkpointed LM head from the module's weights, which FSDP2 would
-        otherwise have put back to shards after the first micro-batch."""
-        self.root.set_reshard_after_backward(False, recurse=False)
-        try:
+        with root_kept_through_backward(self.root):  # (shard.py says why)
             return super().backward(loss)
-        finally:
-            self.root.set_reshard_after_backward(True, recurse=False)
-            self.root.reshard()
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head on merged row chunks (chunked prefix ops)."""
@@ -134,31 +125,7 @@ class FsdpTrainer(TorchTrainer):
         **attrs: Any,
     ) -> Loss:
         out = super().loss(logprobs, old, advantages, ref, clip_eps, kl_coef, **attrs)
-        if self.world == 1:
-            return out
-        mask = logprobs.mask.bool()
-        tokens = self._share(mask.sum())
-        loss_share = tokens if self.algo.loss_agg_mode == "token-mean" else None
-        if self.algo.loss_agg_mode == "seq-mean-token-sum-norm":  # sum / a constant: the
-            loss_share = torch.tensor(float(self.world), device=mask.device)  # ranks' add up
-        elif loss_share is None:  # the seq-mean modes average over sequences with a token
-            loss_share = self._share(agg_units(mask, self.algo.loss_agg_mode))
-        # Metrics too, so their mean over ranks (end_step) is the global batch's.
-        metrics = {
-            k: v * (loss_share if k in AGGREGATED else tokens) if k not in UNSCALED else v
-            for k, v in out.metrics.items()
-        }
-        scaled = out.scaled(loss_share)  # every micro-batch's term too
-        scaled.metrics = metrics
-        return scaled
-
-    def _share(self, n_local: torch.Tensor) -> torch.Tensor:
-        """world * n_local / n_global: the factor that turns this rank's mean over its
-        n_local items into its part of the mean over all ranks' items (one all-reduce)."""
-        n_local = n_local.to(torch.float64)
-        n_global = n_local.clone()
-        dist.all_reduce(n_global, group=self.mesh.get_group())
-        return (n_local / n_global.clamp(min=1) * self.world).to(torch.float32)
+        return global_loss(out, logprobs.mask, self.algo.loss_agg_mode, self.mesh, AGGREGATED)
 
     # -- weights --------------------------------------------------------------------------
     def handle(self) -> WeightsHandle:

@@ -25,6 +25,7 @@ from rollplex.backends.torch.logprob import (
     response_mask,
 )
 from rollplex.backends.torch.loss import (
+    Total,
     gae,
     kl_penalized_rewards,
     token_rewards,
@@ -118,6 +119,9 @@ class TorchCritic:
         # fused (verl's forward and backward per micro-batch): the critic runs it as
         # recompute, a forward more than planned, since its values may be read elsewhere
         self.micro_fused = False
+        # sums over the data-parallel ranks holding the batch's other rows (the FSDP2
+        # critic), so GAE whitens over the whole batch; None: this process holds it all
+        self.batch_total: Total | None = None
         self.scorer, self.trainer = CriticRole(self, train=False), CriticRole(self, train=True)
 
     def role(self, train: bool) -> CriticRole:
@@ -145,7 +149,8 @@ class TorchCritic:
             scores = kl_penalized_rewards(
                 scores, kl[0].values, kl[1].values, old_values.mask, kl[2], estimator
             )
-        return gae(scores, old_values.values.detach(), old_values.mask, gamma, lam)
+        values = old_values.values.detach()
+        return gae(scores, values, old_values.mask, gamma, lam, self.batch_total)
 
     def loss(
         self, values: TokenLogprobs, returns: torch.Tensor, old: TokenLogprobs | None, clip: float

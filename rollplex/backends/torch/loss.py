@@ -8,12 +8,15 @@ valid tokens with `where`, since inf * 0 is NaN.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from rollplex.backends.torch.kl import kl_estimate
 
+# sums a 0-dim tensor over the data-parallel ranks (masked_whiten)
+Total = Callable[[torch.Tensor], torch.Tensor]
 AGG_MODES = (
     "token-mean",
     "seq-mean-token-mean",
@@ -98,25 +101,37 @@ def reward_kl(
     return torch.where(mask.bool(), kl, 0.0)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(x - mean) / sqrt(var + 1e-8) over the valid entries, unbiased var (verl's)."""
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, total: Total | None = None) -> torch.Tensor:
+    """(x - mean) / sqrt(var + 1e-8) over the valid entries, unbiased var (verl's). `total`
+    sums a 0-dim tensor over the data-parallel ranks that hold the batch's other rows (the
+    FSDP2 critic), so mean and var are the whole batch's."""
+    t = total or _itself
     valid = mask.bool()
-    n = valid.sum()
+    n = t(valid.sum())
     if n < 2:
         raise ValueError(f"whitening needs >= 2 valid tokens, got {int(n)}")
-    mean = torch.where(valid, x, 0.0).sum() / n
-    var = torch.where(valid, (x - mean) ** 2, 0.0).sum() / (n - 1)
+    mean = t(torch.where(valid, x, 0.0).sum()) / n
+    var = t(torch.where(valid, (x - mean) ** 2, 0.0).sum()) / (n - 1)
     return (x - mean) * torch.rsqrt(var + 1e-8)
 
 
+def _itself(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 def gae(
-    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+    total: Total | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over token rewards [N, R] and old values [N, R]: (whitened advantages, returns).
 
     Past a sequence's end the bootstrap value is 0 and padding carries nothing back (the
     recursion skips masked steps, as verl does). returns = raw advantages + values, the
-    critic's regression target."""
+    critic's regression target. `total`: see masked_whiten."""
     valid = mask.bool()
     values = torch.where(valid, values.float(), 0.0)
     rewards = torch.where(valid, rewards.float(), 0.0)
@@ -130,7 +145,7 @@ def gae(
         run = torch.where(valid[:, t], step, run)
         out[:, t] = run
     returns = out + values
-    return masked_whiten(out, valid), returns
+    return masked_whiten(out, valid, total), returns
 
 
 def aggregate(
