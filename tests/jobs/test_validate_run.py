@@ -112,8 +112,9 @@ BAD = [
      "backend.rollout=vllm needs vllm", {"backend.rollout": "torch"}),
     ("kl_in_reward with vllm", {**KL_IN_REWARD, "backend.rollout": "vllm"}, facts(),
      "algo.kl_in_reward with backend.rollout=vllm", {"backend.rollout": "torch"}),
-    ("fsdp ppo resumed", {**FSDP, **PPO, "train.resume": "/some/run"}, facts(),
-     "backend.trainer=fsdp with algo=ppo", {"backend.trainer": "torch"}),
+    ("fsdp ppo resumed, torch trainer fixes it", {**FSDP, **PPO, "train.resume": "/some/run"},
+     facts(), "train.resume with algo=ppo and backend.trainer=fsdp",
+     {"backend.trainer": "torch"}),
     ("triton knob on cpu", {"backend.torch_engine.split_gemm": True}, facts(triton=False),
      "backend.torch_engine.split_gemm=true with train.device=cpu",
      {"backend.torch_engine.split_gemm": None}),
@@ -169,8 +170,9 @@ def test_the_first_refusal_in_order_wins():
     gone = facts(unavailable={"backend.rollout=vllm": "vllm is not installed"})
     with pytest.raises(ValueError, match="kl_in_reward"):  # a role refusal before availability
         validate_run(spec(**KL_IN_REWARD, **{"backend.rollout": "vllm"}), gone)
-    with pytest.raises(ValueError, match=r"backend\.trainer=fsdp with algo=ppo"):
-        validate_run(spec(**FSDP, **PPO, **{"algo.ppo_mini_batch_size": 5}), facts())
+    resumed = {**FSDP, **PPO, "train.resume": "/r", "algo.ppo_mini_batch_size": 5}
+    with pytest.raises(ValueError, match=r"train\.resume with algo=ppo and backend\.trainer"):
+        validate_run(spec(**resumed), facts())
     assert (
         ORDER.index("role refusals") < ORDER.index("roles available") < ORDER.index("mini-batches")
     )
