@@ -112,7 +112,7 @@ NEEDS: dict[tuple[str, str], RoleNeeds] = {
         ),
     ),
     ("reference", "torch"): RoleNeeds("reference", "torch"),
-    # PPO resumes: its checkpoints hold the critic (runtime/checkpoint.py checks each one)
+    # PPO resumes: its checkpoints hold the critic (checkpoint.py, dcp_checkpoint.py check it)
     ("trainer", "torch"): RoleNeeds("trainer", "torch"),
     ("trainer", "fsdp"): RoleNeeds(
         "trainer",
@@ -127,12 +127,6 @@ NEEDS: dict[tuple[str, str], RoleNeeds] = {
                 ),
                 "train.response_lengths=workload with backend.fsdp.rollout_tp > 1: a TP "
                 "group decodes its members' rows together; use rollout_tp=1",
-            ),
-            Refusal(
-                (When("algo.name", is_=("ppo",)), When("train.resume", not_=(None, ""))),
-                "train.resume with algo=ppo and backend.trainer=fsdp: the FSDP2 checkpoints "
-                "hold the policy's shards, not the critic's, so a resumed PPO run would "
-                "restart its critic; run PPO without resuming",
             ),
             Refusal(
                 (When("algo.name", is_=("ppo",)), When("schedule.name", is_=("disaggregated",))),

@@ -28,16 +28,22 @@ MODEL, WORKLOAD = MODEL_PRESETS["tiny"], WORKLOAD_PRESETS["tiny"]
 ALGO = AlgoSpec(name="ppo", lr=3e-4, critic_lr=3e-4, weight_decay=0.1)
 
 
-def run_ppo(trainer: str, steps: int, micro_tokens: int | None = None) -> dict:
-    """`steps` PPO steps (serial schedule) with backend.trainer=`trainer`; the report.
-    `micro_tokens`: the schedule's train_micro_tokens (default: one micro-batch)."""
-    b = compose(StepConfig(MODEL, ALGO, 0, 4), BackendSpec(trainer=trainer))
+def setup(trainer: str, micro_tokens: int | None = None, algo: AlgoSpec = ALGO):
+    """(roles, the plan, the data) of a PPO run (serial schedule) with
+    backend.trainer=`trainer`. `micro_tokens`: the schedule's train_micro_tokens (default:
+    one micro-batch)."""
+    b = compose(StepConfig(MODEL, algo, 0, 4), BackendSpec(trainer=trainer))
     if trainer == "torch":  # the fsdp trainer's per-sample generators, on one process
         b.roles.hooks = FsdpHooks(0, 0, 1)
     micro = {} if micro_tokens is None else {"train_micro_tokens": micro_tokens}
     serial = ScheduleSpec(name="serial", **micro)
-    planned = plan_step(MODEL, WORKLOAD, ALGO, HARDWARE_PRESETS["cpu"], serial)
-    data = TaskData(MODEL, WORKLOAD, seed=0)
+    planned = plan_step(MODEL, WORKLOAD, algo, HARDWARE_PRESETS["cpu"], serial)
+    return b, planned, TaskData(MODEL, WORKLOAD, seed=0)
+
+
+def run_ppo(trainer: str, steps: int, micro_tokens: int | None = None) -> dict:
+    """`steps` PPO steps with backend.trainer=`trainer` (`setup`'s); the report."""
+    b, planned, data = setup(trainer, micro_tokens)
     ex = Executor(planned.plan, planned.graph, b)  # binds the graph: builds the critic
     critic = b.critic
     start = {"policy": _full(b.trainer.model), "critic": _full(critic.model)}
@@ -80,7 +86,7 @@ def rank_report(steps: int, micro_tokens: int | None = None) -> dict:
     return report
 
 
-__all__ = ["ALGO", "MODEL", "WORKLOAD", "rank_report", "run_ppo"]
+__all__ = ["ALGO", "MODEL", "WORKLOAD", "rank_report", "run_ppo", "setup"]
 
 
 if __name__ == "__main__":  # a look by hand: python -m tests.distributed.ppo_checks
