@@ -133,12 +133,6 @@ NEEDS: dict[tuple[str, str], RoleNeeds] = {
                 "schedule.name=disaggregated with algo=ppo and backend.trainer=fsdp: the "
                 "training pool builds no critic; use schedule=serial or rollplex",
             ),
-            Refusal(
-                (When("algo.kl_in_reward", is_=(True,)), When("algo.kl_ctrl", is_=("adaptive",))),
-                "algo.kl_ctrl=adaptive with algo.kl_in_reward and backend.trainer=fsdp: each "
-                "rank's controller would adapt to its own rows' KL, and the ranks' "
-                "coefficients would drift apart; use algo.kl_ctrl=fixed",
-            ),
             *(
                 Refusal(
                     (When(f"backend.{partner}", not_=("torch",)),),

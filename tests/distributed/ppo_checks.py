@@ -26,6 +26,12 @@ MODEL, WORKLOAD = MODEL_PRESETS["tiny"], WORKLOAD_PRESETS["tiny"]
 # conftest.py's runs' learning rate (test_equivalence's tolerance is set against it), for
 # the critic too; weight decay moves every weight at every step, learning signal or not.
 ALGO = AlgoSpec(name="ppo", lr=3e-4, critic_lr=3e-4, weight_decay=0.1)
+# the KL in the reward under the adaptive controller: its coefficient moves at every step
+# (kl_horizon=10 over 16 rows), by an amount that the second step's KL sets (|old - ref|
+# about 0.13, inside the controller's +-20% band around target_kl)
+ADAPTIVE = AlgoSpec(**{**ALGO.model_dump(), "kl_coef": 0.05, "kl_in_reward": True,
+                       "kl_penalty": "abs", "kl_ctrl": "adaptive", "target_kl": 0.12,
+                       "kl_horizon": 10})  # fmt: skip
 
 
 def setup(trainer: str, micro_tokens: int | None = None, algo: AlgoSpec = ALGO):
@@ -41,9 +47,11 @@ def setup(trainer: str, micro_tokens: int | None = None, algo: AlgoSpec = ALGO):
     return b, planned, TaskData(MODEL, WORKLOAD, seed=0)
 
 
-def run_ppo(trainer: str, steps: int, micro_tokens: int | None = None) -> dict:
+def run_ppo(
+    trainer: str, steps: int, micro_tokens: int | None = None, algo: AlgoSpec = ALGO
+) -> dict:
     """`steps` PPO steps with backend.trainer=`trainer` (`setup`'s); the report."""
-    b, planned, data = setup(trainer, micro_tokens)
+    b, planned, data = setup(trainer, micro_tokens, algo)
     ex = Executor(planned.plan, planned.graph, b)  # binds the graph: builds the critic
     critic = b.critic
     start = {"policy": _full(b.trainer.model), "critic": _full(critic.model)}
@@ -54,6 +62,7 @@ def run_ppo(trainer: str, steps: int, micro_tokens: int | None = None) -> dict:
         "policy": _full(b.trainer.model),
         "critic": _full(critic.model),
         "critic_version": critic.counter.n,
+        "reward_kl_coef": b.role_free.reward_kl_coef(),  # the next step's (None: fixed)
         # the plan's training micro-batches as each model was given them (runtime/dispatch)
         "micro_batches": (b.trainer.micro_batches, critic.micro_batches),
         "holds": _holds(critic),
@@ -86,7 +95,7 @@ def rank_report(steps: int, micro_tokens: int | None = None) -> dict:
     return report
 
 
-__all__ = ["ALGO", "MODEL", "WORKLOAD", "rank_report", "run_ppo", "setup"]
+__all__ = ["ADAPTIVE", "ALGO", "MODEL", "WORKLOAD", "rank_report", "run_ppo", "setup"]
 
 
 if __name__ == "__main__":  # a look by hand: python -m tests.distributed.ppo_checks

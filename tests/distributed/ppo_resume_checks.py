@@ -3,8 +3,10 @@
 `_resume`: the critic built before the restore, the rollout given the restored weights).
 
 Three runs on fresh roles, every rank alike: K steps straight through; the first S steps,
-then a checkpoint; a resume from it to K. Each report holds the gathered policy and critic,
-both AdamW states gathered, and the metrics of every step run.
+then a checkpoint; a resume from it to K. PPO with the KL in the reward under the adaptive
+controller (ppo_checks.ADAPTIVE), whose coefficient the checkpoint carries. Each report
+holds the gathered policy and critic, both AdamW states gathered, and the metrics of every
+step run.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from rollplex.jobs import train_loop
 from rollplex.runtime import Executor
 from rollplex.runtime.dcp_checkpoint import read_dcp_checkpoint
 from rollplex.specs import AlgoSpec
-from tests.distributed.ppo_checks import ALGO, MODEL, setup
+from tests.distributed.ppo_checks import ADAPTIVE, MODEL, setup
 
 
-def resume_report(steps: int, stop: int, folder: Path, algo: AlgoSpec = ALGO) -> dict:
+def resume_report(steps: int, stop: int, folder: Path, algo: AlgoSpec = ADAPTIVE) -> dict:
     """worker.py `ppo-resume`: this rank's report of the three runs; the checkpoint is
     written under `folder`."""
     straight = _run(algo, steps)

@@ -1,9 +1,11 @@
 """PPO under the FSDP2 trainer resumes: its DCP checkpoint holds the critic's shards and
-per-shard AdamW state beside the policy's, and 2 gloo ranks stopped after step 1 of 2 and resumed
-end where the straight run ends, bit for bit as the GRPO resume does (test_checkpoint.py):
-the gathered policy and critic, both AdamW states, and every metric after the resume point
-(worker.py `ppo-resume` in the checks2 launch: ppo_resume_checks.py). A checkpoint without a
-critic is refused for PPO by name before any model is built.
+per-shard AdamW state beside the policy's, and 2 gloo ranks stopped after step 1 of 2 and
+resumed end where the straight run ends, bit for bit as the GRPO resume does
+(test_checkpoint.py): the gathered policy and critic, both AdamW states, and every metric
+after the resume point (worker.py `ppo-resume` in the checks2 launch: ppo_resume_checks.py).
+The run puts the KL in the reward under the adaptive controller, which sees the whole
+batch's KL on every rank: each rank's coefficient is the one-process run's, and the
+checkpoint carries it. A checkpoint without a critic is refused for PPO by name.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from rollplex.runtime.checkpoint import STATE_FILE, CheckpointError
 from rollplex.runtime.dcp_checkpoint import read_dcp_checkpoint
 from tests.distributed.conftest import moved
-from tests.distributed.ppo_checks import MODEL
+from tests.distributed.ppo_checks import ADAPTIVE, MODEL, run_ppo
 
 STEPS, STOP = 2, 1  # conftest.CHECKS[2]["ppo-resume"]'s
 PARTS = ("policy", "critic", "policy_adam", "critic_adam")
@@ -64,9 +66,31 @@ def test_the_steps_after_the_resume_log_the_same_metrics(reports):
         assert all(m["vf_loss"] > 0 for m in resumed)
 
 
+def test_every_rank_adapts_the_reward_kl_as_one_process_does(reports):
+    """The same tokens drawn (ppo_checks.py), so the same KL up to the trained weights'
+    rounding (test_ppo.py's tolerance); the last step's KL lies inside the controller's
+    band, so the coefficient after it depends on the KL's value, not only its sign: a KL
+    off by 1e-6 moves it by 1.2e-5 of itself (coef * rows / horizon / target_kl). A rank
+    that adapted to its own rows (half the batch) would be off by tens of percent."""
+    one = run_ppo("torch", STEPS, algo=ADAPTIVE)
+    last = one["metrics"][-1]["reward_kl"]
+    assert abs(last / ADAPTIVE.target_kl - 1) < 0.2
+    for r in reports:
+        straight = r["straight"]
+        for a, b in zip(one["metrics"], straight["metrics"], strict=True):
+            assert abs(a["reward_kl"] - b["reward_kl"]) < 1e-6, (a["reward_kl"], b["reward_kl"])
+            assert a["reward_kl_coef"] == pytest.approx(b["reward_kl_coef"], rel=2e-5)
+        assert straight["reward_kl_coef"] == pytest.approx(one["reward_kl_coef"], rel=2e-5)
+        assert r["resumed"]["reward_kl_coef"] == straight["reward_kl_coef"]
+    assert reports[0]["straight"]["reward_kl_coef"] == reports[1]["straight"]["reward_kl_coef"]
+
+
 def test_the_checkpoint_holds_the_critics_shards_and_version(reports, ckpt):
     state = json.loads((ckpt / STATE_FILE).read_text())
     assert state["world"] == 2 and state["version"] == state["critic_version"] == STOP
+    # the coefficient the controller moved to, which the step after the stop used
+    moved_to = reports[0]["straight"]["metrics"][STOP]["reward_kl_coef"]
+    assert state["reward_kl_coef"] == pytest.approx(moved_to) != ADAPTIVE.kl_coef
     assert read_dcp_checkpoint(ckpt, MODEL, seed=0, critic=True).critic == STOP
     keys = set(FileSystemReader(ckpt / "dcp").read_metadata().state_dict_metadata)
     critic = reports[0]["stopped"]["critic"]

@@ -14,10 +14,10 @@ that fails raises, so the process group exits non-zero.
     ppo    --steps K --out F [--micro-tokens N]
         K PPO steps with the fsdp trainer (ppo_checks.py); one report per rank (F with
         suffix .rankN.pt): the gathered policy and critic, the value loss, the critic's shards.
-    ppo-resume  --steps K --stop S --out F [--kl adaptive]
-        PPO straight to K, and to S, checkpointed and resumed to K (ppo_resume_checks.py);
-        one report per rank, the checkpoint in F's folder; --kl adaptive: the reward KL
-        under the adaptive controller.
+    ppo-resume  --steps K --stop S --out F
+        PPO (the reward KL under the adaptive controller) straight to K, and to S,
+        checkpointed and resumed to K (ppo_resume_checks.py); one report per rank, the
+        checkpoint beside F.
     batch  JOB...
         each JOB (one quoted command line of the above) in turn, in one process group: a
         launch's start costs more than its checks (conftest.py CHECKS).

@@ -99,9 +99,6 @@ BAD = [
     ("fsdp ppo in pools", {**POOLED, **PPO, "hardware.num_gpus": 2}, facts(world_size="2"),
      "schedule.name=disaggregated with algo=ppo and backend.trainer=fsdp",
      {"schedule.name": "rollplex"}),
-    ("fsdp adaptive reward kl", {**FSDP, **KL_IN_REWARD, "algo.kl_ctrl": "adaptive"}, facts(),
-     "algo.kl_ctrl=adaptive with algo.kl_in_reward and backend.trainer=fsdp",
-     {"algo.kl_ctrl": "fixed"}),
     ("fsdp with a vllm rollout", {**FSDP, "backend.rollout": "vllm"}, facts(),
      "backend.trainer=fsdp with backend.rollout=vllm, backend.reference=torch",
      {"backend.rollout": "torch"}),
@@ -181,6 +178,14 @@ def test_a_ppo_run_may_resume_with_either_trainer(trainer):
     given = {**PPO, "backend.trainer": trainer, "train.resume": "/some/run"}
     checks = validate_run(spec(**given), facts())
     assert checks.spec.train.resume == "/some/run" and checks.spec.algo.name == "ppo"
+
+
+def test_the_fsdp_trainer_runs_the_adaptive_reward_kl():
+    """Its controller sees the whole batch's KL, summed over the ranks (role_free.py;
+    tests/distributed/test_ppo_resume.py): no longer refused from the spec."""
+    adaptive = {**FSDP, **KL_IN_REWARD, "algo.kl_ctrl": "adaptive"}
+    checks = validate_run(spec(**adaptive), facts(world_size="2"))
+    assert checks.spec.algo.kl_ctrl == "adaptive" and checks.world == 2
 
 
 def test_every_registered_role_declares_its_needs():
