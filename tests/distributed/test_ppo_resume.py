@@ -70,7 +70,7 @@ def test_every_rank_adapts_the_reward_kl_as_one_process_does(reports):
     """The same tokens drawn (ppo_checks.py), so the same KL up to the trained weights'
     rounding (test_ppo.py's tolerance); the last step's KL lies inside the controller's
     band, so the coefficient after it depends on the KL's value, not only its sign: a KL
-    off by 1e-6 moves it by 1.2e-5 of itself (coef * rows / horizon / target_kl). A rank
+    off by 1e-6 moves it by 1.2e-5 of itself (rows / horizon / target_kl per unit). A rank
     that adapted to its own rows (half the batch) would be off by tens of percent."""
     one = run_ppo("torch", STEPS, algo=ADAPTIVE)
     last = one["metrics"][-1]["reward_kl"]
