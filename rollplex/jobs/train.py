@@ -77,14 +77,14 @@ def _prepare(spec: RunSpec):
         torch.set_num_threads(t.threads)
     if not t.resume:
         return prepared, None
+    # PPO trains a critic: its checkpoint must hold one (refused here, before any model)
+    critic = spec.algo.name == "ppo"
     if spec.backend.trainer == "fsdp":
         from rollplex.runtime.dcp_checkpoint import read_dcp_checkpoint
 
-        return prepared, read_dcp_checkpoint(t.resume, prepared.model, spec.seed)
+        return prepared, read_dcp_checkpoint(t.resume, prepared.model, spec.seed, critic=critic)
     from rollplex.runtime.checkpoint import read_checkpoint
 
-    # PPO trains a critic: its checkpoint must hold one (refused here, before any model)
-    critic = spec.algo.name == "ppo"
     return prepared, read_checkpoint(t.resume, prepared.model, spec.seed, critic=critic)
 
 

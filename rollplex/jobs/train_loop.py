@@ -168,38 +168,46 @@ def _resume(run: TrainRun, ckpt) -> int:
 
 def _restore(run: TrainRun, ckpt) -> None:
     trainer = run.backend.trainer
-    if not run.fsdp:
+    if run.fsdp and run.pools is not None:  # PPO (a critic) is refused under pools
+        from rollplex.runtime.dcp_checkpoint import restore_dcp
+
+        if trainer is not None:  # the training pool holds the state; the rollout pool none
+            restore_dcp(trainer, ckpt, group=trainer.mesh.get_group())
+        return None
+    # PPO: the critic the first step would build, built now to take the saved one
+    critic = run.backend.build_critic() if ckpt.critic is not None else None
+    if run.fsdp:
+        from rollplex.runtime.dcp_checkpoint import restore_dcp
+
+        restore_dcp(trainer, ckpt, critic=critic)
+    else:
         from rollplex.runtime.checkpoint import restore
 
-        # PPO: the critic the first step would build, built now to take the saved one
-        critic = run.backend.build_critic() if ckpt.critic is not None else None
         restore(trainer, ckpt, critic)
-        if ckpt.state.reward_kl_coef is not None and run.spec.algo.kl_ctrl == "adaptive":
-            run.backend.role_free.resume_reward_kl(ckpt.state.reward_kl_coef)
-        return None
-    from rollplex.runtime.dcp_checkpoint import restore_dcp
-
-    if run.pools is None:
-        return restore_dcp(trainer, ckpt)
-    if trainer is not None:  # the training pool holds the state; the rollout pool none
-        restore_dcp(trainer, ckpt, group=trainer.mesh.get_group())
+    if ckpt.state.reward_kl_coef is not None and run.spec.algo.kl_ctrl == "adaptive":
+        run.backend.role_free.resume_reward_kl(ckpt.state.reward_kl_coef)
 
 
 def _save(run: TrainRun, root: Path, step: int) -> Path:
-    trainer, model, seed = run.backend.trainer, run.prepared.model, run.spec.seed
-    if not run.fsdp:
-        from rollplex.runtime.checkpoint import save_checkpoint
+    b, model, seed = run.backend, run.prepared.model, run.spec.seed
+    trainer = b.trainer
+    if run.fsdp and run.pools is not None:
+        from rollplex.runtime.dcp_checkpoint import save_dcp_checkpoint
 
-        b = run.backend
-        kl = b.role_free.reward_kl_coef()
-        return save_checkpoint(root, step, trainer, model, seed, critic=b.critic, reward_kl_coef=kl)
-    from rollplex.runtime.dcp_checkpoint import save_dcp_checkpoint
+        if trainer is None:  # the training pool writes it; the rollout pool holds no state
+            return root / f"step-{step:06d}"
+        group = trainer.mesh.get_group()
+        return save_dcp_checkpoint(root, step, trainer, model, seed, group=group)
+    kl = b.role_free.reward_kl_coef()
+    if run.fsdp:
+        from rollplex.runtime.dcp_checkpoint import save_dcp_checkpoint
 
-    if run.pools is None:
-        return save_dcp_checkpoint(root, step, trainer, model, seed)
-    if trainer is None:  # the training pool writes it; the rollout pool holds no state
-        return root / f"step-{step:06d}"
-    return save_dcp_checkpoint(root, step, trainer, model, seed, group=trainer.mesh.get_group())
+        return save_dcp_checkpoint(
+            root, step, trainer, model, seed, critic=b.critic, reward_kl_coef=kl
+        )
+    from rollplex.runtime.checkpoint import save_checkpoint
+
+    return save_checkpoint(root, step, trainer, model, seed, critic=b.critic, reward_kl_coef=kl)
 
 
 def close_pools(pools) -> None:

@@ -298,9 +298,9 @@ def read_checkpoint(
     return Checkpoint(folder, state, optimizer, rng, masters, saved_critic)
 
 
-def _critic_version(state_path: Path, state: CheckpointState) -> int:
-    """The critic's version; CheckpointError unless the state file records a critic and
-    lists its files."""
+def require_critic(state_path: Path, state: CheckpointState) -> int:
+    """The critic's version; CheckpointError unless the state file records a critic (a PPO
+    run resumes only a checkpoint that holds one; the DCP format's check too)."""
     if state.critic_version is None:
         raise CheckpointError(
             f"{state_path}: no 'critic_version': the checkpoint holds no critic (written by "
@@ -308,10 +308,17 @@ def _critic_version(state_path: Path, state: CheckpointState) -> int:
             "algo=ppo would restart its critic; resume it with the algo that wrote it, or "
             "start the PPO run without train.resume"
         )
+    return state.critic_version
+
+
+def _critic_version(state_path: Path, state: CheckpointState) -> int:
+    """The critic's version; CheckpointError unless the state file records a critic and
+    lists its files."""
+    version = require_critic(state_path, state)
     for rel in (CRITIC_WEIGHTS, CRITIC_OPTIMIZER):
         if rel not in state.files:
             raise CheckpointError(f"{state_path}: 'files' lacks {rel!r} (the PPO critic's)")
-    return state.critic_version
+    return version
 
 
 def _read_critic(folder: Path, state: CheckpointState, version: int) -> CriticState:

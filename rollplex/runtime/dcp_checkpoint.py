@@ -1,17 +1,20 @@
 """Sharded training checkpoints through torch.distributed.checkpoint (DCP), for the FSDP2
 trainer; one saved by N ranks loads on any number of ranks (DCP reshards).
 
-`step-NNNNNN/` holds trainer_state.json, dcp/ (model and AdamW shards) and model/ (a
-Hub-format export), written atomically like checkpoint.py's. No RNG file: decode draws are
-seeded by (seed, step, sample). Folder layout: docs/architecture.md (Checkpoints).
+`step-NNNNNN/` holds trainer_state.json, dcp/ (model and AdamW shards; PPO's critic's too,
+under "critic") and model/ (a Hub-format export), written atomically like checkpoint.py's.
+No RNG file: decode draws are seeded by (seed, step, sample). Folder layout:
+docs/architecture.md (Checkpoints).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -27,6 +30,7 @@ from rollplex.runtime.checkpoint import (
     _fsync,
     _sha256,
     read_state_file,
+    require_critic,
     verify_files,
 )
 from rollplex.specs import ModelSpec
@@ -34,6 +38,8 @@ from rollplex.specs import ModelSpec
 DCP_FORMAT = "rollplex-checkpoint/dcp-1"
 DCP_DIR = "dcp"
 MODEL_DIR = "model"
+CRITIC_KEY = "critic"  # PPO's critic's shards, beside the policy's "model" and "optim"
+log = logging.getLogger(__name__)
 
 
 class DcpCheckpointState(CheckpointState):
@@ -46,6 +52,7 @@ class DcpCheckpointState(CheckpointState):
 class DcpCheckpoint:
     folder: Path
     state: DcpCheckpointState
+    critic: int | None = None  # the critic's version, read for PPO; None: none is restored
 
     @property
     def model_folder(self) -> Path:
@@ -60,9 +67,13 @@ def save_dcp_checkpoint(
     seed: int,
     export: bool = True,
     group: dist.ProcessGroup | None = None,
+    critic: Any = None,
+    reward_kl_coef: float | None = None,
 ) -> Path:
     """Write `root/step-NNNNNN` from every rank of `group` (a collective; default: all
-    ranks); returns its folder."""
+    ranks); returns its folder. `critic`: PPO's (backends/fsdp/critic.py), its shards saved
+    beside the policy's; `reward_kl_coef`: the adaptive reward-KL coefficient, where one
+    adapts (as checkpoint.py's)."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
 
     def sync() -> None:
@@ -76,7 +87,7 @@ def save_dcp_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     sync()
-    dcp.save(trainer.sharded_state(), checkpoint_id=tmp / DCP_DIR, process_group=group)
+    dcp.save(_sharded(trainer, critic), checkpoint_id=tmp / DCP_DIR, process_group=group)
     if export:
         trainer.save_weights(tmp / MODEL_DIR)  # gathers on all ranks, rank 0 writes
     if rank == 0:
@@ -91,6 +102,8 @@ def save_dcp_checkpoint(
             model=model.model_dump(mode="json"),
             files=files,
             world=world,
+            critic_version=None if critic is None else critic.state_dict()["version"],
+            reward_kl_coef=reward_kl_coef,
         )
         (tmp / STATE_FILE).write_text(meta.model_dump_json(indent=1) + "\n")
         for p in [*_files(tmp), tmp / STATE_FILE]:
@@ -108,8 +121,11 @@ def save_dcp_checkpoint(
     return final
 
 
-def read_dcp_checkpoint(path: str | Path, model: ModelSpec, seed: int) -> DcpCheckpoint:
-    """Validate a sharded checkpoint for a run of `model` with `seed`; reads no tensors."""
+def read_dcp_checkpoint(
+    path: str | Path, model: ModelSpec, seed: int, critic: bool = False
+) -> DcpCheckpoint:
+    """Validate a sharded checkpoint for a run of `model` with `seed`; reads no tensors.
+    `critic`: the run trains PPO's critic, so the checkpoint must hold one."""
     folder, state_path, raw = read_state_file(path)
     if raw.get("format") != DCP_FORMAT:
         raise CheckpointError(
@@ -130,14 +146,30 @@ def read_dcp_checkpoint(path: str | Path, model: ModelSpec, seed: int) -> DcpChe
         )
     if f"{DCP_DIR}/.metadata" not in state.files:
         raise CheckpointError(f"{state_path}: 'files' lacks {DCP_DIR}/.metadata")
+    critic_version = require_critic(state_path, state) if critic else None
     verify_files(folder, state.files)
-    return DcpCheckpoint(folder, state)
+    return DcpCheckpoint(folder, state, critic_version)
 
 
-def restore_dcp(trainer, ckpt: DcpCheckpoint, group: dist.ProcessGroup | None = None) -> None:
-    """Load the shards into the trainer, resharded to this run's ranks (a collective over
-    `group`, default all ranks)."""
-    state = trainer.sharded_state()
+def restore_dcp(
+    trainer, ckpt: DcpCheckpoint, group: dist.ProcessGroup | None = None, critic: Any = None
+) -> None:
+    """Load the shards into the trainer and PPO's `critic` (read with `critic=True`),
+    resharded to this run's ranks (a collective over `group`, default all ranks)."""
+    if critic is not None and ckpt.critic is None:
+        raise CheckpointError(f"{ckpt.folder}: read without its critic (critic=True)")
+    if critic is None and ckpt.state.critic_version is not None:
+        log.info("%s: this run trains no critic: the checkpoint's critic is not used", ckpt.folder)
+    state = _sharded(trainer, critic)  # DCP loads only the keys asked for
     dcp.load(state, checkpoint_id=ckpt.folder / DCP_DIR, process_group=group)
     trainer.load_sharded_state(state)
     trainer.load_state_dict({"version": ckpt.state.version})
+    if critic is not None:
+        critic.load_sharded_state(state[CRITIC_KEY])
+        critic.load_state_dict({"version": ckpt.critic})
+
+
+def _sharded(trainer, critic) -> dict[str, Any]:
+    """What DCP saves and loads: the trainer's state, and the critic's under CRITIC_KEY."""
+    state = trainer.sharded_state()
+    return state if critic is None else {**state, CRITIC_KEY: critic.sharded_state()}

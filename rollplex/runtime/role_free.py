@@ -77,7 +77,9 @@ class RoleFreeOps:
     def _reward_kl(self, old: Any, ref: Any, mask: torch.Tensor, attrs: dict) -> tuple:
         """(old, ref, coefficient, estimator) for the critic's KL-penalised rewards, with
         verl's metrics: reward_kl (per-sequence mean KL, averaged) and reward_kl_coef (the
-        coefficient this step used); then the controller sees this step's KL."""
+        coefficient this step used); then the controller sees this step's KL and row count,
+        the whole batch's where data-parallel ranks hold its rows (the FSDP2 critic's
+        `batch_total`), as one process holding the batch would."""
         algo = self.d.config.algo
         if self.kl_ctrl is None:
             self.kl_ctrl = KLController(
@@ -85,9 +87,14 @@ class RoleFreeOps:
             )
         coef = self.kl_ctrl.value
         current = sequence_mean_kl(reward_kl(old.values, ref.values, mask, algo.kl_penalty), mask)
+        rows = mask.shape[0]
+        if (total := self.d.critic.batch_total) is not None:  # the batch's rows on every rank
+            both = torch.tensor([current * rows, rows], dtype=torch.float64, device=mask.device)
+            summed = total(both)
+            current, rows = float(summed[0] / summed[1]), round(float(summed[1]))
         self.d.metrics["reward_kl"] = torch.tensor(current)
         self.d.metrics["reward_kl_coef"] = torch.tensor(coef)
-        self.kl_ctrl.update(current, n_steps=mask.shape[0])
+        self.kl_ctrl.update(current, n_steps=rows)  # so every rank's coefficient is the same
         return old, ref, coef, algo.kl_penalty
 
     def _select(self, op: Op, value: Any) -> Any:

@@ -112,7 +112,7 @@ NEEDS: dict[tuple[str, str], RoleNeeds] = {
         ),
     ),
     ("reference", "torch"): RoleNeeds("reference", "torch"),
-    # PPO resumes: its checkpoints hold the critic (runtime/checkpoint.py checks each one)
+    # PPO resumes: its checkpoints hold the critic (checkpoint.py, dcp_checkpoint.py check it)
     ("trainer", "torch"): RoleNeeds("trainer", "torch"),
     ("trainer", "fsdp"): RoleNeeds(
         "trainer",
@@ -129,21 +129,9 @@ NEEDS: dict[tuple[str, str], RoleNeeds] = {
                 "group decodes its members' rows together; use rollout_tp=1",
             ),
             Refusal(
-                (When("algo.name", is_=("ppo",)), When("train.resume", not_=(None, ""))),
-                "train.resume with algo=ppo and backend.trainer=fsdp: the FSDP2 checkpoints "
-                "hold the policy's shards, not the critic's, so a resumed PPO run would "
-                "restart its critic; run PPO without resuming",
-            ),
-            Refusal(
                 (When("algo.name", is_=("ppo",)), When("schedule.name", is_=("disaggregated",))),
                 "schedule.name=disaggregated with algo=ppo and backend.trainer=fsdp: the "
                 "training pool builds no critic; use schedule=serial or rollplex",
-            ),
-            Refusal(
-                (When("algo.kl_in_reward", is_=(True,)), When("algo.kl_ctrl", is_=("adaptive",))),
-                "algo.kl_ctrl=adaptive with algo.kl_in_reward and backend.trainer=fsdp: each "
-                "rank's controller would adapt to its own rows' KL, and the ranks' "
-                "coefficients would drift apart; use algo.kl_ctrl=fixed",
             ),
             *(
                 Refusal(

@@ -149,6 +149,7 @@ CHECKS: dict[int, dict[str, tuple[str, ...]]] = {
         "share-tp2-bf16": (*SHARE, "--tp", "2", "--dtype", "bfloat16"),
         "ppo": ("ppo", "--steps", "2"),  # test_ppo.py
         "ppo-micro": ("ppo", "--steps", "2", "--micro-tokens", "100"),  # 2 per rank
+        "ppo-resume": ("ppo-resume", "--steps", "2", "--stop", "1"),  # test_ppo_resume.py
     },
     4: {
         "load": ("load", "--ckpt", "{ckpt}"),

@@ -26,18 +26,32 @@ MODEL, WORKLOAD = MODEL_PRESETS["tiny"], WORKLOAD_PRESETS["tiny"]
 # conftest.py's runs' learning rate (test_equivalence's tolerance is set against it), for
 # the critic too; weight decay moves every weight at every step, learning signal or not.
 ALGO = AlgoSpec(name="ppo", lr=3e-4, critic_lr=3e-4, weight_decay=0.1)
+# the KL in the reward under the adaptive controller: its coefficient moves at every step
+# (kl_horizon=10 over 16 rows), by an amount that the second step's KL sets (|old - ref|
+# about 0.13, inside the controller's +-20% band around target_kl)
+ADAPTIVE = AlgoSpec(**{**ALGO.model_dump(), "kl_coef": 0.05, "kl_in_reward": True,
+                       "kl_penalty": "abs", "kl_ctrl": "adaptive", "target_kl": 0.12,
+                       "kl_horizon": 10})  # fmt: skip
 
 
-def run_ppo(trainer: str, steps: int, micro_tokens: int | None = None) -> dict:
-    """`steps` PPO steps (serial schedule) with backend.trainer=`trainer`; the report.
-    `micro_tokens`: the schedule's train_micro_tokens (default: one micro-batch)."""
-    b = compose(StepConfig(MODEL, ALGO, 0, 4), BackendSpec(trainer=trainer))
+def setup(trainer: str, micro_tokens: int | None = None, algo: AlgoSpec = ALGO):
+    """(roles, the plan, the data) of a PPO run (serial schedule) with
+    backend.trainer=`trainer`. `micro_tokens`: the schedule's train_micro_tokens (default:
+    one micro-batch)."""
+    b = compose(StepConfig(MODEL, algo, 0, 4), BackendSpec(trainer=trainer))
     if trainer == "torch":  # the fsdp trainer's per-sample generators, on one process
         b.roles.hooks = FsdpHooks(0, 0, 1)
     micro = {} if micro_tokens is None else {"train_micro_tokens": micro_tokens}
     serial = ScheduleSpec(name="serial", **micro)
-    planned = plan_step(MODEL, WORKLOAD, ALGO, HARDWARE_PRESETS["cpu"], serial)
-    data = TaskData(MODEL, WORKLOAD, seed=0)
+    planned = plan_step(MODEL, WORKLOAD, algo, HARDWARE_PRESETS["cpu"], serial)
+    return b, planned, TaskData(MODEL, WORKLOAD, seed=0)
+
+
+def run_ppo(
+    trainer: str, steps: int, micro_tokens: int | None = None, algo: AlgoSpec = ALGO
+) -> dict:
+    """`steps` PPO steps with backend.trainer=`trainer` (`setup`'s); the report."""
+    b, planned, data = setup(trainer, micro_tokens, algo)
     ex = Executor(planned.plan, planned.graph, b)  # binds the graph: builds the critic
     critic = b.critic
     start = {"policy": _full(b.trainer.model), "critic": _full(critic.model)}
@@ -48,6 +62,7 @@ def run_ppo(trainer: str, steps: int, micro_tokens: int | None = None) -> dict:
         "policy": _full(b.trainer.model),
         "critic": _full(critic.model),
         "critic_version": critic.counter.n,
+        "reward_kl_coef": b.role_free.reward_kl_coef(),  # the next step's (None: fixed)
         # the plan's training micro-batches as each model was given them (runtime/dispatch)
         "micro_batches": (b.trainer.micro_batches, critic.micro_batches),
         "holds": _holds(critic),
@@ -80,7 +95,7 @@ def rank_report(steps: int, micro_tokens: int | None = None) -> dict:
     return report
 
 
-__all__ = ["ALGO", "MODEL", "WORKLOAD", "rank_report", "run_ppo"]
+__all__ = ["ADAPTIVE", "ALGO", "MODEL", "WORKLOAD", "rank_report", "run_ppo", "setup"]
 
 
 if __name__ == "__main__":  # a look by hand: python -m tests.distributed.ppo_checks

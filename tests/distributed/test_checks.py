@@ -10,6 +10,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from rollplex.backends.fsdp.checks import check_fsdp_spec, torchrun_world
+from rollplex.runtime.checkpoint import STATE_FILE
 from rollplex.specs.run import RunSpec
 from tests.distributed.conftest import ROOT, env
 
@@ -67,15 +68,18 @@ def test_world_size_from_torchrun(monkeypatch):
         torchrun_world()
 
 
-def test_ppo_runs_but_is_not_resumed():
-    """The sharded critic trains (test_ppo.py); the checkpoints hold no critic, so a PPO
-    resume is refused by name."""
+def test_ppo_runs_and_resumes():
+    """The sharded critic trains (test_ppo.py), and its checkpoints hold it
+    (test_ppo_resume.py): a PPO resume is no longer refused from the spec."""
     check_fsdp_spec(spec("algo=ppo"), world=2)
-    with pytest.raises(ValueError, match=r"train\.resume with algo=ppo and backend.trainer=fsdp"):
-        check_fsdp_spec(spec("algo=ppo", "train.resume=/some/run"), world=2)
+    check_fsdp_spec(spec("algo=ppo", "train.resume=/some/run"), world=2)
 
 
-def test_cli_refuses_a_ppo_resume_in_one_line(tmp_path):
+def test_cli_refuses_a_grpo_checkpoint_for_ppo_in_one_line(runs, tmp_path):
+    """A GRPO run's DCP checkpoint holds no critic: a PPO resume from it exits 2 with one
+    line naming the file and field, before any model is built (no plan.json)."""
+    ckpt = runs.two / "checkpoints" / "step-000002"
+    out = tmp_path / "out"
     p = subprocess.run(
         [
             sys.executable,
@@ -85,8 +89,8 @@ def test_cli_refuses_a_ppo_resume_in_one_line(tmp_path):
             "backend.trainer=fsdp",  # the key itself; conftest uses the group
             "algo=ppo",
             "algo.kl_coef=0",
-            f"train.resume={tmp_path / 'run'}",
-            f"hydra.run.dir={tmp_path / 'out'}",
+            f"train.resume={ckpt}",
+            f"hydra.run.dir={out}",
         ],
         cwd=ROOT,
         env=env(),
@@ -95,5 +99,7 @@ def test_cli_refuses_a_ppo_resume_in_one_line(tmp_path):
         timeout=120,
     )
     assert p.returncode == 2
-    assert "train.resume with algo=ppo and backend.trainer=fsdp" in p.stderr
+    assert f"{ckpt / STATE_FILE}: no 'critic_version'" in p.stderr
+    assert len(p.stderr.splitlines()) == 1
     assert "Traceback" not in p.stderr
+    assert not (out / "plan.json").exists()

@@ -14,6 +14,10 @@ that fails raises, so the process group exits non-zero.
     ppo    --steps K --out F [--micro-tokens N]
         K PPO steps with the fsdp trainer (ppo_checks.py); one report per rank (F with
         suffix .rankN.pt): the gathered policy and critic, the value loss, the critic's shards.
+    ppo-resume  --steps K --stop S --out F
+        PPO (the reward KL under the adaptive controller) straight to K, and to S,
+        checkpointed and resumed to K (ppo_resume_checks.py); one report per rank, the
+        checkpoint beside F.
     batch  JOB...
         each JOB (one quoted command line of the above) in turn, in one process group: a
         launch's start costs more than its checks (conftest.py CHECKS).
@@ -140,9 +144,17 @@ def ppo(args) -> None:
     torch.save(report, args.out.with_suffix(f".rank{dist.get_rank()}.pt"))
 
 
+def ppo_resume(args) -> None:
+    from tests.distributed.ppo_resume_checks import resume_report
+
+    folder = args.out.with_name(f"{args.out.stem}-checkpoints")
+    report = resume_report(args.steps, args.stop, folder)
+    torch.save(report, args.out.with_suffix(f".rank{dist.get_rank()}.pt"))
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["views", "load", "ppo"])
+    ap.add_argument("mode", choices=["views", "load", "ppo", "ppo-resume"])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--sync", default="gather")
@@ -151,6 +163,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default=None, help="the trainer's compute dtype (FsdpSpec)")
     ap.add_argument("--ckpt", type=Path)
     ap.add_argument("--micro-tokens", type=int, default=None, help="ppo: train_micro_tokens")
+    ap.add_argument("--stop", type=int, default=1, help="ppo-resume: the checkpoint's step")
     return ap
 
 
@@ -162,7 +175,8 @@ def main() -> None:
     for job in jobs:
         args = parser().parse_args(job)
         torch.use_deterministic_algorithms(False)  # as a fresh process starts (views sets it)
-        {"views": views, "load": load, "ppo": ppo}[args.mode](args)
+        modes = {"views": views, "load": load, "ppo": ppo, "ppo-resume": ppo_resume}
+        modes[args.mode](args)
         dist.barrier()
     dist.destroy_process_group()
 

@@ -171,10 +171,10 @@ def _other_model_checkpoint(folder: Path) -> Path:
 
 
 def test_what_the_fsdp_trainer_cannot_run_is_refused_before_any_work(tmp_path):
-    resume = f"train.resume={tmp_path / 'before'}"  # PPO's critic is not in checkpoints
-    p = train(tmp_path / "out", "backend=fsdp", "algo=ppo", "algo.kl_coef=0", resume)
+    pooled = ("schedule=disaggregated", "hardware.num_gpus=2")  # its pools build no critic
+    p = train(tmp_path / "out", "backend=fsdp", "algo=ppo", "algo.kl_coef=0", *pooled)
     assert p.returncode == 2 and "Traceback" not in p.stderr
-    assert "train.resume with algo=ppo and backend.trainer=fsdp" in p.stderr
+    assert "schedule.name=disaggregated with algo=ppo and backend.trainer=fsdp" in p.stderr
     assert not (tmp_path / "out" / "plan.json").exists()
 
 

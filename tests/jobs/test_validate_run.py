@@ -96,14 +96,9 @@ BAD = [
     ("pools that leave no trainer", {**POOLED, "schedule.rollout_gpus": 2},
      facts(world_size="2"), "schedule.rollout_gpus=2 leaves no trainer",
      {"schedule.rollout_gpus": 1}),
-    ("fsdp ppo resumed", {**FSDP, **PPO, "train.resume": "/some/run"}, facts(),
-     "train.resume with algo=ppo and backend.trainer=fsdp", {"train.resume": None}),
     ("fsdp ppo in pools", {**POOLED, **PPO, "hardware.num_gpus": 2}, facts(world_size="2"),
      "schedule.name=disaggregated with algo=ppo and backend.trainer=fsdp",
      {"schedule.name": "rollplex"}),
-    ("fsdp adaptive reward kl", {**FSDP, **KL_IN_REWARD, "algo.kl_ctrl": "adaptive"}, facts(),
-     "algo.kl_ctrl=adaptive with algo.kl_in_reward and backend.trainer=fsdp",
-     {"algo.kl_ctrl": "fixed"}),
     ("fsdp with a vllm rollout", {**FSDP, "backend.rollout": "vllm"}, facts(),
      "backend.trainer=fsdp with backend.rollout=vllm, backend.reference=torch",
      {"backend.rollout": "torch"}),
@@ -112,9 +107,6 @@ BAD = [
      "backend.rollout=vllm needs vllm", {"backend.rollout": "torch"}),
     ("kl_in_reward with vllm", {**KL_IN_REWARD, "backend.rollout": "vllm"}, facts(),
      "algo.kl_in_reward with backend.rollout=vllm", {"backend.rollout": "torch"}),
-    ("fsdp ppo resumed, torch trainer fixes it", {**FSDP, **PPO, "train.resume": "/some/run"},
-     facts(), "train.resume with algo=ppo and backend.trainer=fsdp",
-     {"backend.trainer": "torch"}),
     ("triton knob on cpu", {"backend.torch_engine.split_gemm": True}, facts(triton=False),
      "backend.torch_engine.split_gemm=true with train.device=cpu",
      {"backend.torch_engine.split_gemm": None}),
@@ -170,19 +162,30 @@ def test_the_first_refusal_in_order_wins():
     gone = facts(unavailable={"backend.rollout=vllm": "vllm is not installed"})
     with pytest.raises(ValueError, match="kl_in_reward"):  # a role refusal before availability
         validate_run(spec(**KL_IN_REWARD, **{"backend.rollout": "vllm"}), gone)
-    resumed = {**FSDP, **PPO, "train.resume": "/r", "algo.ppo_mini_batch_size": 5}
-    with pytest.raises(ValueError, match=r"train\.resume with algo=ppo and backend\.trainer"):
-        validate_run(spec(**resumed), facts())
+    pooled = {**POOLED, **PPO, "hardware.num_gpus": 2, "algo.ppo_mini_batch_size": 5}
+    with pytest.raises(ValueError, match=r"disaggregated with algo=ppo and backend\.trainer"):
+        validate_run(spec(**pooled), facts(world_size="2"))
     assert (
         ORDER.index("role refusals") < ORDER.index("roles available") < ORDER.index("mini-batches")
     )
 
 
-def test_a_ppo_run_with_the_torch_trainer_may_resume():
-    """Its checkpoints hold the critic: whether one can be resumed is the checkpoint's
-    check (runtime/checkpoint.py, tests/jobs/test_ppo_resume.py), not the spec's."""
-    checks = validate_run(spec(**PPO, **{"train.resume": "/some/run"}), facts())
+@pytest.mark.parametrize("trainer", ["torch", "fsdp"])
+def test_a_ppo_run_may_resume_with_either_trainer(trainer):
+    """Both trainers' checkpoints hold the critic: whether one can be resumed is the
+    checkpoint's check (runtime/checkpoint.py and dcp_checkpoint.py; tests/jobs/
+    test_ppo_resume.py, tests/distributed/test_ppo_resume.py), not the spec's."""
+    given = {**PPO, "backend.trainer": trainer, "train.resume": "/some/run"}
+    checks = validate_run(spec(**given), facts())
     assert checks.spec.train.resume == "/some/run" and checks.spec.algo.name == "ppo"
+
+
+def test_the_fsdp_trainer_runs_the_adaptive_reward_kl():
+    """Its controller sees the whole batch's KL, summed over the ranks (role_free.py;
+    tests/distributed/test_ppo_resume.py): no longer refused from the spec."""
+    adaptive = {**FSDP, **KL_IN_REWARD, "algo.kl_ctrl": "adaptive"}
+    checks = validate_run(spec(**adaptive), facts(world_size="2"))
+    assert checks.spec.algo.kl_ctrl == "adaptive" and checks.world == 2
 
 
 def test_every_registered_role_declares_its_needs():

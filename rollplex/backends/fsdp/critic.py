@@ -5,21 +5,29 @@ sharded as the policy is (shard.py), as verl's critic is its own FSDP module.
 Every number is `TorchCritic`'s. This class runs each forward inside the critic's own
 sharded root, so each rank values its own rows; rescales the value loss so that FSDP's
 gradient average is the global batch's (global_batch.py); and whitens GAE's advantages
-over every rank's rows. Its AdamW is built after sharding, so its state is per shard.
+over every rank's rows. Its AdamW is built after sharding, so its state is per shard, and
+a checkpoint keeps both as DCP shards beside the policy's (runtime/dcp_checkpoint.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.device_mesh import DeviceMesh
 
 from rollplex.backends.fsdp.global_batch import global_loss, total
 from rollplex.backends.fsdp.shard import full, root_kept_through_backward, shard_model
 from rollplex.backends.fsdp.trainer import ShardedWeightsHandle
 from rollplex.backends.torch.critic import CriticRole, TorchCritic, build_critic_model
+from rollplex.backends.torch.host_memory import forget_tags
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.roles import weights_params
 from rollplex.backends.torch.rows import merge_chunks
@@ -85,6 +93,26 @@ class FsdpCritic(TorchCritic):
         """(name, full tensor) of every parameter, gathered (a collective per tensor)."""
         for name, p in self.model.named_parameters():
             yield name, full(p.detach())
+
+    # -- checkpoint state (DCP, as the trainer's: sharded, resharded on load) -------------
+    def sharded_state(self) -> dict[str, Any]:
+        """Model and AdamW state as DTensors, for torch.distributed.checkpoint."""
+        return {
+            "model": get_model_state_dict(self.model),
+            "optim": get_optimizer_state_dict(self.model, self.optimizer),
+        }
+
+    def load_sharded_state(self, state: Mapping[str, Any]) -> None:
+        set_model_state_dict(self.model, state["model"])
+        set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
+        forget_tags(self.model.parameters())  # written without a version bump
+
+    def state_dict(self) -> dict[str, Any]:
+        """The version only: the weights and AdamW state are `sharded_state`'s."""
+        return {"version": self.counter.n}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.counter.n = int(state["version"])
 
 
 class RootedCriticRole:
