@@ -195,6 +195,13 @@ class _Replayed(torch.autograd.Function):
         return (None, x.grad, *(None for _ in grads))
 
 
+def replay(run: Callable, x: torch.Tensor, *outputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`outputs`, computed already from `x` without autograd, as a differentiable function
+    of `x` whose backward recomputes `run(x)` (a `_Replayed` node: a checkpointed layer
+    whose forward ran elsewhere)."""
+    return _Replayed.apply(run, x, *outputs)
+
+
 def attach(
     model: Model, rotary: Callable, ridden: RiddenPrefix, features: torch.Tensor, head: bool
 ) -> PrefixState:
