@@ -122,7 +122,7 @@ class Workspace:
         its own, so no graph is kept for it."""
         self.cache.open_step(self.step)
         logits, ridden = ride_step(
-            forward, self.cache, self.token, self.position, self.step, kv_len, rows, self.kept
+            forward, self.cache, self.token, self.position, self.step, kv_len, rows, kept=self.kept
         )
         self._advance(forward, logits)
         return ridden
