@@ -54,6 +54,13 @@ def plan_decode_once(
         return None
     kept = [op.outputs["kept"] for op in once if "kept" in op.outputs]
     gib = sum(once.values[v].nbytes for v in kept) / plan.devices[0].dp / 2**30
+    moved = [s.op for d in plan.devices for s in d.steps if s.kind == "offload" and s.op in kept]
+    if moved:  # the buffer is the engine's workspace: a host copy would free nothing
+        best.notes.append(
+            f"decode once not taken: it fits only by offloading {moved[0]}, which lives in "
+            "the decode engine's workspace"
+        )
+        return None
     if plan.step_time_s >= best.step_time_s:
         best.notes.append(
             f"decode once not taken: step {plan.step_time_s * 1e3:.1f} ms against "

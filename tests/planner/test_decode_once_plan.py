@@ -94,3 +94,26 @@ def test_the_disaggregated_schedule_keeps_its_forward():
     r = _plan("qwen2_5_vl_7b", VIDEO, ScheduleSpec(name="disaggregated"),
               hw=HARDWARE_PRESETS["h200x8"])  # fmt: skip
     assert not _kept(r)
+
+
+def test_a_plan_that_would_offload_the_kept_outputs_is_not_taken(monkeypatch):
+    """The kept outputs live in the engine's workspace: offloading them frees nothing
+    (and the runtime cannot move them), so such a plan keeps today's forward."""
+    from dataclasses import replace
+
+    import rollplex.jobs.decode_once_plan as chooser
+
+    real = chooser.plan_graph
+
+    def offloading(graph, *args, **kwargs):
+        plan = real(graph, *args, **kwargs)
+        dev = plan.devices[0]
+        last = dev.steps[-1]
+        dev.steps.append(replace(last, index=last.index + 1, op="rollout.decode.kept",
+                                 kind="offload"))  # fmt: skip
+        return plan
+
+    monkeypatch.setattr(chooser, "plan_graph", offloading)
+    r = _plan("qwen2_5_vl_3b", _workload("image"), ScheduleSpec(name="serial"))
+    assert not _kept(r)
+    assert any("offloading rollout.decode.kept" in n for n in r.plan.notes)
