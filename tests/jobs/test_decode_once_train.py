@@ -39,7 +39,7 @@ def _metrics(run: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-@pytest.mark.slow  # ~40 s: four short runs
+@pytest.mark.slow  # ~25 s each: two short runs
 @pytest.mark.parametrize("algo", ["grpo", "rloo"])
 def test_decode_once_trains_what_the_response_forward_trains(tmp_path, algo):
     on, off = _run(tmp_path, algo, True), _run(tmp_path, algo, False)
