@@ -82,6 +82,11 @@ class DecodeSession(ABC):
     def result(self) -> Any:
         """Token ids [S, R], per-token logprobs [S, R] and lengths [S], once finished."""
 
+    def kept(self) -> Any:
+        """What a finished decode started by `start_decode_kept` kept for the trainer,
+        carrying the weights version that decoded (`version`)."""
+        raise BackendError(f"{type(self).__name__} kept no activations")
+
     def ride(self, rows: Any) -> Any:
         """Run the next decode step with another phase's prefix rows (a trainer's
         `ride_rows`) in its GEMMs, and return what it computed for them (torch's
@@ -132,6 +137,14 @@ class RolloutRole(ABC):
         self, prefix: Any, group_size: int, sampling: Sampling, generator: Any
     ) -> DecodeSession: ...
 
+    def start_decode_kept(
+        self, prefix: Any, group_size: int, sampling: Sampling, generator: Any
+    ) -> DecodeSession:
+        """`start_decode` whose session also keeps what a checkpointed training response
+        forward keeps (`DecodeSession.kept`, for `Trainer.attach_decoded`); only roles
+        declaring `capabilities.activation_export` implement it (graph/passes/decode_once.py)."""
+        raise BackendError(f"{type(self).__name__} cannot keep its decode's activations")
+
 
 class ReferenceScorer(ABC):
     """Logprobs under the frozen reference, split into the prefix part and the response
@@ -174,6 +187,7 @@ class Trainer(ABC):
             "vision_encode",
             "logprob_prefix",
             "attach_prefix",
+            "attach_response",
             "logprob_response",
             "logprob",
             "policy_loss",
@@ -226,6 +240,14 @@ class Trainer(ABC):
         """What `logprob_prefix` returns, from a rollout's `prefix_prefill_exported` at this
         trainer's weights version; only trainers declaring `activation_export`."""
         raise BackendError(f"{type(self).__name__} cannot take an exported prefill")
+
+    def attach_decoded(
+        self, prefix: Any, responses: Any, group_size: int, kept: Any
+    ) -> tuple[Any, Any]:
+        """What `logprob_response` returns, from the decode that drew `responses`
+        (`DecodeSession.kept`) at this trainer's weights version; only trainers declaring
+        `activation_export`."""
+        raise BackendError(f"{type(self).__name__} cannot take a decode's activations")
 
     def scorer(self) -> ReferenceScorer:
         """The trained model scored without grad at its live version: PPO mini-batches'

@@ -21,7 +21,7 @@ from rollplex.engine.prefix import (
     prefix_positions,
     prefix_state,
 )
-from rollplex.engine.step import DecodeStep
+from rollplex.engine.step import DecodeStep, keep_column
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) as the model's rotary embedding gives
 
@@ -125,6 +125,7 @@ def ride_step(
     step: torch.Tensor,
     kv_len: int,
     rows: RiderRows,
+    kept: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, RiddenPrefix]:
     """`DecodeStep.__call__` with `rows` riding: (decode logits [rows, V], the ride).
 
@@ -134,7 +135,8 @@ def ride_step(
     in front of every projection and MLP of every layer (chunked-prefill style); only
     attention is per part: the decode rows over the shared-prefix cache, the prefix rows
     causally over their own prompt. No autograd: the ride keeps each layer's input (what an
-    activation checkpoint keeps), K/V and the last hidden state."""
+    activation checkpoint keeps), K/V and the last hidden state. `kept`: the decode rows'
+    layer outputs, as `DecodeStep.__call__` keeps them (decode once)."""
     lm = forward.model.model.language_model
     b, g = cache.prompts, cache.group_size
     h = lm.embed_tokens(tokens).view(b, g, -1)
@@ -148,10 +150,14 @@ def ride_step(
             return forward.attend(cache, i, layer, q, k, v, slots, kv_len)
 
         inputs.append(hp)
+        if kept is not None and i:
+            keep_column(kept[i - 1], step, h)
         hp, k, v, h = prefix_layer(
             layer, forward.rotary, hp, rows.rope, rows.mask, Decoding(h, rope, attend)
         )
         kv.append((k, v))
+    if kept is not None:
+        keep_column(kept[-1], step, h)
     logits = forward.model.lm_head(lm.norm(h)).view(b * g, -1)
     return logits, RiddenPrefix(rows, inputs, kv, hp)
 
@@ -187,6 +193,13 @@ class _Replayed(torch.autograd.Function):
             pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None]
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         return (None, x.grad, *(None for _ in grads))
+
+
+def replay(run: Callable, x: torch.Tensor, *outputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`outputs`, computed already from `x` without autograd, as a differentiable function
+    of `x` whose backward recomputes `run(x)` (a `_Replayed` node: a checkpointed layer
+    whose forward ran elsewhere)."""
+    return _Replayed.apply(run, x, *outputs)
 
 
 def attach(

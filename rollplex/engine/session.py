@@ -12,6 +12,7 @@ from typing import Literal
 import torch
 
 from rollplex.engine.cache import Attention, round_up
+from rollplex.engine.decoded import DecodedOutputs
 from rollplex.engine.graph_capture import StepGraphs
 from rollplex.engine.phases import phase
 from rollplex.engine.prefix import Model, PrefixState, cache_kv
@@ -163,10 +164,13 @@ class DecodeEngine:
         eos_id: int,
         pad_id: int | None = None,
         lengths: Sequence[int] | None = None,
+        keep_outputs: bool = False,
     ) -> EngineSession:
         """Sample `group_size` responses per row of `prefix` (one row per prompt, as
         prefix_forward returns it): rows b*G .. b*G+G-1 are prompt b's. `lengths` forces
-        row r to end after exactly lengths[r] tokens, eos ignored (see Sampling)."""
+        row r to end after exactly lengths[r] tokens, eos ignored (see Sampling).
+        `keep_outputs` (decode once) keeps every layer's output of each fed token for the
+        trainer (`EngineSession.kept`); off, the step writes nothing more."""
         if max_new_tokens < 1 or group_size < 1:
             raise ValueError(
                 f"need max_new_tokens, group_size >= 1, got {max_new_tokens}, {group_size}"
@@ -192,10 +196,12 @@ class DecodeEngine:
             float(top_p),
             int(pad_id),
             self.attention_for(prompts),
+            keep_outputs,
         )
         if self.forward.fused is not None:
             self.forward.fused.refresh()  # the weights this decode reads (fused_qkv.py)
         ws = self._workspace(shape)
+        ws.generation += 1  # an export of the last decode here is gone (decoded.py)
         # Greedy draws nothing: leave every generator (the global one too) untouched.
         seeds = row_seeds(generator, b * g, self.device) if temperature > 0 else 0
         with torch.no_grad():
@@ -314,6 +320,12 @@ class EngineSession:
             self.t += 1
             self._check_done()
         return ridden
+
+    def kept(self) -> DecodedOutputs:
+        """The layer outputs this decode kept (`start(keep_outputs=True)`)."""
+        if self.ws.kept is None:
+            raise RuntimeError("this decode kept no layer outputs (start keep_outputs=False)")
+        return DecodedOutputs(self.ws, self.ws.generation, self.rows)
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(tokens [N, R] right-padded with pad, logprobs [N, R] 0 on padding, lengths [N])."""

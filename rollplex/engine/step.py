@@ -42,6 +42,13 @@ def rotary_fn(attn: torch.nn.Module) -> Callable:
     return functools.partial(multimodal, mrope_section=rope["mrope_section"])
 
 
+def keep_column(kept: torch.Tensor, step: torch.Tensor, h: torch.Tensor) -> None:
+    """`h` [B, G, H] into column `step` (a device tensor [1]) of `kept` [rows, W, H]: the
+    index is read on the device, so the write is captured into a CUDA graph like the
+    cache's."""
+    kept.index_copy_(1, step, h.reshape(kept.shape[0], 1, -1))
+
+
 class DecodeStep:
     """One decode forward of `model` over a shared-prefix cache.
 
@@ -146,6 +153,11 @@ class DecodeStep:
         def last(norm, h, delta):
             return norm(settle(h, delta))
 
+        def last_kept(norm, h, delta):
+            """`last`, also returning the final norm's input (decode once keeps it)."""
+            x = settle(h, delta)
+            return x, norm(x)
+
         self.compiled = bool(compile)
         choose = next_tokens
         if compile:
@@ -155,10 +167,12 @@ class DecodeStep:
             before = first_call(torch.compile(before, **kw), "compile decode layer (before)")
             after = first_call(torch.compile(after, **kw), "compile decode layer (after)")
             last = first_call(torch.compile(last, **kw), "compile decode final norm")
+            last_kept = first_call(torch.compile(last_kept, **kw), "compile decode norm (kept)")
         if bool(compile) if compile_sampler is None else compile_sampler:
             # the draw: ~40 small kernels over [rows] and [rows, vocab] eagerly
             choose = first_call(torch.compile(next_tokens, dynamic=True), "compile sampler")
         self.before, self.after, self.last, self.choose = before, after, last, choose
+        self.last_kept = last_kept
 
     def __call__(
         self,
@@ -167,10 +181,13 @@ class DecodeStep:
         positions: torch.Tensor,
         step: torch.Tensor,
         kv_len: int,
+        kept: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits [rows, V] of `tokens` [rows] (rows = prompts * G, prompt-major) at text
         positions `positions` [rows], as response step `step` (a device tensor [1]); their
-        K/V are written into `cache`, whose mask must already have this step open."""
+        K/V are written into `cache`, whose mask must already have this step open. With
+        `kept` [layers, rows, W, H] (decode once) each layer's output goes into column
+        `step` (`keep_column`), the last one's being the final norm's input."""
         model = self.model
         lm = model.model.language_model
         b, g = cache.prompts, cache.group_size
@@ -181,9 +198,15 @@ class DecodeStep:
         delta = None
         for i, layer in enumerate(lm.layers):
             h, q, k, v = self.before(layer, h, delta, cos, sin, *self.projection(i))
+            if kept is not None and i:  # `before` returned layer i's input: i - 1's output
+                keep_column(kept[i - 1], step, h)
             out = self.attend(cache, i, layer, q, k, v, slots, kv_len)
             h, delta = self.after(layer, h, out)
-        h = self.last(lm.norm, h, delta)
+        if kept is None:
+            h = self.last(lm.norm, h, delta)
+        else:
+            final, h = self.last_kept(lm.norm, h, delta)
+            keep_column(kept[-1], step, final)
         if self.skinny and b * g <= MAX_ROWS:
             return skinny_linear(h, model.lm_head.weight, model.lm_head.bias).view(b * g, -1)
         return model.lm_head(h).view(b * g, -1)

@@ -28,6 +28,12 @@ class Shape:
     top_p: float
     pad_id: int
     attention: Attention = "sdpa"
+    keep_outputs: bool = False  # decode once: keep each layer's output of every step
+
+    @property
+    def kept_columns(self) -> int:
+        """Steps that feed a token: 0 .. max_new_tokens - 2 (the last token is never fed)."""
+        return max(self.max_new_tokens - 1, 1)
 
     @property
     def rows(self) -> int:
@@ -66,6 +72,14 @@ class Workspace:
         self.lengths = torch.zeros(n, **long)
         self.tokens = torch.full((n, r), shape.pad_id, **long)
         self.logprobs = torch.zeros((n, r), dtype=torch.float32, device=device)
+        # decode once: [layers, rows, steps, hidden], layer i's output at each fed token
+        # (the last layer's is the final norm's input); zeros, so columns no step wrote
+        # (rows that ended) are finite. Absent unless asked for: no cost when off.
+        self.kept: torch.Tensor | None = None
+        if shape.keep_outputs:
+            size = (text.num_hidden_layers, n, shape.kept_columns, text.hidden_size)
+            self.kept = torch.zeros(size, dtype=dtype, device=device)
+        self.generation = 0  # decodes started in these buffers (a kept export checks it)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.weights: tuple[int, ...] = ()
         # the EngineSession decoding in it now, held weakly: a session dropped unfinished (a
@@ -80,7 +94,8 @@ class Workspace:
     def tensors(self) -> list[torch.Tensor]:
         mine = [self.token, self.position, self.step, self.seeds, self.done, self.lengths]
         mine += [self.caps, self.eos]
-        return [*self.cache.tensors(), *mine, self.tokens, self.logprobs]
+        kept = [] if self.kept is None else [self.kept]
+        return [*self.cache.tensors(), *mine, self.tokens, self.logprobs, *kept]
 
     def record(
         self, column: torch.Tensor, logits: torch.Tensor, choose: Callable = next_tokens
@@ -99,7 +114,7 @@ class Workspace:
     def body(self, forward: DecodeStep, kv_len: int) -> None:
         """One decode step on the static tensors (what a graph captures)."""
         self.cache.open_step(self.step)
-        logits = forward(self.cache, self.token, self.position, self.step, kv_len)
+        logits = forward(self.cache, self.token, self.position, self.step, kv_len, self.kept)
         self._advance(forward, logits)
 
     def ride(self, forward: DecodeStep, kv_len: int, rows: RiderRows) -> RiddenPrefix:
@@ -107,7 +122,7 @@ class Workspace:
         its own, so no graph is kept for it."""
         self.cache.open_step(self.step)
         logits, ridden = ride_step(
-            forward, self.cache, self.token, self.position, self.step, kv_len, rows
+            forward, self.cache, self.token, self.position, self.step, kv_len, rows, kept=self.kept
         )
         self._advance(forward, logits)
         return ridden

@@ -194,11 +194,16 @@ def _check_saved(graph: Graph) -> None:
             exported = (
                 src is not None and src.kind in _EXPORTERS and (src.outputs.get("exported") == v)
             )
+            # decode once: the decode's kept layer outputs stand for the training response
+            # forward's (graph/passes/decode_once.py)
+            exported = exported or (
+                src is not None and src.kind == "decode" and src.outputs.get("kept") == v
+            )
             if not (kept or exported):
                 raise GraphError(
                     f"op '{op.name}' (backward)",
                     f"input '{p}' reads '{v}', which is not a training forward's 'saved' output "
-                    "(nor a prefix forward's 'exported' one)",
+                    "(nor a prefix forward's 'exported' one, nor a decode's 'kept' one)",
                 )
             if src.inputs.get("weights") != op.inputs.get("weights"):
                 raise GraphError(

@@ -73,6 +73,9 @@ register(
         outputs={
             "responses": port(K.ACTIVATION, dtype=INT, dims=("S", None)),
             "logprobs": port(K.ACTIVATION, dtype=FLOAT, dims=("S", None)),
+            # what the same weights' training response forward would keep: each layer's
+            # output of every fed response token (graph/passes/decode_once.py)
+            "kept": port(K.BOUNDARY, dims=(None, "S"), optional=True),
         },
         check=_grouped("B"),
         attrs={"group_size": 1},
@@ -150,6 +153,24 @@ register(
         },
         outputs={"kv": port(K.BOUNDARY, dtype=FLOAT, dims=_KV)},
         attrs={"head": "lm"},
+    )
+)
+register(
+    OpKind(
+        "attach_response",
+        "The training response forward from what the decode of the same weights version "
+        "kept: each layer's output of every fed response token. No forward runs but the LM "
+        "head's; the backward recomputes each layer from its input, as a checkpointed "
+        "forward's does (graph/passes/decode_once.py).",
+        inputs={
+            "kv": port(K.KV_CACHE, K.BOUNDARY, dtype=FLOAT, dims=_KV),
+            "responses": port(K.ACTIVATION, dtype=INT, dims=("S", None)),
+            "kept": port(K.BOUNDARY, dims=(None, "S")),
+            "weights": port(K.WEIGHTS),
+        },
+        outputs={"logprobs": port(K.ACTIVATION, dtype=FLOAT, dims=("S", None))},
+        check=_grouped("B"),
+        attrs={"group_size": 1, "head": "lm"},
     )
 )
 register(

@@ -24,6 +24,7 @@ from rollplex.graph.passes import (
 )
 from rollplex.graph.passes.early_backward import algo_refusal, early_backward_refusal
 from rollplex.graph.passes.prefill_once import prefill_once
+from rollplex.jobs.decode_once_plan import plan_decode_once
 from rollplex.planner.api import plan_graph
 from rollplex.planner.capabilities import (
     engine_can_sleep,
@@ -161,6 +162,17 @@ def plan_step(
         if once is not None:
             after, best = once
             records.append(PassRecord("prefill_once", True, after))
+    if (
+        schedule.decode_once
+        and schedule.name != "disaggregated"  # the decode and the trainer on other GPUs
+        and exports_activations(rollout, trainer)
+    ):
+        kept = plan_decode_once(
+            after, best, model, workload, hardware, schedule, cost_model, interference
+        )
+        if kept is not None:
+            after, best = kept
+            records.append(PassRecord("decode_once", True, after))
     if early:
         best.notes.append(early)
     return PlanResult(best, after, source, records, report(best))
@@ -185,7 +197,7 @@ def early_backward_note(schedule: ScheduleSpec, algo: AlgoSpec, graph: Graph) ->
 
 
 def exports_activations(rollout: RoleCapabilities | None, trainer: RoleCapabilities | None):
-    """Both roles can hand over a prefix forward's activations (prefill_once)."""
+    """Both roles can hand over a forward's activations (prefill_once, decode_once)."""
     return bool(rollout and trainer and rollout.activation_export and trainer.activation_export)
 
 

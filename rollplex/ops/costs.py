@@ -19,7 +19,7 @@ from rollplex.ops import formulas as F
 from rollplex.ops import response_width as W
 from rollplex.ops.formulas import Cost
 from rollplex.ops.formulas.llm import lm_head_forward
-from rollplex.ops.micro_batches import trained_units
+from rollplex.ops.micro_batches import behind_saved, trained_units
 from rollplex.specs import ModelSpec, WorkloadSpec
 
 
@@ -66,7 +66,7 @@ def cost_key(graph: Graph, op: Op) -> tuple:
     # vision encoder feeding it when that trains the same weights.
     weights, forwards = op.inputs["weights"], {}
     for port, v in op.inputs.items():
-        fwd = graph.producer(v) if port.startswith("saved") else None
+        fwd = behind_saved(graph, v) if port.startswith("saved") else None
         if fwd is None or fwd.name in forwards:
             continue
         vision = graph.producer(fwd.inputs["features"]) if "features" in fwd.inputs else None
@@ -173,6 +173,14 @@ def _attach(g: Graph, op: Op, ctx: CostContext) -> Cost:
     return copy + lm_head_forward(ctx.model, rows, 1, ctx.tp)
 
 
+def _attach_response(g: Graph, op: Op, ctx: CostContext) -> Cost:
+    """attach_response (decode once): no layer forward; the LM head and logprobs over the
+    trained columns of each row, from the decode's kept final-norm inputs."""
+    ins = g.inputs_of(op)
+    rows = ctx.per_rank(ins["responses"].shape[0])
+    return lm_head_forward(ctx.model, rows, _trained_tokens(ctx, op, ins), ctx.tp)
+
+
 def _prompt_rows(g: Graph, op: Op) -> int:
     if op.kind == "generate":
         return g.values[op.inputs["text"]].shape[0]
@@ -210,6 +218,13 @@ def _decode_cost(g: Graph, op: Op, ctx: CostContext) -> Cost:
     ins = g.inputs_of(op)
     rows = int(ctx.per_rank(ins["kv"].shape[2]))
     cost = _rank_decode(g, op, ctx).cost
+    if "kept" in op.outputs:
+        # decode once: each step also writes each layer's output of its rows (a column of
+        # the kept buffer, at the cap) and holds them until the training backward. The
+        # torch engine's buffer is its workspace's, kept across steps like the K/V: the
+        # plan holds it from the decode to the backward, where the step's peak is.
+        kept = g.values[op.outputs["kept"]].nbytes / ctx.dp
+        cost += Cost(bytes_written=kept, persistent_bytes=kept)
     if not op.meta.get("static_kv"):
         return cost
     # The torch engine's static workspace (at the cap, in place of the expected peak of
@@ -321,7 +336,7 @@ def _backward(g: Graph, op: Op, ctx: CostContext, prefix_only: bool = False) -> 
     total, seen = Cost(), set()
     weights = op.inputs["weights"]
     for port, v in op.inputs.items():
-        fwd = g.producer(v) if port.startswith("saved") else None
+        fwd = behind_saved(g, v) if port.startswith("saved") else None
         if fwd is None or fwd.name in seen:
             continue
         seen.add(fwd.name)
@@ -348,7 +363,8 @@ def _backward(g: Graph, op: Op, ctx: CostContext, prefix_only: bool = False) -> 
             checkpointing=ctx.checkpointing,
             shards=ctx.shards,
         )
-        if (ctx.recompute_forward or ctx.fused_forward) and part != "prefix":
+        again = ctx.recompute_forward or ctx.fused_forward
+        if again and part != "prefix" and fwd.kind != "attach_response":  # decode once: none
             # The forward again, with grad, before its micro-batch's backward: what it
             # keeps lives beside that backward's scratch, not in an output.
             again = F.logprob(
@@ -402,6 +418,7 @@ _COSTS = {
     "logprob_prefix": _logprob("prefix"),
     "logprob_response": _logprob("response"),
     "attach_prefix": _attach,
+    "attach_response": _attach_response,
     "expand_group": _expand,
     "select_rows": _select,
     "reward": _reward,

@@ -52,13 +52,28 @@ def trained_units(ins: Mapping[str, Value], dp: int) -> tuple[int, int]:
 
 def trained_forward(graph: Graph, op: Op) -> Op | None:
     """The forward with grad whose micro-batches `op` runs in: `op` itself when it is one
-    (it scores responses and keeps `saved`), a backward's forward behind its saved inputs."""
-    if "saved" in op.outputs and "responses" in op.inputs:
+    (it scores responses and keeps `saved`, or attaches a decode's: decode_once), a
+    backward's forward behind its saved inputs."""
+    if _scores_with_grad(op):
         return op
     if op.kind != "backward":
         return None
     for port, v in op.inputs.items():
-        fwd = graph.producer(v) if port.startswith("saved") else None
-        if fwd is not None and "saved" in fwd.outputs and "responses" in fwd.inputs:
+        fwd = behind_saved(graph, v) if port.startswith("saved") else None
+        if fwd is not None and _scores_with_grad(fwd):
             return fwd
     return None
+
+
+def _scores_with_grad(op: Op) -> bool:
+    return op.kind == "attach_response" or ("saved" in op.outputs and "responses" in op.inputs)
+
+
+def behind_saved(graph: Graph, value: str) -> Op | None:
+    """The training forward a backward's saved input `value` stands for: its producer, or,
+    for a decode's `kept` outputs (graph/passes/decode_once.py), the `attach_response` that
+    reads them in place of the response forward."""
+    fwd = graph.producer(value)
+    if fwd is None or fwd.kind != "decode" or fwd.outputs.get("kept") != value:
+        return fwd
+    return next((op for op in graph.consumers(value) if op.kind == "attach_response"), fwd)

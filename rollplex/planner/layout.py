@@ -126,6 +126,8 @@ class OpTimer:
         (`train_micro_recompute`); decode steps are graph replays (priced per step)."""
         if op.kind in ("decode", "generate", "optimizer_step", "weight_sync", "attach_prefix"):
             return 0  # attach_prefix runs no forward: it hands the backward an export
+        if op.kind == "attach_response":
+            return 0  # decode once: no layer forward, the LM head's few (in `launches`)
         if op.kind == "vision_encode":
             return self.model.vision.depth * FORWARD_KERNELS_PER_LAYER
         if op.kind == "backward":

@@ -51,7 +51,9 @@ class RoleDispatch(Backend):
       A chunk the plan piggybacks rides the live decode's next step (rollout_ops.ride);
       where it cannot, it runs separately and the step reports the deviation. A prefill
       with an `exported` output (graph/passes/prefill_once.py) also keeps what the training
-      prefix forward would; `attach_prefix` hands that to the trainer. A row chunk runs
+      prefix forward would; `attach_prefix` hands that to the trainer (and a decode with a
+      `kept` output, graph/passes/decode_once.py, what the training response forward
+      would; `attach_response`). A row chunk runs
       matrix products with fewer rows, which may round differently from the whole batch,
       so chunked prefix results equal the unchunked ones to float rounding;
     - the rollout side (decode segments, engine prompts, weight syncs, the engine's
@@ -283,6 +285,8 @@ class RoleDispatch(Backend):
         role = self.role(op)
         if k == "attach_prefix":
             return {"kv": self._attach(op, role, x)}
+        if k == "attach_response":
+            return {"logprobs": self._attach_response(op, role, x)}
         if k == "logprob_response":
             out = role.logprob_response(x["kv"], x["responses"], a.get("group_size", 1))
         elif k == "logprob":
@@ -307,6 +311,20 @@ class RoleDispatch(Backend):
             )
         state, _ = role.attach_exported(x["exported"], x["features"])
         return state
+
+    def _attach_response(self, op: Op, role: Any, x: dict[str, Any]) -> Any:
+        """attach_response: the trainer takes the decode's kept layer outputs in place of
+        its response forward, only at the weights version that decoded (decode_once)."""
+        made, reads = getattr(x["kept"], "version", None), x["weights"].name
+        if made != reads:
+            raise BackendError(
+                f"'{op.name}' would attach a decode of {made} to weights {reads}: "
+                "decode_once needs the version the rollout decoded with"
+            )
+        out, _ = role.attach_decoded(
+            x["kv"], x["responses"], op.attrs.get("group_size", 1), x["kept"]
+        )
+        return out
 
     def _reward(self, responses: Any, answers: Any, group_size: int) -> torch.Tensor:
         return rewards(self, responses, answers, group_size)  # tests may patch this hook

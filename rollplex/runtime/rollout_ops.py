@@ -56,7 +56,10 @@ class RolloutOps:
         if chunk.index == 0:
             prefix = x["kv"] if op.kind == "decode" else self._engine_prompts(op, x)
             group = op.attrs["group_size"]
-            carry["session"] = self.live = self.rollout.start_decode(
+            start = self.rollout.start_decode
+            if "kept" in op.outputs:  # decode once: the training response forward too
+                start = self.rollout.start_decode_kept
+            carry["session"] = self.live = start(
                 prefix, group, self._sampling(prefix.rows * group), d._generator
             )
         session = carry.get("session")
@@ -75,6 +78,8 @@ class RolloutOps:
         d.metrics["response_length"] = responses.lengths.float().mean()
         if logprobs is not None and not self.rollout.capabilities.scaled_logprobs:
             logprobs = None  # not of the distribution the trainer scores: not old logprobs
+        if "kept" in op.outputs:
+            return {"responses": responses, "logprobs": logprobs, "kept": session.kept()}
         return {"responses": responses, "logprobs": logprobs}
 
     def ride(self, op: Op, x: dict[str, Any], head: bool) -> tuple[dict[str, Any] | None, str]:

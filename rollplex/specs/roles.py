@@ -63,6 +63,9 @@ class RoleCapabilities:
     # (`attach_exported`). Both ends declaring it let the prefill_once pass reuse the
     # rollout's prefill as the training prefix forward; an engine that keeps its
     # activations to itself (vLLM) does not, and its plan keeps the training forward.
+    # Likewise its decode can keep each layer's output of every response token
+    # (`start_decode_kept`), and the trainer take them in place of its response forward
+    # (`attach_decoded`): the decode_once pass.
     activation_export: bool = False
 
 

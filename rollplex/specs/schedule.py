@@ -47,6 +47,15 @@ class ScheduleSpec(Spec):
         "plan (holding each layer's input and the prefix K/V across the decode) fits and "
         "is faster. false: always run the separate training prefix forward.",
     )
+    decode_once: bool = Field(
+        True,
+        description="Let the rollout's decode stand in for the first update's training "
+        "response forward (graph/passes/decode_once.py) where both roles can hand over "
+        "activations and the weights version is the same: the decode keeps each layer's "
+        "output of every response token and the planner keeps it when its plan (holding "
+        "those across the gap to the backward) fits and is faster. false: always run the "
+        "separate training response forward.",
+    )
     early_backward: bool = Field(
         False,
         description="Opt in to the early backward of finished rows (issue 31.3; its math "

@@ -211,6 +211,22 @@ def response_logprobs(
     `entropy`, (logprobs, entropy [N, R]) from the same logits (head_logprobs)."""
     g = group_size_of(state, responses.shape[0], group_size)
     rest = response_hidden(model, state, responses, lengths)
+    return hidden_logprobs(model, state, responses, lengths, rest, temperature, g, entropy)
+
+
+def hidden_logprobs(
+    model: Model,
+    state: PrefixState,
+    responses: torch.Tensor,
+    lengths: torch.Tensor,
+    rest: torch.Tensor | None,
+    temperature: float,
+    group_size: int,
+    entropy: str | None = NO_ENTROPY,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """`response_logprobs` from the final hidden states `rest` [N, R-1, H] of response
+    tokens 0..R-2 (however they were computed: decoded_response.py replays a decode's)."""
+    g = group_size
     first = first_logprobs(state.last_logits, responses[:, 0], g, temperature, entropy)
     if rest is not None:
         rest = head_logprobs(model.lm_head, rest, responses[:, 1:], temperature, entropy)

@@ -39,6 +39,7 @@ from rollplex.backends.torch.values import (
     TokenLogprobs,
 )
 from rollplex.data.prompts import PromptBatch
+from rollplex.engine.decoded import DecodedOutputs
 from rollplex.engine.prefix import Model, PrefixState, prefix_forward
 from rollplex.engine.prefix import vision_encode as encode
 from rollplex.engine.riders import RiddenPrefix, RiderRows
@@ -102,8 +103,20 @@ def masked_logprobs(values: torch.Tensor, responses: Responses) -> TokenLogprobs
 class TorchDecode(DecodeSession):
     """A decode session of the engine (engine/session.py) or of the eager loop (decode.py)."""
 
-    def __init__(self, session: EngineSession | TorchDecodeSession) -> None:
-        self.session = session
+    def __init__(self, session: EngineSession | TorchDecodeSession, version: str = "") -> None:
+        self.session, self.version = session, version
+
+    def kept(self) -> DecodedOutputs:
+        """The engine's kept layer outputs (decode once), stamped with the weights version
+        that decoded them."""
+        if not isinstance(self.session, EngineSession):
+            raise BackendError("the eager decode loop keeps no layer outputs")
+        try:
+            out = self.session.kept()
+        except RuntimeError as e:
+            raise BackendError(str(e)) from e
+        out.version = self.version
+        return out
 
     def advance(self, steps: int | None = None) -> bool:
         return self.session.advance(steps)
@@ -193,6 +206,18 @@ class TorchRollout(RolloutRole):
     def start_decode(
         self, prefix: PrefixState, group_size: int, sampling: Sampling, generator: Any
     ) -> TorchDecode:
+        return self._start(prefix, group_size, sampling, generator, keep=False)
+
+    def start_decode_kept(
+        self, prefix: PrefixState, group_size: int, sampling: Sampling, generator: Any
+    ) -> TorchDecode:
+        """A decode that keeps each layer's output of every fed token (decode once:
+        engine/decoded.py), for the trainer's `attach_decoded`."""
+        return self._start(prefix, group_size, sampling, generator, keep=True)
+
+    def _start(
+        self, prefix: PrefixState, group_size: int, sampling: Sampling, generator: Any, keep: bool
+    ) -> TorchDecode:
         model = self._model()
         if self._engine is None or self._engine.model is not model:
             # buffers (and graphs) kept across steps, on CPU too: what the plan prices
@@ -220,7 +245,9 @@ class TorchRollout(RolloutRole):
                 s.eos_id,
                 s.pad_id,
                 s.lengths,
-            )
+                keep_outputs=keep,
+            ),
+            self._version,
         )
 
 

@@ -17,6 +17,7 @@ import torch
 
 from rollplex.backends.base import BackendError, LiveWeights, Trainer
 from rollplex.backends.torch.checkpointing import checkpointed_layers
+from rollplex.backends.torch.decoded_response import decoded_response_logprobs
 from rollplex.backends.torch.exported_prefix import ExportedPrefix
 from rollplex.backends.torch.host_memory import forget_tags
 from rollplex.backends.torch.logprob import (
@@ -57,6 +58,7 @@ from rollplex.backends.torch.values import (
     WeightsHandle,
 )
 from rollplex.data.prompts import PromptBatch
+from rollplex.engine.decoded import DecodedOutputs
 from rollplex.engine.prefix import Model, PrefixState, cache_kv, fork_cache, prefix_forward
 from rollplex.engine.riders import RiddenPrefix, RiderRows, attach, rider_rows
 from rollplex.engine.step import rotary_fn
@@ -152,11 +154,38 @@ class TorchTrainer(Trainer):
     ) -> tuple[TokenLogprobs, SavedActivations]:
         """Response logprobs in micro-batches of whole prompts' groups, with the policy's
         entropy beside them (with grad only when the loss has an entropy term)."""
-        ent = entropy_mode(self.algo.entropy_coeff)
+        return self._response(prefix, responses, group_size, None)
 
-        def score(state: PrefixState, tokens, lengths, _rows: slice):
-            t = self.algo.temperature
-            return response_logprobs(self.model, state, tokens, lengths, t, entropy=ent)
+    def attach_decoded(
+        self, prefix: PrefixState, responses: Responses, group_size: int, kept: DecodedOutputs
+    ) -> tuple[TokenLogprobs, SavedActivations]:
+        """`logprob_response`'s result from the decode that drew `responses`, its kept layer
+        outputs in place of the response forward (decode once, decoded_response.py); the
+        caller has checked it was decoded with this trainer's weights version."""
+        try:
+            layers = kept.layers()
+        except RuntimeError as e:
+            raise BackendError(str(e)) from e
+        if layers.shape[1] != responses.tokens.shape[0]:
+            raise BackendError(
+                f"the decode kept {layers.shape[1]} rows for {responses.tokens.shape[0]} responses"
+            )
+        return self._response(prefix, responses, group_size, layers)
+
+    def _response(
+        self,
+        prefix: PrefixState,
+        responses: Responses,
+        group_size: int,
+        kept: torch.Tensor | None,
+    ) -> tuple[TokenLogprobs, SavedActivations]:
+        ent, t = entropy_mode(self.algo.entropy_coeff), self.algo.temperature
+
+        def score(state: PrefixState, tokens, lengths, rows: slice):
+            if kept is None:
+                return response_logprobs(self.model, state, tokens, lengths, t, entropy=ent)
+            mine = kept[:, rows]
+            return decoded_response_logprobs(self.model, state, tokens, lengths, mine, t, ent)
 
         return response_micro_batches(
             self.model,

@@ -1,0 +1,101 @@
+"""The training response forward from a decode's kept layer outputs (decode once).
+
+On-policy the decode ran every decoder layer over each fed response token with the weights
+the trainer reads (engine/decoded.py keeps each layer's output). So no response forward
+runs: each layer is a `replay` node whose forward returns what the decode computed and
+whose backward recomputes the layer over the response rows with grad, attending to the
+prefix K/V as the trainer's own response forward does (transformers' decoder layer under
+the `SharedPrefix` mask: shared_prefix_attention.py), exactly as a checkpointed layer
+would. The final norm, LM head, logprobs and loss then run with grad as usual.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rollplex.backends.torch.logprob import (
+    NO_ENTROPY,
+    group_size_of,
+    hidden_logprobs,
+    response_mask,
+)
+from rollplex.backends.torch.shared_prefix_attention import SharedPrefix, use_shared_prefix
+from rollplex.engine.prefix import Model, PrefixState, cache_kv, embed_tokens
+from rollplex.engine.riders import replay
+
+
+def response_layer(
+    layer: torch.nn.Module,
+    hidden: torch.Tensor,
+    shared: SharedPrefix,
+    rope: tuple[torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
+    """One decoder layer over response rows `hidden` [N, T, H], called as the text model
+    calls it in `response_hidden` (its class's forward: not a checkpoint wrapper that an
+    enclosing `checkpointed_layers` may have put on the instance)."""
+    return type(layer).forward(
+        layer,
+        hidden,
+        attention_mask=shared,
+        position_embeddings=rope,
+        position_ids=None,
+        past_key_values=None,
+        use_cache=False,
+    )
+
+
+def replayed_response_hidden(
+    model: Model,
+    state: PrefixState,
+    responses: torch.Tensor,
+    lengths: torch.Tensor,
+    kept: torch.Tensor,
+) -> torch.Tensor | None:
+    """`response_hidden` (final hidden states [N, R-1, H] of tokens 0..R-2) from `kept`
+    [layers, N, >= R-1, H], the decode's layer outputs of these rows; None when R=1. With
+    grad, the embeddings are recomputed (a lookup) and each layer replayed; without, the
+    last kept output is normed."""
+    n, width = responses.shape
+    g = group_size_of(state, n)
+    if width == 1:
+        return None
+    lm = model.model.language_model
+    if kept.shape[0] != len(lm.layers) or kept.shape[1] != n or kept.shape[2] < width - 1:
+        raise ValueError(
+            f"kept decode outputs {tuple(kept.shape)} do not cover {len(lm.layers)} layers x "
+            f"{n} rows x {width - 1} fed tokens"
+        )
+    kept = kept[:, :, : width - 1]
+    if not torch.is_grad_enabled():
+        return lm.norm(kept[-1])
+    use_shared_prefix(model)
+    valid = response_mask(lengths, width)[:, :-1]
+    shared = SharedPrefix.build(cache_kv(state.cache), state.attention_mask, valid, g)
+    steps = torch.arange(width - 1, device=state.lengths.device)
+    pos = state.next_positions.repeat_interleave(g)[:, None] + steps
+    h = embed_tokens(model, responses[:, :-1])
+    with torch.no_grad():  # no parameters: the rotary of text positions
+        rope = lm.rotary_emb(h, pos.unsqueeze(0).expand(3, -1, -1))
+    for layer, out in zip(lm.layers, kept, strict=True):
+
+        def run(x: torch.Tensor, layer: torch.nn.Module = layer) -> tuple[torch.Tensor]:
+            return (response_layer(layer, x, shared, rope),)
+
+        (h,) = replay(run, h, out)
+    return lm.norm(h)
+
+
+def decoded_response_logprobs(
+    model: Model,
+    state: PrefixState,
+    responses: torch.Tensor,
+    lengths: torch.Tensor,
+    kept: torch.Tensor,
+    temperature: float = 1.0,
+    entropy: str | None = NO_ENTROPY,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """`response_logprobs` of these rows with their decode's kept layer outputs in place of
+    the response forward (same gradients: each layer recomputed in the backward)."""
+    g = group_size_of(state, responses.shape[0])
+    rest = replayed_response_hidden(model, state, responses, lengths, kept)
+    return hidden_logprobs(model, state, responses, lengths, rest, temperature, g, entropy)
