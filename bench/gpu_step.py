@@ -51,6 +51,7 @@ import shutil
 import statistics
 import sys
 import time
+import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -67,9 +68,13 @@ SCHEDULES = {
     # eligible chunk riding a decode step's GEMMs (rollplex/engine/riders.py)
     "rollplex_streams": ["schedule=rollplex", "schedule.overlap=streams"],
     "rollplex_piggyback": ["schedule=rollplex", "schedule.overlap=piggyback"],
-    # issue 31.1's lever alone: serial + dedup with its own training prefix forward (the
-    # planner otherwise reuses the rollout's prefill where it is predicted faster)
-    "serial_dedup_forward": ["schedule=serial", "schedule.prefill_once=false"],
+    # serial + dedup before issue 31: its own training prefix and response forwards (the
+    # planner otherwise takes them from the rollout's prefill and decode where predicted faster)
+    "serial_dedup_forward": [
+        "schedule=serial",
+        "schedule.prefill_once=false",
+        "schedule.decode_once=false",
+    ],
 }
 
 
@@ -288,8 +293,13 @@ def run_one(args, schedule: str, rnd: int, root: Path, calib: Path, start: float
     try:
         entry = run_schedule(args, schedule, root / f"round{rnd}", use)
     except Exception as err:  # one schedule failing (OOM) keeps the others' numbers
-        entry = {"schedule": schedule, "error": f"{type(err).__name__}: {err}"[:800]}
-        print(f"{schedule} failed: {entry['error']}", flush=True)
+        entry = {
+            "schedule": schedule,
+            "error": f"{type(err).__name__}: {err}"[:800],
+            "error_notes": list(getattr(err, "__notes__", [])),  # the plan step (executor)
+            "traceback_tail": "".join(traceback.format_exception(err))[-2000:],
+        }
+        print(f"{schedule} failed: {entry['error']}", *entry["error_notes"], sep="\n", flush=True)
     entry["round"] = rnd
     print(json.dumps({k: v for k, v in entry.items() if k != "overrides"}), flush=True)
     return entry

@@ -63,7 +63,7 @@ def plan_graph(
             sizers=_sizers(plan, ctx),
             host_link_gbps=hardware.host_link_gbps,
             strategy=schedule.memory_strategy,
-            budget_bytes=hardware.hbm_bytes,
+            budget_bytes=hardware.budget_bytes,
         )
 
     def fitted_time(p: Plan) -> float:

@@ -179,7 +179,11 @@ class Executor:
             for k, step in enumerate(self.order):
                 self.callbacks.on_step_start(rl_step, step)
                 with record_function(step.name):
-                    m = self._issue(k, step, env, rl_step, memory)
+                    try:
+                        m = self._issue(k, step, env, rl_step, memory)
+                    except torch.OutOfMemoryError as err:
+                        err.add_note(self._oom_note(step, rl_step))
+                        raise
                 check_versions(m, offsets)
                 measured.append(m)
                 self.callbacks.on_step_end(rl_step, m)
@@ -197,6 +201,20 @@ class Executor:
         )
         self.callbacks.on_rl_step_end(result)
         return result
+
+    def _oom_note(self, step: Step, rl_step: int) -> str:
+        """Which plan step ran out of memory, against what the plan placed on its GPU."""
+        dev = next(
+            (d for d in self.plan.devices if any(s.index == step.index for s in d.steps)),
+            self.plan.devices[0],
+        )
+        gib = 1 << 30
+        return (
+            f"rollplex: out of memory in plan step '{step.name}' ({step.kind}) of RL step "
+            f"{rl_step}; the plan's peak on '{dev.name}' is {dev.peak_bytes / gib:.1f} GiB of "
+            f"its {dev.budget_bytes / gib:.1f} GiB budget, so this step holds memory the plan "
+            "does not price: raise hardware.hbm_reserve or plan a smaller step"
+        )
 
     def _issue(
         self,

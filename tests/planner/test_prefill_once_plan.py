@@ -108,7 +108,9 @@ def test_the_held_bytes_are_traded_against_the_saved_forward():
     on = _plan(model, load, schedule)
     assert _attached(on) and on.plan.peak_bytes_per_gpu > off.plan.peak_bytes_per_gpu
     hbm = (on.plan.peak_bytes_per_gpu + off.plan.peak_bytes_per_gpu) / 2 / 2**30
-    tight = _plan(model, load, schedule, hw=H200.model_copy(update={"hbm_gib": hbm}))
+    tight = _plan(
+        model, load, schedule, hw=H200.model_copy(update={"hbm_gib": hbm, "hbm_reserve": 0.0})
+    )
     assert not _attached(tight)
     assert tight.plan.step_time_s == pytest.approx(off.plan.step_time_s)
     assert any(n.startswith("prefill once not taken") for n in tight.plan.notes)

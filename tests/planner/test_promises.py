@@ -27,6 +27,9 @@ IMAGE_64 = WORKLOAD_PRESETS["image"].model_copy(update={"prompts_per_step": 64})
 
 
 def hw(name: str, **update) -> HardwareSpec:
+    """A preset; a given `hbm_gib` is the budget itself (no reserve taken from it)."""
+    if "hbm_gib" in update:
+        update.setdefault("hbm_reserve", 0.0)
     return HARDWARE_PRESETS[name].model_copy(update=update)
 
 

@@ -15,7 +15,7 @@ BIG = WORKLOAD_PRESETS["video"].model_copy(update={"prompts_per_step": 128})
 
 
 def _plan(hbm_gib: float, **kw):
-    hw = HARDWARE_PRESETS["h200x8"].model_copy(update={"hbm_gib": hbm_gib})
+    hw = HARDWARE_PRESETS["h200x8"].model_copy(update={"hbm_gib": hbm_gib, "hbm_reserve": 0.0})
     return plan_step(
         MODEL_PRESETS["qwen2_5_vl_7b"],
         BIG,
@@ -64,7 +64,7 @@ def test_overlap_that_cannot_fit_is_declined() -> None:
     from .conftest import VIDEO_16
 
     def plan(hbm: float):
-        hw = HARDWARE_PRESETS["h200x8"].model_copy(update={"hbm_gib": hbm})
+        hw = HARDWARE_PRESETS["h200x8"].model_copy(update={"hbm_gib": hbm, "hbm_reserve": 0.0})
         return plan_step(
             MODEL_PRESETS["qwen2_5_vl_7b"],
             VIDEO_16,
@@ -126,7 +126,7 @@ VIDEO_7B = type(_VIDEO).model_validate(
 def _plan_7b(name: str, dedup: bool, hbm: float):
     from rollplex.specs.roles import TORCH_SCORER
 
-    hw = HARDWARE_PRESETS["h200"].model_copy(update={"hbm_gib": hbm})
+    hw = HARDWARE_PRESETS["h200"].model_copy(update={"hbm_gib": hbm, "hbm_reserve": 0.0})
     sched = ScheduleSpec(name=name, dedup=dedup)
     model = MODEL_PRESETS["qwen2_5_vl_7b"]
     return plan_step(model, VIDEO_7B, AlgoSpec(), hw, sched, trainer=TORCH_SCORER)

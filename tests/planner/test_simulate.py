@@ -57,7 +57,7 @@ def test_cluster_scale_simulation_reports_every_stream() -> None:
             work,
             AlgoSpec(),
             HARDWARE_PRESETS["h800x32"],
-            ScheduleSpec(name="rollplex", parallel={"rollout_tp": tp}),
+            ScheduleSpec(name="rollplex", parallel={"rollout_tp": tp}, train_micro_fused=True),
         )
         rep = simulate(r.plan)
         assert rep.gpus == 32
