@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rollplex.algos import build_step
-from rollplex.graph.invariants import lint
 from rollplex.graph.ir import Graph
 from rollplex.graph.passes import (
     DEDUP_PASSES,
@@ -23,8 +22,7 @@ from rollplex.graph.passes import (
     run_passes,
 )
 from rollplex.graph.passes.early_backward import algo_refusal, early_backward_refusal
-from rollplex.graph.passes.prefill_once import prefill_once
-from rollplex.jobs.decode_once_plan import plan_decode_once
+from rollplex.jobs.reuse_forwards import DECODE_ONCE, PREFILL_ONCE, REUSES, plan_reuse
 from rollplex.planner.api import plan_graph
 from rollplex.planner.capabilities import (
     engine_can_sleep,
@@ -151,28 +149,19 @@ def plan_step(
     )
     if engine_sleeps_possible(after):
         best.notes.insert(0, "rollout engine sleeps (level 2) between rollouts")
-    if (
-        schedule.prefill_once
-        and schedule.name != "disaggregated"  # the prefill and the trainer on other GPUs
-        and exports_activations(rollout, trainer)
-    ):
-        once = _prefill_once(
-            after, best, model, workload, hardware, schedule, cost_model, interference
-        )
-        if once is not None:
-            after, best = once
-            records.append(PassRecord("prefill_once", True, after))
-    if (
-        schedule.decode_once
-        and schedule.name != "disaggregated"  # the decode and the trainer on other GPUs
-        and exports_activations(rollout, trainer)
-    ):
-        kept = plan_decode_once(
-            after, best, model, workload, hardware, schedule, cost_model, interference
-        )
-        if kept is not None:
-            after, best = kept
-            records.append(PassRecord("decode_once", True, after))
+    enabled = {PREFILL_ONCE: schedule.prefill_once, DECODE_ONCE: schedule.decode_once}
+    for reuse in REUSES:
+        if (
+            enabled[reuse]
+            and schedule.name != "disaggregated"  # the rollout and the trainer on other GPUs
+            and exports_activations(rollout, trainer)
+        ):
+            taken = plan_reuse(
+                reuse, after, best, model, workload, hardware, schedule, cost_model, interference
+            )
+            if taken is not None:
+                after, best = taken
+                records.append(PassRecord(reuse.name.replace(" ", "_"), True, after))
     if early:
         best.notes.append(early)
     return PlanResult(best, after, source, records, report(best))
@@ -199,62 +188,6 @@ def early_backward_note(schedule: ScheduleSpec, algo: AlgoSpec, graph: Graph) ->
 def exports_activations(rollout: RoleCapabilities | None, trainer: RoleCapabilities | None):
     """Both roles can hand over a forward's activations (prefill_once, decode_once)."""
     return bool(rollout and trainer and rollout.activation_export and trainer.activation_export)
-
-
-def _prefill_once(
-    after: Graph,
-    best: Plan,
-    model: ModelSpec,
-    workload: WorkloadSpec,
-    hardware: HardwareSpec,
-    schedule: ScheduleSpec,
-    cost_model: CostModel | None,
-    interference: InterferenceModel | None,
-) -> tuple[Graph, Plan] | None:
-    """(graph, plan) with the rollout's prefill as the training prefix forward, when that
-    plan fits and is predicted faster than `best` (it saves the forward, and holds each
-    layer's input and the prefix K/V from the prefill to the backward); else None, with
-    the reason in `best.notes`. The exported rows stay where the prefill made them, so the
-    rollout runs at the training TP degree."""
-    once, changed = prefill_once(after.copy())
-    if not changed:
-        return None
-    lint(once)
-    tp = schedule.parallel.train_tp
-    if schedule.parallel.rollout_tp not in (None, tp):
-        best.notes.append(
-            f"prefill once not planned: rollout TP {schedule.parallel.rollout_tp}"
-            f" differs from training TP {tp} (the exported rows stay put)"
-        )
-        return None
-    parallel = schedule.parallel.model_copy(update={"rollout_tp": tp})
-    try:
-        plan = plan_graph(
-            once, model, workload, hardware, schedule.model_copy(update={"parallel": parallel}),
-            cost_model, interference, True,
-        )  # fmt: skip
-    except PlanOverBudget:
-        best.notes.append(
-            "prefill once not taken: holding the exported activations across "
-            "the decode does not fit the memory budget"
-        )
-        return None
-    exports = [op.outputs["exported"] for op in once if "exported" in op.outputs]
-    held = sum(once.values[v].nbytes for v in exports)
-    gib = held / plan.devices[0].dp / 2**30
-    if plan.step_time_s >= best.step_time_s:
-        best.notes.append(
-            f"prefill once not taken: step {plan.step_time_s * 1e3:.1f} ms against "
-            f"{best.step_time_s * 1e3:.1f} ms (it holds {gib:.2f} GiB across the decode)"
-        )
-        return None
-    plan.notes.insert(
-        0,
-        f"prefill once: the rollout's prefill is the training prefix forward, step "
-        f"{plan.step_time_s * 1e3:.1f} ms against {best.step_time_s * 1e3:.1f} ms, holding "
-        f"{gib:.2f} GiB of layer inputs and K/V from the prefill to the backward",
-    )
-    return once, plan
 
 
 def engine_sleeps_possible(graph: Graph) -> bool:

@@ -1,4 +1,4 @@
-"""The planner's decode_once decision (jobs/decode_once_plan.py): with roles that hand over
+"""The planner's decode_once decision (jobs/reuse_forwards.py): with roles that hand over
 activations it plans the step with the rollout's decode as the training response forward,
 keeps that plan when it fits and is predicted faster, holds the decode's kept layer outputs
 from the decode to the backward, and says why when it does not take it."""
@@ -101,7 +101,7 @@ def test_a_plan_that_would_offload_the_kept_outputs_is_not_taken(monkeypatch):
     (and the runtime cannot move them), so such a plan keeps today's forward."""
     from dataclasses import replace
 
-    import rollplex.jobs.decode_once_plan as chooser
+    import rollplex.jobs.reuse_forwards as chooser
 
     real = chooser.plan_graph
 
