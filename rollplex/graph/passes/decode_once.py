@@ -10,6 +10,7 @@ training response forward becomes an `attach_response`. When it applies: `decode
 from __future__ import annotations
 
 from rollplex.graph.ir import Graph, Op, Phase, Value, ValueKind
+from rollplex.graph.passes.reuse import hand_over, rewrite_pairs, same_weights
 
 
 def decode_once(graph: Graph) -> tuple[Graph, bool]:
@@ -21,17 +22,7 @@ def decode_once(graph: Graph) -> tuple[Graph, bool]:
     other weights: it keeps its forward). Whether the held bytes are worth the saved forward
     is the planner's call: the pipeline plans with and without."""
     decodes = [op for op in graph if op.kind == "decode"]
-    changed = False
-    for train in list(graph):
-        if not _is_training_response(train):
-            continue
-        source = next((d for d in decodes if same_response(graph, d, train)), None)
-        if source is not None:
-            _rewrite(graph, source, train)
-            changed = True
-    if not changed:
-        return graph, False
-    return Graph(graph.values.values(), graph.ops.values()), True
+    return rewrite_pairs(graph, decodes, _is_training_response, same_response, _rewrite)
 
 
 def _is_training_response(op: Op) -> bool:
@@ -46,11 +37,7 @@ def _is_training_response(op: Op) -> bool:
 def same_response(graph: Graph, decode: Op, train: Op) -> bool:
     """`decode` computed what `train`'s forward would: `train` scores `decode`'s responses,
     in its groups, with the same weights value and version."""
-    w_dec, w_train = decode.inputs["weights"], train.inputs["weights"]
-    if w_dec != w_train:
-        return False
-    version = graph.values[w_dec].version
-    if version is None or version != graph.values[w_train].version:
+    if not same_weights(graph, decode, train):
         return False
     same_rows = train.inputs["responses"] == decode.outputs["responses"]
     return same_rows and train.attrs.get("group_size") == decode.attrs.get("group_size")
@@ -69,12 +56,7 @@ def _rewrite(graph: Graph, decode: Op, train: Op) -> None:
         ValueKind.BOUNDARY,
         graph.values[decode.inputs["weights"]].version,
     )
-    if kept.name not in graph.values:  # one decode's outputs serve every training forward
-        graph.add_value(kept)
-        decode.outputs["kept"] = kept.name
-    for reader in graph.consumers(saved.name):
-        reader.inputs = {p: kept.name if v == saved.name else v for p, v in reader.inputs.items()}
-    del graph.values[saved.name]
+    hand_over(graph, decode, "kept", kept, saved)  # one decode serves every forward
     attach = Op(
         train.name,  # the same name: plans, traces and tests keep finding the training forward
         "attach_response",

@@ -9,6 +9,7 @@ forward becomes an `attach_prefix`. When it applies: `prefill_once`.
 from __future__ import annotations
 
 from rollplex.graph.ir import Graph, Op, Phase, Value, ValueKind
+from rollplex.graph.passes.reuse import hand_over, rewrite_pairs, same_weights
 
 
 def prefill_once(graph: Graph) -> tuple[Graph, bool]:
@@ -20,18 +21,8 @@ def prefill_once(graph: Graph) -> tuple[Graph, bool]:
     the same way with its reference-phase prefix forward (critic@0). Whether the held bytes
     are worth the saved forward is the planner's call: the pipeline plans with and without.
     """
-    prefills = [op for op in graph if _is_source(op)]
-    changed = False
-    for train in list(graph):
-        if not _is_training_prefix(train):
-            continue
-        source = next((p for p in prefills if same_prefix(graph, p, train)), None)
-        if source is not None:
-            _rewrite(graph, source, train)
-            changed = True
-    if not changed:
-        return graph, False
-    return Graph(graph.values.values(), graph.ops.values()), True
+    sources = [op for op in graph if _is_source(op)]
+    return rewrite_pairs(graph, sources, _is_training_prefix, same_prefix, _rewrite)
 
 
 def _is_source(op: Op) -> bool:
@@ -49,11 +40,7 @@ def _is_training_prefix(op: Op) -> bool:
 def same_prefix(graph: Graph, prefill: Op, train: Op) -> bool:
     """`prefill` computes what `train`'s forward would: same weights value and version,
     same features and text values."""
-    w_pre, w_train = prefill.inputs["weights"], train.inputs["weights"]
-    if w_pre != w_train:
-        return False
-    version = graph.values[w_pre].version
-    if version is None or version != graph.values[w_train].version:
+    if not same_weights(graph, prefill, train):
         return False
     return all(prefill.inputs[p] == train.inputs[p] for p in ("features", "text"))
 
@@ -75,14 +62,7 @@ def _rewrite(graph: Graph, prefill: Op, train: Op) -> None:
         ValueKind.BOUNDARY,
         graph.values[prefill.inputs["weights"]].version,
     )
-    if exported.name not in graph.values:  # one export serves every training prefix
-        graph.add_value(exported)
-        prefill.outputs["exported"] = exported.name
-    for reader in graph.consumers(saved.name):
-        reader.inputs = {
-            p: exported.name if v == saved.name else v for p, v in reader.inputs.items()
-        }
-    del graph.values[saved.name]
+    hand_over(graph, prefill, "exported", exported, saved)  # one export serves every prefix
     attach = Op(
         train.name,  # the same name: plans, traces and tests keep finding the training prefix
         "attach_prefix",
