@@ -25,12 +25,11 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from rollplex.backends.fsdp.global_batch import global_loss, total
 from rollplex.backends.fsdp.shard import full, root_kept_through_backward, shard_model
-from rollplex.backends.fsdp.trainer import ShardedWeightsHandle
-from rollplex.backends.torch.critic import CriticRole, TorchCritic, build_critic_model
+from rollplex.backends.fsdp.trainer import RootedScorer, ShardedWeightsHandle
+from rollplex.backends.torch.critic import TorchCritic, build_critic_model
 from rollplex.backends.torch.host_memory import forget_tags
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.roles import weights_params
-from rollplex.backends.torch.rows import merge_chunks
 from rollplex.backends.torch.values import GradsHandle, Loss, TokenLogprobs, WeightsHandle
 from rollplex.backends.torch.vision_attention import compile_vision_blocks
 from rollplex.engine.prefix import Model
@@ -65,8 +64,8 @@ class FsdpCritic(TorchCritic):
         )
         super().__init__(model, spec, algo)
         self.batch_total = self._total
-        self.scorer = RootedCriticRole(self.scorer, self)
-        self.trainer = RootedCriticRole(self.trainer, self)
+        self.scorer = RootedScorer(self.scorer, self)
+        self.trainer = RootedScorer(self.trainer, self)
 
     def _total(self, x: torch.Tensor) -> torch.Tensor:
         return total(x, self.mesh)
@@ -115,33 +114,6 @@ class FsdpCritic(TorchCritic):
         self.counter.n = int(state["version"])
 
 
-class RootedCriticRole:
-    """A `CriticRole` (no-grad values or training) whose forwards run inside the critic's
-    sharded root, where FSDP2 gathers the root's shards."""
-
-    def __init__(self, inner: CriticRole, critic: FsdpCritic) -> None:
-        self.inner, self.critic = inner, critic
-
-    @property
-    def model(self) -> Model:
-        return self.inner.model
-
-    def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
-        return merge_chunks(parts, self.critic.head)
-
-    def vision_encode(self, pixels):
-        return self.critic.root(self.inner.vision_encode, pixels)
-
-    def logprob_prefix(self, features, text, head: bool = True):
-        return self.critic.root(self.inner.logprob_prefix, features, text, head)
-
-    def logprob_response(self, prefix, responses, group_size: int):
-        return self.critic.root(self.inner.logprob_response, prefix, responses, group_size)
-
-    def logprob(self, features, text, responses):
-        return self.critic.root(self.inner.logprob, features, text, responses)
-
-
 def build_critic(config: StepConfig, trainer: FsdpTrainer) -> FsdpCritic:
     """The critic as the torch backend builds it, from the policy as it is now (its full
     weights gathered: a collective over the trainer's mesh), assembled on the host so that
@@ -159,4 +131,4 @@ def build_critic(config: StepConfig, trainer: FsdpTrainer) -> FsdpCritic:
     return FsdpCritic(model, config.model, config.algo, trainer.mesh, trainer.fsdp, config.device)
 
 
-__all__ = ["FsdpCritic", "RootedCriticRole", "build_critic"]
+__all__ = ["FsdpCritic", "build_critic"]

@@ -84,9 +84,9 @@ class FsdpTrainer(TorchTrainer):
     def vision_encode(self, pixels):
         return self.root(super().vision_encode, pixels)
 
-    def scorer(self) -> _RootedScorer:
+    def scorer(self) -> RootedScorer:
         """The torch trainer's no-grad scorer, each forward inside the sharded root."""
-        return _RootedScorer(super().scorer(), self)
+        return RootedScorer(super().scorer(), self)
 
     def ride_rows(self, features, text) -> None:
         """No rows ride (capabilities.FSDP_ROLLOUTS): FSDP2 gathers a layer's shards in its
@@ -188,26 +188,32 @@ class FsdpTrainer(TorchTrainer):
         set_model_state_dict(self.model, sd, options=StateDictOptions(full_state_dict=True))
 
 
-class _RootedScorer:
-    """A scorer whose forwards run inside the trainer's sharded root (FSDP2 gathers)."""
+class RootedScorer:
+    """A scorer (the trainer's, or the critic's no-grad values and training) whose forwards
+    run inside its owner's sharded root, where FSDP2 gathers the root's shards; `owner` is
+    the FsdpTrainer or FsdpCritic (its `root` and `head`)."""
 
-    def __init__(self, inner: Any, trainer: FsdpTrainer) -> None:
-        self.inner, self.trainer = inner, trainer
+    def __init__(self, inner: Any, owner: Any) -> None:
+        self.inner, self.owner = inner, owner
+
+    @property
+    def model(self) -> Any:
+        return self.inner.model
 
     def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
-        return merge_chunks(parts, self.trainer.head)
+        return merge_chunks(parts, self.owner.head)
 
     def vision_encode(self, pixels):
-        return self.trainer.root(self.inner.vision_encode, pixels)
+        return self.owner.root(self.inner.vision_encode, pixels)
 
     def logprob_prefix(self, features, text, head: bool = True):
-        return self.trainer.root(self.inner.logprob_prefix, features, text, head)
+        return self.owner.root(self.inner.logprob_prefix, features, text, head)
 
     def logprob_response(self, prefix, responses, group_size: int):
-        return self.trainer.root(self.inner.logprob_response, prefix, responses, group_size)
+        return self.owner.root(self.inner.logprob_response, prefix, responses, group_size)
 
     def logprob(self, features, text, responses):
-        return self.trainer.root(self.inner.logprob, features, text, responses)
+        return self.owner.root(self.inner.logprob, features, text, responses)
 
 
 def _unsharded_copy(spec: ModelSpec, sd: Mapping[str, torch.Tensor]) -> Model:
