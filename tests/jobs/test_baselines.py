@@ -174,6 +174,7 @@ def test_plan_job_prints_no_ratio_against_a_misfit(tmp_path: Path) -> None:
         "model=qwen2_5_vl_3b",
         "hardware=h200x2",
         "hardware.hbm_gib=46",
+        "hardware.hbm_reserve=0",  # the budget is the 46 GiB itself
         "workload.prompts_per_step=16",
     )
     assert p.returncode == 0, p.stderr

@@ -31,7 +31,12 @@ BASE = (
     "train.progress=false",
     f"train.steps={STEPS}",
 )
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+# the repository root on the path: runs start in their own folder and may name a user reward
+# by import path (tests/jobs/user_rewards.py)
+_PATH = os.pathsep.join(
+    filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])
+)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": _PATH}
 
 
 def train_cmd(run: Path, *overrides: str) -> list[str]:

@@ -58,7 +58,7 @@ class Recorder(Backend):
 # rounds, `api.POOL_ROUNDS`); an engine held all step still fits (110.7 GiB since scoring
 # ops' scratch is priced at their padded width: 110 GiB no longer held it).
 IMAGE_32 = WORKLOAD_PRESETS["image"].model_copy(update={"prompts_per_step": 32})
-H200_111 = HARDWARE_PRESETS["h200"].model_copy(update={"hbm_gib": 111.0})
+H200_111 = HARDWARE_PRESETS["h200"].model_copy(update={"hbm_gib": 111.0, "hbm_reserve": 0.0})
 
 
 def _workload(workload):
