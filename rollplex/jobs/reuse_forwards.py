@@ -26,7 +26,7 @@ class Reuse:
 
     name: str  # "prefill once", as the notes and the schedule option say it
     rewrite: Callable[[Graph], tuple[Graph, bool]]
-    port: str  # the rollout op's output holding the activations until the backward
+    port: str  # the rollout op's output holding the activations for the backward
     rows: str  # what stays on the rollout's GPUs (why the rollout runs at the training TP)
     holding: str  # what the plan holds, for the note when it does not fit
     held_for: str  # how long, for the note when it is slower
@@ -50,10 +50,10 @@ DECODE_ONCE = Reuse(
     decode_once,
     "kept",
     "kept rows",
-    "holding the decode's layer outputs until the backward",
-    "until the backward",
+    "holding the decode's layer outputs all step (in the engine's workspace)",
+    "all step",
     "the rollout's decode is the training response forward",
-    "layer outputs from the decode to the backward",
+    "layer outputs all step in the engine's workspace",
     engine_held=True,
 )
 REUSES = (PREFILL_ONCE, DECODE_ONCE)  # in the order the pipeline tries them

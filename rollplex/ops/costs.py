@@ -220,9 +220,8 @@ def _decode_cost(g: Graph, op: Op, ctx: CostContext) -> Cost:
     cost = _rank_decode(g, op, ctx).cost
     if "kept" in op.outputs:
         # decode once: each step also writes each layer's output of its rows (a column of
-        # the kept buffer, at the cap) and holds them until the training backward. The
-        # torch engine's buffer is its workspace's, kept across steps like the K/V: the
-        # plan holds it from the decode to the backward, where the step's peak is.
+        # the kept buffer, at the cap). The torch engine's buffer is its workspace's, kept
+        # across steps: planner/lifetimes.py holds it all step.
         kept = g.values[op.outputs["kept"]].nbytes / ctx.dp
         cost += Cost(bytes_written=kept, persistent_bytes=kept)
     if not op.meta.get("static_kv"):

@@ -124,6 +124,9 @@ def device_lifetimes(
             else:
                 last = max(until[s.index] for s in touching)
                 last_step = max(touching, key=_end_s)
+            if _workspace_held(graph, name, producers):
+                first, last = 0, end
+                first_step, last_step = steps[0], steps[-1]
         phase = _PHASES[producers[0].phase] if producers else None
         size = sizer.value_bytes(v, phase)
         lane = producers[0].stream if producers else 0
@@ -230,6 +233,17 @@ class _Handover:
 
 _PHASES = {p.value: p for p in Phase}
 _KINDS = {k: k.value for k in ValueKind}
+
+
+def _workspace_held(graph: Graph, name: str, producers: list[Step]) -> bool:
+    """Decode once's kept buffer from the torch engine: it lives in the engine's workspace,
+    which the engine keeps across steps (its CUDA graphs write into it), so it is held all
+    step, through the optimizer's peak, not only from the decode to the backward."""
+    for s in producers:
+        op = graph.ops.get(s.op)
+        if op is not None and op.meta.get("static_kv") and op.outputs.get("kept") == name:
+            return True
+    return False
 
 
 def _end_s(step: Step) -> float:

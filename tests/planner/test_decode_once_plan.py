@@ -1,7 +1,7 @@
 """The planner's decode_once decision (jobs/reuse_forwards.py): with roles that hand over
 activations it plans the step with the rollout's decode as the training response forward,
 keeps that plan when it fits and is predicted faster, holds the decode's kept layer outputs
-from the decode to the backward, and says why when it does not take it."""
+all step (the engine's workspace), and says why when it does not take it."""
 
 from __future__ import annotations
 
@@ -38,7 +38,12 @@ def test_the_response_forward_is_saved_and_the_outputs_held_to_the_backward(
     base = ScheduleSpec(name=schedule, prefill_once=prefill_once)
     off = _plan(model, load, base.model_copy(update={"decode_once": False}))
     on = _plan(model, load, base)
-    assert not _kept(off) and _kept(on), on.plan.notes
+    assert not _kept(off)
+    if not _kept(on):  # 7B on one H200: 6 GiB more through the optimizer's peak
+        assert model == "qwen2_5_vl_7b", on.plan.notes
+        assert any(n.startswith("decode once not taken: holding") for n in on.plan.notes)
+        assert on.plan.step_time_s == off.plan.step_time_s
+        return
     notes = [n for n in on.plan.notes if n.startswith(("prefill once: ", "decode once: "))]
     assert notes[-1].startswith("decode once: ") and len(notes) == 1 + prefill_once
     assert on.plan.step_time_s < off.plan.step_time_s
@@ -46,12 +51,14 @@ def test_the_response_forward_is_saved_and_the_outputs_held_to_the_backward(
     forward = _step(off, "train.logprob_response").solo_s
     assert _step(on, "train.logprob_response").solo_s < 0.5 * forward
     assert off.plan.step_time_s - on.plan.step_time_s > 0.3 * forward
-    # the kept outputs live from the decode to the backward
-    decode, backward = _step(on, "rollout.decode"), _step(on, "train.backward")
+    # the kept outputs live in the engine's workspace, which it keeps across steps: held
+    # all step, through the optimizer step (where 7B's peak is), not only to the backward
+    steps = on.plan.devices[0].steps
     (slot,) = [s for s in on.plan.devices[0].slots if s.value == "rollout.decode.kept"]
     kept = on.graph.values[slot.value]
     assert slot.size == kept.nbytes  # one GPU: every row's layer outputs, at the cap
-    assert slot.first <= decode.index < backward.index <= slot.last
+    assert slot.first <= min(s.index for s in steps)
+    assert slot.last >= _step(on, "update.optimizer_step").index
 
 
 @pytest.mark.parametrize(

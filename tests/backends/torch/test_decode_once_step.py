@@ -78,7 +78,7 @@ def test_k_steps_train_what_the_response_forward_trains(schedule, algo, monkeypa
         for k, v in r_sep.metrics.items():
             assert float(r_once.metrics[k]) == pytest.approx(float(v), rel=1e-4, abs=1e-6), k
         assert not any(m.deviations for m in r_once.steps)
-    # the kept outputs are held from the decode to the backward, inside the plan's peak
+    # the kept outputs, held all step in the engine's workspace, stay inside the plan's peak
     planned = once.planned.plan.devices[0].peak_bytes
     assert 0 < max(m.resident_bytes for r in once.results for m in r.steps) <= planned
 
