@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollplex.backends.torch.logprob import _full_sequences
-from rollplex.engine.prefix import prefix_forward, rope_index
+from rollplex.backends.torch.logprob import _full_sequences, full_hidden
+from rollplex.engine.prefix import prefix_forward
 from rollplex.engine.session import DecodeEngine
 from tests.backends.torch.test_riders import G, _setup
 from tests.backends.torch.test_video import renderer  # noqa: F401
@@ -38,22 +38,10 @@ def _plain_outputs(model, batch, tokens, lengths) -> torch.Tensor:
     hooks = [layer.register_forward_hook(lambda _m, _a, o: outs.append(o)) for layer in lm.layers]
     hooks.append(lm.norm.register_forward_pre_hook(lambda _m, a: outs.append(a[0])))
     pad = model.config.text_config.pad_token_id or 0
-    ids, types, mask, plen = _full_sequences(batch, tokens, lengths, G, pad)
-    rep = batch.repeat(G)
+    ids, _, _, plen = _full_sequences(batch, tokens, lengths, G, pad)  # where each row sits
     try:
-        with torch.no_grad():
-            model.model(
-                input_ids=ids,
-                pixel_values=rep.pixel_values if rep.image_grid_thw.numel() else None,
-                image_grid_thw=rep.image_grid_thw,
-                pixel_values_videos=rep.pixel_values_videos if rep.video_grid_thw.numel() else None,
-                video_grid_thw=rep.video_grid_thw,
-                second_per_grid_ts=rep.second_per_grid_ts,
-                mm_token_type_ids=types,
-                attention_mask=mask,
-                position_ids=rope_index(model, rep, ids, types, mask),
-                use_cache=False,
-            )
+        with torch.no_grad():  # the per-sample forward verl's path runs (logprob.full_hidden)
+            full_hidden(model, batch, tokens, lengths, G)
     finally:
         for h in hooks:
             h.remove()
