@@ -15,16 +15,16 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 from torch.distributed.device_mesh import DeviceMesh
 
 from rollplex.backends.fsdp.global_batch import global_loss, total
-from rollplex.backends.fsdp.shard import full, root_kept_through_backward, shard_model
+from rollplex.backends.fsdp.shard import (
+    full,
+    load_sharded_state,
+    root_kept_through_backward,
+    shard_model,
+    sharded_state,
+)
 from rollplex.backends.fsdp.trainer import RootedScorer, ShardedWeightsHandle
 from rollplex.backends.torch.critic import TorchCritic, build_critic_model
 from rollplex.backends.torch.host_memory import forget_tags
@@ -96,14 +96,10 @@ class FsdpCritic(TorchCritic):
     # -- checkpoint state (DCP, as the trainer's: sharded, resharded on load) -------------
     def sharded_state(self) -> dict[str, Any]:
         """Model and AdamW state as DTensors, for torch.distributed.checkpoint."""
-        return {
-            "model": get_model_state_dict(self.model),
-            "optim": get_optimizer_state_dict(self.model, self.optimizer),
-        }
+        return sharded_state(self.model, self.optimizer)
 
     def load_sharded_state(self, state: Mapping[str, Any]) -> None:
-        set_model_state_dict(self.model, state["model"])
-        set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
+        load_sharded_state(self.model, self.optimizer, state)
         forget_tags(self.model.parameters())  # written without a version bump
 
     def state_dict(self) -> dict[str, Any]:

@@ -15,6 +15,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
@@ -95,3 +101,19 @@ def local(p: torch.Tensor) -> torch.Tensor:
 def full(p: torch.Tensor) -> torch.Tensor:
     """The whole parameter, gathered from every rank (a collective: all ranks call it)."""
     return p.full_tensor() if isinstance(p, DTensor) else p
+
+
+def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """A sharded module's weights and optimizer state as DTensors, for
+    torch.distributed.checkpoint (resharded on load): the trainer's and the critic's."""
+    return {
+        "model": get_model_state_dict(model),
+        "optim": get_optimizer_state_dict(model, optimizer),
+    }
+
+
+def load_sharded_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[str, Any]
+) -> None:
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, optimizer, state["optim"])

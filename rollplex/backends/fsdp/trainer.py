@@ -17,15 +17,20 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
-    get_optimizer_state_dict,
     set_model_state_dict,
-    set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh
 
 from rollplex.backends.base import LiveWeights
 from rollplex.backends.fsdp.global_batch import global_loss
-from rollplex.backends.fsdp.shard import full, local, root_kept_through_backward, shard_model
+from rollplex.backends.fsdp.shard import (
+    full,
+    load_sharded_state,
+    local,
+    root_kept_through_backward,
+    shard_model,
+    sharded_state,
+)
 from rollplex.backends.torch.model import load_model, save_model
 from rollplex.backends.torch.roles import weights_params
 from rollplex.backends.torch.rows import merge_chunks
@@ -157,14 +162,10 @@ class FsdpTrainer(TorchTrainer):
     # -- checkpoint state (DCP: sharded, resharded on load) ---------------------------------
     def sharded_state(self) -> dict[str, Any]:
         """Model and optimizer state as DTensors, for torch.distributed.checkpoint."""
-        return {
-            "model": get_model_state_dict(self.model),
-            "optim": get_optimizer_state_dict(self.model, self.optimizer),
-        }
+        return sharded_state(self.model, self.optimizer)
 
     def load_sharded_state(self, state: Mapping[str, Any]) -> None:
-        set_model_state_dict(self.model, state["model"])
-        set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
+        load_sharded_state(self.model, self.optimizer, state)
 
     def state_dict(self) -> dict[str, Any]:
         return {"version": self.counter.n}
