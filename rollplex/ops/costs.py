@@ -1,4 +1,5 @@
-"""Per-op costs on one GPU: the registry's op kinds bound to the pure formulas.
+"""Per-op costs on one GPU: the registry's op kinds bound to the pure formulas (the
+rollout side's in rollout_costs.py, the scoring and training ops' here).
 
 Sizes come from the graph (row counts, prefix lengths from value shapes), so a pass that
 shares a prefix across a group or merges phases changes the cost automatically. Dynamic
@@ -9,44 +10,25 @@ weights over `tp`.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
-from functools import lru_cache
+from dataclasses import replace
 
 from rollplex.graph.ir import DTYPE_BYTES, Graph, Op, Value
 from rollplex.graph.schema import get_kind
 from rollplex.ops import formulas as F
 from rollplex.ops import response_width as W
+from rollplex.ops.cost_context import CostContext
 from rollplex.ops.formulas import Cost
 from rollplex.ops.formulas.llm import lm_head_forward
 from rollplex.ops.micro_batches import behind_saved, trained_units
-from rollplex.specs import ModelSpec, WorkloadSpec
-
-
-@dataclass(slots=True, frozen=True)
-class CostContext:
-    """Everything a formula needs besides the op: specs and the parallel layout."""
-
-    model: ModelSpec
-    workload: WorkloadSpec
-    tp: int = 1
-    dp: int = 1  # data-parallel ranks sharing the rows of a batch
-    shards: int = 1  # FSDP shards of trainable state
-    checkpointing: bool = True
-    # the training forward over responses runs without grad and again in the backward
-    # (schedule.train_micro_recompute): it keeps nothing, the backward pays a forward
-    recompute_forward: bool = False
-    # the training forward over responses runs inside the backward, per micro-batch, with
-    # its backward (schedule.train_micro_fused, verl's): the forward step does nothing,
-    # the backward pays the forward once
-    fused_forward: bool = False
-    # the trainer's micro-batches of a step (`planner.sizing.train_micro_batches`): its
-    # forwards with grad and their backward run in these, each padded to its own longest
-    # response, so rows run together (and the width they pay for) follow from it
-    micro_batches: int = 1
-
-    def per_rank(self, rows: int) -> float:
-        return math.ceil(rows / self.dp)
+from rollplex.ops.rollout_costs import (
+    decode_cost,
+    generate_cost,
+    patches,
+    prefill_cost,
+    prefix_tokens,
+    vision_cost,
+    vision_grid,
+)
 
 
 def op_cost(graph: Graph, op: Op, ctx: CostContext) -> Cost:
@@ -95,31 +77,6 @@ def prefix_flops(graph: Graph, op: Op, ctx: CostContext) -> float:
     return 0.0
 
 
-def decode_steps(graph: Graph, op: Op, ctx: CostContext) -> int:
-    """Decode steps a rank runs: until the step's longest response ends, over every sample
-    of the op on all ranks (a synchronous step waits for it); `generate` too."""
-    return _rank_decode(graph, op, ctx).steps
-
-
-def _rank_decode(graph: Graph, op: Op, ctx: CostContext) -> F.DecodeRollout:
-    """One rank's share of a decode (or generate) op's rows, decoding as long as the op's
-    longest sample (all of its rows, every rank) runs."""
-    rows = _prompt_rows(graph, op)
-    group = op.attrs["group_size"]
-    return _decode(ctx.model, ctx.workload, int(ctx.per_rank(rows)), group, ctx.tp, rows * group)
-
-
-@lru_cache(maxsize=64)
-def _decode(
-    model: ModelSpec, workload: WorkloadSpec, prompts: int, group: int, tp: int, samples: int
-):
-    return F.decode_rollout(model, workload, prompts, group, tp, step_samples=samples)
-
-
-def _prefix_tokens(ins: dict[str, Value]) -> int:
-    return ins["features"].shape[1] + ins["text"].shape[1]
-
-
 def _trained_tokens(ctx: CostContext, fwd: Op, ins: dict[str, Value]) -> int:
     """Columns per row of a forward with grad (`fwd`'s inputs `ins`), run in the trainer's
     micro-batches: of whole prompts' groups (response part) or of samples (full)."""
@@ -134,34 +91,6 @@ def _scored_tokens(ctx: CostContext, op: Op, ins: dict[str, Value], part: str) -
         return _trained_tokens(ctx, op, ins)
     lengths = ctx.workload.response_length
     return W.longest_width(lengths, ctx.per_rank(ins["responses"].shape[0]))
-
-
-def _grid(pixels: Value) -> dict:
-    """The vision formulas' layout arguments from a (rows, t, h, w, patch_dim) pixels value."""
-    _, t, h, w, _ = pixels.shape
-    return {"temporal_patches": t, "grid_hw": (h, w)}
-
-
-def _patches(pixels: Value) -> int:
-    _, t, h, w, _ = pixels.shape
-    return t * h * w
-
-
-def _vision(g: Graph, op: Op, ctx: CostContext) -> Cost:
-    px = g.values[op.inputs["pixels"]]
-    rows = ctx.per_rank(px.shape[0])
-    return F.vision_encode(ctx.model, rows, _patches(px), ctx.tp, **_grid(px))
-
-
-def _prefill(g: Graph, op: Op, ctx: CostContext) -> Cost:
-    ins = g.inputs_of(op)
-    rows = ctx.per_rank(ins["features"].shape[0])
-    cost = F.prefix_prefill(ctx.model, rows, _prefix_tokens(ins), ctx.tp)
-    if "exported" not in op.outputs:
-        return cost
-    # prefill_once: it also keeps each layer's input and K/V for the training backward
-    kept = g.values[op.outputs["exported"]].nbytes / ctx.dp
-    return cost + Cost(bytes_written=kept, persistent_bytes=kept)
 
 
 def _attach(g: Graph, op: Op, ctx: CostContext) -> Cost:
@@ -181,71 +110,6 @@ def _attach_response(g: Graph, op: Op, ctx: CostContext) -> Cost:
     return lm_head_forward(ctx.model, rows, _trained_tokens(ctx, op, ins), ctx.tp)
 
 
-def _prompt_rows(g: Graph, op: Op) -> int:
-    if op.kind == "generate":
-        return g.values[op.inputs["text"]].shape[0]
-    return g.values[op.inputs["kv"]].shape[2]
-
-
-def _generate(g: Graph, op: Op, ctx: CostContext) -> Cost:
-    """vision + prefill of each prompt once (the engine's prefix cache serves the G
-    samples), then the decode."""
-    ins = g.inputs_of(op)
-    px, text = ins["pixels"], ins["text"]
-    rows = ctx.per_rank(px.shape[0])
-    visual = ctx.workload.visual_tokens(ctx.model.vision)
-    cost = F.vision_encode(ctx.model, rows, px.shape[1], ctx.tp)
-    cost += F.prefix_prefill(ctx.model, rows, visual + text.shape[1], ctx.tp)
-    group = op.attrs["group_size"]
-    dec = _rank_decode(g, op, ctx)
-    # The engine allocates its KV pool whole (in place of `decode_rollout`'s expected-peak
-    # response KV); the largest step's activations come on top of it.
-    first = F.decode_step(ctx.model, rows * group, visual + text.shape[1], ctx.tp)
-    work = max(cost.transient_bytes, first.transient_bytes)
-    return replace(cost + dec.cost, transient_bytes=engine_kv_pool(g, op, ctx) + work)
-
-
-def engine_kv_pool(g: Graph, op: Op, ctx: CostContext, at_cap: bool = False) -> float:
-    """The KV pool a `generate` op's engine holds on one GPU (`F.engine_kv_pool`): the
-    expected need, or with `at_cap` the size at which nothing is ever preempted."""
-    rows = int(ctx.per_rank(g.values[op.inputs["text"]].shape[0]))
-    return F.engine_kv_pool(
-        ctx.model, ctx.workload, rows, op.attrs["group_size"], ctx.tp, at_cap=at_cap
-    )
-
-
-def _decode_cost(g: Graph, op: Op, ctx: CostContext) -> Cost:
-    ins = g.inputs_of(op)
-    rows = int(ctx.per_rank(ins["kv"].shape[2]))
-    cost = _rank_decode(g, op, ctx).cost
-    if "kept" in op.outputs:
-        # decode once: each step also writes each layer's output of its rows (a column of
-        # the kept buffer, at the cap). The torch engine's buffer is its workspace's, kept
-        # across steps: planner/lifetimes.py holds it all step.
-        kept = g.values[op.outputs["kept"]].nbytes / ctx.dp
-        cost += Cost(bytes_written=kept, persistent_bytes=kept)
-    if not op.meta.get("static_kv"):
-        return cost
-    # The torch engine's static workspace (at the cap, in place of the expected peak of
-    # live response K/V), plus the largest step's activations on top of it.
-    first = F.decode_step(ctx.model, rows * op.attrs["group_size"], ins["kv"].shape[3], ctx.tp)
-    return replace(cost, transient_bytes=static_kv(g, op, ctx) + first.transient_bytes)
-
-
-def static_kv(g: Graph, op: Op, ctx: CostContext) -> float:
-    """The workspace a `decode` op with `meta["static_kv"]` (the torch engine) holds: its
-    static buffers and its stacked q/k/v weights. Priced in the SDPA layout: the split
-    layout the engine picks for few prompts on CUDA (engine_attention) holds the same K/V
-    without the mask, so this bounds it by a few MB."""
-    kv = g.values[op.inputs["kv"]]
-    rows = int(ctx.per_rank(kv.shape[2]))
-    cap = g.values[op.outputs["responses"]].shape[1]
-    buffers = F.torch_engine_workspace(
-        ctx.model, rows, op.attrs["group_size"], kv.shape[3], cap, ctx.tp
-    )
-    return buffers + F.torch_engine_fused_qkv(ctx.model)
-
-
 def _logprob(part: str):
     def cost(g: Graph, op: Op, ctx: CostContext) -> Cost:
         ins = g.inputs_of(op)
@@ -255,7 +119,7 @@ def _logprob(part: str):
         if part == "response":
             rows, prefix = ctx.per_rank(ins["responses"].shape[0]), ins["kv"].shape[3]
         else:
-            rows, prefix = ctx.per_rank(ins["features"].shape[0]), _prefix_tokens(ins)
+            rows, prefix = ctx.per_rank(ins["features"].shape[0]), prefix_tokens(ins)
         tokens = 0 if part == "prefix" else _scored_tokens(ctx, op, ins, part)
         cost = F.logprob(
             ctx.model,
@@ -295,7 +159,7 @@ def _reward(g: Graph, op: Op, ctx: CostContext) -> Cost:
     lengths = ctx.workload.response_length
     if "weights" in ins:  # a learned reward model scores prefix + response
         # No runtime runs one yet: priced as a no-grad full forward, to its rows' longest.
-        prefix = _prefix_tokens(ins) if "features" in ins else 0
+        prefix = prefix_tokens(ins) if "features" in ins else 0
         tokens = W.longest_width(lengths, rows)
         return F.logprob(ctx.model, rows, prefix, tokens, "full", ctx.tp)
     return F.reward(rows, W.mean_width(lengths))  # each row's own tokens
@@ -349,7 +213,7 @@ def _backward(g: Graph, op: Op, ctx: CostContext, prefix_only: bool = False) -> 
         if part == "response":
             rows, prefix = ins["responses"].shape[0], ins["kv"].shape[3]
         else:
-            rows, prefix = ins["features"].shape[0], _prefix_tokens(ins)
+            rows, prefix = ins["features"].shape[0], prefix_tokens(ins)
         # the micro-batches' forwards it differentiates (and runs again) were trimmed
         tokens = 0 if part == "prefix" else _trained_tokens(ctx, fwd, ins)
         back = F.backward(
@@ -385,11 +249,11 @@ def _backward(g: Graph, op: Op, ctx: CostContext, prefix_only: bool = False) -> 
             total += F.vision_backward(
                 ctx.model,
                 ctx.per_rank(px.shape[0]),
-                _patches(px),
+                patches(px),
                 ctx.tp,
                 checkpointing=ctx.checkpointing,
                 shards=ctx.shards,
-                **_grid(px),
+                **vision_grid(px),
             )
     return total
 
@@ -409,10 +273,10 @@ def _sync(g: Graph, op: Op, ctx: CostContext) -> Cost:
 
 
 _COSTS = {
-    "vision_encode": _vision,
-    "prefix_prefill": _prefill,
-    "decode": _decode_cost,
-    "generate": _generate,
+    "vision_encode": vision_cost,
+    "prefix_prefill": prefill_cost,
+    "decode": decode_cost,
+    "generate": generate_cost,
     "logprob": _logprob("full"),
     "logprob_prefix": _logprob("prefix"),
     "logprob_response": _logprob("response"),

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from rollplex.graph.invariants import lint
 from rollplex.graph.ir import Graph
-from rollplex.ops.costs import CostContext, engine_kv_pool, static_kv
+from rollplex.ops.costs import CostContext
+from rollplex.ops.rollout_costs import engine_kv_pool, static_kv
 from rollplex.planner.cost_model import CostModel
 from rollplex.planner.gc_paused import cyclic_gc_paused
 from rollplex.planner.interference import InterferenceModel

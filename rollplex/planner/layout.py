@@ -12,10 +12,11 @@ from dataclasses import dataclass, replace
 
 from rollplex.graph.ir import Graph, Op, Phase
 from rollplex.ops import formulas as F
-from rollplex.ops.costs import CostContext, decode_steps, op_cost
+from rollplex.ops.costs import CostContext, op_cost
 from rollplex.ops.formulas import Cost
 from rollplex.ops.formulas.llm import decoder_weight_bytes, lm_head_weight_bytes
 from rollplex.ops.micro_batches import micro_batches_run, trained_forward, trained_units
+from rollplex.ops.rollout_costs import decode_steps
 from rollplex.planner.cost_model import (
     BACKWARD_KERNELS_PER_LAYER,
     FORWARD_KERNELS_PER_LAYER,

@@ -11,7 +11,8 @@ import pytest
 
 from rollplex.algos import build_step
 from rollplex.ops import formulas as F
-from rollplex.ops.costs import CostContext, decode_steps, op_cost
+from rollplex.ops.costs import CostContext, op_cost
+from rollplex.ops.rollout_costs import decode_steps
 from rollplex.planner.cost_model import CostModel
 from rollplex.planner.layout import OpTimer, RoleLayout
 from rollplex.specs import (

@@ -1,0 +1,35 @@
+"""CostContext: what every op's cost formula reads besides the op itself: the specs and
+the parallel layout (ops/costs.py, ops/rollout_costs.py)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rollplex.specs import ModelSpec, WorkloadSpec
+
+
+@dataclass(slots=True, frozen=True)
+class CostContext:
+    """Everything a formula needs besides the op: specs and the parallel layout."""
+
+    model: ModelSpec
+    workload: WorkloadSpec
+    tp: int = 1
+    dp: int = 1  # data-parallel ranks sharing the rows of a batch
+    shards: int = 1  # FSDP shards of trainable state
+    checkpointing: bool = True
+    # the training forward over responses runs without grad and again in the backward
+    # (schedule.train_micro_recompute): it keeps nothing, the backward pays a forward
+    recompute_forward: bool = False
+    # the training forward over responses runs inside the backward, per micro-batch, with
+    # its backward (schedule.train_micro_fused, verl's): the forward step does nothing,
+    # the backward pays the forward once
+    fused_forward: bool = False
+    # the trainer's micro-batches of a step (`planner.sizing.train_micro_batches`): its
+    # forwards with grad and their backward run in these, each padded to its own longest
+    # response, so rows run together (and the width they pay for) follow from it
+    micro_batches: int = 1
+
+    def per_rank(self, rows: int) -> float:
+        return math.ceil(rows / self.dp)
