@@ -31,6 +31,7 @@ ORDER = (
     "engine knobs",  # knobs whose Triton kernels cannot run on this device
     "response cap",  # train.max_new_tokens within the plan's response length
     "mini-batches",  # a PPO mini-batch no larger than the step's batch
+    "adaptive KL",  # a reward-KL horizon long enough that the coefficient stays positive
 )
 
 
@@ -125,6 +126,19 @@ def check_combination(
             f"response_length.max={w.response_length.max}, which sizes the plan"
         )
     mini_batches(w.prompts_per_step, spec.algo)  # a PPO mini-batch larger than the batch
+    _adaptive_kl(spec)
+
+
+def _adaptive_kl(spec: RunSpec) -> None:
+    """verl's adaptive controller multiplies the coefficient by 1 + e * rows / horizon with
+    e in [-0.2, 0.2]: a step of 5 x kl_horizon rows or more can drive it to 0 or below."""
+    a, rows = spec.algo, spec.workload.samples_per_step
+    if a.kl_in_reward and a.kl_ctrl == "adaptive" and rows >= 5 * a.kl_horizon:
+        raise ValueError(
+            f"algo.kl_horizon={a.kl_horizon} with {rows} rows per step: kl_ctrl=adaptive "
+            f"scales kl_coef by 1 + clip(kl / target_kl - 1, +-0.2) * rows / kl_horizon, "
+            f"which reaches 0 or below; set algo.kl_horizon above {rows // 5}"
+        )
 
 
 def _for_world(

@@ -119,6 +119,9 @@ BAD = [
      "schedule.parallel.rollout_tp=2 exceeds the 1 GPUs", {"schedule.parallel.rollout_tp": 1}),
     ("mini-batch over the batch", {"algo.ppo_mini_batch_size": 5}, facts(),
      "algo.ppo_mini_batch_size=5 exceeds", {"algo.ppo_mini_batch_size": 4}),
+    ("adaptive KL horizon under a step's rows",
+     {**KL_IN_REWARD, "algo.kl_ctrl": "adaptive", "algo.kl_horizon": 12}, facts(),
+     "algo.kl_horizon=12 with 64 rows per step", {"algo.kl_horizon": 13}),
     ("hardware that is not the device", {"train.device": "cuda", "hardware": H200_PRESET},
      facts(gpu=H100, keys=frozenset({"hardware"})), "hardware=h200 does not match the device",
      {}, facts(gpu=H100, keys=frozenset())),  # unset: read from the device
