@@ -363,7 +363,9 @@ def summarize(args, runs: dict[str, list[dict]], wall: float) -> dict:
         # a same-plan pair gives None here and same_plan true: its ratio is noise
         "speedup_vs_serial_dedup": top("serial_dedup", "value"),
         "speedup_vs_serial_verl": top("verl", "value"),
-        "spread": {b: top(b, "spread") for b in ("serial_dedup", "verl")},
+        # serial + dedup before issue 31 (its own training forwards): the issue's baseline
+        "speedup_vs_serial_dedup_forward": top("serial_dedup_forward", "value"),
+        "spread": {b: top(b, "spread") for b in BASELINES},
         "same_plan": bool(top("serial_dedup", "same_plan")),
         "ratios": ratios,
         "speedup_vs_disaggregated": None,  # two GPUs: bench/gpu_disagg.sh

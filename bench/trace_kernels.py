@@ -1,7 +1,9 @@
 """Where a plan step's GPU time goes, from a `train.profile=true` run's measured trace: for
-each named step (its `gpu_user_annotation` window, else its host `user_annotation`), the
-kernels that ran inside it, summed by name, and the window's idle share (time no kernel
-ran: launch-bound or host-bound work).
+each named step, the kernels that ran inside its host `user_annotation` window, summed by
+name, and the window's idle share (time no kernel ran: launch- or host-bound work, which
+the profiler's own per-op cost inflates). The host window, not the `gpu_user_annotation`
+one, bounds the kernels: a backward launches its kernels from autograd's device thread,
+which the GPU annotation (kernels correlated with the step's own thread) leaves out.
 
     python bench/trace_kernels.py RUN/tb/measured0.*.pt.trace.json.gz --ops train.backward
 """
@@ -26,7 +28,8 @@ class KernelRow:
 @dataclass(slots=True, frozen=True)
 class StepKernels:
     op: str
-    window_ms: float  # the step's annotated span(s), summed
+    window_ms: float  # the step's host span(s), summed
+    gpu_window_ms: float  # its GPU annotation's span(s) (its own thread's kernels); 0: none
     busy_ms: float  # the union of kernel time inside it
     kernels: tuple[KernelRow, ...]  # by total time, longest first
 
@@ -42,17 +45,12 @@ def load(path: str | Path) -> list[dict]:
         return json.load(f)["traceEvents"]
 
 
-def _windows(events: list[dict], op: str) -> list[tuple[float, float]]:
-    """The op's spans on the GPU timeline where the trace has them, else on the host's."""
-    for cat in ("gpu_user_annotation", "user_annotation"):
-        spans = [
-            (e["ts"], e["ts"] + e["dur"])
-            for e in events
-            if e.get("cat") == cat and e.get("name") == op and "dur" in e
-        ]
-        if spans:
-            return spans
-    return []
+def _windows(events: list[dict], op: str, cat: str) -> list[tuple[float, float]]:
+    return [
+        (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e.get("cat") == cat and e.get("name") == op and "dur" in e
+    ]
 
 
 def _union_us(spans: list[tuple[float, float]]) -> float:
@@ -66,8 +64,8 @@ def _union_us(spans: list[tuple[float, float]]) -> float:
 
 
 def step_kernels(events: list[dict], op: str, top: int = 15) -> StepKernels:
-    """Kernels inside `op`'s windows, clipped to them, summed by name."""
-    windows = _windows(events, op)
+    """Kernels inside `op`'s host windows, clipped to them, summed by name."""
+    windows = _windows(events, op, "user_annotation")
     if not windows:
         raise KeyError(f"no annotation named {op!r} in the trace")
     by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
@@ -87,15 +85,17 @@ def step_kernels(events: list[dict], op: str, top: int = 15) -> StepKernels:
         (KernelRow(n, int(c), us / 1e3) for n, (c, us) in by_name.items()), key=lambda r: -r.ms
     )
     window_us = sum(hi - lo for lo, hi in windows)
-    return StepKernels(op, window_us / 1e3, _union_us(clipped) / 1e3, tuple(rows[:top]))
+    gpu_us = sum(hi - lo for lo, hi in _windows(events, op, "gpu_user_annotation"))
+    busy_us = _union_us(clipped)
+    return StepKernels(op, window_us / 1e3, gpu_us / 1e3, busy_us / 1e3, tuple(rows[:top]))
 
 
 def markdown(steps: list[StepKernels]) -> str:
     lines = []
     for s in steps:
         lines += [
-            f"### {s.op}: {s.window_ms:.1f} ms, kernels busy {s.busy_ms:.1f} ms "
-            f"(idle {s.idle_share:.0%})",
+            f"### {s.op}: {s.window_ms:.1f} ms on the host (GPU annotation "
+            f"{s.gpu_window_ms:.1f} ms), kernels busy {s.busy_ms:.1f} ms (idle {s.idle_share:.0%})",
             "| kernel | count | ms | share of window |",
             "|---|---|---|---|",
         ]
