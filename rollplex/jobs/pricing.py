@@ -15,7 +15,7 @@ from typing import Any
 
 from rollplex.ops.calibration import load_calibration
 from rollplex.planner.cost_model import CostModel
-from rollplex.planner.shipped_calibration import shipped_cost_model
+from rollplex.planner.shipped_calibration import CostConstants, shipped_cost_model
 from rollplex.specs.calibration import CalibrationError, CalibrationFile, model_shape
 from rollplex.specs.hardware import gpu_model
 from rollplex.specs.run import RunSpec
@@ -65,6 +65,8 @@ def _price(spec: RunSpec) -> Pricing:
         if spec.calibration.strict:
             raise CalibrationError(f"{where}: {mismatch} (calibration.strict=true)")
         log.warning("%s: %s; applied anyway (calibration.strict=true refuses)", where, mismatch)
+    if file.priced_with is not None:  # rescale the model that priced its predictions
+        base = CostConstants(**file.priced_with.model_dump()).applied_to(base)
     return Pricing(base.calibrated(path), str(path), str(path))
 
 
@@ -130,7 +132,14 @@ def provenance(spec: RunSpec) -> dict[str, Any]:
         "model": spec.model.name,
         "model_shape": model_shape(spec.model),
         "software": software_versions(),
-    }
+    } | _priced_with(spec)
+
+
+def _priced_with(spec: RunSpec) -> dict[str, Any]:
+    """The constants that priced `spec`'s plan ('auto' unresolved: none known)."""
+    if spec.calibration.path == "auto":
+        return {}
+    return {"priced_with": CostConstants.of(pricing_for(spec).cost_model).as_dict()}
 
 
 def device_name(device: str) -> str:

@@ -123,8 +123,10 @@ class CostModel:
 
     # -- calibration --------------------------------------------------------------------
     def calibrated(self, path: str | Path) -> CostModel:
-        """A copy whose per-kind efficiencies match the measured times in `path`; kinds
-        measured there get their median ratio, unmeasured RELATED_KINDS their relatives'."""
+        """A copy whose per-kind times match the measured times in `path`; kinds measured
+        there get their median ratio, unmeasured RELATED_KINDS their relatives'. The ratio
+        rescales a kind's efficiencies and its fixed seconds alike: `path`'s predictions
+        must be this model's (jobs/pricing.py applies a file's `priced_with` first)."""
         data = json.loads(Path(path).read_text())
         if data.get("format") != CALIBRATION_FORMAT:
             raise ValueError(
@@ -151,11 +153,13 @@ class CostModel:
             measured = [seconds[r] for r in relatives if r in seconds]
             if kind not in scale and measured:
                 scale[kind] = sum(p for p, _ in measured) / sum(m for _, m in measured)
-        eff = dict(self.efficiency)
+        eff, fixed = dict(self.efficiency), dict(self.fixed_s)
         for kind, k in scale.items():
             base = self.eff(kind)
             eff[kind] = Efficiency(base.compute * k, base.bandwidth * k)
-        return CostModel(self.hardware, eff, self.launch_s, dict(self.fixed_s), self.dispatch_s)
+            if kind in fixed:  # the kind's whole time: its fixed part scales alike
+                fixed[kind] /= k
+        return CostModel(self.hardware, eff, self.launch_s, fixed, self.dispatch_s)
 
 
 # Kernels one decoder layer (or vision block) launches per micro-batch, counted in

@@ -34,6 +34,22 @@ class CostConstants:
         fixed = {**base.fixed_s, **self.fixed_s}
         return CostModel(base.hardware, eff, base.launch_s, fixed, self.dispatch_s)
 
+    @classmethod
+    def of(cls, model: CostModel) -> CostConstants:
+        """The constants that make the bare model of `model`'s hardware into `model`: what a
+        run's calibration.json records as `priced_with`, so that a calibration from it
+        rescales the model that priced its predictions, not the bare one."""
+        bare = CostModel(model.hardware)
+        scales = {
+            kind: e.compute / bare.eff(kind).compute
+            for kind, e in model.efficiency.items()
+            if e != bare.eff(kind)
+        }
+        return cls(scales, dict(model.fixed_s), model.dispatch_s)
+
+    def as_dict(self) -> dict:
+        return {"scales": self.scales, "fixed_s": self.fixed_s, "dispatch_s": self.dispatch_s}
+
 
 # Fit by `python bench/prediction_check.py --fit` (bench/prediction_fit.py: the model per
 # kind, the outliers left out, each workload weighed alike) from the per-op GPU times of the

@@ -2,16 +2,22 @@
 pays beyond its roofline, and the host's time per op. Checked on a grid of shapes and
 workloads through the planner: decode pays per layer of each step, the trainer's forward
 with grad and backward per micro-batch, every other op once, every op its dispatch; the
-bare model has none."""
+bare model has none; a calibration rescales a kind's fixed part with its efficiency, and a
+file records the constants that priced it, so a calibration from it rescales that model."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from rollplex.jobs.pipeline import plan_step
+from rollplex.jobs.pricing import pricing_for
 from rollplex.ops.rollout_costs import decode_steps
-from rollplex.planner.cost_model import CostModel
+from rollplex.planner.cost_model import CostModel, write_calibration
+from rollplex.planner.shipped_calibration import H200, CostConstants
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, AlgoSpec, ScheduleSpec, WorkloadSpec
+from rollplex.specs.run import RunSpec
 from rollplex.specs.workload import ResponseLengthSpec
 
 # room for everything: no offload copies, so the plans differ only in their prices
@@ -106,3 +112,49 @@ def test_the_bare_model_has_no_fixed_terms():
         assert v.seconds - t.seconds == pytest.approx(0.01)
     with pytest.raises(ValueError, match="fixed_runs"):
         cm.time("decode", cost, fixed_runs=-1)
+
+
+def test_a_calibration_rescales_a_kinds_fixed_part_with_its_efficiency():
+    cm = CostModel(ROOMY, fixed_s={"backward": 0.2, "decode": 1e-5})
+    entries = [{"kind": "backward", "predicted_s": 1.0, "measured_s": 2.0}]
+    cal = cm.calibrated_by(entries)
+    assert cal.fixed_s["backward"] == pytest.approx(0.4)
+    assert cal.fixed_s["decode"] == cm.fixed_s["decode"]  # not measured: kept
+    assert cal.eff("backward").compute == pytest.approx(cm.eff("backward").compute / 2)
+
+
+def test_constants_round_trip_through_a_cost_model():
+    bare = CostModel(ROOMY)
+    back = CostConstants.of(H200.applied_to(bare))
+    assert back.fixed_s == H200.fixed_s and back.dispatch_s == H200.dispatch_s
+    assert back.scales.keys() == H200.scales.keys()
+    for kind, k in H200.scales.items():
+        assert back.scales[kind] == pytest.approx(k)
+
+
+@pytest.mark.parametrize("priced", [True, False])
+def test_a_file_rescales_the_model_that_priced_it(tmp_path, priced):
+    """A run priced by the shipped constants whose ops measured what it predicted: with
+    the file's `priced_with`, calibrating from it gives the shipped model back; a file
+    without it (written before the field) rescales the bare model, as it always did."""
+    shipped = H200.applied_to(CostModel(HARDWARE_PRESETS["h200"]))
+    entries = [{"kind": k, "op": k, "predicted_s": 1.0, "measured_s": 1.0} for k in H200.scales]
+    path = tmp_path / "calibration.json"
+    provenance = {"priced_with": H200.as_dict()} if priced else {}
+    write_calibration(path, "NVIDIA H200", entries, provenance)
+    assert ("priced_with" in json.loads(path.read_text())) is priced
+    from rollplex.jobs.pricing import _price
+
+    run = _h200_spec(str(path))
+    cm = _price(run).cost_model
+    for kind in H200.scales:
+        want = shipped.eff(kind) if priced else CostModel(run.hardware).eff(kind)
+        assert cm.eff(kind).compute == pytest.approx(want.compute)
+    assert cm.fixed_s == (H200.fixed_s if priced else {})
+    assert pricing_for(run).source == str(path)
+
+
+def _h200_spec(path: str) -> RunSpec:
+    from tests.jobs.test_pricing import spec_of
+
+    return spec_of("model=qwen2_5_vl_7b", "hardware=h200", f"calibration={path}")
