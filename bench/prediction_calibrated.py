@@ -6,7 +6,9 @@ H200 constants then shipped (runs 5 and 9, main at b95f5e0), but `CostModel.cali
 rescaled the *bare* model by predicted/measured: every kind lost its shipped factor (vision
 1.74x, backward 1.36x, ...). Files now record `priced_with` and a calibration rescales the
 model that priced them (jobs/pricing.py). Prints each run 10 folder's measured step beside
-its prediction both ways; the constants of b95f5e0 are read with `git show`.
+its prediction both ways; the constants of b95f5e0 are read with `git show`. With
+`--before`: every run 8+ folder uncalibrated under b95f5e0's constants, on this code (what
+bench/results/prediction_check.md's "before" column sums up).
 
     PYTHONPATH=. python bench/prediction_calibrated.py [--root bench/results/gpu_step]
 """
@@ -44,9 +46,20 @@ def shipped_then() -> types.ModuleType:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path, default=Path(__file__).parent / "results/gpu_step")
+    ap.add_argument("--before", action="store_true", help="uncalibrated, b95f5e0's constants")
     args = ap.parse_args()
     entries = json.loads((args.root / SOURCE).read_text())["entries"]
     then = shipped_then()
+    if args.before:
+        print("| run folder | measured s | predicted s | ratio |\n|---|---:|---:|---:|")
+        for run in find_runs(args.root):
+            if run.run >= 8:
+                spec = spec_of(run)
+                file, _ = then.shipped_for(spec.hardware, spec.model)
+                cm = CostModel(spec.hardware).calibrated_by([e.model_dump() for e in file.entries])
+                p, m = price(spec, cm).step_s, run.measured_s
+                print(f"| {run.label} | {m:.2f} | {p:.2f} | {m / p:.2f} |")
+        return
     print("| run folder | measured s | bare model calibrated s | ratio | priced model calibrated"
           " s | ratio |\n|---|---:|---:|---:|---:|---:|")  # fmt: skip
     for run in find_runs(args.root):
