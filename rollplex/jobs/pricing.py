@@ -15,7 +15,7 @@ from typing import Any
 
 from rollplex.ops.calibration import load_calibration
 from rollplex.planner.cost_model import CostModel
-from rollplex.planner.shipped_calibration import shipped_for
+from rollplex.planner.shipped_calibration import CostConstants, shipped_cost_model
 from rollplex.specs.calibration import CalibrationError, CalibrationFile, model_shape
 from rollplex.specs.hardware import gpu_model
 from rollplex.specs.run import RunSpec
@@ -54,11 +54,10 @@ def _price(spec: RunSpec) -> Pricing:
     if path == "auto":  # a job resolves it against its run folder first
         raise CalibrationError("calibration=auto: call resolve_auto(spec, run folder) first")
     if path is None:
-        shipped = shipped_for(spec.hardware, spec.model)
+        shipped = shipped_cost_model(spec.hardware, base)
         if shipped is None:
             return Pricing(base, UNCALIBRATED, None)
-        file, source = shipped
-        return Pricing(base.calibrated_by([e.model_dump() for e in file.entries]), source, None)
+        return Pricing(*shipped, None)
     file = load_calibration(path)  # one line naming the file and field if it is bad
     mismatch = provenance_mismatch(file, spec)
     if mismatch:
@@ -66,6 +65,8 @@ def _price(spec: RunSpec) -> Pricing:
         if spec.calibration.strict:
             raise CalibrationError(f"{where}: {mismatch} (calibration.strict=true)")
         log.warning("%s: %s; applied anyway (calibration.strict=true refuses)", where, mismatch)
+    if file.priced_with is not None:  # rescale the model that priced its predictions
+        base = CostConstants(**file.priced_with.model_dump()).applied_to(base)
     return Pricing(base.calibrated(path), str(path), str(path))
 
 
@@ -131,7 +132,14 @@ def provenance(spec: RunSpec) -> dict[str, Any]:
         "model": spec.model.name,
         "model_shape": model_shape(spec.model),
         "software": software_versions(),
-    }
+    } | _priced_with(spec)
+
+
+def _priced_with(spec: RunSpec) -> dict[str, Any]:
+    """The constants that priced `spec`'s plan ('auto' unresolved: none known)."""
+    if spec.calibration.path == "auto":
+        return {}
+    return {"priced_with": CostConstants.of(pricing_for(spec).cost_model).as_dict()}
 
 
 def device_name(device: str) -> str:

@@ -2,8 +2,13 @@
 
     time = max(flops / (peak * compute_eff), bytes / (hbm_bw * bandwidth_eff))
            + launches * launch_s + exposed communication
+           + runs * fixed_s[kind] + dispatch_s
 Micro-batches re-read the weights and pay their launches each; a calibration file rescales
 each kind's efficiency by the median measured ratio (docs/architecture.md, Planner).
+`fixed_s` and `dispatch_s` are what a roofline cannot reach, measured: a kind's fixed
+seconds per run (a trainer micro-batch; one layer of one decode step) and the host's time
+between two ops. The bare model has none; the shipped H200 constants set them
+(planner/shipped_calibration.py).
 """
 
 from __future__ import annotations
@@ -58,7 +63,8 @@ class Timing:
     rate_class: str  # "bandwidth" if memory-bound, else "compute"
     scratch_bytes: float = 0.0  # transient memory while it runs
     # what kernel launches add to max(compute_s, memory_s): micro-batches too small to
-    # hide them (memory_s already holds every micro-batch's weight reads)
+    # hide them (memory_s already holds every micro-batch's weight reads), and the kind's
+    # fixed seconds per run (CostModel.fixed_s)
     launch_bound_s: float = 0.0
 
 
@@ -67,6 +73,9 @@ class CostModel:
     hardware: HardwareSpec
     efficiency: dict[str, Efficiency] = field(default_factory=lambda: dict(DEFAULT_EFFICIENCY))
     launch_s: float = 20e-6  # one CUDA-graph replay or kernel launch
+    # kind -> seconds each run of it pays beyond its roofline (see the module docstring)
+    fixed_s: dict[str, float] = field(default_factory=dict)
+    dispatch_s: float = 0.0  # host time the runtime spends between two ops, per op
 
     def eff(self, kind: str) -> Efficiency:
         return self.efficiency.get(kind, Efficiency())
@@ -81,10 +90,14 @@ class CostModel:
         overlap_comm: bool = False,
         micro_batches: int = 1,
         kernels: int = 0,
+        fixed_runs: int | None = None,
     ) -> Timing:
-        """`micro_batches`: runs of 1/m of the rows each; `kernels`: launches per run."""
-        if micro_batches < 1 or kernels < 0:
-            raise ValueError(f"micro_batches={micro_batches} must be >= 1, kernels >= 0")
+        """`micro_batches`: runs of 1/m of the rows each; `kernels`: launches per run;
+        `fixed_runs`: runs that pay `fixed_s[kind]` (default: the micro-batches)."""
+        if micro_batches < 1 or kernels < 0 or (fixed_runs is not None and fixed_runs < 0):
+            raise ValueError(
+                f"micro_batches={micro_batches} must be >= 1, kernels and fixed_runs >= 0"
+            )
         e = self.eff(kind)
         hw = self.hardware
         m = micro_batches
@@ -98,18 +111,22 @@ class CostModel:
         body = max(compute, memory, launched)
         exposed = max(0.0, comm - body) if overlap_comm else comm
         bound = "bandwidth" if memory >= compute or kind in BANDWIDTH_KINDS else "compute"
-        seconds = body + exposed + launches * self.launch_s
-        return Timing(
-            seconds, compute, memory, comm, bound, launch_bound_s=body - max(compute, memory)
-        )
+        runs = micro_batches if fixed_runs is None else fixed_runs
+        fixed = runs * self.fixed_s.get(kind, 0.0)
+        seconds = body + exposed + launches * self.launch_s + fixed + self.dispatch_s
+        # launch_bound_s: everything the body adds to the roofline (launches, fixed runs)
+        extra = body - max(compute, memory) + fixed
+        return Timing(seconds, compute, memory, comm, bound, launch_bound_s=extra)
 
     def transfer_s(self, nbytes: float, gbps: float) -> float:
         return nbytes / (gbps * 1e9) + self.launch_s
 
     # -- calibration --------------------------------------------------------------------
     def calibrated(self, path: str | Path) -> CostModel:
-        """A copy whose per-kind efficiencies match the measured times in `path`; kinds
-        measured there get their median ratio, unmeasured RELATED_KINDS their relatives'."""
+        """A copy whose per-kind times match the measured times in `path`; kinds measured
+        there get their median ratio, unmeasured RELATED_KINDS their relatives'. The ratio
+        rescales a kind's efficiencies and its fixed seconds alike: `path`'s predictions
+        must be this model's (jobs/pricing.py applies a file's `priced_with` first)."""
         data = json.loads(Path(path).read_text())
         if data.get("format") != CALIBRATION_FORMAT:
             raise ValueError(
@@ -136,11 +153,13 @@ class CostModel:
             measured = [seconds[r] for r in relatives if r in seconds]
             if kind not in scale and measured:
                 scale[kind] = sum(p for p, _ in measured) / sum(m for _, m in measured)
-        eff = dict(self.efficiency)
+        eff, fixed = dict(self.efficiency), dict(self.fixed_s)
         for kind, k in scale.items():
             base = self.eff(kind)
             eff[kind] = Efficiency(base.compute * k, base.bandwidth * k)
-        return CostModel(self.hardware, eff, self.launch_s)
+            if kind in fixed:  # the kind's whole time: its fixed part scales alike
+                fixed[kind] /= k
+        return CostModel(self.hardware, eff, self.launch_s, fixed, self.dispatch_s)
 
 
 # Kernels one decoder layer (or vision block) launches per micro-batch, counted in

@@ -212,13 +212,23 @@ class OpTimer:
                 if ctx.tp > 1
                 else 0.0
             )
-            return cm.time(op.kind, cost, launches=max(1, steps), comm_bytes=comm)
+            # fixed_s[kind] per layer of each step: the small kernels a step replays
+            layers = steps * self.model.num_layers
+            return cm.time(
+                op.kind, cost, launches=max(1, steps), comm_bytes=comm, fixed_runs=layers
+            )
         if op.kind == "weight_sync":
             return self.sync_time(op)
+        # fixed_s[kind] per micro-batch of the trainer's (its forwards with grad and their
+        # backward: what it does per micro-batch beyond the kernels), else once
+        fixed = runs if self._step_count(op) is not None else 1
         if op.phase is Phase.ROLLOUT:
             tokens = cost.flops / max(1.0, self._flops_per_token(ctx))
             comm = F.tp_allreduce_bytes(self.model, tokens, ctx.tp) if ctx.tp > 1 else 0.0
-            return cm.time(op.kind, cost, comm_bytes=comm, micro_batches=runs, kernels=kernels)
+            return cm.time(
+                op.kind, cost, comm_bytes=comm, micro_batches=runs, kernels=kernels,
+                fixed_runs=fixed,
+            )  # fmt: skip
         if self._fsdp(op, cost):
             return cm.time(
                 op.kind,
@@ -228,8 +238,9 @@ class OpTimer:
                 overlap_comm=True,
                 micro_batches=runs,
                 kernels=kernels,
+                fixed_runs=fixed,
             )
-        return cm.time(op.kind, cost, micro_batches=runs, kernels=kernels)
+        return cm.time(op.kind, cost, micro_batches=runs, kernels=kernels, fixed_runs=fixed)
 
     def _fsdp(self, op: Op, cost: Cost) -> bool:
         return cost.weight_bytes > 0 and op.kind != "optimizer_step" and self.train.gpus > 1
@@ -269,7 +280,7 @@ class OpTimer:
         cost = op_cost(self.graph, prefix, ctx)
         if not self._fsdp(prefix, cost) or tp_.comm_s <= 0:
             return tp_, tr
-        launch = self.cost_model.launch_s
+        launch = self.cost_model.launch_s + self.cost_model.dispatch_s
         body_p = max(tp_.compute_s, tp_.memory_s) + tp_.launch_bound_s
         body_r = max(tr.compute_s, tr.memory_s) + tr.launch_bound_s
         comm = max(tp_.comm_s, tr.comm_s)
@@ -308,10 +319,10 @@ class OpTimer:
         if moves is not None:
             link, hbm = self.train.link_gbps(hw) * 1e9, hw.hbm_bandwidth_gbps * 1e9
             s = max(r / link + 2 * c / hbm for r, c in moves) + self.cost_model.launch_s
-            return Timing(s, 0.0, 0.0, s, "copy")
+            return Timing(s + self.cost_model.dispatch_s, 0.0, 0.0, s, "copy")
         # mode "load": an engine holds its own copy, every byte is copied into it
         s = self.cost_model.transfer_s(per_gpu, gbps)
-        return Timing(s, 0.0, 0.0, s, "copy")
+        return Timing(s + self.cost_model.dispatch_s, 0.0, 0.0, s, "copy")
 
     def _flops_per_token(self, ctx: CostContext) -> float:
         return 2 * self.model.llm_param_count() / ctx.tp

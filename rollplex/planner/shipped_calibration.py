@@ -1,67 +1,95 @@
 """Measured constants shipped with the H200 presets: what an H200 plan is priced with when
 the user names no calibration file (`calibration.path` null).
 
-Each entry pools one op kind's measured/predicted seconds from a `rollplex train` run on one
-H200 (sources in the comment below); a model between shapes takes the nearest one's
-constants (by LLM width), and the plan says which.
+One set for every model (fit pooled over the 3B and 7B runs: the same tower, kernels and
+runtime; the model's size enters through the roofline). Per op kind, an efficiency scale
+and fixed seconds per run (CostModel.fixed_s: a trainer micro-batch, one layer of one
+decode step); and the host's time between two ops (CostModel.dispatch_s). Sources below.
 """
 
 from __future__ import annotations
 
-from rollplex.specs.calibration import CalibrationEntry, CalibrationFile
+from dataclasses import dataclass, field
+
+from rollplex.planner.cost_model import CostModel, Efficiency
 from rollplex.specs.hardware import HardwareSpec, gpu_model
-from rollplex.specs.model import ModelSpec
-
-# Sources (4 video prompts x G=8, the torch backend as it ships):
-#   qwen2_5_vl_3b: bench/results/gpu_step/runs_qwen2_5_vl_3b_run5/serial_dedup/calibration.json
-#   qwen2_5_vl_7b: bench/results/gpu_step/runs_qwen2_5_vl_7b_run9/serial_dedup/calibration.json
-# Kinds priced by their launch alone (reward, advantage, policy_loss, weight_sync) are left
-# out: an efficiency scale does not reach them.
-# model -> (kind, predicted s, measured s): each kind summed over its entries in the file.
-# logprob_response's and backward's predicted seconds are re-priced at the width the runtime
-# pads scoring rows to (ops/response_width.py): the file's, times new over old pricing of
-# the same plan (bench/pricing_padded_tokens.py --rerun <run>/serial_dedup), so each
-# measured ratio stays the time the model still misses, not the padding it now prices.
-_H200: dict[str, tuple[tuple[str, float, float], ...]] = {
-    "qwen2_5_vl_3b": (
-        ("vision_encode", 0.0714995, 0.129387),
-        ("prefix_prefill", 0.0831491, 0.132654),
-        ("decode", 3.55336, 9.11291),
-        ("logprob_prefix", 0.166298, 0.264142),
-        ("logprob_response", 1.29889, 2.05924),
-        ("backward", 1.68680, 3.18753),
-        ("optimizer_step", 0.0514723, 0.183909),
-    ),
-    "qwen2_5_vl_7b": (
-        ("vision_encode", 0.0717167, 0.124857),
-        ("prefix_prefill", 0.191136, 0.212258),
-        ("decode", 7.8173, 9.56358),
-        ("logprob_prefix", 0.382272, 0.443433),
-        ("logprob_response", 2.87249, 3.5383),
-        ("backward", 3.76456, 5.10417),
-        ("optimizer_step", 0.126967, 0.277607),
-    ),
-}
-_WIDTH = {"qwen2_5_vl_3b": 2048, "qwen2_5_vl_7b": 3584}  # LLM hidden size of each
 
 
-def _file(model: str) -> CalibrationFile:
-    return CalibrationFile(
-        format="rollplex-calibration/1",
-        device="NVIDIA H200",
-        hardware="h200",
-        model=model,
-        entries=tuple(
-            CalibrationEntry(kind=k, op=f"{k} (pooled)", predicted_s=p, measured_s=m)
-            for k, p, m in _H200[model]
-        ),
-    )
+@dataclass(slots=True, frozen=True)
+class CostConstants:
+    """What prices a plan beyond the bare cost model. `scales`: kind -> predicted/measured
+    seconds of its roofline part (< 1: slower than the bare model), which multiplies both
+    its efficiencies; `fixed_s`: kind -> seconds per run; `dispatch_s`: per op."""
+
+    scales: dict[str, float] = field(default_factory=dict)
+    fixed_s: dict[str, float] = field(default_factory=dict)
+    dispatch_s: float = 0.0
+
+    def applied_to(self, base: CostModel) -> CostModel:
+        """`base` with these constants: its efficiencies rescaled, the fixed costs set."""
+        eff = dict(base.efficiency)
+        for kind, k in self.scales.items():
+            e = base.eff(kind)
+            eff[kind] = Efficiency(e.compute * k, e.bandwidth * k)
+        fixed = {**base.fixed_s, **self.fixed_s}
+        return CostModel(base.hardware, eff, base.launch_s, fixed, self.dispatch_s)
+
+    @classmethod
+    def of(cls, model: CostModel) -> CostConstants:
+        """The constants that make the bare model of `model`'s hardware into `model`: what a
+        run's calibration.json records as `priced_with`, so that a calibration from it
+        rescales the model that priced its predictions, not the bare one."""
+        bare = CostModel(model.hardware)
+        scales = {
+            kind: e.compute / bare.eff(kind).compute
+            for kind, e in model.efficiency.items()
+            if e != bare.eff(kind)
+        }
+        return cls(scales, dict(model.fixed_s), model.dispatch_s)
+
+    def as_dict(self) -> dict:
+        return {"scales": self.scales, "fixed_s": self.fixed_s, "dispatch_s": self.dispatch_s}
 
 
-def shipped_for(hardware: HardwareSpec, model: ModelSpec) -> tuple[CalibrationFile, str] | None:
-    """The shipped constants for this GPU and the nearest measured model, and a line
-    naming them; None where the GPU has none."""
+# Fit by `python bench/prediction_check.py --fit` (bench/prediction_fit.py: the model per
+# kind, the outliers left out, each workload weighed alike) from the per-op GPU times of the
+# traced steps (2 and 3) of every run folder of
+#   bench/results/gpu_step/runs_qwen2_5_vl_7b_run10/, runs_qwen2_5_vl_7b_run11/ and
+#   runs_qwen2_5_vl_3b_run12/
+# (one H200, one code version: main at b95f5e0; 4 video prompts x G=8 of 448x448 frames,
+# GRPO with a reference, the torch backend; run 10: 7B, 32 frames, mean response 64; run
+# 11: 7B, 8 frames, mean 448; run 12: 3B, 16 frames, mean 160), each op priced at its
+# step's drawn response lengths; dispatch_s from each traced step's time outside any op.
+# Runs 1-9 measured older code (decode engine, trainer) and are left out of the fit.
+# bench/results/prediction_check.md checks it run by run, each run held out of its own fit.
+H200 = CostConstants(
+    scales={
+        "backward": 0.9055,
+        "logprob": 0.7953,
+        "logprob_prefix": 0.8565,
+        "logprob_response": 0.9041,
+        "optimizer_step": 0.477,
+        "prefix_prefill": 0.8654,
+        "vision_encode": 0.728,
+    },
+    fixed_s={
+        "advantage": 0.0002698,
+        "attach_prefix": 0.005358,
+        "backward": 0.2025,
+        "decode": 4.584e-05,
+        "expand_group": 0.0007264,
+        "logprob_response": 0.0635,
+        "policy_loss": 0.003802,
+        "reward": 0.007305,
+    },
+    dispatch_s=0.01648,
+)
+MEASURED_ON = ("qwen2_5_vl_3b", "qwen2_5_vl_7b")
+
+
+def shipped_cost_model(hardware: HardwareSpec, base: CostModel) -> tuple[CostModel, str] | None:
+    """`base` priced with the shipped constants of this GPU, and a line naming them; None
+    where the GPU has none."""
     if gpu_model(hardware.gpu) != "H200":
         return None
-    nearest = min(_WIDTH, key=lambda m: abs(_WIDTH[m] - model.hidden_size))
-    return _file(nearest), f"shipped h200 defaults (measured on {nearest})"
+    return H200.applied_to(base), f"shipped h200 defaults (measured on {' and '.join(MEASURED_ON)})"

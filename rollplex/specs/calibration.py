@@ -37,6 +37,26 @@ class CalibrationEntry(Spec):
     bytes: float = Field(0.0, ge=0, description="HBM bytes the cost model assigns the op.")
 
 
+class PricedWith(Spec):
+    """planner/shipped_calibration.CostConstants, as a file records them."""
+
+    scales: dict[str, float] = Field(
+        default_factory=dict, description="kind -> efficiency scale over the bare model."
+    )
+    fixed_s: dict[str, float] = Field(
+        default_factory=dict, description="kind -> fixed seconds per run."
+    )
+    dispatch_s: float = Field(0.0, ge=0, description="Host seconds per op.")
+
+    @model_validator(mode="after")
+    def _positive(self) -> PricedWith:
+        for name, values in (("scales", self.scales), ("fixed_s", self.fixed_s)):
+            for kind, v in values.items():
+                if not (v > 0 if name == "scales" else v >= 0) or v > MAX_S:
+                    raise ValueError(f"{name}['{kind}'] = {v} is out of range")
+        return self
+
+
 class CalibrationFile(Spec):
     format: Literal["rollplex-calibration/1"] = Field(..., description="File format tag.")
     device: str = Field(
@@ -51,6 +71,12 @@ class CalibrationFile(Spec):
     )
     software: dict[str, str | None] | None = Field(
         None, description="torch, triton and transformers versions of the run."
+    )
+    priced_with: PricedWith | None = Field(
+        None,
+        description="The constants over the bare cost model that priced `predicted_s` (the "
+        "H200's shipped ones, or a calibration's): a calibration from this file rescales "
+        "that model. None (files before it): the bare model priced them.",
     )
 
     @model_validator(mode="after")

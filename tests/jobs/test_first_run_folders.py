@@ -56,6 +56,8 @@ def test_a_run_records_provenance_and_the_next_one_is_priced_by_it(runs):
     cal = json.loads(file.read_text())
     assert (cal["device"], cal["hardware"], cal["model"]) == ("cpu", "cpu", "tiny")
     assert cal["model_shape"]["hidden_size"] > 0 and cal["software"]["torch"]
+    # what priced its predictions: the bare model (cpu), so a calibration rescales that
+    assert cal["priced_with"] == {"scales": {}, "fixed_s": {}, "dispatch_s": 0.0}
     load_calibration(file)  # valid, every kind known
     assert second["priced_by"] == str(file)
     assert f"plan priced by: {file}" in second["log"]

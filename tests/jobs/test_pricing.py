@@ -24,7 +24,7 @@ from rollplex.jobs.pricing import (
 )
 from rollplex.ops.calibration import load_calibration
 from rollplex.planner.cost_model import CostModel, write_calibration
-from rollplex.planner.shipped_calibration import shipped_for
+from rollplex.planner.shipped_calibration import H200
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS
 from rollplex.specs.calibration import CalibrationError
 from rollplex.specs.run import RunSpec
@@ -81,8 +81,8 @@ def test_h200_presets_ship_measured_constants_and_others_are_uncalibrated(model,
     spec = spec_of(f"model={model}", f"hardware={hardware}", "workload.prompts_per_step=8")
     source = pricing_for(spec).source
     if hardware.startswith("h200"):
-        nearest = "qwen2_5_vl_3b" if model == "qwen2_5_vl_3b" else "qwen2_5_vl_7b"
-        assert source == f"shipped h200 defaults (measured on {nearest})"
+        # one set, fit pooled over both measured shapes (shipped_calibration.py)
+        assert source == "shipped h200 defaults (measured on qwen2_5_vl_3b and qwen2_5_vl_7b)"
     else:
         assert source == UNCALIBRATED
     bare = spec_of(f"model={model}", f"hardware={hardware}", "workload.prompts_per_step=8",
@@ -91,18 +91,21 @@ def test_h200_presets_ship_measured_constants_and_others_are_uncalibrated(model,
 
 
 @pytest.mark.parametrize("model", ["qwen2_5_vl_3b", "qwen2_5_vl_7b"])
-def test_the_shipped_constants_are_the_measured_ratios(model):
-    """Each shipped kind's efficiency is the cost model's times predicted/measured, and a
-    step of those kinds (all measured slower than their roofline) is priced longer."""
+def test_the_shipped_constants_are_applied_on_h200_only(model):
+    """On H200 each shipped kind's efficiency is the cost model's times its scale, with its
+    fixed seconds and the per-op dispatch; other GPUs get the bare model. A step of those
+    kinds (all measured slower than their roofline) is priced longer."""
     over = (f"model={model}", "hardware=h200", "workload.prompts_per_step=4")
     spec = spec_of(*over)
-    file, _ = shipped_for(spec.hardware, spec.model)
     priced, base = pricing_for(spec).cost_model, CostModel(spec.hardware)
-    for e in file.entries:
-        k = e.predicted_s / e.measured_s
-        assert k < 1
-        assert priced.eff(e.kind).compute == pytest.approx(base.eff(e.kind).compute * k)
-        assert priced.eff(e.kind).bandwidth == pytest.approx(base.eff(e.kind).bandwidth * k)
+    for kind, k in H200.scales.items():
+        assert 0 < k < 1
+        assert priced.eff(kind).compute == pytest.approx(base.eff(kind).compute * k)
+        assert priced.eff(kind).bandwidth == pytest.approx(base.eff(kind).bandwidth * k)
+    assert priced.fixed_s == H200.fixed_s and priced.dispatch_s == H200.dispatch_s > 0
+    other = pricing_for(spec_of(f"model={model}", "hardware=h800x32")).cost_model
+    assert other.fixed_s == {} and other.dispatch_s == 0
+    assert other.efficiency == CostModel(other.hardware).efficiency
     # with room for everything: offload copies, which no constant prices, stay out of it
     assert step_s(_roomy(spec)) > step_s(_roomy(spec_of(*over, "calibration=none")))
 
