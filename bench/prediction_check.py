@@ -48,7 +48,7 @@ def ratio_line(measured: float, predicted: float | None) -> str:
 def check(runs: list[RecordedRun], shipped: CostConstants, fit_from: int = FIT_FROM) -> list[dict]:
     """One row per run folder: measured, and predicted by the shipped and the held-out
     constants."""
-    fit_runs = [r for r in runs if r.run >= fit_from and r.traced]
+    fit_runs = [r for r in runs if _fits(r, fit_from)]
     obs, gaps = observe(fit_runs)
     held: dict[int, CostConstants] = {}
     rows = []
@@ -63,7 +63,7 @@ def check(runs: list[RecordedRun], shipped: CostConstants, fit_from: int = FIT_F
         row = {
             "run": run.label,
             "number": run.run,
-            "used": "fit" if run.run >= fit_from and run.traced else "not fit",
+            "used": "fit" if _fits(run, fit_from) else _unused(run),
             "steps": run.timed_s,
             "measured": run.measured_s,
         }
@@ -78,6 +78,19 @@ def check(runs: list[RecordedRun], shipped: CostConstants, fit_from: int = FIT_F
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:90]}"
         rows.append(row)
     return rows
+
+
+def _fits(run: RecordedRun, fit_from: int) -> bool:
+    """Fit (and held out of its own fit): a traced H200 run of the current code."""
+    return run.run >= fit_from and bool(run.traced) and _gpu(run) == "h200"
+
+
+def _gpu(run: RecordedRun) -> str:
+    return run.config["hardware"]["name"]
+
+
+def _unused(run: RecordedRun) -> str:
+    return "not fit" if _gpu(run) == "h200" else f"not fit ({_gpu(run)})"
 
 
 def _timed(run: RecordedRun) -> range:
@@ -128,7 +141,7 @@ def main() -> None:
     args = ap.parse_args()
     runs = find_runs(args.root)
     if args.fit:
-        obs, gaps = observe([r for r in runs if r.run >= args.fit_from and r.traced])
+        obs, gaps = observe([r for r in runs if _fits(r, args.fit_from)])
         print(literal(fit(obs, gaps)))
         return
     rows = check(runs, H200, args.fit_from)

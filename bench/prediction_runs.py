@@ -3,8 +3,8 @@
 A run folder `runs_<shape>_run<N>/[round<k>/]<schedule>/` of bench/results/gpu_step/ holds
 the run's config.json, metrics.csv (every step's seconds) and tb/measured0.*.pt.trace.json
 (each traced step's ops as the GPU timed them). Re-planned here on this code:
-- as the run ran: `schedule.decode_once=false` (no recorded run had it), and
-  `schedule.prefill_once=false` where the config predates it;
+- as the run ran: `schedule.prefill_once=false` and `schedule.decode_once=false` where
+  the config predates them;
 - at the workload's distribution (the planner's prediction), or at one step's drawn lengths
   (`drawn_workload`: `train.response_lengths=workload` draws them from (seed, step), so they
   are known exactly), which separates the model's error from the draw's.
@@ -126,7 +126,7 @@ def spec_of(run: RecordedRun) -> RunSpec:
     cfg["calibration"] = {"path": "none", "strict": False}  # priced by the caller's model
     schedule = cfg["schedule"]
     schedule.setdefault("prefill_once", False)
-    schedule["decode_once"] = False
+    schedule.setdefault("decode_once", False)
     return RunSpec.model_validate(cfg)
 
 
