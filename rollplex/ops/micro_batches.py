@@ -74,12 +74,14 @@ def op_units(graph: Graph, op: Op, response_tokens: float) -> tuple[int, float] 
 
 
 def op_micro_batches(
-    graph: Graph, op: Op, dp: int, micro_tokens: int, response_tokens: float
+    graph: Graph, op: Op, dp: int, micro_tokens: int, response_tokens: float, tp: int = 1
 ) -> int:
     """The micro-batches one of `dp` ranks runs `op` in: its units' tokens over
-    `micro_tokens`, at most one per unit; 1 where it runs whole (`op_units`)."""
+    `micro_tokens`, at most one per unit; 1 where it runs whole (`op_units`), and for a
+    rollout forward on a TP group of `tp` > 1 (its members gather their rows into one
+    call: backends/fsdp/share.py)."""
     shape = op_units(graph, op, response_tokens)
-    if shape is None:
+    if shape is None or (op.phase is Phase.ROLLOUT and tp > 1):
         return 1
     units = math.ceil(shape[0] / max(1, dp))
     return micro_batches_run(units, micro_batch_count(units * shape[1], micro_tokens))

@@ -128,10 +128,9 @@ class OpTimer:
         an op it runs whole: one of a plan's row chunks is already a cut, and runs whole."""
         if chunks > 1 or self.micro_tokens <= 0:
             return 1
-        dp = self.context(op).dp
-        return op_micro_batches(
-            self.graph, op, dp, self.micro_tokens, self.workload.response_length.mean
-        )
+        ctx = self.context(op)
+        mean = self.workload.response_length.mean
+        return op_micro_batches(self.graph, op, ctx.dp, self.micro_tokens, mean, ctx.tp)
 
     def _step_count(self, op: Op) -> int | None:
         """The micro-batches the trainer runs `op` in, for the ops it runs in them (its

@@ -83,7 +83,7 @@ def test_each_cut_forward_is_priced_in_the_runtimes_ranges(model, workload, sche
         for s in dev.steps:
             op = graph.ops.get(s.op)
             if op is None or op.kind not in OP_MICRO_KINDS or timer._step_count(op) is not None:
-                continue
+                continue  # the trainer's forwards keep its own count (train_micro_batches)
             op_ctx = timer.context(op, s.chunks)
             transient = op_cost(graph, op, op_ctx).transient_bytes
             count = counts.get(op.name, 1)
@@ -93,9 +93,10 @@ def test_each_cut_forward_is_priced_in_the_runtimes_ranges(model, workload, sche
                 assert s.scratch_bytes == pytest.approx(transient, rel=1e-6, abs=1), s.name
                 continue
             # the one rule, at this step's ranks
-            assert count == op_micro_batches(
-                graph, op, op_ctx.dp, ctx.schedule.train_micro_tokens, mean
-            )
+            micro_tokens = ctx.schedule.train_micro_tokens
+            assert count == op_micro_batches(graph, op, op_ctx.dp, micro_tokens, mean, op_ctx.tp)
+            if op.phase is Phase.ROLLOUT and op_ctx.tp > 1:
+                assert count == 1  # a TP group's rows in one call
             units = math.ceil(op_units(graph, op, mean)[0] / op_ctx.dp)
             ranges = micro_ranges(units, count)  # what the runtime runs on a rank
             assert len(ranges) == count <= units

@@ -1,14 +1,18 @@
 """The forwards outside the trainer's (vision, prefix forwards, no-grad scoring) run in the
 plan's micro-batches (`Plan.meta["op_micro_batches"]`, ops/micro_batches.py): each over
-whole-unit row ranges, merged in row order to what the unsplit op gives (CPU fp32), and
-over exactly the ranges the plan priced."""
+whole-unit row ranges, merged in row order to what the unsplit op gives (CPU fp32), over
+exactly the ranges the plan priced, and with the largest live allocation inside the op
+shrinking with the count (torch's CPU allocator, as torch.profiler records it)."""
 
 from __future__ import annotations
 
+import json
+import tempfile
 from typing import Any
 
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.data import TaskData
@@ -118,3 +122,45 @@ def test_the_runtime_cuts_the_ranges_the_plan_priced(monkeypatch, name):
     assert not any(
         graph.ops[n].phase is Phase.TRAIN and graph.ops[n].kind == "logprob" for n in cut
     )
+
+
+def _peak_allocated(fn) -> int:
+    """The most CPU tensor bytes live at once inside `fn`, from torch.profiler's allocator
+    events (torch's CPU allocator reports each allocation and free to the profiler; its
+    `Total Allocated` counts from the profile's start)."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/trace.json"
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    return max(e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]")
+
+
+def test_the_largest_live_allocation_shrinks_with_the_count():
+    # verl-like: 8 samples' images (112x112) through the reference's tower and forward
+    shape = WORKLOAD.model_copy(
+        update={"prompts_per_step": 2, "group_size": 4, "height": 112, "width": 112}
+    )
+    planned = plan_step(MODEL, shape, ALGO, CPU, VERL_LIKE)
+    planned.plan.meta["op_micro_batches"] = {}
+    backend = compose(StepConfig(MODEL, ALGO, seed=0, max_new_tokens=4))
+    inner, peaks = backend.run_op, {}
+
+    def run_op(op, inputs, chunk, carry):
+        if op.name in ("reference.vision_encode", "reference.logprob"):
+            for count in (1, 2, 4):
+                backend.op_micro_batches({op.name: count})
+                peaks[op.name, count] = _peak_allocated(lambda: inner(op, inputs, chunk, {}))
+            backend.op_micro_batches({})
+        return inner(op, inputs, chunk, carry)
+
+    backend.run_op = run_op
+    Executor(planned.plan, planned.graph, backend).run_step(
+        0, TaskData(MODEL, shape, seed=0).step(0)
+    )
+    for name in ("reference.vision_encode", "reference.logprob"):
+        one, two, four = (peaks[name, n] for n in (1, 2, 4))
+        # about the largest range's share of the whole op's, plus the merged outputs
+        assert four < two < one and two < 0.7 * one and four < 0.45 * one, (name, peaks)
