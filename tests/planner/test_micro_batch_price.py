@@ -49,7 +49,11 @@ def test_more_micro_batches_never_make_a_step_faster(model, workload, gpus, sche
     # the trainer runs at most one micro-batch per unit: a prompt's group (dedup), a sample
     units = 2 * (1 if schedule.dedup else WORKLOAD_PRESETS[workload].group_size)
     assert _count(plans[-1]) == units
-    assert plans[-1].step_time_s > plans[0].step_time_s
+    if gpus == 1 or not schedule.dedup:
+        # strictly slower where the extra runs show: where FSDP (several GPUs) hides a
+        # compute-bound forward's weight reads and launches, the prefix-shared step's two
+        # micro-batches a rank cost nothing more (the rollout's TP-group forwards run whole)
+        assert plans[-1].step_time_s > plans[0].step_time_s
     # every count is capped at its op's units (ops/micro_batches.py), as the runtime runs
     # it: past one unit a micro-batch everywhere, fewer tokens cost nothing more
     last = plans[-1].meta
