@@ -375,6 +375,13 @@ class Backend(ABC):
         with its backward (verl's). Backends without a trainer ignore it."""
         return None
 
+    def op_micro_batches(self, counts: dict[str, int]) -> None:
+        """Apply the plan's other micro-batch counts (`Plan.meta["op_micro_batches"]`, op ->
+        count, ops/micro_batches.py): each such forward runs over its rows in that many
+        contiguous ranges, its outputs merged in row order, as the plan priced its scratch.
+        Backends that run no such op ignore it."""
+        return None
+
     def residency(self, action: Any) -> None:
         """Apply an engine residency action of the plan (runtime/engine_residency.py:
         sleep or wake the rollout engine). Backends without an engine ignore it."""

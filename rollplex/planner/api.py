@@ -92,6 +92,8 @@ def plan_graph(
     plan.meta["train_micro_batches"] = train_micro_batches(
         model, workload, graph, _train_gpus(plan, ctx), schedule.train_micro_tokens
     )
+    # The dispatch runs the other forwards in exactly the micro-batches priced here.
+    plan.meta["op_micro_batches"] = op_micro_counts(plan, ctx)
     plan.meta["train_micro_recompute"] = schedule.train_micro_recompute
     plan.meta["train_micro_fused"] = schedule.train_micro_fused
     renumber_in_issue_order(plan)
@@ -106,6 +108,23 @@ POOL_ROUNDS = 3  # rounds of `grow_engine_pools`: each grows by the headroom lef
 
 def _train_gpus(plan: Plan, ctx: PlanningContext) -> int:
     return next((len(d.ranks) for d in plan.devices if d.name != "rollout"), ctx.hardware.num_gpus)
+
+
+def op_micro_counts(plan: Plan, ctx: PlanningContext) -> dict[str, int]:
+    """op -> the micro-batches each rank runs it in, for the forwards the runtime cuts in
+    more than one (ops/micro_batches.py): the count the plan priced them at (layout.py
+    `OpTimer.op_micro_batches`), on the rollout's or the trainer's ranks."""
+    train_gpus = _train_gpus(plan, ctx)
+    counts: dict[str, int] = {}
+    for dev in plan.devices:
+        rollout_gpus = dev.tp * dev.dp  # a rollout op's device holds the rollout's layout
+        timer = ctx.timer(rollout_gpus, train_gpus, dev.tp).inner
+        for s in dev.steps:
+            op = ctx.graph.ops.get(s.op)
+            n = timer.op_micro_batches(op, s.chunks) if op is not None else 1
+            if n > 1:
+                counts[s.op] = n
+    return counts
 
 
 def _sizers(plan: Plan, ctx: PlanningContext) -> dict[str, DeviceSizer]:

@@ -15,7 +15,14 @@ from rollplex.ops import formulas as F
 from rollplex.ops.costs import CostContext, op_cost
 from rollplex.ops.formulas import Cost
 from rollplex.ops.formulas.llm import decoder_weight_bytes, lm_head_weight_bytes
-from rollplex.ops.micro_batches import micro_batches_run, trained_forward, trained_units
+from rollplex.ops.micro_batches import (
+    largest_share,
+    micro_batches_run,
+    op_micro_batches,
+    op_units,
+    trained_forward,
+    trained_units,
+)
 from rollplex.ops.rollout_costs import decode_steps
 from rollplex.planner.cost_model import (
     BACKWARD_KERNELS_PER_LAYER,
@@ -24,7 +31,7 @@ from rollplex.planner.cost_model import (
     Timing,
 )
 from rollplex.planner.shared_weights import alias_sync_bytes, replica_sync_bytes
-from rollplex.planner.sizing import micro_batch_count, train_micro_batches
+from rollplex.planner.sizing import train_micro_batches
 from rollplex.specs import HardwareSpec, ModelSpec, WorkloadSpec
 
 LOGPROB_KINDS = frozenset({"logprob", "logprob_prefix", "logprob_response"})
@@ -97,16 +104,33 @@ class OpTimer:
 
     def time(self, op: Op, chunks: int = 1) -> Timing:
         """Solo time of `op`, or of one of its `chunks` row chunks, on one GPU: priced in
-        its micro-batches (each reads the weights and launches its kernels again)."""
+        its micro-batches (each reads the weights and launches its kernels again), its
+        scratch one micro-batch's."""
         ctx = self.context(op, chunks)
         cost = op_cost(self.graph, op, ctx)
-        micro = self._micro_batches(op, ctx, cost)
-        # A step-wide count (the trainer's) is shared by the op's row chunks.
-        runs = micro if self._step_count(op) is None else max(1, math.ceil(micro / chunks))
+        step = self._step_count(op)
+        if step is not None:
+            # The trainer's step-wide count is shared by the op's row chunks.
+            runs, share = max(1, math.ceil(step / chunks)), 1 / step
+        else:
+            runs, share = self.op_micro_batches(op, chunks), 1.0
+            if runs > 1:
+                units, _ = op_units(self.graph, op, self.workload.response_length.mean)
+                share = largest_share(math.ceil(units / ctx.dp), runs)
         return replace(
             self._time(op, ctx, cost, (runs, self._kernels(op, ctx))),
-            scratch_bytes=cost.transient_bytes / micro,
+            scratch_bytes=cost.transient_bytes * share,
         )
+
+    def op_micro_batches(self, op: Op, chunks: int = 1) -> int:
+        """The micro-batches the runtime cuts a forward outside the trainer's into
+        (ops/micro_batches.py `op_micro_batches`; `Plan.meta["op_micro_batches"]`), 1 for
+        an op it runs whole: one of a plan's row chunks is already a cut, and runs whole."""
+        if chunks > 1 or self.micro_tokens <= 0:
+            return 1
+        ctx = self.context(op)
+        mean = self.workload.response_length.mean
+        return op_micro_batches(self.graph, op, ctx.dp, self.micro_tokens, mean, ctx.tp)
 
     def _step_count(self, op: Op) -> int | None:
         """The micro-batches the trainer runs `op` in, for the ops it runs in them (its
@@ -138,42 +162,6 @@ class OpTimer:
         if op.kind in LOGPROB_KINDS or op.kind == "prefix_prefill" or "weights" in op.inputs:
             return self.model.num_layers * FORWARD_KERNELS_PER_LAYER
         return 0  # rewards, advantages, losses: a few kernels, in `launches`
-
-    def _micro_batches(self, op: Op, ctx: CostContext, cost: Cost) -> int:
-        """Forwards and backwards run in micro-batches of `micro_tokens` tokens per GPU (a
-        chunked prefill in rollout), so their scratch is one micro-batch's. The training
-        forward over responses and its backward run in the step's micro-batches, the count
-        the trainer runs (`sizing.train_micro_batches`)."""
-        if (
-            op.kind in ("decode", "generate", "optimizer_step", "weight_sync")
-            or self.micro_tokens <= 0
-        ):
-            return 1
-        step = self._step_count(op)
-        if step is not None:
-            return step
-        tokens = cost.flops / max(1.0, self._flops_per_token(ctx))
-        if op.kind == "logprob_response":
-            # A micro-batch is counted in tokens of sequence, context included, as the
-            # unsplit forward counts it: each response attends to (in a packed forward,
-            # carries) its prefix, and its logit rows are as many as the unsplit forward's.
-            # Counting only the new tokens would put 3-4x the rows of logits in each.
-            ins = self.graph.inputs_of(op)
-            rows = ctx.per_rank(ins["responses"].shape[0])
-            tokens = rows * (ins["kv"].shape[3] + self.workload.response_length.mean)
-        count = micro_batch_count(tokens, self.micro_tokens)
-        if op.kind == "backward":
-            # About twice the forward plus a recompute; and never coarser than the forwards
-            # whose activations it reads.
-            count = micro_batch_count(tokens / 3, self.micro_tokens)
-            for port, v in op.inputs.items():
-                fwd = self.graph.producer(v) if port.startswith("saved") else None
-                if fwd is not None and fwd.kind in LOGPROB_KINDS:
-                    fctx = self.context(fwd)
-                    count = max(
-                        count, self._micro_batches(fwd, fctx, op_cost(self.graph, fwd, fctx))
-                    )
-        return count
 
     def _time(self, op: Op, ctx: CostContext, cost: Cost, micro: tuple[int, int]) -> Timing:
         t = self._solo_time(op, ctx, cost, micro)

@@ -13,6 +13,7 @@ from typing import get_args
 
 from rollplex.graph.ir import Graph
 from rollplex.graph.serialize import stable_hash
+from rollplex.ops.micro_batches import OP_MICRO_KINDS
 from rollplex.planner.plan import DevicePlan, Plan, Step
 from rollplex.specs import ScheduleSpec
 
@@ -132,11 +133,32 @@ def _check_summary(plan: Plan, steps: dict[int, Step]) -> None:
     micro = plan.meta.get("train_micro_batches", 1)
     if not isinstance(micro, int) or isinstance(micro, bool) or micro < 1:
         raise PlanError(f"plan: meta.train_micro_batches={micro!r} must be a positive integer")
+    _check_op_micro(plan, steps)
     if not isinstance(plan.meta.get("train_micro_recompute", False), bool):
         raise PlanError("plan: meta.train_micro_recompute must be true or false")
     for t in plan.transfers:
         if t.what not in TRANSFER_KINDS:
             raise PlanError(f"transfer at step {t.step}: what={t.what!r} is not {TRANSFER_KINDS}")
+
+
+def _check_op_micro(plan: Plan, steps: dict[int, Step]) -> None:
+    """`meta.op_micro_batches` (op -> count, planner/api.py) names forwards the runtime can
+    cut, each planned in one step (a row chunk runs whole), with a count of at least 2."""
+    counts = plan.meta.get("op_micro_batches", {})
+    if not isinstance(counts, dict):
+        raise PlanError(f"plan: meta.op_micro_batches={counts!r} must map op names to counts")
+    by_op: dict[str, list[Step]] = {}
+    for s in steps.values():
+        by_op.setdefault(s.op, []).append(s)
+    for name, n in counts.items():
+        where = f"plan: meta.op_micro_batches[{name!r}]"
+        if not isinstance(n, int) or isinstance(n, bool) or n < 2:
+            raise PlanError(f"{where}={n!r} must be an integer >= 2 (1 is left out)")
+        ops = by_op.get(name, [])
+        if not ops or ops[0].kind not in OP_MICRO_KINDS:
+            raise PlanError(f"{where}: no step runs a forward of {sorted(OP_MICRO_KINDS)} so named")
+        if any(s.chunks > 1 for s in ops):
+            raise PlanError(f"{where}: the op runs in row chunks, each whole")
 
 
 def _check_events(plan: Plan, steps: dict[int, Step]) -> dict[int, int]:

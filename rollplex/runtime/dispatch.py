@@ -7,6 +7,7 @@ rollout_ops.py, the role-free ops in role_free.py.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -24,6 +25,7 @@ from rollplex.backends.base import (
 from rollplex.backends.step import Roles, StepConfig, StepInputs
 from rollplex.data.prompts import PromptBatch
 from rollplex.graph.ir import Graph, Op, Phase, version_model
+from rollplex.ops.micro_batches import micro_ranges
 from rollplex.runtime.role_free import RoleFreeOps, rewards
 from rollplex.runtime.rollout_ops import RolloutOps
 
@@ -48,6 +50,10 @@ class RoleDispatch(Backend):
       whose capabilities say `fused_prefix`, see planner/capabilities.py);
     - row chunks: a prefix op's chunk i of n runs rows `row_ranges(rows, n)[i]` with the LM
       head deferred, and the last chunk merges all parts through the role's `merge_rows`.
+      A forward the plan priced in micro-batches (`op_micro_batches`: vision, prefix and
+      no-grad scoring forwards, ops/micro_batches.py) runs the same way inside its one
+      step, over `micro_ranges(units, count)` of whole units (a prompt's group on its
+      shared prefix K/V for `logprob_response`), so its scratch is one range's;
       A chunk the plan piggybacks rides the live decode's next step (rollout_ops.ride);
       where it cannot, it runs separately and the step reports the deviation. A prefill
       with an `exported` output (graph/passes/prefill_once.py) also keeps what the training
@@ -88,6 +94,7 @@ class RoleDispatch(Backend):
         self._critic_ops: frozenset[str] = frozenset()
         self._policy_scoring: frozenset[str] = frozenset()
         self._updates: dict[str, int] = {}
+        self._op_micro: dict[str, int] = {}  # op -> the plan's micro-batch count
         self._externals: dict[str, str] = {}
         self._generator: Any = None  # a torch.Generator, or one per row (StepHooks)
         self._step = 0
@@ -165,6 +172,9 @@ class RoleDispatch(Backend):
                 owner.micro_batches, owner.micro_recompute = count, recompute
                 owner.micro_fused = fused
 
+    def op_micro_batches(self, counts: dict[str, int]) -> None:
+        self._op_micro = dict(counts)
+
     def begin_step(self, step: int, inputs: StepInputs) -> dict[str, Any]:
         hooks = self.roles.hooks
         self.metrics, self._updates = {}, {}
@@ -230,8 +240,10 @@ class RoleDispatch(Backend):
             lo, hi = _row_ranges(self.values.rows(x), chunk.count)[chunk.index]
             x = {p: self.values.select(v, lo, hi) for p, v in x.items()}
         out, deviation = self.rollout_ops.ride(op, x, head) if chunk.rides else (None, "")
-        if out is None:
-            out = self._prefix(op, x, head)
+        if out is None and head:
+            out = self._in_micro_batches(op, x, self._prefix)
+        elif out is None:
+            out = self._prefix(op, x, False)
         if head:
             return OpResult(out, reads, deviation)
         carry.setdefault("parts", []).append(out)
@@ -287,17 +299,40 @@ class RoleDispatch(Backend):
             return {"kv": self._attach(op, role, x)}
         if k == "attach_response":
             return {"logprobs": self._attach_response(op, role, x)}
-        if k == "logprob_response":
-            out = role.logprob_response(x["kv"], x["responses"], a.get("group_size", 1))
-        elif k == "logprob":
-            out = role.logprob(x["features"], x["text"], x["responses"])
-        else:
+        if k not in ("logprob_response", "logprob"):
             raise BackendError(f"'{op.name}' ({k}) is not a kind the roles run")
+        if op.name in self._op_micro:  # scored without grad, in the plan's micro-batches
+            return self._in_micro_batches(op, x, lambda o, y, _: {"logprobs": _score(role, o, y)})
+        out = _score(role, op, x)
         if op.phase is Phase.TRAIN:
             if "saved" in op.outputs:
                 return {"logprobs": out[0], "saved": out[1]}
             return {"logprobs": out[0]}
         return {"logprobs": out}
+
+    def _in_micro_batches(
+        self, op: Op, x: dict[str, Any], run: Callable[[Op, dict[str, Any], bool], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """`run(op, inputs, head)` over all of `x`, or, where the plan priced `op` in micro-
+        batches, over each of `micro_ranges(units, count)` with the LM head deferred, the
+        parts merged in row order by the role's `merge_rows` (the head then runs on all rows
+        at once, as unsplit)."""
+        count = self._op_micro.get(op.name, 1)
+        if count == 1:
+            return run(op, x, True)
+        g = 1
+        if "kv" in x:  # logprob_response: whole prompts' groups on their prefix K/V
+            units = self.values.row_count(x["kv"])
+            g = self.values.row_count(x["responses"]) // units
+        else:
+            units = self.values.rows(x)
+        parts = []
+        for lo, hi in micro_ranges(units, count):
+            rows = {p: self.values.select(v, lo, hi) for p, v in x.items() if p != "responses"}
+            if "responses" in x:
+                rows["responses"] = self.values.select(x["responses"], lo * g, hi * g)
+            parts.append(run(op, rows, False))
+        return self.role(op).merge_rows(parts)
 
     def _attach(self, op: Op, role: Any, x: dict[str, Any]) -> Any:
         """attach_prefix: the trainer takes the rollout's exported prefill in place of its
@@ -337,6 +372,14 @@ class RoleDispatch(Backend):
     # -- memory -------------------------------------------------------------------------
     def move(self, value: Any, to_host: bool) -> Any:
         return self.values.move(value, "cpu" if to_host else self.device)
+
+
+def _score(role: Any, op: Op, x: dict[str, Any]) -> Any:
+    """A scoring forward over responses (`logprob_response` on a prefix, or verl's
+    per-sample `logprob`)."""
+    if op.kind == "logprob_response":
+        return role.logprob_response(x["kv"], x["responses"], op.attrs.get("group_size", 1))
+    return role.logprob(x["features"], x["text"], x["responses"])
 
 
 def _detached(logprobs: Any) -> Any:

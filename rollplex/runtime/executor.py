@@ -47,6 +47,17 @@ def plan_micro_batches(plan: Plan) -> int:
     return count
 
 
+def plan_op_micro_batches(plan: Plan) -> dict[str, int]:
+    """op -> the micro-batches the plan priced it in (planner/api.py `op_micro_counts`),
+    for the forwards outside the trainer's that run in more than one."""
+    counts = plan.meta.get("op_micro_batches", {})
+    if not isinstance(counts, dict) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in counts.values()
+    ):
+        raise ExecutionError(f"plan meta op_micro_batches={counts!r}: expected op -> integer >= 1")
+    return dict(counts)
+
+
 class Executor:
     def __init__(
         self,
@@ -81,6 +92,7 @@ class Executor:
         recompute = bool(plan.meta.get("train_micro_recompute", False))
         fused = bool(plan.meta.get("train_micro_fused", False))
         backend.train_micro_batches(self.train_micro_batches, recompute, fused)
+        backend.op_micro_batches(plan_op_micro_batches(plan))
         log.info(
             "executor: training forward and backward in %d micro-batch(es) a step, as planned "
             "(schedule.train_micro_tokens%s); metric train_micro_batches is the count run",

@@ -2,8 +2,8 @@
 weights again and launches its kernels again, and `train_micro_recompute` runs each
 micro-batch's forward once more. At a fixed response length, smaller micro-batches never
 make a step faster at a budget that needs no offloads (models x workloads x schedules x GPU
-counts), and one token per micro-batch costs far more than ten micro-batches where the
-trainer can run that many (it runs at most one per prompt's group or sample). (With
+counts), and past one unit a micro-batch (a prompt's group or a sample for the trainer, a
+row for the other forwards) fewer tokens cost nothing more: the runtime runs no more. (With
 long-tailed lengths they can: each micro-batch runs to its own longest response, so fewer
 rows together pad less; tests/ops/test_padded_width.py holds that pricing.)"""
 
@@ -49,10 +49,17 @@ def test_more_micro_batches_never_make_a_step_faster(model, workload, gpus, sche
     # the trainer runs at most one micro-batch per unit: a prompt's group (dedup), a sample
     units = 2 * (1 if schedule.dedup else WORKLOAD_PRESETS[workload].group_size)
     assert _count(plans[-1]) == units
-    assert plans[-1].step_time_s > plans[0].step_time_s
-    if units >= 10:
-        ten = min((p for p in plans if p.meta["train_micro_batches"] >= 10), key=_count)
-        assert plans[-1].step_time_s > 10 * ten.step_time_s  # one token a micro-batch
+    if gpus == 1 or not schedule.dedup:
+        # strictly slower where the extra runs show: where FSDP (several GPUs) hides a
+        # compute-bound forward's weight reads and launches, the prefix-shared step's two
+        # micro-batches a rank cost nothing more (the rollout's TP-group forwards run whole)
+        assert plans[-1].step_time_s > plans[0].step_time_s
+    # every count is capped at its op's units (ops/micro_batches.py), as the runtime runs
+    # it: past one unit a micro-batch everywhere, fewer tokens cost nothing more
+    last = plans[-1].meta
+    capped = [p for p in plans if p.meta["op_micro_batches"] == last["op_micro_batches"]]
+    capped = [p for p in capped if _count(p) == units]
+    assert capped and all(p.step_time_s == pytest.approx(plans[-1].step_time_s) for p in capped)
 
 
 def _count(plan) -> int:

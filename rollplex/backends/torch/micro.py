@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.roles import capture_saved, masked_logprobs
+from rollplex.backends.torch.rows import prefix_rows
 from rollplex.backends.torch.trim import trimmed
 from rollplex.backends.torch.values import (
     Boundary,
@@ -26,7 +26,7 @@ from rollplex.backends.torch.values import (
     SavedActivations,
     Scored,
 )
-from rollplex.engine.prefix import Model, PrefixState, cache_kv
+from rollplex.engine.prefix import Model, PrefixState
 from rollplex.ops.micro_batches import micro_ranges
 
 log = logging.getLogger(__name__)
@@ -175,37 +175,3 @@ def sample_micro_batches(
         model, ranges, 1, forward, recompute, responses if fused else None, entropy
     )
     return micro_logprobs(micro, responses)
-
-
-@dataclass(slots=True, frozen=True)
-class _LayerKV:
-    keys: torch.Tensor
-    values: torch.Tensor
-
-
-@dataclass(slots=True, frozen=True)
-class KVRows:
-    """Per-layer K/V of some prompt rows, held as given: `cache_kv` reads its `layers` as
-    it reads a DynamicCache's, which would copy them in (and a micro-batch's prefix K/V
-    live until its backward). Read-only: a response forward attends to it, never appends."""
-
-    layers: list[_LayerKV]
-
-
-def prefix_rows(state: PrefixState, lo: int, hi: int, boundary: Boundary) -> PrefixState:
-    """Prompt rows [lo, hi) of a prefix, its K/V (uncopied: `KVRows`) and last logits as
-    leaves of `boundary`; one row per prompt, as response_logprobs takes it."""
-    if state.last_logits is None:
-        raise ValueError("a training prefix needs last_logits (the LM head was deferred)")
-    kv = [
-        _LayerKV(boundary.cut(k, lo, hi), boundary.cut(v, lo, hi)) for k, v in cache_kv(state.cache)
-    ]
-    return PrefixState(
-        cache=KVRows(kv),  # type: ignore[arg-type]  # read through cache_kv only
-        last_logits=boundary.cut(state.last_logits, lo, hi),
-        attention_mask=state.attention_mask[lo:hi],
-        next_positions=state.next_positions[lo:hi],
-        rope_deltas=state.rope_deltas[lo:hi],
-        lengths=state.lengths[lo:hi],
-        group_size=state.group_size,
-    )

@@ -1,14 +1,15 @@
 """Row chunks of prefix work and the host/device moves of backend values.
 
 A plan cuts prefix ops into chunks of prompt rows (`row_ranges`); each chunk runs on the
-rows it selects, and the last merges all chunks' outputs back in row order. Prompt text is
+rows it selects, and the last merges all chunks' outputs back in row order; an op run in
+micro-batches (`Plan.meta["op_micro_batches"]`) is cut and merged alike. Prompt text is
 a PromptBatch whose pixels are empty (the pixels travel as their own value).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ from torch import nn
 from rollplex.backends.base import BackendError, ValueOps
 from rollplex.backends.torch.host_memory import move
 from rollplex.backends.torch.values import (
+    Boundary,
     Features,
     Pixels,
     Responses,
@@ -77,6 +79,40 @@ def merge_prefix(parts: Sequence[PrefixState], head: nn.Module | None = None) ->
     )
 
 
+@dataclass(slots=True, frozen=True)
+class _LayerKV:
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+@dataclass(slots=True, frozen=True)
+class KVRows:
+    """Per-layer K/V of some prompt rows, held as given: `cache_kv` reads its `layers` as
+    it reads a DynamicCache's, which would copy them in (and a micro-batch's prefix K/V
+    live until its backward). Read-only: a response forward attends to it, never appends."""
+
+    layers: list[_LayerKV]
+
+
+def prefix_rows(state: PrefixState, lo: int, hi: int, boundary: Boundary) -> PrefixState:
+    """Prompt rows [lo, hi) of a prefix, its K/V (uncopied: `KVRows`) and last logits as
+    leaves of `boundary`; one row per prompt, as response_logprobs takes it."""
+    if state.last_logits is None:
+        raise ValueError("a training prefix needs last_logits (the LM head was deferred)")
+    kv = [
+        _LayerKV(boundary.cut(k, lo, hi), boundary.cut(v, lo, hi)) for k, v in cache_kv(state.cache)
+    ]
+    return PrefixState(
+        cache=KVRows(kv),  # type: ignore[arg-type]  # read through cache_kv only
+        last_logits=boundary.cut(state.last_logits, lo, hi),
+        attention_mask=state.attention_mask[lo:hi],
+        next_positions=state.next_positions[lo:hi],
+        rope_deltas=state.rope_deltas[lo:hi],
+        lengths=state.lengths[lo:hi],
+        group_size=state.group_size,
+    )
+
+
 def row_count(inputs: dict[str, Any]) -> int:
     for port in ("pixels", "features"):
         if port in inputs:
@@ -93,6 +129,8 @@ def select_rows(value: Any, lo: int, hi: int) -> Any:
         return Responses(value.tokens[lo:hi], value.lengths[lo:hi])
     if isinstance(value, TokenLogprobs):
         return TokenLogprobs(value.values[lo:hi], value.mask[lo:hi])
+    if isinstance(value, PrefixState):  # prompt rows of a scored prefix, K/V uncopied
+        return prefix_rows(value, lo, hi, Boundary())
     if isinstance(value, torch.Tensor):
         return value[lo:hi]
     return value  # weights
@@ -107,6 +145,10 @@ def merge_chunks(parts: list[dict[str, Any]], head: torch.nn.Module) -> dict[str
             out[port] = Features.merge(vals)
         elif isinstance(first, SavedActivations):
             out[port] = SavedActivations.merge(vals)
+        elif isinstance(first, TokenLogprobs):  # a scorer's row ranges, each full width
+            out[port] = TokenLogprobs(
+                torch.cat([v.values for v in vals]), torch.cat([v.mask for v in vals])
+            )
         else:
             with torch.set_grad_enabled(any(v.last_hidden.requires_grad for v in vals)):
                 out[port] = merge_prefix(vals, head)
@@ -173,6 +215,8 @@ class TorchValues(ValueOps):
             return value.tokens.shape[0]
         if isinstance(value, TokenLogprobs):
             return value.values.shape[0]
+        if isinstance(value, PrefixState):
+            return value.rows
         if isinstance(value, torch.Tensor):
             return value.shape[0]
         raise BackendError(f"cannot count the rows of a {type(value).__name__}")

@@ -231,7 +231,10 @@ def _chunks(ctx: PlanningContext, timer: CachedTimer, op: Op) -> int:
     tokens = rows_value.shape[1] + (
         ctx.graph.values[op.inputs["text"]].shape[1] if "text" in op.inputs else 0
     )
-    return rows_chunks(rows, tokens, ctx.schedule.chunk_tokens)
+    # never coarser than its micro-batches: a chunk runs whole (and one riding a decode
+    # step cannot be cut), so the chunks bound its scratch as the micro-batches would
+    micro = min(rows, timer.inner.op_micro_batches(op))
+    return max(rows_chunks(rows, tokens, ctx.schedule.chunk_tokens), micro)
 
 
 def _window(
