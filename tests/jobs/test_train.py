@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from rollplex.runtime.checkpoint import latest_checkpoint
+from tests.jobs.cli_run import Result, rollplex_here
 
 STEPS = 6
 BASE = (
@@ -30,6 +31,9 @@ BASE = (
     "train.threads=1",
     "train.progress=false",
     f"train.steps={STEPS}",
+    # held-out accuracy still runs (step 0 and the last), on 8 prompts, not conf's 512:
+    # ~3 s of a run, and no test here reads its figure
+    "train.eval_prompts=8",
 )
 # the repository root on the path: runs start in their own folder and may name a user reward
 # by import path (tests/jobs/user_rewards.py)
@@ -60,6 +64,21 @@ def train(run: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
         env=ENV,
         cwd=run.parent,
     )
+
+
+@pytest.fixture
+def train_here(monkeypatch, capsys):
+    """`train` in this process, for the runs refused before any step (no interpreter
+    start-up or imports per case, ~3 s each); the torch settings a run makes are undone."""
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+
+    def run(out: Path, *overrides: str) -> Result:
+        args = ("train", *BASE, *overrides, f"hydra.run.dir={out}")
+        return rollplex_here(out.parent, monkeypatch, capsys, *args)
+
+    yield run
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(deterministic)
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -175,9 +194,9 @@ def _other_model_checkpoint(folder: Path) -> Path:
     return save_checkpoint(folder, 1, trainer, other, seed=0)
 
 
-def test_what_the_fsdp_trainer_cannot_run_is_refused_before_any_work(tmp_path):
+def test_what_the_fsdp_trainer_cannot_run_is_refused_before_any_work(train_here, tmp_path):
     pooled = ("schedule=disaggregated", "hardware.num_gpus=2")  # its pools build no critic
-    p = train(tmp_path / "out", "backend=fsdp", "algo=ppo", "algo.kl_coef=0", *pooled)
+    p = train_here(tmp_path / "out", "backend=fsdp", "algo=ppo", "algo.kl_coef=0", *pooled)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "schedule.name=disaggregated with algo=ppo and backend.trainer=fsdp" in p.stderr
     assert not (tmp_path / "out" / "plan.json").exists()
@@ -194,15 +213,15 @@ def test_vllm_rollout_without_vllm_names_what_to_install(tmp_path):
 
 
 @pytest.mark.parametrize("knob", ["skinny_gemm", "split_kernel", "split_gemm"])
-def test_triton_kernels_off_cuda_are_refused_before_any_work(tmp_path, knob):
-    p = train(tmp_path / "out", f"backend.torch_engine.{knob}=true")
+def test_triton_kernels_off_cuda_are_refused_before_any_work(train_here, tmp_path, knob):
+    p = train_here(tmp_path / "out", f"backend.torch_engine.{knob}=true")
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert f"backend.torch_engine.{knob}=true with train.device=cpu" in p.stderr
     assert not (tmp_path / "out" / "plan.json").exists()
 
 
-def test_the_old_train_backend_key_is_gone(tmp_path):
-    p = train(tmp_path / "out", "+train.backend=torch")
+def test_the_old_train_backend_key_is_gone(train_here, tmp_path):
+    p = train_here(tmp_path / "out", "+train.backend=torch")
     assert p.returncode == 2 and "backend" in p.stderr
 
 
@@ -218,7 +237,9 @@ def test_the_old_train_backend_key_is_gone(tmp_path):
         ("grpo for ppo", r"step-000003/trainer_state\.json: no 'critic_version'"),
     ],
 )
-def test_a_bad_checkpoint_fails_cleanly_and_stays_untouched(uninterrupted, tmp_path, case, message):
+def test_a_bad_checkpoint_fails_cleanly_and_stays_untouched(
+    uninterrupted, train_here, tmp_path, case, message
+):
     if case == "grpo for ppo":
         bad = uninterrupted / "checkpoints" / "step-000003"
     elif case == "corrupt":
@@ -232,7 +253,9 @@ def test_a_bad_checkpoint_fails_cleanly_and_stays_untouched(uninterrupted, tmp_p
         bad = _other_model_checkpoint(tmp_path / "other")
     before = snapshot(bad)
     out = tmp_path / "out"
-    p = train(out, f"train.resume={bad}", *(["algo=ppo"] if case == "grpo for ppo" else []))
+    # one case through a real process (its whole stderr is the one line), the rest in this one
+    run = train if case == "other_model" else train_here
+    p = run(out, f"train.resume={bad}", *(["algo=ppo"] if case == "grpo for ppo" else []))
     assert p.returncode == 2
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
     assert re.search(message, p.stderr), p.stderr
@@ -289,8 +312,8 @@ def test_forced_response_lengths_are_the_workloads_and_shared_by_schedules(force
     assert len(set(want)) == 2 and all(1 < m < 16 for m in want)
 
 
-def test_forced_lengths_with_a_tp_rollout_are_refused_before_any_work(tmp_path):
-    p = train(
+def test_forced_lengths_with_a_tp_rollout_are_refused_before_any_work(train_here, tmp_path):
+    p = train_here(
         tmp_path / "out", "backend=fsdp", "backend.fsdp.rollout_tp=2",
         "backend.fsdp.rollout_sync=share", "train.response_lengths=workload",
     )  # fmt: skip
