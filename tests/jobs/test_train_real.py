@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
+from tests.jobs.cli_run import rollplex_here
 from tests.models.demo_home import demo_home
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -166,7 +167,9 @@ def _bad_folder(hub_folder: Path, tmp_path: Path, missing: str) -> Path:
         ("unknown_reward", "nope"),
     ],
 )
-def test_bad_input_exits_2_naming_it_before_any_model_loads(hub_folder, tmp_path, case, message):
+def test_bad_input_exits_2_naming_it_before_any_model_loads(
+    hub_folder, tmp_path, monkeypatch, capsys, case, message
+):
     data = _rows(tmp_path / "data", video=False)
     folder = hub_folder
     extra: tuple[str, ...] = ()
@@ -194,10 +197,15 @@ def test_bad_input_exits_2_naming_it_before_any_model_loads(hub_folder, tmp_path
     elif case == "unknown_reward":
         extra = ("reward.components=[{name: nope, weight: 1.0}]",)
     before = {p: p.read_bytes() for p in (tmp_path / "data").rglob("*") if p.is_file()}
-    done = rollplex(
-        "train", tmp_path / "run", "model=hub", f"model.path={folder}", "data=jsonl",
-        f"data.path={data}", "train.steps=1", *SMALL, *extra,
+    args = (
+        "model=hub", f"model.path={folder}", "data=jsonl", f"data.path={data}",
+        "train.steps=1", *SMALL, *extra,
     )  # fmt: skip
+    if case == "no_tokenizer":  # one case through a real process: the streams a user sees
+        done = rollplex("train", tmp_path / "run", *args)
+    else:  # the rest in this one (tests/jobs/cli_run.py): no interpreter start-up, ~3 s each
+        run = f"hydra.run.dir={tmp_path / 'run'}"
+        done = rollplex_here(tmp_path, monkeypatch, capsys, "train", *args, run)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     import re
