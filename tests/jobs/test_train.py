@@ -284,10 +284,10 @@ def test_rloo_and_ppo_train(tmp_path, algo):
         assert state["critic_version"] == state["version"] == 4
 
 
-def test_kl_in_reward_with_a_vllm_rollout_is_refused_before_any_work(tmp_path):
+def test_kl_in_reward_with_a_vllm_rollout_is_refused_before_any_work(train_here, tmp_path):
     # (kl_in_reward without a reference is refused by the spec itself, naming the field)
     kl = ("algo.kl_in_reward=true", "algo.use_reference=true", "algo.kl_coef=0.01")
-    p = train(tmp_path / "out", "algo=ppo", *kl, "backend.rollout=vllm")
+    p = train_here(tmp_path / "out", "algo=ppo", *kl, "backend.rollout=vllm")
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "kl_in_reward with backend.rollout=vllm" in p.stderr
     assert not (tmp_path / "out" / "plan.json").exists()
