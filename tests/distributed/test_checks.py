@@ -11,7 +11,7 @@ from rollplex.backends.fsdp.checks import check_fsdp_spec, torchrun_world
 from rollplex.runtime.checkpoint import STATE_FILE
 from rollplex.specs.run import RunSpec
 from tests.distributed.conftest import ROOT
-from tests.jobs.cli_run import rollplex_here
+from tests.jobs.cli_run import rollplex_here, torch_settings_kept
 
 
 def spec(*overrides: str) -> RunSpec:
@@ -83,16 +83,12 @@ def test_cli_refuses_a_grpo_checkpoint_for_ppo_in_one_line(runs, tmp_path, monke
     out = tmp_path / "out"
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):  # a plain run, as conftest.env() makes
         monkeypatch.delenv(var, raising=False)
-    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    try:
+    with torch_settings_kept():
         p = rollplex_here(
             tmp_path, monkeypatch, capsys, "train",
             "backend.trainer=fsdp",  # the key itself; conftest uses the group
             "algo=ppo", "algo.kl_coef=0", f"train.resume={ckpt}", f"hydra.run.dir={out}",
         )  # fmt: skip
-    finally:
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic)
     assert not torch.distributed.is_initialized()
     assert p.returncode == 2
     assert f"{ckpt / STATE_FILE}: no 'critic_version'" in p.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs.cli_run import Result, rollplex_here
+from tests.jobs.cli_run import Result, rollplex_here, torch_settings_kept
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 STEPS = 40  # at lr 3e-3 the demo answers one word by then: accuracy off 0
@@ -29,17 +29,13 @@ def eval_here(monkeypatch, capsys):
     """`rollplex eval` through `rollplex.cli.main` in this process (no interpreter start-up
     and imports: ~4 s a run); the torch settings the job makes (the run's one thread,
     determinism) are undone after."""
-    import torch
-
-    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
 
     def run(out: Path, *overrides: str) -> Result:
         return rollplex_here(out.parent, monkeypatch, capsys, "eval", *overrides,
                              f"hydra.run.dir={out}")  # fmt: skip
 
-    yield run
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(deterministic)
+    with torch_settings_kept():
+        yield run
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from rollplex.runtime.checkpoint import latest_checkpoint
-from tests.jobs.cli_run import Result, rollplex_here
+from tests.jobs.cli_run import Result, rollplex_here, torch_settings_kept
 
 STEPS = 6
 BASE = (
@@ -70,15 +70,13 @@ def train(run: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
 def train_here(monkeypatch, capsys):
     """`train` in this process, for the runs refused before any step (no interpreter
     start-up or imports per case, ~3 s each); the torch settings a run makes are undone."""
-    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
 
     def run(out: Path, *overrides: str) -> Result:
         args = ("train", *BASE, *overrides, f"hydra.run.dir={out}")
         return rollplex_here(out.parent, monkeypatch, capsys, *args)
 
-    yield run
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(deterministic)
+    with torch_settings_kept():
+        yield run
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
