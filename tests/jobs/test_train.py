@@ -68,8 +68,9 @@ def train(run: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def train_here(monkeypatch, capsys):
-    """`train` in this process, for the runs refused before any step (no interpreter
-    start-up or imports per case, ~3 s each); the torch settings a run makes are undone."""
+    """`train` in this process, for refusals and short runs whose files the test reads (no
+    interpreter start-up or imports per case, ~3 s each); the torch settings a run makes
+    are undone. The runs whose streams, kill or peak memory matter keep their process."""
 
     def run(out: Path, *overrides: str) -> Result:
         args = ("train", *BASE, *overrides, f"hydra.run.dir={out}")
@@ -261,12 +262,13 @@ def test_a_bad_checkpoint_fails_cleanly_and_stays_untouched(
     assert not (out / "checkpoints").exists()  # it stopped before training
 
 
-@pytest.mark.slow  # ~15-25 s a run
+@pytest.mark.slow  # ~5-15 s a run
 @pytest.mark.parametrize("algo", ["rloo", "ppo"])
-def test_rloo_and_ppo_train(tmp_path, algo):
+def test_rloo_and_ppo_train(train_here, tmp_path, algo):
+    # in this process (train_here): no interpreter start-up, ~4 s a run
     # PPO with an entropy term (the entropy carries grad), RLOO with the metric only
     coeff = "0.01" if algo == "ppo" else "0"
-    p = train(tmp_path / algo, f"algo={algo}", "train.steps=3", f"algo.entropy_coeff={coeff}")
+    p = train_here(tmp_path / algo, f"algo={algo}", "train.steps=3", f"algo.entropy_coeff={coeff}")
     assert p.returncode == 0, p.stderr
     summary = json.loads((tmp_path / algo / "summary.json").read_text())
     assert summary["steps_run"] == 3
@@ -274,7 +276,7 @@ def test_rloo_and_ppo_train(tmp_path, algo):
     assert len(rows) == 3 and all(float(r["entropy"]) > 0 for r in rows)  # logged each step
     if algo == "ppo":  # its checkpoint holds the critic: the run resumes, one step more
         again = tmp_path / "again"
-        q = train(again, "algo=ppo", "train.steps=4", f"train.resume={tmp_path / algo}")
+        q = train_here(again, "algo=ppo", "train.steps=4", f"train.resume={tmp_path / algo}")
         assert q.returncode == 0, q.stderr
         summary = json.loads((again / "summary.json").read_text())
         assert (summary["start_step"], summary["steps_run"]) == (3, 1)
