@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.jobs.cli_run import rollplex_here
+
 BASE = (
     "model=tiny",
     "workload=tiny",  # 4 prompts a step
@@ -57,9 +59,13 @@ def test_ppo_mini_batches_train_and_log_the_clip(tmp_path: Path) -> None:
         ("algo.ppo_mini_batch_size=0", "ppo_mini_batch_size"),
     ],
 )
-def test_bad_sizes_end_the_run_before_any_work(tmp_path: Path, override: str, field: str):
-    run = tmp_path / "run"
-    p = _train(run, override)
+def test_bad_sizes_end_the_run_before_any_work(
+    tmp_path: Path, monkeypatch, capsys, override: str, field: str
+):
+    run = tmp_path / "run"  # refused from the spec: through rollplex.cli.main, in this process
+    p = rollplex_here(
+        tmp_path, monkeypatch, capsys, "train", *BASE, override, f"hydra.run.dir={run}"
+    )
     assert p.returncode == 2
     assert "Traceback" not in p.stderr
     assert field in p.stderr, p.stderr

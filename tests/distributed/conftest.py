@@ -129,6 +129,23 @@ def runs(tmp_path_factory) -> Runs:
     return Runs(root / "one", root / "two")
 
 
+# The README's share line with held-out evaluation on: test_equivalence compares what it
+# trains, test_share_eval that every rank evaluated (evaluation draws nothing the training
+# draws: test_disagg compares runs with and without it). One launch for both, ~15 s.
+SHARE_TP2 = ("backend.fsdp.rollout_sync=share", "backend.fsdp.rollout_tp=2")
+
+
+@pytest.fixture(scope="session")
+def share_tp2(tmp_path_factory) -> Path:
+    """2 ranks, rollout_sync=share with rollout TP 2, 2 steps, 8 held-out prompts after
+    every step."""
+
+    def make(root: Path) -> None:
+        train(2, root / "tp2", 2, *SHARE_TP2, "train.eval_every=1", "train.eval_prompts=8")
+
+    return once(tmp_path_factory, "share_tp2", make) / "tp2"
+
+
 # -- worker.py checks, one launch per rank count ---------------------------------------------
 # A launch's start (torchrun, every rank's torch/transformers imports, gloo) costs ~10 s of a
 # 2-core machine, the checks ~1-3 s each: so every check of a rank count runs in one launch,

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from rollplex.backends.fsdp.checks import check_fsdp_spec, torchrun_world
 from rollplex.runtime.checkpoint import STATE_FILE
 from rollplex.specs.run import RunSpec
-from tests.distributed.conftest import ROOT, env
+from tests.distributed.conftest import ROOT
+from tests.jobs.cli_run import rollplex_here, torch_settings_kept
 
 
 def spec(*overrides: str) -> RunSpec:
@@ -75,29 +74,22 @@ def test_ppo_runs_and_resumes():
     check_fsdp_spec(spec("algo=ppo", "train.resume=/some/run"), world=2)
 
 
-def test_cli_refuses_a_grpo_checkpoint_for_ppo_in_one_line(runs, tmp_path):
+def test_cli_refuses_a_grpo_checkpoint_for_ppo_in_one_line(runs, tmp_path, monkeypatch, capsys):
     """A GRPO run's DCP checkpoint holds no critic: a PPO resume from it exits 2 with one
-    line naming the file and field, before any model is built (no plan.json)."""
+    line naming the file and field, before any model is built (no plan.json) or process
+    group started. Through `rollplex.cli.main` in this process (a plain, one-rank run):
+    no interpreter start-up and imports, ~8 s of a real process."""
     ckpt = runs.two / "checkpoints" / "step-000002"
     out = tmp_path / "out"
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rollplex.cli",
-            "train",
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):  # a plain run, as conftest.env() makes
+        monkeypatch.delenv(var, raising=False)
+    with torch_settings_kept():
+        p = rollplex_here(
+            tmp_path, monkeypatch, capsys, "train",
             "backend.trainer=fsdp",  # the key itself; conftest uses the group
-            "algo=ppo",
-            "algo.kl_coef=0",
-            f"train.resume={ckpt}",
-            f"hydra.run.dir={out}",
-        ],
-        cwd=ROOT,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+            "algo=ppo", "algo.kl_coef=0", f"train.resume={ckpt}", f"hydra.run.dir={out}",
+        )  # fmt: skip
+    assert not torch.distributed.is_initialized()
     assert p.returncode == 2
     assert f"{ckpt / STATE_FILE}: no 'critic_version'" in p.stderr
     assert len(p.stderr.splitlines()) == 1

@@ -69,7 +69,7 @@ def test_only_rank0_writes_the_run_folder(runs):
     assert [r["step"] for r in _rows(two)] == ["1", "2", "3", "4"]
 
 
-def test_share_sync_trains_what_gather_and_one_process_train(runs, tmp_path):
+def test_share_sync_trains_what_gather_and_one_process_train(runs, share_tp2):
     """2 ranks with `rollout_sync=share` and rollout TP 2 (the rollout reads the trainer's
     shards; its forward splits heads and MLP over the ranks) end where the 1-process run
     and the 2-rank gather-and-copy run end, within the module's tolerance. The only new
@@ -78,8 +78,7 @@ def test_share_sync_trains_what_gather_and_one_process_train(runs, tmp_path):
     (the loss's old logprobs) differ from the full model's in the last bits; the sampled
     tokens are the same (same rewards and lengths). Measured after 2 steps: within ~1e-5
     of both, 99.9% of elements within 1.5e-8."""
-    share = train(2, tmp_path / "share", 2, "backend.fsdp.rollout_sync=share",
-                  "backend.fsdp.rollout_tp=2")  # fmt: skip
+    share = share_tp2  # (conftest's run: held-out evaluation on, which draws nothing here)
     rows = _rows(share)
     for other in (runs.one, runs.two):
         ref = _rows(other)[:2]

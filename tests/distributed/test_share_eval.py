@@ -10,14 +10,10 @@ import json
 
 import pytest
 
-from tests.distributed.conftest import train
 
-SHARE_TP2 = ("backend.fsdp.rollout_sync=share", "backend.fsdp.rollout_tp=2")
-
-
-@pytest.mark.slow  # a 2-rank run of 2 steps with three evaluations: ~35 s
-def test_tp_rollout_evaluates_on_every_rank(tmp_path):
-    run = train(2, tmp_path / "tp2", 2, *SHARE_TP2, "train.eval_every=1", "train.eval_prompts=8")
+@pytest.mark.slow  # a 2-rank run of 2 steps with three evaluations (conftest's share_tp2): ~35 s
+def test_tp_rollout_evaluates_on_every_rank(share_tp2):
+    run = share_tp2
     rows = list(csv.DictReader((run / "metrics.csv").open()))
     assert [r["step"] for r in rows] == ["1", "2"]
     assert all(r["eval_accuracy"] != "" for r in rows)

@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run_interpreted(module: str, marker: str) -> None:
     """Run `python -m module` under the interpreter; it must exit 0 and print `marker`."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    # one thread: the interpreter runs tiny tensors, and a second only spins against the
+    # suite's other worker (~10% of the CPU time)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, "-m", module],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,

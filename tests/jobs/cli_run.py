@@ -4,9 +4,11 @@ the refusals that come after the job's imports stay fast)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +50,20 @@ def rollplex_here(cwd: Path, monkeypatch, capsys, *args: str) -> Result:
         code = exit_.code if isinstance(exit_.code, int) else 1
     out = capsys.readouterr()
     return Result(code, out.out, out.err)
+
+
+@contextlib.contextmanager
+def torch_settings_kept() -> Iterator[None]:
+    """Undo what a train or eval job run in this process sets for the whole process (torch's
+    thread count, deterministic algorithms), so that later tests see the worker's own."""
+    import torch
+
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
 
 
 def refusal_line(result: Result | subprocess.CompletedProcess[str]) -> str:

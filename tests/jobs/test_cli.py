@@ -1,4 +1,5 @@
-"""The console entry point, as a user runs it: jobs, run folders, errors, sweeps."""
+"""The console entry point, as a user runs it: jobs, run folders, errors, sweeps (the sweeps
+and the torch-free start-up in real processes, the rest through `rollplex.cli.main` here)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,19 @@ from pathlib import Path
 import pytest
 
 from rollplex.planner.validate import load_plan
-from tests.jobs.cli_run import rollplex, run_dir
+from tests.jobs.cli_run import rollplex, rollplex_here, run_dir
 
 
-def test_graph_job_shows_the_prefix_saving(tmp_path: Path) -> None:
-    p = rollplex(tmp_path, "graph", "model=qwen2_5_vl_7b", "algo=grpo", "workload.group_size=8")
+def test_graph_job_shows_the_prefix_saving(tmp_path: Path, monkeypatch, capsys) -> None:
+    p = rollplex_here(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        "graph",
+        "model=qwen2_5_vl_7b",
+        "algo=grpo",
+        "workload.group_size=8",
+    )
     assert p.returncode == 0, p.stderr
     out = run_dir(tmp_path, "graph")
     summary = json.loads((out / "summary.json").read_text())
@@ -42,8 +51,10 @@ def test_graph_job_shows_the_prefix_saving(tmp_path: Path) -> None:
         ("schedule.chunk_tokens=-1", "schedule.chunk_tokens"),
     ],
 )
-def test_bad_field_is_named_without_traceback(tmp_path: Path, override: str, field: str) -> None:
-    p = rollplex(tmp_path, "graph", override)
+def test_bad_field_is_named_without_traceback(
+    tmp_path: Path, monkeypatch, capsys, override: str, field: str
+) -> None:
+    p = rollplex_here(tmp_path, monkeypatch, capsys, "graph", override)
     assert p.returncode == 2
     assert field in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "outputs" / "graph").exists() or not any(
@@ -51,14 +62,16 @@ def test_bad_field_is_named_without_traceback(tmp_path: Path, override: str, fie
     )
 
 
-def test_unknown_model_is_named(tmp_path: Path) -> None:
-    p = rollplex(tmp_path, "graph", "model=qwen9_vl")
+def test_unknown_model_is_named(tmp_path: Path, monkeypatch, capsys) -> None:
+    p = rollplex_here(tmp_path, monkeypatch, capsys, "graph", "model=qwen9_vl")
     assert p.returncode == 2
     assert "qwen9_vl" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_plan_job_writes_its_run_folder(tmp_path: Path) -> None:
-    p = rollplex(tmp_path, "plan", "hardware=h200x2", "workload.prompts_per_step=8")
+def test_plan_job_writes_its_run_folder(tmp_path: Path, monkeypatch, capsys) -> None:
+    p = rollplex_here(
+        tmp_path, monkeypatch, capsys, "plan", "hardware=h200x2", "workload.prompts_per_step=8"
+    )
     assert p.returncode == 0, p.stderr
     out = run_dir(tmp_path, "plan")
     s = json.loads((out / "summary.json").read_text())
@@ -100,11 +113,20 @@ def test_multirun_sweep_makes_one_table(tmp_path: Path) -> None:
     assert "| run |" in (sweep / "comparison.md").read_text()
 
 
-def test_calibration_rescales_plan_and_baselines_alike(tmp_path: Path) -> None:
+def test_calibration_rescales_plan_and_baselines_alike(tmp_path: Path, monkeypatch, capsys) -> None:
     cal = Path(__file__).resolve().parents[2] / "bench/results/calibration_h200_qwen2_5_vl_7b.json"
-    base = rollplex(tmp_path / "a", "plan", "hardware=h200x2", "workload.prompts_per_step=8")
-    tuned = rollplex(
+    base = rollplex_here(
+        tmp_path / "a",
+        monkeypatch,
+        capsys,
+        "plan",
+        "hardware=h200x2",
+        "workload.prompts_per_step=8",
+    )
+    tuned = rollplex_here(
         tmp_path / "b",
+        monkeypatch,
+        capsys,
         "plan",
         "hardware=h200x2",
         "workload.prompts_per_step=8",
@@ -117,7 +139,7 @@ def test_calibration_rescales_plan_and_baselines_alike(tmp_path: Path) -> None:
     # Measured ops were slower than the roofline, and the baselines used the same model.
     assert b["step_time_s"] > a["step_time_s"]
     assert b["speedup_vs_serial_dedup"] >= 1.0
-    missing = rollplex(tmp_path / "c", "plan", "calibration=nope.json")
+    missing = rollplex_here(tmp_path / "c", monkeypatch, capsys, "plan", "calibration=nope.json")
     assert missing.returncode == 2 and "nope.json" in missing.stderr
 
 
@@ -157,10 +179,14 @@ def test_planning_imports_no_torch(tmp_path: Path) -> None:
         ),
     ],
 )
-def test_bad_calibration_file_is_one_line(tmp_path: Path, content: str, words: str) -> None:
+def test_bad_calibration_file_is_one_line(
+    tmp_path: Path, monkeypatch, capsys, content: str, words: str
+) -> None:
     cal = tmp_path / "cal.json"
     cal.write_text(content)
-    p = rollplex(tmp_path / "run", "plan", "model=qwen2_5_vl_3b", f"calibration={cal}")
+    p = rollplex_here(
+        tmp_path / "run", monkeypatch, capsys, "plan", "model=qwen2_5_vl_3b", f"calibration={cal}"
+    )
     assert p.returncode == 2
     assert "Traceback" not in p.stderr
     (line,) = p.stderr.strip().splitlines()
@@ -191,13 +217,23 @@ def test_a_failing_run_does_not_end_the_sweep(tmp_path: Path) -> None:
     assert "failed" in table and rows["disaggregated"]["error"][:30] in table
 
 
-def test_summary_names_the_overridden_hardware_and_one_naive_colocation(tmp_path: Path) -> None:
+def test_summary_names_the_overridden_hardware_and_one_naive_colocation(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
     from rollplex.jobs.pipeline import plan_step
     from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec
     from rollplex.specs.roles import TORCH_ROLLOUT
     from rollplex.specs.schedule import ScheduleSpec
 
-    p = rollplex(tmp_path, "plan", "model=qwen2_5_vl_3b", "hardware=h200x8", "hardware.num_gpus=16")
+    p = rollplex_here(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        "plan",
+        "model=qwen2_5_vl_3b",
+        "hardware=h200x8",
+        "hardware.num_gpus=16",
+    )
     assert p.returncode == 0, p.stderr
     s = json.loads((run_dir(tmp_path, "plan") / "summary.json").read_text())
     assert s["hardware"] == "h200x8 (num_gpus=16)" and s["gpus"] == 16
@@ -216,8 +252,10 @@ def test_summary_names_the_overridden_hardware_and_one_naive_colocation(tmp_path
     assert s["naive_colocation_bytes"] > s["peak_bytes_per_gpu"]
 
 
-def test_bad_train_tp_is_one_line(tmp_path: Path) -> None:
-    p = rollplex(tmp_path, "plan", "hardware=h200x8", "schedule.parallel.train_tp=16")
+def test_bad_train_tp_is_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    p = rollplex_here(
+        tmp_path, monkeypatch, capsys, "plan", "hardware=h200x8", "schedule.parallel.train_tp=16"
+    )
     assert p.returncode == 2 and "Traceback" not in p.stderr
     (line,) = p.stderr.strip().splitlines()
     assert "schedule.parallel.train_tp=16" in line and "8 GPUs" in line, line

@@ -13,7 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.jobs.test_train import train
+from tests.jobs.cli_run import rollplex_here, torch_settings_kept
+from tests.jobs.test_train import BASE
 
 STEPS = 4
 # a reward that varies across a random policy's 3-token samples: advantages are not zero.
@@ -24,12 +25,16 @@ STEPS = 4
 REWARD = "reward.components=[{name: 'tests.jobs.user_rewards:longer_is_better', weight: 1.0}]"
 
 
-def _run(root: Path, algo: str, once: bool) -> Path:
+def _run(monkeypatch, capsys, root: Path, algo: str, once: bool) -> Path:
+    """In this process (test_train's BASE): both runs alike, ~4 s of start-up less each; the
+    peak read below is the executor's own count of resident tensors, not the RSS."""
     run = root / f"{algo}-{once}"
-    p = train(
-        run, f"algo={algo}", f"schedule.decode_once={str(once).lower()}", REWARD,
-        f"train.steps={STEPS}", f"train.checkpoint_every={STEPS}", "train.max_new_tokens=3",
-    )  # fmt: skip
+    with torch_settings_kept():
+        p = rollplex_here(
+            root, monkeypatch, capsys, "train", *BASE, f"algo={algo}",
+            f"schedule.decode_once={str(once).lower()}", REWARD, f"train.steps={STEPS}",
+            f"train.checkpoint_every={STEPS}", "train.max_new_tokens=3", f"hydra.run.dir={run}",
+        )  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
     return run
 
@@ -39,12 +44,13 @@ def _metrics(run: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-@pytest.mark.slow  # ~25 s each: two short runs
+@pytest.mark.slow  # two short runs (in this process: ~5 s)
 # GRPO end to end through the CLI; RLOO and PPO run the same path at the executor level
 # (tests/backends/torch/test_decode_once_step.py), so a second CLI pair only adds ~20 s
 @pytest.mark.parametrize("algo", ["grpo"])
-def test_decode_once_trains_what_the_response_forward_trains(tmp_path, algo):
-    on, off = _run(tmp_path, algo, True), _run(tmp_path, algo, False)
+def test_decode_once_trains_what_the_response_forward_trains(monkeypatch, capsys, tmp_path, algo):
+    on = _run(monkeypatch, capsys, tmp_path, algo, True)
+    off = _run(monkeypatch, capsys, tmp_path, algo, False)
     summary = json.loads((on / "summary.json").read_text())
     assert summary["measured_peak_resident_bytes"] <= summary["plan_peak_bytes"]
     rows_on, rows_off = _metrics(on), _metrics(off)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.jobs.cli_run import Result, rollplex_here, torch_settings_kept
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 STEPS = 40  # at lr 3e-3 the demo answers one word by then: accuracy off 0
 TEMPLATE = "data.template='{problem} One word.'"
@@ -20,6 +22,20 @@ TEMPLATE = "data.template='{problem} One word.'"
 def rollplex(job: str, run: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "rollplex.cli", job, *overrides, f"hydra.run.dir={run}"]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
+
+
+@pytest.fixture
+def eval_here(monkeypatch, capsys):
+    """`rollplex eval` through `rollplex.cli.main` in this process (no interpreter start-up
+    and imports: ~4 s a run); the torch settings the job makes (the run's one thread,
+    determinism) are undone after."""
+
+    def run(out: Path, *overrides: str) -> Result:
+        return rollplex_here(out.parent, monkeypatch, capsys, "eval", *overrides,
+                             f"hydra.run.dir={out}")  # fmt: skip
+
+    with torch_settings_kept():
+        yield run
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +52,11 @@ def demo_run(tmp_path_factory) -> dict:
 
 
 @pytest.mark.slow  # the module's 40-step demo run: ~15 s
-def test_eval_of_the_last_checkpoint_reproduces_the_last_held_out_figure(demo_run, tmp_path):
+def test_eval_of_the_last_checkpoint_reproduces_the_last_held_out_figure(
+    demo_run, eval_here, tmp_path
+):
     out = tmp_path / "eval"
-    done = rollplex("eval", out, f"model.path={demo_run['last_checkpoint']}")
+    done = eval_here(out, f"model.path={demo_run['last_checkpoint']}")
     assert done.returncode == 0, done.stderr[-3000:]
     scored = json.loads((out / "summary.json").read_text())
     assert scored["settings_from"] == str(demo_run["run"] / "config.json")
@@ -52,10 +70,10 @@ def test_eval_of_the_last_checkpoint_reproduces_the_last_held_out_figure(demo_ru
 
 
 @pytest.mark.slow
-def test_the_command_line_still_overrides_what_the_run_decided(demo_run, tmp_path):
+def test_the_command_line_still_overrides_what_the_run_decided(demo_run, eval_here, tmp_path):
     out = tmp_path / "eval"
-    done = rollplex(
-        "eval", out, f"model.path={demo_run['last_checkpoint']}",
+    done = eval_here(
+        out, f"model.path={demo_run['last_checkpoint']}",
         "eval.max_new_tokens=3", "eval.prompts=5", "seed=0",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

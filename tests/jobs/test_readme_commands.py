@@ -26,7 +26,7 @@ import pytest
 
 from rollplex.cli import _conf_dir
 from rollplex.jobs.cli_help import general_help
-from tests.jobs.cli_run import rollplex
+from tests.jobs.cli_run import rollplex, rollplex_here
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -212,8 +212,15 @@ def test_readme_commands_are_found_and_use_the_venv() -> None:
         assert head == "make" or head.startswith(".venv/bin/"), c.text
 
 
+# Jobs that load no model run through `rollplex.cli.main` in this process (the argv as
+# written; no interpreter start-up, ~1 s each); train and eval in a process of their own.
+IN_PROCESS = ("graph", "plan", "weights")
+
+
 @pytest.mark.parametrize("command", [_param(c) for c in COMMANDS])
-def test_readme_command_runs(command: Command, request, tmp_path: Path) -> None:
+def test_readme_command_runs(
+    command: Command, request, tmp_path: Path, monkeypatch, capsys
+) -> None:
     reason = command.skip_reason() or command.covered_elsewhere()
     if reason:
         pytest.skip(reason)
@@ -222,6 +229,10 @@ def test_readme_command_runs(command: Command, request, tmp_path: Path) -> None:
     # made only for a command that names one: the planning commands stay fast
     checkpoint = request.getfixturevalue("checkpoint") if "<" in command.text else ROOT
     argv = concrete(command, checkpoint)
+    if argv[1:3] == ["-m", "rollplex.cli"] and argv[3] in IN_PROCESS:
+        done = rollplex_here(tmp_path, monkeypatch, capsys, *argv[3:])
+        assert done.returncode == 0, f"{command.text}\n{done.stderr[-3000:]}"
+        return
     p = subprocess.run(
         argv,
         cwd=tmp_path,

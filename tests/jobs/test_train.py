@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from rollplex.runtime.checkpoint import latest_checkpoint
+from tests.jobs.cli_run import Result, rollplex_here, torch_settings_kept
 
 STEPS = 6
 BASE = (
@@ -30,6 +31,9 @@ BASE = (
     "train.threads=1",
     "train.progress=false",
     f"train.steps={STEPS}",
+    # held-out accuracy still runs (step 0 and the last), on 8 prompts, not conf's 512:
+    # ~3 s of a run, and no test here reads its figure
+    "train.eval_prompts=8",
 )
 # the repository root on the path: runs start in their own folder and may name a user reward
 # by import path (tests/jobs/user_rewards.py)
@@ -60,6 +64,20 @@ def train(run: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
         env=ENV,
         cwd=run.parent,
     )
+
+
+@pytest.fixture
+def train_here(monkeypatch, capsys):
+    """`train` in this process, for refusals and short runs whose files the test reads (no
+    interpreter start-up or imports per case, ~3 s each); the torch settings a run makes
+    are undone. The runs whose streams, kill or peak memory matter keep their process."""
+
+    def run(out: Path, *overrides: str) -> Result:
+        args = ("train", *BASE, *overrides, f"hydra.run.dir={out}")
+        return rollplex_here(out.parent, monkeypatch, capsys, *args)
+
+    with torch_settings_kept():
+        yield run
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -175,9 +193,9 @@ def _other_model_checkpoint(folder: Path) -> Path:
     return save_checkpoint(folder, 1, trainer, other, seed=0)
 
 
-def test_what_the_fsdp_trainer_cannot_run_is_refused_before_any_work(tmp_path):
+def test_what_the_fsdp_trainer_cannot_run_is_refused_before_any_work(train_here, tmp_path):
     pooled = ("schedule=disaggregated", "hardware.num_gpus=2")  # its pools build no critic
-    p = train(tmp_path / "out", "backend=fsdp", "algo=ppo", "algo.kl_coef=0", *pooled)
+    p = train_here(tmp_path / "out", "backend=fsdp", "algo=ppo", "algo.kl_coef=0", *pooled)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "schedule.name=disaggregated with algo=ppo and backend.trainer=fsdp" in p.stderr
     assert not (tmp_path / "out" / "plan.json").exists()
@@ -194,15 +212,15 @@ def test_vllm_rollout_without_vllm_names_what_to_install(tmp_path):
 
 
 @pytest.mark.parametrize("knob", ["skinny_gemm", "split_kernel", "split_gemm"])
-def test_triton_kernels_off_cuda_are_refused_before_any_work(tmp_path, knob):
-    p = train(tmp_path / "out", f"backend.torch_engine.{knob}=true")
+def test_triton_kernels_off_cuda_are_refused_before_any_work(train_here, tmp_path, knob):
+    p = train_here(tmp_path / "out", f"backend.torch_engine.{knob}=true")
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert f"backend.torch_engine.{knob}=true with train.device=cpu" in p.stderr
     assert not (tmp_path / "out" / "plan.json").exists()
 
 
-def test_the_old_train_backend_key_is_gone(tmp_path):
-    p = train(tmp_path / "out", "+train.backend=torch")
+def test_the_old_train_backend_key_is_gone(train_here, tmp_path):
+    p = train_here(tmp_path / "out", "+train.backend=torch")
     assert p.returncode == 2 and "backend" in p.stderr
 
 
@@ -218,7 +236,9 @@ def test_the_old_train_backend_key_is_gone(tmp_path):
         ("grpo for ppo", r"step-000003/trainer_state\.json: no 'critic_version'"),
     ],
 )
-def test_a_bad_checkpoint_fails_cleanly_and_stays_untouched(uninterrupted, tmp_path, case, message):
+def test_a_bad_checkpoint_fails_cleanly_and_stays_untouched(
+    uninterrupted, train_here, tmp_path, case, message
+):
     if case == "grpo for ppo":
         bad = uninterrupted / "checkpoints" / "step-000003"
     elif case == "corrupt":
@@ -232,7 +252,9 @@ def test_a_bad_checkpoint_fails_cleanly_and_stays_untouched(uninterrupted, tmp_p
         bad = _other_model_checkpoint(tmp_path / "other")
     before = snapshot(bad)
     out = tmp_path / "out"
-    p = train(out, f"train.resume={bad}", *(["algo=ppo"] if case == "grpo for ppo" else []))
+    # one case through a real process (its whole stderr is the one line), the rest in this one
+    run = train if case == "other_model" else train_here
+    p = run(out, f"train.resume={bad}", *(["algo=ppo"] if case == "grpo for ppo" else []))
     assert p.returncode == 2
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
     assert re.search(message, p.stderr), p.stderr
@@ -240,12 +262,13 @@ def test_a_bad_checkpoint_fails_cleanly_and_stays_untouched(uninterrupted, tmp_p
     assert not (out / "checkpoints").exists()  # it stopped before training
 
 
-@pytest.mark.slow  # ~15-25 s a run
+@pytest.mark.slow  # ~5-15 s a run
 @pytest.mark.parametrize("algo", ["rloo", "ppo"])
-def test_rloo_and_ppo_train(tmp_path, algo):
+def test_rloo_and_ppo_train(train_here, tmp_path, algo):
+    # in this process (train_here): no interpreter start-up, ~4 s a run
     # PPO with an entropy term (the entropy carries grad), RLOO with the metric only
     coeff = "0.01" if algo == "ppo" else "0"
-    p = train(tmp_path / algo, f"algo={algo}", "train.steps=3", f"algo.entropy_coeff={coeff}")
+    p = train_here(tmp_path / algo, f"algo={algo}", "train.steps=3", f"algo.entropy_coeff={coeff}")
     assert p.returncode == 0, p.stderr
     summary = json.loads((tmp_path / algo / "summary.json").read_text())
     assert summary["steps_run"] == 3
@@ -253,7 +276,7 @@ def test_rloo_and_ppo_train(tmp_path, algo):
     assert len(rows) == 3 and all(float(r["entropy"]) > 0 for r in rows)  # logged each step
     if algo == "ppo":  # its checkpoint holds the critic: the run resumes, one step more
         again = tmp_path / "again"
-        q = train(again, "algo=ppo", "train.steps=4", f"train.resume={tmp_path / algo}")
+        q = train_here(again, "algo=ppo", "train.steps=4", f"train.resume={tmp_path / algo}")
         assert q.returncode == 0, q.stderr
         summary = json.loads((again / "summary.json").read_text())
         assert (summary["start_step"], summary["steps_run"]) == (3, 1)
@@ -261,10 +284,10 @@ def test_rloo_and_ppo_train(tmp_path, algo):
         assert state["critic_version"] == state["version"] == 4
 
 
-def test_kl_in_reward_with_a_vllm_rollout_is_refused_before_any_work(tmp_path):
+def test_kl_in_reward_with_a_vllm_rollout_is_refused_before_any_work(train_here, tmp_path):
     # (kl_in_reward without a reference is refused by the spec itself, naming the field)
     kl = ("algo.kl_in_reward=true", "algo.use_reference=true", "algo.kl_coef=0.01")
-    p = train(tmp_path / "out", "algo=ppo", *kl, "backend.rollout=vllm")
+    p = train_here(tmp_path / "out", "algo=ppo", *kl, "backend.rollout=vllm")
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "kl_in_reward with backend.rollout=vllm" in p.stderr
     assert not (tmp_path / "out" / "plan.json").exists()
@@ -289,8 +312,8 @@ def test_forced_response_lengths_are_the_workloads_and_shared_by_schedules(force
     assert len(set(want)) == 2 and all(1 < m < 16 for m in want)
 
 
-def test_forced_lengths_with_a_tp_rollout_are_refused_before_any_work(tmp_path):
-    p = train(
+def test_forced_lengths_with_a_tp_rollout_are_refused_before_any_work(train_here, tmp_path):
+    p = train_here(
         tmp_path / "out", "backend=fsdp", "backend.fsdp.rollout_tp=2",
         "backend.fsdp.rollout_sync=share", "train.response_lengths=workload",
     )  # fmt: skip

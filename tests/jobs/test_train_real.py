@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
+from tests.jobs.cli_run import rollplex_here, torch_settings_kept
 from tests.models.demo_home import demo_home
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -42,7 +43,9 @@ def hub_folder(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow  # ~30 s: three steps of a hub model
-def test_three_steps_from_a_hub_folder_save_a_folder_transformers_loads(hub_folder, tmp_path):
+def test_three_steps_from_a_hub_folder_save_a_folder_transformers_loads(
+    hub_folder, tmp_path, monkeypatch, capsys
+):
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     run = tmp_path / "run"
@@ -84,16 +87,13 @@ def test_three_steps_from_a_hub_folder_save_a_folder_transformers_loads(hub_fold
     scalars = "".join(p.name for p in (run / "tb").iterdir())
     assert "pt.trace.json" in scalars
 
-    evaluated = rollplex(
-        "eval",
-        tmp_path / "eval",
-        "model=hub",
-        f"model.path={ckpt.parent}",
-        "data=easyvqa",
-        "eval.prompts=8",
-        "eval.max_new_tokens=2",
-        reward,  # held-out accuracy is by the run's own reward, exact match beside it
-    )
+    with torch_settings_kept():  # the eval job in this process: ~4 s of start-up less
+        evaluated = rollplex_here(
+            tmp_path, monkeypatch, capsys, "eval", "model=hub", f"model.path={ckpt.parent}",
+            "data=easyvqa", "eval.prompts=8", "eval.max_new_tokens=2",
+            reward,  # held-out accuracy is by the run's own reward, exact match beside it
+            f"hydra.run.dir={tmp_path / 'eval'}",
+        )  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     scored = json.loads((tmp_path / "eval" / "summary.json").read_text())
     assert scored["prompts"] == 8 and scored["accuracy"] == pytest.approx(
@@ -126,14 +126,18 @@ def _rows(folder: Path, video: bool) -> Path:
 
 
 @pytest.mark.parametrize("video", [False, True], ids=["images", "video_frames"])
-def test_jsonl_rows_train_and_the_plan_is_sized_from_them(hub_folder, tmp_path, video):
+def test_jsonl_rows_train_and_the_plan_is_sized_from_them(
+    hub_folder, tmp_path, monkeypatch, capsys, video
+):
     data = _rows(tmp_path / "data", video)
     run = tmp_path / "run"
     frames = ("workload.frames=4",) if video else ()
-    done = rollplex(
-        "train", run, "model=hub", f"model.path={hub_folder}", "data=jsonl",
-        f"data.path={data}", "train.steps=2", "train.eval_every=0", *SMALL, *frames,
-    )  # fmt: skip
+    with torch_settings_kept():  # in this process: no interpreter start-up, ~4 s a run
+        done = rollplex_here(
+            tmp_path, monkeypatch, capsys, "train", "model=hub", f"model.path={hub_folder}",
+            "data=jsonl", f"data.path={data}", "train.steps=2", "train.eval_every=0", *SMALL,
+            *frames, f"hydra.run.dir={run}",
+        )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     shape = summary["workload_measured"]
@@ -166,7 +170,9 @@ def _bad_folder(hub_folder: Path, tmp_path: Path, missing: str) -> Path:
         ("unknown_reward", "nope"),
     ],
 )
-def test_bad_input_exits_2_naming_it_before_any_model_loads(hub_folder, tmp_path, case, message):
+def test_bad_input_exits_2_naming_it_before_any_model_loads(
+    hub_folder, tmp_path, monkeypatch, capsys, case, message
+):
     data = _rows(tmp_path / "data", video=False)
     folder = hub_folder
     extra: tuple[str, ...] = ()
@@ -194,10 +200,15 @@ def test_bad_input_exits_2_naming_it_before_any_model_loads(hub_folder, tmp_path
     elif case == "unknown_reward":
         extra = ("reward.components=[{name: nope, weight: 1.0}]",)
     before = {p: p.read_bytes() for p in (tmp_path / "data").rglob("*") if p.is_file()}
-    done = rollplex(
-        "train", tmp_path / "run", "model=hub", f"model.path={folder}", "data=jsonl",
-        f"data.path={data}", "train.steps=1", *SMALL, *extra,
+    args = (
+        "model=hub", f"model.path={folder}", "data=jsonl", f"data.path={data}",
+        "train.steps=1", *SMALL, *extra,
     )  # fmt: skip
+    if case == "no_tokenizer":  # one case through a real process: the streams a user sees
+        done = rollplex("train", tmp_path / "run", *args)
+    else:  # the rest in this one (tests/jobs/cli_run.py): no interpreter start-up, ~3 s each
+        run = f"hydra.run.dir={tmp_path / 'run'}"
+        done = rollplex_here(tmp_path, monkeypatch, capsys, "train", *args, run)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     import re
