@@ -145,7 +145,8 @@ class RowSource(IndexedSource):
 
     def prompt_rows(self) -> Iterator[tuple[str, str, RowMedia]]:
         """(uid, problem, media) of every row, in file order, with no pixels decoded."""
-        for i, problem in enumerate(self.dataset[self.spec.prompt_key]):
+        # [:] reads the column as one list: iterating it formats row by row (10x slower)
+        for i, problem in enumerate(self.dataset[self.spec.prompt_key][:]):
             yield self.uid(i), problem, self.media[i]
 
     def row(self, index: int) -> Sample:
