@@ -10,4 +10,9 @@ source bench/gpu_env.sh  # wheels, tokenizer, $FOLDER, $PY
 mkdir -p "$OUT"
 $PY bench/gpu_profile_step.py --shape "$SHAPE" --folder "$FOLDER" --out "$OUT/runs" "$@" 2>&1 \
   | grep -v -E "UserWarning|warnings\.warn\(|^\s*$|Loading weights" | tail -150
-cp "$OUT"/runs/kernels_*.md "$OUT/" && rm -rf "${OUT:?}/runs"
+# the kernel tables, and the measured trace itself for bench/trace_kernels.py offline
+cp "$OUT"/runs/kernels_*.md "$OUT/"
+for run in "$OUT"/runs/*/; do
+  cp "$run"tb/measured*.pt.trace.json.gz "$OUT/trace_$(basename "$run").json.gz" 2>/dev/null || true
+done
+rm -rf "${OUT:?}/runs"
