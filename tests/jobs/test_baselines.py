@@ -146,9 +146,10 @@ def test_cpu_verl_like_with_the_options_forced_trains_the_same(dedup: bool) -> N
     several = VERL.model_copy(update={"train_micro_tokens": 32, "dedup": dedup})
     plain = run_schedule(several, steps=2)
     forced = several.model_copy(update={"train_micro_fused": True})
-    # a budget 5% under the recompute plan's peak: offloads of optimizer state and weights
+    # a budget 10% under the recompute plan's peak: offloads of optimizer state and weights
+    # (at 5% under, the reference's weights alone cover the dedup plan's overage)
     peak = plan_step(MODEL, WORKLOAD, ALGO, CPU, forced).plan.peak_bytes_per_gpu
-    tight = CPU.model_copy(update={"hbm_gib": 0.95 * peak / GIB})
+    tight = CPU.model_copy(update={"hbm_gib": 0.9 * peak / GIB})
     again = run_schedule(forced, steps=2, hardware=tight)
     options = applied(again.planned.plan, again.planned.graph)
     assert again.backend.trainer.micro_fused and not plain.backend.trainer.micro_fused
