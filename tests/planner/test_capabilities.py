@@ -88,8 +88,10 @@ def _grads(graph) -> list[str]:
 @pytest.mark.parametrize("trainer, want", [("torch", "bfloat16"), ("fsdp", "float32")])
 def test_the_trainer_sets_the_gradients_dtype_and_the_steps_cast(trainer, want):
     """The torch trainer's backward leaves bf16 gradients (autograd's, on bf16 parameters)
-    and its step casts them onto the float32 masters: 2 more bytes a parameter at the step;
-    FSDP2's float32 shards get float32 gradients and the step casts nothing."""
+    and its step casts them onto the float32 masters a chunk at a time: the largest
+    tensor's float32 cast (the embedding, while the norm is taken) at the step, not 2 more
+    bytes for every parameter; FSDP2's float32 shards get float32 gradients and the step
+    casts nothing."""
     from rollplex.backends import trainer_capabilities
     from rollplex.ops.costs import CostContext, op_cost
     from rollplex.planner.capabilities import apply_trainer_capabilities
@@ -103,7 +105,10 @@ def test_the_trainer_sets_the_gradients_dtype_and_the_steps_cast(trainer, want):
     step = next(op for op in out if op.kind == "optimizer_step")
     params = out.values[step.inputs["weights"]].shape[0]
     cast = op_cost(out, step, CostContext(model, WORKLOAD_PRESETS["video"])).transient_bytes
-    assert cast == (2 * params if want == "bfloat16" else 0)
+    if want == "bfloat16":  # 2.2 GB at 7B, against 15.2 GB for every gradient at once
+        assert cast == 4 * model.vocab_size * model.hidden_size < 0.2 * 2 * params
+    else:
+        assert cast == 0
     again, changed = apply_trainer_capabilities(out, caps)
     assert not changed and again is out
 

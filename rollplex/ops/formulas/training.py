@@ -23,6 +23,8 @@ from rollplex.specs.model import ModelSpec
 
 ADAMW_FLOPS_PER_PARAM = 12  # moments, bias corrections, sqrt, divide, decay, update
 ADAMW_STATE_BYTES = 12  # fp32 master weights, first and second moments
+# float32 gradients a step through masters casts at a time (backends/torch/masters.py)
+MASTER_STEP_CHUNK_BYTES = 1 << 30
 
 
 def _check_shards(shards: int) -> None:
@@ -133,11 +135,12 @@ def optimizer_step(
     state back plus the compute-dtype parameters the forward uses. Persistent: state and
     parameters (12 + 2 B/param for bf16); the gradients (`grad_bytes` a parameter, default
     the model's dtype) are `backward`'s output, so the whole training footprint is
-    16 B/param / shards. Scratch: the float32 cast of gradients held in a narrower dtype
-    (backends/torch/masters.py `take_grads`: each bf16 gradient is freed as its cast is
-    made, so the step peaks at 4 B/param of gradients: 2 more than its input), and nothing
-    for AdamW itself, which the trainers run fused (in place; torch's foreach default would
-    add one fp32 temporary per parameter).
+    16 B/param / shards. Scratch: the float32 casts of gradients held in a narrower dtype
+    (backends/torch/masters.py `clipped_step`): one tensor's while the norm is taken, then
+    a chunk's (`MASTER_STEP_CHUNK_BYTES`, or the largest tensor where that is larger) whose
+    narrower gradients are freed as they are cast; and nothing for AdamW itself, which the
+    trainers run fused (in place; torch's foreach default would add one fp32 temporary per
+    parameter).
     """
     _check_shards(shards)
     params = model.trainable_param_count() if trainable_params is None else trainable_params
@@ -145,13 +148,16 @@ def optimizer_step(
     b = model.dtype_bytes
     g = b if grad_bytes is None else grad_bytes
     kept = p * (ADAMW_STATE_BYTES + b)
+    largest = min(p, model.vocab_size * model.hidden_size)  # the embedding, the largest tensor
+    chunk = min(p, max(MASTER_STEP_CHUNK_BYTES / FP32, largest))
+    scratch = max(largest * FP32, chunk * (FP32 - g)) if g < FP32 else 0.0
     return Cost(
         flops=ADAMW_FLOPS_PER_PARAM * p,
         bytes_read=p * (b + ADAMW_STATE_BYTES),
         bytes_written=kept,
         weight_bytes=p * FP32,  # the master weights
         persistent_bytes=kept,
-        transient_bytes=p * max(0, FP32 - g),
+        transient_bytes=scratch,
     )
 
 
