@@ -1,13 +1,12 @@
 """RoleDispatch: the one place that runs a step graph's ops on whatever roles were chosen.
 Every mix of roles (torch or vLLM rollout, torch reference, torch or FSDP2 trainer) goes
 through here; backends provide roles and their value types only. The rollout side lives in
-rollout_ops.py, the role-free ops in role_free.py.
+rollout_ops.py, the forwards in forward_ops.py, the role-free ops in role_free.py.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -25,7 +24,7 @@ from rollplex.backends.base import (
 from rollplex.backends.step import Roles, StepConfig, StepInputs
 from rollplex.data.prompts import PromptBatch
 from rollplex.graph.ir import Graph, Op, Phase, version_model
-from rollplex.ops.micro_batches import micro_ranges
+from rollplex.runtime.forward_ops import ForwardOps
 from rollplex.runtime.role_free import RoleFreeOps, rewards
 from rollplex.runtime.rollout_ops import RolloutOps
 
@@ -48,20 +47,14 @@ class RoleDispatch(Backend):
       weights to the rollout (an alias for a colocated torch rollout, an in-place load for
       an engine); `generate` is the whole rollout in one engine op (planned for a rollout
       whose capabilities say `fused_prefix`, see planner/capabilities.py);
-    - row chunks: a prefix op's chunk i of n runs rows `row_ranges(rows, n)[i]` with the LM
-      head deferred, and the last chunk merges all parts through the role's `merge_rows`.
-      A forward the plan priced in micro-batches (`op_micro_batches`: vision, prefix and
-      no-grad scoring forwards, ops/micro_batches.py) runs the same way inside its one
-      step, over `micro_ranges(units, count)` of whole units (a prompt's group on its
-      shared prefix K/V for `logprob_response`), so its scratch is one range's;
-      A chunk the plan piggybacks rides the live decode's next step (rollout_ops.ride);
-      where it cannot, it runs separately and the step reports the deviation. A prefill
-      with an `exported` output (graph/passes/prefill_once.py) also keeps what the training
-      prefix forward would; `attach_prefix` hands that to the trainer (and a decode with a
-      `kept` output, graph/passes/decode_once.py, what the training response forward
-      would; `attach_response`). A row chunk runs
-      matrix products with fewer rows, which may round differently from the whole batch,
-      so chunked prefix results equal the unchunked ones to float rounding;
+    - forwards (forward_ops.py): prefix ops in the plan's row chunks or micro-batches,
+      scoring over responses, and the attaches. A chunk the plan piggybacks rides the live
+      decode's next step (rollout_ops.ride); where it cannot, it runs separately and the
+      step reports the deviation. A prefill with an `exported` output
+      (graph/passes/prefill_once.py) also keeps what the training prefix forward would;
+      `attach_prefix` hands that to the trainer (and a decode with a `kept` output,
+      graph/passes/decode_once.py, what the training response forward would;
+      `attach_response`);
     - the rollout side (decode segments, engine prompts, weight syncs, the engine's
       sleep/wake, evaluation's generate): rollout_ops.py;
     - role-free ops (expand_group, select_rows, reward, advantage, value_loss): role_free.py;
@@ -94,7 +87,6 @@ class RoleDispatch(Backend):
         self._critic_ops: frozenset[str] = frozenset()
         self._policy_scoring: frozenset[str] = frozenset()
         self._updates: dict[str, int] = {}
-        self._op_micro: dict[str, int] = {}  # op -> the plan's micro-batch count
         self._externals: dict[str, str] = {}
         self._generator: Any = None  # a torch.Generator, or one per row (StepHooks)
         self._step = 0
@@ -102,6 +94,7 @@ class RoleDispatch(Backend):
         self.metrics: dict[str, torch.Tensor] = {}
         self.role_free = RoleFreeOps(self)
         self.rollout_ops = RolloutOps(self)
+        self.forwards = ForwardOps(self)
         self.sync_seconds: list[float] = []
 
     # -- binding ------------------------------------------------------------------------
@@ -173,7 +166,7 @@ class RoleDispatch(Backend):
                 owner.micro_fused = fused
 
     def op_micro_batches(self, counts: dict[str, int]) -> None:
-        self._op_micro = dict(counts)
+        self.forwards.micro = dict(counts)
 
     def begin_step(self, step: int, inputs: StepInputs) -> dict[str, Any]:
         hooks = self.roles.hooks
@@ -199,7 +192,7 @@ class RoleDispatch(Backend):
         if chunk.count > 1 and op.kind not in PREFIX_KINDS:
             raise BackendError(f"'{op.name}' ({op.kind}) cannot run in chunks")
         if op.kind in PREFIX_KINDS:
-            return self._prefix_chunk(op, inputs, chunk, carry, reads)
+            return self.forwards.prefix_chunk(op, inputs, chunk, carry, reads)
         if op.kind == "weight_sync":
             return OpResult(self.rollout_ops.weight_sync(op, inputs), reads)
         if op.kind in ROLE_FREE_KINDS:
@@ -230,51 +223,6 @@ class RoleDispatch(Backend):
             raise BackendError(f"'{op.name}' ({op.kind}) has no role in phase {op.phase.value}")
         return role
 
-    def _prefix_chunk(
-        self, op: Op, x: dict[str, Any], chunk: Chunk, carry: dict[str, Any], reads: dict
-    ) -> OpResult:
-        """A prefix op, or its row chunk (the LM head deferred to the merge); riding the
-        live decode's next step when the plan says so and both roles can."""
-        head = chunk.count == 1
-        if not head:
-            lo, hi = _row_ranges(self.values.rows(x), chunk.count)[chunk.index]
-            x = {p: self.values.select(v, lo, hi) for p, v in x.items()}
-        out, deviation = self.rollout_ops.ride(op, x, head) if chunk.rides else (None, "")
-        if out is None and head:
-            out = self._in_micro_batches(op, x, self._prefix)
-        elif out is None:
-            out = self._prefix(op, x, False)
-        if head:
-            return OpResult(out, reads, deviation)
-        carry.setdefault("parts", []).append(out)
-        if not chunk.last:
-            return OpResult({}, reads, deviation)
-        return OpResult(self.role(op).merge_rows(carry.pop("parts")), reads, deviation)
-
-    def _prefix(self, op: Op, x: dict[str, Any], head: bool = True) -> dict[str, Any]:
-        """`head=False` (row chunks): leave the LM head to the merge of all chunks."""
-        role = self.role(op)
-        kw = {} if head else {"head": False}
-        if op.kind == "vision_encode":
-            return {"features": role.vision_encode(x["pixels"])}
-        if op.kind == "prefix_prefill":
-            self.rollout_ops.check_weights(op, x["weights"])
-            if "exported" in op.outputs:  # prefill_once: the training prefix forward too
-                if not head:
-                    raise BackendError(f"'{op.name}' exports its activations: not in chunks")
-                state, exported = role.prefix_prefill_exported(x["features"], x["text"])
-                return {"kv": state, "exported": exported}
-            return {"kv": role.prefix_prefill(x["features"], x["text"], **kw)}
-        if "exported" in op.outputs:  # a no-grad prefix forward that exports (PPO's critic)
-            if not head:
-                raise BackendError(f"'{op.name}' exports its activations: not in chunks")
-            state, exported = role.logprob_prefix_exported(x["features"], x["text"])
-            return {"kv": state, "exported": exported}
-        out = role.logprob_prefix(x["features"], x["text"], **kw)
-        if op.phase is Phase.TRAIN:
-            return {"kv": out[0], "saved": out[1]} if "saved" in op.outputs else {"kv": out[0]}
-        return {"kv": out}
-
     def _role_op(self, op: Op, x: dict[str, Any]) -> dict[str, Any]:
         k, a = op.kind, op.attrs
         critic = op.name in self._critic_ops
@@ -294,72 +242,13 @@ class RoleDispatch(Backend):
             owner = self.critic if critic else self.trainer
             owner.optimizer_step(x["grads"])
             return {"weights": owner.handle(), "state": x["state"]}
-        role = self.role(op)
         if k == "attach_prefix":
-            return {"kv": self._attach(op, role, x)}
+            return {"kv": self.forwards.attach_prefix(op, self.role(op), x)}
         if k == "attach_response":
-            return {"logprobs": self._attach_response(op, role, x)}
+            return {"logprobs": self.forwards.attach_response(op, self.role(op), x)}
         if k not in ("logprob_response", "logprob"):
             raise BackendError(f"'{op.name}' ({k}) is not a kind the roles run")
-        if op.name in self._op_micro:  # scored without grad, in the plan's micro-batches
-            return self._in_micro_batches(op, x, lambda o, y, _: {"logprobs": _score(role, o, y)})
-        out = _score(role, op, x)
-        if op.phase is Phase.TRAIN:
-            if "saved" in op.outputs:
-                return {"logprobs": out[0], "saved": out[1]}
-            return {"logprobs": out[0]}
-        return {"logprobs": out}
-
-    def _in_micro_batches(
-        self, op: Op, x: dict[str, Any], run: Callable[[Op, dict[str, Any], bool], dict[str, Any]]
-    ) -> dict[str, Any]:
-        """`run(op, inputs, head)` over all of `x`, or, where the plan priced `op` in micro-
-        batches, over each of `micro_ranges(units, count)` with the LM head deferred, the
-        parts merged in row order by the role's `merge_rows` (the head then runs on all rows
-        at once, as unsplit)."""
-        count = self._op_micro.get(op.name, 1)
-        if count == 1:
-            return run(op, x, True)
-        g = 1
-        if "kv" in x:  # logprob_response: whole prompts' groups on their prefix K/V
-            units = self.values.row_count(x["kv"])
-            g = self.values.row_count(x["responses"]) // units
-        else:
-            units = self.values.rows(x)
-        parts = []
-        for lo, hi in micro_ranges(units, count):
-            rows = {p: self.values.select(v, lo, hi) for p, v in x.items() if p != "responses"}
-            if "responses" in x:
-                rows["responses"] = self.values.select(x["responses"], lo * g, hi * g)
-            parts.append(run(op, rows, False))
-        return self.role(op).merge_rows(parts)
-
-    def _attach(self, op: Op, role: Any, x: dict[str, Any]) -> Any:
-        """attach_prefix: the trainer takes the rollout's exported prefill in place of its
-        prefix forward, only at the weights version that computed it (the plan proves it
-        from the graph; an update in between would make other gradients)."""
-        made, reads = getattr(x["exported"], "version", None), x["weights"].name
-        if made != reads:
-            raise BackendError(
-                f"'{op.name}' would attach a prefill of {made} to weights {reads}: "
-                "prefill_once needs the version the rollout prefilled with"
-            )
-        state, _ = role.attach_exported(x["exported"], x["features"])
-        return state
-
-    def _attach_response(self, op: Op, role: Any, x: dict[str, Any]) -> Any:
-        """attach_response: the trainer takes the decode's kept layer outputs in place of
-        its response forward, only at the weights version that decoded (decode_once)."""
-        made, reads = getattr(x["kept"], "version", None), x["weights"].name
-        if made != reads:
-            raise BackendError(
-                f"'{op.name}' would attach a decode of {made} to weights {reads}: "
-                "decode_once needs the version the rollout decoded with"
-            )
-        out, _ = role.attach_decoded(
-            x["kv"], x["responses"], op.attrs.get("group_size", 1), x["kept"]
-        )
-        return out
+        return self.forwards.score(op, x)
 
     def _reward(self, responses: Any, answers: Any, group_size: int) -> torch.Tensor:
         return rewards(self, responses, answers, group_size)  # tests may patch this hook
@@ -374,24 +263,9 @@ class RoleDispatch(Backend):
         return self.values.move(value, "cpu" if to_host else self.device)
 
 
-def _score(role: Any, op: Op, x: dict[str, Any]) -> Any:
-    """A scoring forward over responses (`logprob_response` on a prefix, or verl's
-    per-sample `logprob`)."""
-    if op.kind == "logprob_response":
-        return role.logprob_response(x["kv"], x["responses"], op.attrs.get("group_size", 1))
-    return role.logprob(x["features"], x["text"], x["responses"])
-
-
 def _detached(logprobs: Any) -> Any:
     out = type(logprobs)(logprobs.values.detach(), logprobs.mask)
     return out
-
-
-def _row_ranges(rows: int, chunks: int) -> list[tuple[int, int]]:
-    """`chunks` contiguous, near-equal row ranges (sizes differ by at most one)."""
-    if not 1 <= chunks <= rows:
-        raise BackendError(f"cannot cut {rows} rows into {chunks} chunks")
-    return [(rows * i // chunks, rows * (i + 1) // chunks) for i in range(chunks)]
 
 
 __all__ = [

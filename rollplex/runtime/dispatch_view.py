@@ -1,6 +1,7 @@
-"""What the dispatch's helpers (role_free.py, rollout_ops.py) read of the RoleDispatch that
-owns them (dispatch.py): its roles, config and sampling, the step in flight and its metrics.
-A protocol, so the helpers need not import the dispatch that imports them."""
+"""What the dispatch's helpers (role_free.py, rollout_ops.py, forward_ops.py) read of the
+RoleDispatch that owns them (dispatch.py): its roles, config and sampling, the step in
+flight and its metrics. A protocol, so the helpers need not import the dispatch that
+imports them."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class DispatchView(Protocol):
     _generator: Any  # the step's decode generator (or one per row: StepHooks)
     _step: int
     _inputs: StepInputs | None
+    rollout_ops: Any  # rollout_ops.RolloutOps: decode rides and the rollout's weights check
 
     def role(self, op: Op) -> Any: ...
 

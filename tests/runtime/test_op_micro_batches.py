@@ -21,8 +21,7 @@ from rollplex.engine.prefix import PrefixState, cache_kv
 from rollplex.graph.ir import Phase
 from rollplex.jobs.pipeline import plan_step
 from rollplex.ops import micro_batches as mb
-from rollplex.runtime import Executor
-from rollplex.runtime import dispatch as dispatch_module
+from rollplex.runtime import Executor, forward_ops
 from rollplex.runtime.compose import compose
 from rollplex.specs import ScheduleSpec
 from tests.runtime.conftest import ALGO, CPU, MODEL, WORKLOAD
@@ -112,7 +111,7 @@ def test_the_runtime_cuts_the_ranges_the_plan_priced(monkeypatch, name):
             cut[op.name] = mb.micro_ranges(units, count)
             return cut[op.name]
 
-        monkeypatch.setattr(dispatch_module, "micro_ranges", ranges)
+        monkeypatch.setattr(forward_ops, "micro_ranges", ranges)
         return inner(op, inputs, chunk, carry)
 
     backend.run_op = run_op

@@ -91,4 +91,4 @@ def test_a_decode_of_another_version_is_refused():
     assert handle.name != stale.version  # an update later
     x = {"kept": stale, "weights": handle, "kv": None, "responses": None}
     with pytest.raises(BackendError, match="decode_once needs the version"):
-        run.backend._attach_response(op, run.backend.trainer, x)
+        run.backend.forwards.attach_response(op, run.backend.trainer, x)

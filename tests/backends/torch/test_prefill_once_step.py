@@ -87,4 +87,5 @@ def test_an_export_of_another_version_is_refused():
     stale = ExportedPrefix(None, "policy@0")
     assert handle.name != stale.version  # 3 updates later
     with pytest.raises(BackendError, match="prefill_once needs the version"):
-        run.backend._attach(op, run.backend.trainer, {"exported": stale, "weights": handle})
+        x = {"exported": stale, "weights": handle}
+        run.backend.forwards.attach_prefix(op, run.backend.trainer, x)
