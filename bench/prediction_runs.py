@@ -19,6 +19,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from trace_kernels import load, union_us
+
 from rollplex.backends import rollout_capabilities, trainer_capabilities
 from rollplex.jobs.pipeline import plan_step
 from rollplex.planner.cost_model import CostModel
@@ -98,18 +100,14 @@ def _traced(folder: Path, steps: int) -> list[TracedStep]:
     path = folder / TRACE
     if not path.exists():
         return []
-    events = json.loads(path.read_text())["traceEvents"]
+    events = load(path)
     marks = sorted((e for e in events if e.get("cat") == "user_annotation"), key=lambda e: e["ts"])
     spans = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy")]
     out = []
     for k, mark in enumerate(marks):
         lo, hi = mark["ts"], mark["ts"] + mark["dur"]
         mine = sorted((e for e in spans if lo <= e["ts"] < hi), key=lambda e: e["ts"])
-        busy, end = 0.0, lo
-        for e in mine:  # union of the spans
-            a, b = max(e["ts"], end), e["ts"] + e["dur"]
-            busy += max(0.0, b - a)
-            end = max(end, b)
+        busy = union_us([(e["ts"], e["ts"] + e["dur"]) for e in mine])
         ops: dict[str, float] = {}
         for e in mine:
             if e["cat"] == "kernel" and e.get("args", {}).get("corun", "none") == "none":

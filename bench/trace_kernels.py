@@ -11,11 +11,11 @@ which the GPU annotation (kernels correlated with the step's own thread) leaves 
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+
+from rollplex.runtime.profile import load_trace
 
 
 @dataclass(slots=True, frozen=True)
@@ -39,10 +39,8 @@ class StepKernels:
 
 
 def load(path: str | Path) -> list[dict]:
-    p = Path(path)
-    opener = gzip.open if p.suffix == ".gz" else open
-    with opener(p, "rt") as f:
-        return json.load(f)["traceEvents"]
+    """The trace's events (`load_trace` reads .json and .json.gz)."""
+    return load_trace(path)["traceEvents"]
 
 
 def _windows(events: list[dict], op: str, cat: str) -> list[tuple[float, float]]:
@@ -53,7 +51,7 @@ def _windows(events: list[dict], op: str, cat: str) -> list[tuple[float, float]]
     ]
 
 
-def _union_us(spans: list[tuple[float, float]]) -> float:
+def union_us(spans: list[tuple[float, float]]) -> float:
     total, end = 0.0, float("-inf")
     for a, b in sorted(spans):
         if b <= end:
@@ -86,7 +84,7 @@ def step_kernels(events: list[dict], op: str, top: int = 15) -> StepKernels:
     )
     window_us = sum(hi - lo for lo, hi in windows)
     gpu_us = sum(hi - lo for lo, hi in _windows(events, op, "gpu_user_annotation"))
-    busy_us = _union_us(clipped)
+    busy_us = union_us(clipped)
     return StepKernels(op, window_us / 1e3, gpu_us / 1e3, busy_us / 1e3, tuple(rows[:top]))
 
 
