@@ -157,7 +157,8 @@ def clipped_step(
     grads, then the rounded masters copied back into the parameters in place.
 
     With masters the casts are made a chunk at a time (`MASTER_STEP_CHUNK_BYTES`): the norm
-    from each gradient's own cast, then per chunk the casts clipped and stepped, so the step
+    of each gradient in float32 (`vector_norm(dtype=float32)`, the cast's values without
+    keeping a cast), then per chunk the casts clipped and stepped, so the step
     never holds every gradient in float32 (2 B a parameter more than in bf16, 14 GiB at
     7B, at the step's memory peak). The result is `clip_grad_norm_(foreach=False)` then
     one AdamW step over all of them: the update is elementwise, and AdamW skips a
@@ -171,7 +172,7 @@ def clipped_step(
     ]
     if pairs:
         device = pairs[0][1].device
-        norms = [torch.linalg.vector_norm(_cast(p, m), 2.0).to(device) for p, m in pairs]
+        norms = [_norm(p.grad).to(device) for p, _ in pairs]
         total = torch.linalg.vector_norm(torch.stack(norms), 2.0)
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         for chunk in _chunks(pairs, MASTER_STEP_CHUNK_BYTES):
@@ -186,6 +187,11 @@ def clipped_step(
     for p in params:
         p.grad = None
     masters.copy_to_params()
+
+
+def _norm(grad: torch.Tensor) -> torch.Tensor:
+    """The float32 L2 norm of a gradient, computed in float32 without a float32 copy."""
+    return torch.linalg.vector_norm(grad, 2.0, dtype=torch.float32)
 
 
 def _cast(p: nn.Parameter, m: torch.Tensor) -> torch.Tensor:
