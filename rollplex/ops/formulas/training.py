@@ -136,11 +136,11 @@ def optimizer_step(
     parameters (12 + 2 B/param for bf16); the gradients (`grad_bytes` a parameter, default
     the model's dtype) are `backward`'s output, so the whole training footprint is
     16 B/param / shards. Scratch: the float32 casts of gradients held in a narrower dtype
-    (backends/torch/masters.py `clipped_step`): at most one tensor's while its float32 norm is
-    taken (bounded as a cast: the kernel may make one), then
-    a chunk's (`MASTER_STEP_CHUNK_BYTES`, or the largest tensor where that is larger) whose
-    narrower gradients are freed as they are cast; and nothing for AdamW itself, which the
-    trainers run fused (in place; torch's foreach default would add one fp32 temporary per
+    (backends/torch/masters.py `clipped_step`): at most one tensor's while its float32 norm
+    is taken (bounded as a cast: the kernel may make one), then a chunk's
+    (`MASTER_STEP_CHUNK_BYTES`, or the largest tensor where that is larger) whose narrower
+    gradients are freed as they are cast; and nothing for AdamW itself, which the trainers
+    run fused (in place; torch's foreach default would add one fp32 temporary per
     parameter).
     """
     _check_shards(shards)
