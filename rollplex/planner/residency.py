@@ -62,9 +62,8 @@ def settle_memory(plan: Plan, mem: Memory, interference=None) -> Plan:
     idle at the peak, and the smallest one that covers the overage alone (cheaper copies,
     but an onload the next step's first op waits for can cost more than a larger hidden
     one). The faster of the two fitting results is kept; on a tie, the first."""
-    trial = deepcopy(plan) if mem.allow_offload else None
-    _settle(plan, mem, interference, covering=False)
-    if trial is None or not any(s.kind in ("offload", "onload") for s in plan.all_steps()):
+    trial = _settle(plan, mem, interference, covering=False)
+    if trial is None:  # nothing moved: one rule's plan is the other's
         return plan
     _settle(trial, mem, interference, covering=True)
     if trial.fits_budget and (
@@ -75,9 +74,11 @@ def settle_memory(plan: Plan, mem: Memory, interference=None) -> Plan:
     return plan
 
 
-def _settle(plan: Plan, mem: Memory, interference, covering: bool) -> None:
+def _settle(plan: Plan, mem: Memory, interference, covering: bool) -> Plan | None:
+    """Fit `plan` in place under one rule; return a copy of it from before its first move
+    (for the other rule to start from), or None when nothing moved."""
     replay(plan, interference)
-    moved = False
+    before: Plan | None = None
     for dev in plan.devices:
         tried: set[str] = set()
         while True:
@@ -89,13 +90,15 @@ def _settle(plan: Plan, mem: Memory, interference, covering: bool) -> None:
             victim = _pick_offload(dev, lives, tried, mem.graph, need)
             if victim is None:
                 break
+            if before is None:
+                before = deepcopy(plan)
             tried.add(victim.value)
             _offload(plan, dev, victim, mem)
             replay(plan, interference)
-            moved = True
         _finish(dev, lives, result, mem)
-    if moved:  # a later group's offloads may shift this one's times; else nothing changed
+    if before is not None:  # a later group's offloads may shift this one's times
         replay(plan, interference)
+    return before
 
 
 def settled_time(plan: Plan, mem: Memory, interference=None) -> tuple[float, bool]:
