@@ -41,12 +41,15 @@ class MemoryLedger:
         """At an RL step's start: what the values hold before any op, each event named
         for its value (the plan value that owns the bytes); then a peak the allocator
         reached outside every plan step (loading, a held-out evaluation), named so."""
-        return self._changes(env, owned, dev, t, None) + self._peak(dev, t, OUTSIDE_STEPS)
+        return self._changes(env.attribution(owned), dev, t, None) + self._peak(
+            dev, t, OUTSIDE_STEPS
+        )
 
-    def events(self, env: Env, owned: set[str], dev: int, t: float, name: str) -> list[MemoryEvent]:
+    def events(self, now: dict[str, int], dev: int, t: float, name: str) -> list[MemoryEvent]:
         """Events (named `name`, the op) for every value whose resident bytes changed
-        since the last call, then the allocator's peak if it rose above what was shown."""
-        return self._changes(env, owned, dev, t, name) + self._peak(dev, t, name)
+        since the last call (`now`: `Env.attribution`, which the caller also sums), then
+        the allocator's peak if it rose above what was shown."""
+        return self._changes(now, dev, t, name) + self._peak(dev, t, name)
 
     def _totals(self, dev: int) -> tuple[int, int]:
         if self.feed is None:
@@ -55,9 +58,9 @@ class MemoryLedger:
         return self.feed.allocated(), self.feed.reserved()
 
     def _changes(
-        self, env: Env, owned: set[str], dev: int, t: float, name: str | None
+        self, now: dict[str, int], dev: int, t: float, name: str | None
     ) -> list[MemoryEvent]:
-        attributed, now = self.attributed[dev], env.attribution(owned)
+        attributed = self.attributed[dev]
         changed = []
         for value in dict.fromkeys([*attributed, *now]):
             delta = now.get(value, 0) - attributed.get(value, 0)

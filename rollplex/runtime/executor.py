@@ -260,13 +260,19 @@ class Executor:
             self._runtime_deviation(k, msg)  # e.g. a graph not captured on its partition
         if k in self._stream_notes:
             note = "; ".join(n for n in (self._stream_notes[k], note) if n)
-        resident = env.resident_bytes(self._owned[own])
-        memory += self._ledger.events(env, self._owned[own], own, t1, step.name)
+        # One walk of the resident values per change (thousands of weight and optimizer
+        # tensors): after the op, and again only when a free or a residency move followed.
+        now = env.attribution(self._owned[own])
+        resident = sum(now.values())
+        memory += self._ledger.events(now, own, t1, step.name)
         freed = [v for v in self._frees.get(k, ()) if self._free(env, v)]
-        for a in self._engine.after.get(k, ()):
+        moves = self._engine.after.get(k, ())
+        for a in moves:
             self.backend.residency(a)
-        after = env.resident_bytes(self._owned[own])
-        memory += self._ledger.events(env, self._owned[own], own, t1, step.name)
+        if freed or moves:
+            now = env.attribution(self._owned[own])
+            memory += self._ledger.events(now, own, t1, step.name)
+        after = sum(now.values())
         m = MeasuredStep(step, own, rl_step, t0, t1, resident, after, env.host_bytes(), reads, note)
         m.freed, m.deviations = freed, list(self.deviations.get(k, ()))
         return m

@@ -26,12 +26,12 @@ def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
     own = getattr(obj, "tensors", None)
     if callable(own):
         yield from own()
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from iter_tensors(v)
-    elif isinstance(obj, list | tuple):
-        for v in obj:
-            yield from iter_tensors(v)
+    elif isinstance(obj, dict | list | tuple):
+        for v in obj.values() if isinstance(obj, dict) else obj:
+            if isinstance(v, torch.Tensor):  # the common leaf, without a nested generator
+                yield v
+            else:
+                yield from iter_tensors(v)
     elif is_dataclass(obj):
         for f in fields(obj):
             yield from iter_tensors(getattr(obj, f.name))
@@ -43,13 +43,20 @@ def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
                     yield t
 
 
-def _storages(obj: Any) -> Iterator[tuple[tuple[str, int], int]]:
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # skip the DTensor probe for these
+
+
+def _storages(obj: Any) -> Iterator[tuple[tuple[int, int], int]]:
+    """(device index, storage address) and bytes of each storage `obj` reaches. The executor
+    walks every resident value after every plan step (thousands of weight and optimizer
+    tensors), so the key avoids building a device string per tensor."""
     for t in iter_tensors(obj):
-        if hasattr(t, "to_local"):  # a DTensor (FSDP2): this rank holds its local shard
-            t = t.to_local()
+        if type(t) not in _PLAIN and hasattr(t, "to_local"):  # a DTensor (FSDP2): this
+            t = t.to_local()  # rank holds its local shard
         st = t.untyped_storage()
-        if st.nbytes() and st.data_ptr():
-            yield (str(t.device), st.data_ptr()), st.nbytes()
+        ptr, nbytes = st.data_ptr(), st.nbytes()
+        if ptr and nbytes:
+            yield (t.get_device(), ptr), nbytes
 
 
 @dataclass(slots=True)
@@ -71,7 +78,7 @@ class Env:
         """Resident bytes per value name (first holder wins); `owned` keeps only those
         names (carries count when their op's name is owned)."""
         host = {key for _, v in self.host.items() for key, _ in _storages(v)}
-        seen: set[tuple[str, int]] = set()
+        seen: set[tuple[int, int]] = set()
         out: dict[str, int] = {}
         for name, value in self.resident():
             if owned is not None and name.split("#carry")[0] not in owned:

@@ -102,13 +102,13 @@ def test_a_fake_allocator_feeds_the_totals_the_reserved_figure_and_the_peak():
     assert all(e.total_reserved == feed.reserved() > e.total_allocated for e in start)
     env.device["act"] = _value(500)
     feed.set(3500, peak_inside=9000)  # a workspace no value holds peaked inside the op
-    events = ledger.events(env, owned, 0, 1.0, "op")
+    events = ledger.events(env.attribution(owned), 0, 1.0, "op")
     assert [e.delta_bytes for e in events] == [500, 5500, -5500]  # the act, the peak, gone
     assert max(e.total_allocated for e in events) == feed.max_allocated() == 9000
     assert events[-1].total_allocated == 3500
     env.device.pop("act")
     feed.set(3000)
-    events = ledger.events(env, owned, 0, 2.0, "op")
+    events = ledger.events(env.attribution(owned), 0, 2.0, "op")
     assert [e.delta_bytes for e in events] == [-500]  # no new peak: no transient
     assert min(e.total_allocated for e in events) >= 3000  # weights and state stay
 
@@ -118,6 +118,6 @@ def test_without_an_allocator_the_totals_are_the_values_count():
     env = Env(device={"w": _value(1000)})
     assert ledger.resident(env, owned, 0, 0.0)[0].total_allocated == 1000
     env.device["act"] = _value(24)
-    (e,) = ledger.events(env, owned, 0, 1.0, "op")
+    (e,) = ledger.events(env.attribution(owned), 0, 1.0, "op")
     assert (e.name, e.total_allocated, e.total_reserved) == ("op", 1024, 1024)
     assert ledger.resident(Env(device={"w": env.device["w"]}), owned, 0, 2.0)[0].delta_bytes == -24
