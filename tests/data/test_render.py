@@ -167,6 +167,27 @@ def test_mixed_batch_collates(tokenizer, processor):
     values, grids, counts = batch.visual_rows()
     assert counts == [1, 2, 0] and grids.tolist() == [[2, 4, 4], [1, 4, 4], [1, 2, 2]]
     assert torch.equal(values[:32], batch.pixel_values_videos)
+    assert torch.equal(values[32:], batch.pixel_values)
+
+
+@pytest.mark.parametrize("kind", ["video", "images"])
+def test_one_modality_batch_gives_its_pixels_without_a_copy(tokenizer, processor, kind):
+    r = _renderer(tokenizer, processor, video_max_pixels=56 * 56)
+    if kind == "video":
+        samples = [
+            Sample(f"v{i}", "<video> move?", "left", video=(_image(56, 56, i),) * 4)
+            for i in range(3)
+        ]
+    else:
+        samples = [
+            Sample(f"i{i}", "<image> colour?", "red", images=(_image(56, 56, i),)) for i in range(3)
+        ]
+    batch = r.encode_batch([*samples, Sample("t", "just text", "x")])
+    own = batch.pixel_values_videos if kind == "video" else batch.pixel_values
+    grid = batch.video_grid_thw if kind == "video" else batch.image_grid_thw
+    values, grids, counts = batch.visual_rows()
+    assert counts == [1, 1, 1, 0]
+    assert values.data_ptr() == own.data_ptr() and torch.equal(grids, grid)
 
 
 @pytest.mark.parametrize(
