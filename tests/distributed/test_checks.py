@@ -92,6 +92,6 @@ def test_cli_refuses_a_grpo_checkpoint_for_ppo_in_one_line(runs, tmp_path, monke
     assert not torch.distributed.is_initialized()
     assert p.returncode == 2
     assert f"{ckpt / STATE_FILE}: no 'critic_version'" in p.stderr
-    assert len(p.stderr.splitlines()) == 1
+    assert len(p.stderr.splitlines()) == 1, p.stderr
     assert "Traceback" not in p.stderr
     assert not (out / "plan.json").exists()
