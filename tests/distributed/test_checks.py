@@ -11,7 +11,7 @@ from rollplex.backends.fsdp.checks import check_fsdp_spec, torchrun_world
 from rollplex.runtime.checkpoint import STATE_FILE
 from rollplex.specs.run import RunSpec
 from tests.distributed.conftest import ROOT
-from tests.jobs.cli_run import rollplex_here, torch_settings_kept
+from tests.jobs.cli_run import rollplex_here, shown_lines, torch_settings_kept
 
 
 def spec(*overrides: str) -> RunSpec:
@@ -92,6 +92,6 @@ def test_cli_refuses_a_grpo_checkpoint_for_ppo_in_one_line(runs, tmp_path, monke
     assert not torch.distributed.is_initialized()
     assert p.returncode == 2
     assert f"{ckpt / STATE_FILE}: no 'critic_version'" in p.stderr
-    assert len(p.stderr.splitlines()) == 1, p.stderr
+    assert len(shown_lines(p.stderr)) == 1, p.stderr
     assert "Traceback" not in p.stderr
     assert not (out / "plan.json").exists()

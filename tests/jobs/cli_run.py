@@ -66,11 +66,19 @@ def torch_settings_kept() -> Iterator[None]:
         torch.use_deterministic_algorithms(deterministic)
 
 
+def shown_lines(stream: str) -> list[str]:
+    """The lines a terminal is left showing: a progress bar redraws its line with carriage
+    returns and clears it when done (the data check's bar appears only when it runs slow,
+    as on a loaded CI machine), so only what follows a line's last one stays."""
+    shown = (line.rsplit("\r", 1)[-1].rstrip() for line in stream.split("\n"))
+    return [line for line in shown if line]
+
+
 def refusal_line(result: Result | subprocess.CompletedProcess[str]) -> str:
     """The one line a refusal prints (exit code 2, no traceback)."""
     assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
     assert "Traceback" not in result.stderr, result.stderr[-2000:]
-    lines = [ln for ln in result.stderr.strip().splitlines() if ln.startswith("rollplex:")]
+    lines = [ln for ln in shown_lines(result.stderr) if ln.startswith("rollplex:")]
     assert len(lines) == 1, result.stderr[-2000:]
     return lines[0]
 

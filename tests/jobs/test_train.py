@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from rollplex.runtime.checkpoint import latest_checkpoint
-from tests.jobs.cli_run import Result, rollplex_here, torch_settings_kept
+from tests.jobs.cli_run import Result, rollplex_here, shown_lines, torch_settings_kept
 
 STEPS = 6
 BASE = (
@@ -256,7 +256,7 @@ def test_a_bad_checkpoint_fails_cleanly_and_stays_untouched(
     run = train if case == "other_model" else train_here
     p = run(out, f"train.resume={bad}", *(["algo=ppo"] if case == "grpo for ppo" else []))
     assert p.returncode == 2
-    assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in p.stderr and len(shown_lines(p.stderr)) == 1, p.stderr
     assert re.search(message, p.stderr), p.stderr
     assert snapshot(bad) == before
     assert not (out / "checkpoints").exists()  # it stopped before training
