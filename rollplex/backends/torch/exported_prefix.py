@@ -8,14 +8,15 @@ the checkpointed forward's. The export carries its weights version; a moved trai
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from rollplex.data.prompts import PromptBatch
 from rollplex.engine.prefix import Model, PrefixState, cache_kv, prefix_forward
-from rollplex.engine.riders import RiddenPrefix, rider_rows
+from rollplex.engine.riders import RiddenPrefix, RiderRows, rider_rows
 
 
 @dataclass(slots=True)
@@ -35,6 +36,32 @@ class ExportedPrefix:
             yield from (k, v)
         yield r.hidden
         yield from (*r.rows.rope, r.rows.mask)  # what each layer's recompute reads besides
+
+    def moved(self, move: Callable[[Any], Any]) -> ExportedPrefix:
+        """A copy whose values went through `move` (to host across the decode, and back
+        before the attach, where the plan parks it). A tensor held twice (the rows'
+        embeddings are layer 0's input) moves once and stays one tensor."""
+        r = self.ridden
+        if r is None:
+            return ExportedPrefix(None, self.version)
+        done: dict[int, Any] = {}
+
+        def once(x: Any) -> Any:
+            if id(x) not in done:
+                done[id(x)] = move(x)
+            return done[id(x)]
+
+        rows = r.rows
+        rows = RiderRows(
+            once(rows.batch),
+            once(rows.embeds),
+            (once(rows.rope[0]), once(rows.rope[1])),
+            once(rows.mask),
+            once(rows.next_positions),
+        )
+        kv = [(once(k), once(v)) for k, v in r.kv]
+        ridden = RiddenPrefix(rows, [once(x) for x in r.inputs], kv, once(r.hidden), r.alone)
+        return ExportedPrefix(ridden, self.version)
 
     def release(self) -> None:
         """The plan frees it after the backward; the autograd graph holds what it needs."""

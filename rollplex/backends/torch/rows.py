@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from rollplex.backends.base import BackendError, ValueOps
+from rollplex.backends.torch.exported_prefix import ExportedPrefix
 from rollplex.backends.torch.host_memory import move
 from rollplex.backends.torch.values import (
     Boundary,
@@ -189,6 +190,8 @@ def move_value(value: Any, device: torch.device) -> Any:
             *(move_value(getattr(value, n), device) for n in _PREFIX_FIELDS),
             group_size=value.group_size,
         )
+    if isinstance(value, ExportedPrefix):
+        return value.moved(lambda x: move_value(x, device))
     if isinstance(value, tuple | list) and all(isinstance(x, Sample) for x in value):
         return value  # answers as text: host data the reward reads where it is
     raise BackendError(f"cannot move a {type(value).__name__} between host and device")

@@ -11,6 +11,7 @@ import torch
 
 from rollplex.backends.base import BackendError
 from rollplex.backends.torch.exported_prefix import prefill_exported
+from rollplex.backends.torch.rows import move_value
 from rollplex.backends.torch.values import Responses, TokenLogprobs
 from rollplex.engine.prefix import cache_kv, prefix_forward
 from tests.backends.torch.test_riders import G, _decode, _setup
@@ -82,3 +83,42 @@ def test_a_released_export_is_refused(spec, renderer):  # noqa: F811
     assert list(exported.tensors()) == []
     with pytest.raises(BackendError, match="already released"):
         trainer.attach_exported(exported, feats)
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_an_export_parked_on_host_trains_as_the_one_kept(spec, renderer, kind):  # noqa: F811
+    """The plan may offload the export across the decode and onload it before the attach
+    (residency's covering rule): the copy back must train exactly as the export it was."""
+    batch, trainer, feats = _setup(spec, renderer, kind)
+    text = batch.text_only()
+    _, exported = prefill_exported(trainer.model, feats.values, text, "policy@0")
+    copies: list[torch.Tensor] = []
+
+    def park(x):  # a real copy each way, as to host and back
+        if isinstance(x, torch.Tensor):
+            copies.append(x.clone())
+            return copies[-1]
+        return move_value(x, torch.device("cpu"))
+
+    back = exported.moved(park).moved(park)
+    ridden = exported.ridden
+
+    def held(e):  # every tensor the export holds, its rows' embeddings too
+        return [*e.tensors(), e.ridden.rows.embeds]
+
+    # a tensor held twice moves once: the copy shares exactly what the original shares
+    assert len({t.data_ptr() for t in held(back)}) == len({t.data_ptr() for t in held(exported)})
+    assert back.version == exported.version
+    for a, b in zip(exported.tensors(), back.tensors(), strict=True):
+        assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()
+    assert move_value(exported, torch.device("cpu")).ridden.inputs[0] is not None
+    session = _decode(trainer.model, batch, feats, seed=3)
+    session.advance()
+    tokens, _, lengths = session.result()
+    responses = Responses(tokens, lengths)
+    kept = _train(trainer, batch, feats, responses, exported)
+    parked = _train(trainer, batch, feats, responses, back)
+    torch.testing.assert_close(parked[2], kept[2], atol=0, rtol=0)
+    for n, g in kept[3].items():
+        torch.testing.assert_close(parked[3][n], g, atol=0, rtol=0, msg=n)
+    assert ridden.inputs  # the original is untouched by its copies
