@@ -56,6 +56,8 @@ def plan_effects(
                     )))  # fmt: skip
                 allocs.setdefault(at, []).append(e.value)
             elif e.action is MemAction.FREE:
+                if order[k].kind == "offload" and order[k].op == e.value:
+                    continue  # the offload's own release: the move takes the device copy
                 at = max(k, last.get(e.value, k))
                 if at != k:
                     moved.append((k, (
