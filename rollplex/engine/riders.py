@@ -33,7 +33,6 @@ class RiderRows:
     batch: PromptBatch
     embeds: torch.Tensor  # [c, P, H] token + visual embeddings, no grad
     rope: Rope  # rotary of their M-RoPE positions
-    mask: torch.Tensor  # [c, 1, P, P] bool: causal within the valid tokens of each row
     next_positions: torch.Tensor  # [c] position of the first response token
 
 
@@ -64,15 +63,7 @@ def rider_rows(model: Model, batch: PromptBatch, features: torch.Tensor) -> Ride
         embeds = prefix_embeds(model, batch, features)
         positions, following = prefix_positions(model, batch)
         rope = model.model.language_model.rotary_emb(embeds, positions)
-    return RiderRows(batch, embeds, rope, causal_mask(batch.attention_mask), following)
-
-
-def causal_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """[c, 1, P, P] bool: query i sees key j <= i of its row's valid tokens (right-padded
-    prompts: every query row sees token 0, so none is fully masked)."""
-    p = attention_mask.shape[1]
-    causal = torch.ones(p, p, dtype=torch.bool, device=attention_mask.device).tril()
-    return (causal[None] & attention_mask.bool()[:, None, :])[:, None]
+    return RiderRows(batch, embeds, rope, following)
 
 
 def prefix_layer(
@@ -80,11 +71,17 @@ def prefix_layer(
     rotary: Callable,
     hidden: torch.Tensor,
     rope: Rope,
-    mask: torch.Tensor,
     decoding: Decoding | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One decoder layer over prefix rows `hidden` [c, P, H], with `decoding`'s rows in
-    the same GEMMs when given: (prefix out, K, V, decode out)."""
+    the same GEMMs when given: (prefix out, K, V, decode out).
+
+    The prompts are right-padded, so plain causal attention is exact on every valid token
+    (its keys are all valid); a padded position's output is read by nothing (the response
+    attends to the valid prefix only). Without an explicit [c, 1, P, P] mask SDPA may take
+    its flash kernel, which takes none; with one it must pick a kernel that reads the mask,
+    and its math fallback holds a [c, heads, P, P] score matrix (GiBs at 4k-token video
+    prefixes, in the backward's recompute)."""
     attn = layer.self_attn
     d = attn.head_dim
     c, p, width = hidden.shape
@@ -104,7 +101,7 @@ def prefix_layer(
     qp, kp, vp = (heads(t, lead, (c, p)) for t in (q, k, v))
     qp, kp = rotary(qp, kp, *rope)
     out = F.scaled_dot_product_attention(
-        qp, kp, vp, attn_mask=mask, scale=getattr(attn, "scaling", d**-0.5), enable_gqa=True
+        qp, kp, vp, is_causal=True, scale=getattr(attn, "scaling", d**-0.5), enable_gqa=True
     )
     outs = [out.transpose(1, 2).reshape(c * p, -1)]
     if decoding is not None:
@@ -152,9 +149,7 @@ def ride_step(
         inputs.append(hp)
         if kept is not None and i:
             keep_column(kept[i - 1], step, h)
-        hp, k, v, h = prefix_layer(
-            layer, forward.rotary, hp, rows.rope, rows.mask, Decoding(h, rope, attend)
-        )
+        hp, k, v, h = prefix_layer(layer, forward.rotary, hp, rows.rope, Decoding(h, rope, attend))
         kv.append((k, v))
     if kept is not None:
         keep_column(kept[-1], step, h)
@@ -168,7 +163,7 @@ def ride_alone(model: Model, rotary: Callable, rows: RiderRows) -> RiddenPrefix:
     with torch.no_grad():
         for layer in model.model.language_model.layers:
             inputs.append(h)
-            h, k, v, _ = prefix_layer(layer, rotary, h, rows.rope, rows.mask)
+            h, k, v, _ = prefix_layer(layer, rotary, h, rows.rope)
             kv.append((k, v))
     return RiddenPrefix(rows, inputs, kv, h, alone=True)
 
@@ -222,7 +217,7 @@ def attach(
         for layer, (k, v), out in zip(lm.layers, ridden.kv, ends, strict=True):
 
             def run(x: torch.Tensor, layer: torch.nn.Module = layer) -> tuple[torch.Tensor, ...]:
-                return prefix_layer(layer, rotary, x, rows.rope, rows.mask)[:3]
+                return prefix_layer(layer, rotary, x, rows.rope)[:3]
 
             h, k, v = _Replayed.apply(run, h, out, k, v)
             kv.append((k, v))

@@ -35,7 +35,7 @@ class ExportedPrefix:
         for k, v in r.kv:
             yield from (k, v)
         yield r.hidden
-        yield from (*r.rows.rope, r.rows.mask)  # what each layer's recompute reads besides
+        yield from r.rows.rope  # what each layer's recompute reads besides
 
     def moved(self, move: Callable[[Any], Any]) -> ExportedPrefix:
         """A copy whose values went through `move` (to host across the decode, and back
@@ -56,7 +56,6 @@ class ExportedPrefix:
             once(rows.batch),
             once(rows.embeds),
             (once(rows.rope[0]), once(rows.rope[1])),
-            once(rows.mask),
             once(rows.next_positions),
         )
         kv = [(once(k), once(v)) for k, v in r.kv]
