@@ -111,6 +111,9 @@ def main() -> None:
 
     spec = compose_spec(overrides(args, args.schedule))
     run = args.out / "runs" / f"{args.shape}_{args.schedule}"
+    # The backward on the calling thread: recording Python stacks from autograd's device
+    # thread failed the first H100 try (SystemError from run_backward).
+    torch.autograd.set_multithreading_enabled(False)
     torch.cuda.memory._record_memory_history(max_entries=args.max_entries, stacks="python")
     run_job(spec, run)
     snapshot = torch.cuda.memory._snapshot()
