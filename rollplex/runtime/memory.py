@@ -67,6 +67,23 @@ class Env:
     # Weights and optimizer state the plan freed: the step needs them no more, but the
     # backend's model and optimizer still hold them, so they stay resident in truth.
     kept: dict[str, Any] = field(default_factory=dict)
+    # What `host` held when its storages were last walked (name, value), and their keys
+    # and bytes: offloaded weights and AdamW state are thousands of tensors, and `host`
+    # changes only at copies and loads, while accounting reads it after every plan step.
+    _host_seen: tuple[tuple[str, Any], ...] = field(default=(), init=False, repr=False)
+    _host_keys: frozenset[tuple[int, int]] = field(default=frozenset(), init=False, repr=False)
+    _host_total: int = field(default=0, init=False, repr=False)
+
+    def _host_storages(self) -> tuple[frozenset[tuple[int, int]], int]:
+        items = tuple(self.host.items())
+        seen = self._host_seen
+        if len(items) != len(seen) or any(
+            a != c or b is not d for (a, b), (c, d) in zip(items, seen, strict=True)
+        ):
+            storages = dict(s for _, v in items for s in _storages(v))
+            self._host_seen = items
+            self._host_keys, self._host_total = frozenset(storages), sum(storages.values())
+        return self._host_keys, self._host_total
 
     def resident(self) -> Iterable[tuple[str, Any]]:
         yield from self.device.items()
@@ -77,7 +94,7 @@ class Env:
     def attribution(self, owned: set[str] | None = None) -> dict[str, int]:
         """Resident bytes per value name (first holder wins); `owned` keeps only those
         names (carries count when their op's name is owned)."""
-        host = {key for _, v in self.host.items() for key, _ in _storages(v)}
+        host, _ = self._host_storages()
         seen: set[tuple[int, int]] = set()
         out: dict[str, int] = {}
         for name, value in self.resident():
@@ -96,7 +113,7 @@ class Env:
         return sum(self.attribution(owned).values())
 
     def host_bytes(self) -> int:
-        return sum(dict(s for v in self.host.values() for s in _storages(v)).values())
+        return self._host_storages()[1]
 
 
 class AllocatorFeed(Protocol):

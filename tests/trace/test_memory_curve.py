@@ -121,3 +121,20 @@ def test_without_an_allocator_the_totals_are_the_values_count():
     (e,) = ledger.events(env.attribution(owned), 0, 1.0, "op")
     assert (e.name, e.total_allocated, e.total_reserved) == ("op", 1024, 1024)
     assert ledger.resident(Env(device={"w": env.device["w"]}), owned, 0, 2.0)[0].delta_bytes == -24
+
+
+def test_host_bytes_follow_every_change_of_the_host_store():
+    """The walk of host storages is cached between changes; each change is seen."""
+    env = Env(device={"w": _value(1000)})
+    assert env.host_bytes() == 0
+    env.host["adam"] = _value(2000)
+    two = env.host_bytes()
+    assert two > 0 and env.host_bytes() == two
+    env.host["adam"] = _value(3000)  # the same name, another value
+    three = env.host_bytes()
+    assert three > two
+    env.device["adam"] = env.host.pop("adam")
+    assert env.host_bytes() == 0
+    # on CPU a host storage is not counted as resident too
+    env.host["w"] = env.device["w"]
+    assert env.attribution()["w"] == 0
