@@ -40,6 +40,21 @@ from rollplex.planner.sizing import PERSISTENT, DeviceSizer
 GIB = 1 << 30
 
 
+# Boundary outputs that stay where they are made: the tensors autograd saved for a backward
+# (a host copy frees nothing while the graph holds them) and the decode's kept layer
+# outputs (views into the engine's workspace). Run 15 parked an export the backend could not
+# move; these two it cannot move at all.
+UNPARKABLE_PORTS = frozenset({"saved", "kept"})
+
+
+def parkable(graph: Graph, value: str) -> bool:
+    """Whether `value` may wait on host: not one of `UNPARKABLE_PORTS`' outputs."""
+    op = graph.producers().get(value)
+    return op is None or not any(
+        v == value and port in UNPARKABLE_PORTS for port, v in op.outputs.items()
+    )
+
+
 class PlanOverBudget(ValueError):
     """The plan cannot fit the HBM budget, even with offloads."""
 
@@ -229,6 +244,7 @@ def _pick_offload(
         if lf.value not in tried
         and lf.kind in ("optimizer_state", "weights", "boundary")
         and lf.record.last - lf.record.first >= 2
+        and (lf.kind != "boundary" or parkable(graph, lf.value))
     ]
     peak = peak_position([lf.record for lf in lives])
     _, begin, until, _ = positions(dev)

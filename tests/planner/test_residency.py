@@ -247,3 +247,46 @@ def test_frozen_weights_write_back_as_a_drop_and_everything_else_as_a_copy(name,
     assert all(s.solo_s > 0 for s in others)
     if not dedup:
         assert {s.kind for s in others if s.op == "policy.adam"} == {"offload", "onload"}
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        ScheduleSpec(name="rollplex"),  # prefill once and decode once: exported, kept
+        ScheduleSpec(name="serial", prefill_once=False, decode_once=False),  # kv, saved
+    ],
+    ids=["rollplex", "serial_forwards"],
+)
+def test_only_values_the_backend_can_move_may_wait_on_host(schedule) -> None:
+    """Autograd's saved tensors and the decode's kept outputs (engine workspace views) stay
+    where they are made; weights, optimizer state, the prefill's export and prefix K/V may
+    be parked. Run 15's plan parked an export the torch backend could not move then."""
+    from rollplex.planner.residency import UNPARKABLE_PORTS, parkable
+    from rollplex.specs.roles import TORCH_ROLLOUT, TORCH_SCORER
+
+    planned = plan_step(
+        MODEL_PRESETS["qwen2_5_vl_7b"],
+        WORKLOAD_PRESETS["video"].model_copy(update={"prompts_per_step": 4}),
+        AlgoSpec(use_reference=True),
+        HARDWARE_PRESETS["h200"],
+        schedule,
+        rollout=TORCH_ROLLOUT,
+        trainer=TORCH_SCORER,
+    )
+    graph, ports = planned.graph, {}
+    for op in graph:
+        for port, value in op.outputs.items():
+            ports[value] = port
+    boundary = [v for v in graph.values.values() if v.kind.value == "boundary"]
+    assert boundary
+    for v in boundary:
+        assert parkable(graph, v.name) == (ports[v.name] not in UNPARKABLE_PORTS), v.name
+    fixed = [v.name for v in boundary if not parkable(graph, v.name)]
+    moved = [s.op for s in planned.plan.all_steps() if s.kind == "offload"]
+    assert not set(fixed) & set(moved)
+    if schedule.name == "rollplex":
+        assert "rollout.decode.kept" in fixed
+        assert parkable(graph, "rollout.prefix_prefill.exported")
+    else:
+        assert any(ports[name] == "saved" for name in fixed)
+        assert any(parkable(graph, v.name) for v in boundary)  # the prefix K/V
