@@ -107,6 +107,11 @@ class Executor:
         self._engine = engine_schedule(plan, self.order)
         self._owned = self._ownership()
         self._start_on_host = self._initial_host()
+        # Weights and optimizer state that no copy moves are never freed while a stream may
+        # read them, so they need no record_stream: thousands of tensors before every op
+        # (~3 ms a step on the 3B H100 trace) for values the allocator never reuses.
+        copied = {s.op for s in self.order if s.kind in COPY_KINDS}
+        self._unmoved = {n for n in self.graph.values if self._persistent(n) and n not in copied}
         self._placed: dict[str, bool] = {}  # persistent value -> on host at the last step end
         self._carried: dict[str, Any] = {}  # previous RL step's values for previous_step steps
         # the allocator's totals describe one device group: the only one, or this rank's
@@ -306,7 +311,9 @@ class Executor:
 
     def _reads(self, step: Step, env: Env) -> Iterator[torch.Tensor]:
         names = [step.op] if step.kind in COPY_KINDS else self.graph.ops[step.op].inputs.values()
-        return iter_tensors([env.device.get(n, env.host.get(n)) for n in names])
+        return iter_tensors(
+            [env.device.get(n, env.host.get(n)) for n in names if n not in self._unmoved]
+        )
 
     def _run(self, step: Step, env: Env) -> tuple[dict[str, str], str, str]:
         """(weights versions read, a note on the step, a deviation from the plan)."""

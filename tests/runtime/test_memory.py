@@ -66,3 +66,31 @@ def test_offloads_move_weights_to_host_and_back_without_changing_results():
     # Copies are exact: the same parameters as without any offload.
     a, b = free.params(), run.params()
     assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_only_values_a_copy_may_free_are_recorded_on_the_stream_that_reads_them():
+    """CUDA's record_stream keeps a block from reuse while a stream may still read it. The
+    weights and optimizer state no copy moves are never freed mid-run, so the executor
+    records none of their tensors; a value the plan offloads is recorded at each read."""
+    from rollplex.runtime.executor import Executor
+    from rollplex.runtime.memory import Env
+
+    for hardware, moved in ((CPU, False), (_tight_cpu(), True)):
+        planned = plan_step(MODEL, WORKLOAD, ALGO, hardware, ScheduleSpec(name="serial"))
+        run = run_schedule(ScheduleSpec(name="serial"), steps=0, hardware=hardware)
+        ex: Executor = run.executor
+        copied = {s.op for s in planned.plan.all_steps() if s.kind in ("offload", "onload")}
+        assert bool(copied) == moved
+        weights = {  # weights and optimizer state the run is given
+            n
+            for n, v in planned.graph.values.items()
+            if v.kind.value in ("weights", "optimizer_state") and v.external
+        }
+        env = Env(device={n: torch.ones(4) for n in planned.graph.values})
+        for step in ex.order:
+            op = planned.graph.ops.get(step.op)
+            if op is None or step.kind in ("offload", "onload", "transfer"):
+                continue
+            recorded = sum(1 for _ in ex._reads(step, env))
+            expected = sum(1 for v in op.inputs.values() if v not in weights or v in copied)
+            assert recorded == expected, step.name
