@@ -39,8 +39,8 @@ class ExportedPrefix:
 
     def moved(self, move: Callable[[Any], Any]) -> ExportedPrefix:
         """A copy whose values went through `move` (to host across the decode, and back
-        before the attach, where the plan parks it). A tensor held twice (the rows'
-        embeddings are layer 0's input) moves once and stays one tensor."""
+        before the attach, where the plan parks it). A tensor held in two places moves
+        once and stays one tensor."""
         r = self.ridden
         if r is None:
             return ExportedPrefix(None, self.version)
