@@ -56,6 +56,22 @@ class Ratio:
         return asdict(self) | {"beyond_noise": self.beyond_noise}
 
 
+def round_skip(elapsed_s: float, first_round_s: Sequence[float], budget_s: float | None) -> str:
+    """Why a later round should not start ('' when it may): a round only some schedules
+    finish gives no ratio, and its device time is lost (run 16 ran verl-like's second round
+    and then ran out of --budget-s before rollplex's). A round is expected to take what
+    round 0's runs took."""
+    if budget_s is None:
+        return ""
+    need = sum(first_round_s)
+    if elapsed_s + need <= budget_s:
+        return ""
+    return (
+        f"skipped: round 0 took {need:.0f} s and {max(budget_s - elapsed_s, 0):.0f} s of "
+        f"--budget-s {budget_s:.0f} are left"
+    )
+
+
 def ratio_over_rounds(
     baseline_s: Sequence[float], candidate_s: Sequence[float], same_plan: bool = False
 ) -> Ratio:

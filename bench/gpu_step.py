@@ -57,7 +57,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ab import compare, paired_seconds, placement_hash, round_orders
+from ab import compare, paired_seconds, placement_hash, round_orders, round_skip
 
 SCHEDULES = {
     # verl's actor runs forward and backward per micro-batch (its memory option): fused
@@ -270,8 +270,14 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"gpu_step_{args.shape}.json"
     for rnd, order in enumerate(orders):
+        walls = [e.get("wall_s", 0.0) for v in runs.values() for e in v if e["round"] == 0]
+        skip = round_skip(time.perf_counter() - start, walls, args.budget_s) if rnd else ""
         for schedule in order:
-            entry = run_one(args, schedule, rnd, root, calib, start)
+            if skip:
+                print(f"== round {rnd} {schedule} {skip}", flush=True)
+                entry = {"schedule": schedule, "round": rnd, "error": skip}
+            else:
+                entry = run_one(args, schedule, rnd, root, calib, start)
             entry["seq"] = sum(len(v) for v in runs.values())  # its place in the process
             runs[schedule].append(entry)
             result = summarize(args, runs, time.perf_counter() - start)

@@ -157,3 +157,19 @@ def test_compare_reports_one_placement_as_the_same_plan_and_too_few_rounds_as_su
         "1 complete round(s), need 2"
         in ab.compare(short, ab.paired_seconds(short), "a", "b")["error"]
     )
+
+
+@pytest.mark.parametrize(
+    ("elapsed", "walls", "budget", "starts"),
+    [
+        (226.0, [36.0, 100.0], 300.0, False),  # run 16: round 1 could not finish
+        (140.0, [36.0, 100.0], 300.0, True),
+        (164.0, [36.0, 100.0], 300.0, True),  # exactly fits
+        (1e6, [36.0, 100.0], None, True),  # no budget: every round runs
+    ],
+)
+def test_a_round_that_cannot_finish_in_the_budget_does_not_start(elapsed, walls, budget, starts):
+    why = ab.round_skip(elapsed, walls, budget)
+    assert (why == "") == starts
+    if not starts:
+        assert "round 0 took 136 s" in why and "74 s of --budget-s 300" in why
