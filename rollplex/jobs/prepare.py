@@ -68,8 +68,8 @@ def renderer_for(spec: RunSpec, folder: ModelFolder, workload: WorkloadSpec) -> 
     )
 
 
-def prepare(spec: RunSpec, eval_split: bool = True) -> Prepared:
-    folder = model_folder(spec)
+def prepare(spec: RunSpec, eval_split: bool = True, folder: ModelFolder | None = None) -> Prepared:
+    folder = folder or model_folder(spec)
     frames = spec.workload.frames
     train_source = build_source(spec.data, "train", spec.seed, frames=frames)
     if eval_split and spec.data.source in FILE_SOURCES and spec.data.eval_path is None:

@@ -61,11 +61,13 @@ def _accept(spec: RunSpec, out: Path) -> tuple[RunSpec, RunChecks]:
 
 def _prepare(spec: RunSpec):
     """(folder, data and reward opened and measured; the resume checkpoint validated
-    before any model is built: a bad one costs nothing)."""
-    from rollplex.jobs.prepare import prepare
+    first, against the folder's model: a bad one costs no data scan and no model)."""
+    from rollplex.jobs.prepare import model_folder, prepare
 
     t = spec.train
-    prepared = prepare(spec, eval_split=t.eval_every > 0)
+    folder = model_folder(spec)
+    ckpt = _resume_checkpoint(spec, folder.spec) if t.resume else None
+    prepared = prepare(spec, eval_split=t.eval_every > 0, folder=folder)
     import torch
 
     if t.device.startswith("cuda"):  # before anything compiles (runtime/compile_cache.py)
@@ -75,17 +77,20 @@ def _prepare(spec: RunSpec):
     torch.use_deterministic_algorithms(t.deterministic)
     if t.threads:
         torch.set_num_threads(t.threads)
-    if not t.resume:
-        return prepared, None
-    # PPO trains a critic: its checkpoint must hold one (refused here, before any model)
-    critic = spec.algo.name == "ppo"
+    return prepared, ckpt
+
+
+def _resume_checkpoint(spec: RunSpec, model: Any):
+    """`train.resume` read and validated against `model` (the folder's spec); PPO trains
+    a critic, so its checkpoint must hold one."""
+    resume, critic = spec.train.resume, spec.algo.name == "ppo"
     if spec.backend.trainer == "fsdp":
         from rollplex.runtime.dcp_checkpoint import read_dcp_checkpoint
 
-        return prepared, read_dcp_checkpoint(t.resume, prepared.model, spec.seed, critic=critic)
+        return read_dcp_checkpoint(resume, model, spec.seed, critic=critic)
     from rollplex.runtime.checkpoint import read_checkpoint
 
-    return prepared, read_checkpoint(t.resume, prepared.model, spec.seed, critic=critic)
+    return read_checkpoint(resume, model, spec.seed, critic=critic)
 
 
 def _plan(spec: RunSpec, prepared):

@@ -93,5 +93,6 @@ def test_cli_refuses_a_grpo_checkpoint_for_ppo_in_one_line(runs, tmp_path, monke
     assert p.returncode == 2
     assert f"{ckpt / STATE_FILE}: no 'critic_version'" in p.stderr
     assert len(shown_lines(p.stderr)) == 1, p.stderr
+    assert "train rows" not in p.stdout  # refused before the data is opened and scanned
     assert "Traceback" not in p.stderr
     assert not (out / "plan.json").exists()
