@@ -19,11 +19,12 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from trace_kernels import load, union_us
+from trace_kernels import load
 
 from rollplex.backends import rollout_capabilities, trainer_capabilities
 from rollplex.jobs.pipeline import plan_step
 from rollplex.planner.cost_model import CostModel
+from rollplex.planner.simulate import union_length
 from rollplex.runtime.rollout_ops import forced_lengths
 from rollplex.specs.run import RunSpec
 from rollplex.specs.workload import ResponseLengthSpec, WorkloadSpec
@@ -107,7 +108,7 @@ def _traced(folder: Path, steps: int) -> list[TracedStep]:
     for k, mark in enumerate(marks):
         lo, hi = mark["ts"], mark["ts"] + mark["dur"]
         mine = sorted((e for e in spans if lo <= e["ts"] < hi), key=lambda e: e["ts"])
-        busy = union_us([(e["ts"], e["ts"] + e["dur"]) for e in mine])
+        busy = union_length([(e["ts"], e["ts"] + e["dur"]) for e in mine])
         ops: dict[str, float] = {}
         for e in mine:
             if e["cat"] == "kernel" and e.get("args", {}).get("corun", "none") == "none":

@@ -17,7 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from trace_kernels import load, union_us
+from trace_kernels import load
+
+from rollplex.planner.simulate import union_length
 
 RECORD = "cudaEventRecordWithFlags"
 GPU = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -52,7 +54,7 @@ def host_rows(events: list[dict]) -> tuple[list[tuple[str, float, float, float]]
         head = (inside[0] - lo) / 1e3 if inside else float("nan")
         tail = (hi - inside[-1]) / 1e3 if inside else float("nan")
         rows.append((e["name"], e["dur"] / 1e3, head, tail))
-    busy = union_us(
+    busy = union_length(
         [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in GPU and a <= e["ts"] <= b]
     )
     return rows, rl["dur"] / 1e3, busy / 1e3

@@ -15,6 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollplex.planner.simulate import union_length
 from rollplex.runtime.profile import load_trace
 
 
@@ -51,16 +52,6 @@ def _windows(events: list[dict], op: str, cat: str) -> list[tuple[float, float]]
     ]
 
 
-def union_us(spans: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(spans):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
-
-
 def step_kernels(events: list[dict], op: str, top: int = 15) -> StepKernels:
     """Kernels inside `op`'s host windows, clipped to them, summed by name."""
     windows = _windows(events, op, "user_annotation")
@@ -84,7 +75,7 @@ def step_kernels(events: list[dict], op: str, top: int = 15) -> StepKernels:
     )
     window_us = sum(hi - lo for lo, hi in windows)
     gpu_us = sum(hi - lo for lo, hi in _windows(events, op, "gpu_user_annotation"))
-    busy_us = union_us(clipped)
+    busy_us = union_length(clipped)
     return StepKernels(op, window_us / 1e3, gpu_us / 1e3, busy_us / 1e3, tuple(rows[:top]))
 
 
