@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_step import add_workload_arguments, compose_spec, overrides
+from gpu_step import add_one_schedule_arguments, compose_spec, overrides
 from trace_kernels import load, markdown, step_kernels
 
 OPS = (
@@ -29,17 +29,10 @@ OPS = (
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--shape", default="qwen2_5_vl_3b")
-    ap.add_argument("--folder", default=None)
-    ap.add_argument("--schedule", default="rollplex")
-    ap.add_argument("--hardware", default=None)
-    ap.add_argument("--device", default="cuda")
-    add_workload_arguments(ap)
-    ap.add_argument("--steps", type=int, default=3)
+    add_one_schedule_arguments(ap, steps=3)
     ap.add_argument("--ops", default=OPS)
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--out", type=Path, default=Path("bench/results/gpu_profile"))
-    ap.add_argument("extra", nargs="*", help="more Hydra overrides")
     args = ap.parse_args()
     items = [i for i in overrides(args, args.schedule) if not i.startswith("train.trace_steps=")]
     spec = compose_spec([*items, "train.profile=true", "train.trace_steps=1"])

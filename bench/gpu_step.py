@@ -180,6 +180,19 @@ def run_schedule(args, schedule: str, root: Path, calibration: Path | None) -> d
     return entry
 
 
+def add_one_schedule_arguments(ap: argparse.ArgumentParser, steps: int) -> None:
+    """The flags of a bench that runs one schedule of this workload (gpu_profile_step.py,
+    memory_peak.py): the model, the schedule, the device, the workload, the steps."""
+    ap.add_argument("--shape", default="qwen2_5_vl_3b")
+    ap.add_argument("--folder", default=None)
+    ap.add_argument("--schedule", default="rollplex")
+    ap.add_argument("--hardware", default=None)
+    ap.add_argument("--device", default="cuda")
+    add_workload_arguments(ap)
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("extra", nargs="*", help="more Hydra overrides")
+
+
 def add_workload_arguments(ap: argparse.ArgumentParser) -> None:
     """The workload's flags (`overrides` reads them): video prompts x G, forced lengths."""
     ap.add_argument("--frames", type=int, default=8)

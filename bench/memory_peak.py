@@ -89,20 +89,13 @@ def table(blocks: dict[int, Block], top: int) -> list[tuple[str, int, int]]:
 
 
 def main() -> None:
-    from gpu_step import add_workload_arguments, compose_spec, overrides
+    from gpu_step import add_one_schedule_arguments, compose_spec, overrides
 
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--shape", default="qwen2_5_vl_3b")
-    ap.add_argument("--folder", default=None)
-    ap.add_argument("--schedule", default="rollplex")
-    ap.add_argument("--hardware", default=None)
-    ap.add_argument("--device", default="cuda")
-    add_workload_arguments(ap)
-    ap.add_argument("--steps", type=int, default=2)
+    add_one_schedule_arguments(ap, steps=2)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--max-entries", type=int, default=2_000_000)
     ap.add_argument("--out", type=Path, default=Path("bench/results/gpu_profile"))
-    ap.add_argument("extra", nargs="*", help="more Hydra overrides")
     args = ap.parse_args()
 
     import torch
