@@ -27,35 +27,20 @@ from rollplex.runtime.engine_residency import engine_schedule
 from rollplex.runtime.memory import Env, allocator_feed, iter_tensors
 from rollplex.runtime.order import plan_order
 from rollplex.runtime.plan_effects import COPY_KINDS, plan_effects
+from rollplex.runtime.plan_tables import (
+    initial_host,
+    owned_values,
+    persistent_values,
+    plan_micro_batches,
+    plan_op_micro_batches,
+    unmoved_values,
+)
 from rollplex.runtime.pool_steps import PoolSteps
 from rollplex.runtime.record import MeasuredStep, StepResult
 from rollplex.runtime.rollout_ops import RAN_ALONE
 from rollplex.trace.timeline import MemoryEvent
 
 log = logging.getLogger(__name__)
-
-
-def plan_micro_batches(plan: Plan) -> int:
-    """The training micro-batch count the plan was sized with (1 for a plan that has
-    none: the whole step in one forward and backward)."""
-    count = plan.meta.get("train_micro_batches", 1)
-    if not isinstance(count, int) or count < 1:
-        raise ExecutionError(
-            f"plan meta train_micro_batches={count!r}: expected an integer >= 1 "
-            "(planned from schedule.train_micro_tokens)"
-        )
-    return count
-
-
-def plan_op_micro_batches(plan: Plan) -> dict[str, int]:
-    """op -> the micro-batches the plan priced it in (planner/api.py `op_micro_counts`),
-    for the forwards outside the trainer's that run in more than one."""
-    counts = plan.meta.get("op_micro_batches", {})
-    if not isinstance(counts, dict) or not all(
-        isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in counts.values()
-    ):
-        raise ExecutionError(f"plan meta op_micro_batches={counts!r}: expected op -> integer >= 1")
-    return dict(counts)
 
 
 class Executor:
@@ -105,13 +90,10 @@ class Executor:
         )
         self._allocs, self._frees = self._effects()
         self._engine = engine_schedule(plan, self.order)
-        self._owned = self._ownership()
-        self._start_on_host = self._initial_host()
-        # Weights and optimizer state that no copy moves are never freed while a stream may
-        # read them, so they need no record_stream: thousands of tensors before every op
-        # (~3 ms a step on the 3B H100 trace) for values the allocator never reuses.
-        copied = {s.op for s in self.order if s.kind in COPY_KINDS}
-        self._unmoved = {n for n in self.graph.values if self._persistent(n) and n not in copied}
+        self._owned = owned_values(plan, graph, self.order, self.dev_of)
+        self._start_on_host = initial_host(graph, self.order)
+        self._persistent = persistent_values(graph)
+        self._unmoved = unmoved_values(self._persistent, self.order)
         self._placed: dict[str, bool] = {}  # persistent value -> on host at the last step end
         self._carried: dict[str, Any] = {}  # previous RL step's values for previous_step steps
         # the allocator's totals describe one device group: the only one, or this rank's
@@ -155,28 +137,6 @@ class Executor:
         for k, msg in moved:
             self._deviate(k, msg)
         return allocs, frees
-
-    def _ownership(self) -> dict[int, set[str]]:
-        """Value (and op, for carries) names each device group accounts for."""
-        owned: dict[int, set[str]] = {
-            i: {sl.value for sl in d.slots} for i, d in enumerate(self.plan.devices)
-        }
-        for s in self.order:
-            op = self.graph.ops.get(s.op)
-            if op is not None:
-                owned[self.dev_of[s.index]].add(op.name)
-        return owned
-
-    def _initial_host(self) -> set[str]:
-        first: dict[str, str] = {}
-        for s in self.order:
-            if s.kind in ("offload", "onload"):
-                first.setdefault(s.op, s.kind)
-        return {
-            v.name
-            for v in self.graph.values.values()
-            if v.external and (v.kind is ValueKind.HOST_DATA or first.get(v.name) == "onload")
-        }
 
     # -- one RL step ---------------------------------------------------------------------
     def run_step(self, rl_step: int, inputs: Any) -> StepResult:
@@ -366,7 +326,7 @@ class Executor:
         if value not in env.device:
             return False  # offloaded already, or never made (a first step's carry)
         held = env.device.pop(value)
-        if self._persistent(value):
+        if value in self._persistent:
             env.kept[value] = held  # the model still holds it: resident in truth
         release = getattr(held, "release", None)
         if callable(release) and not self.graph.values[value].external:
@@ -374,9 +334,8 @@ class Executor:
         return True
 
     def _finish(self, env: Env) -> None:
-        for name in self.graph.values:
-            if self._persistent(name):  # where it physically is now (freed: still resident)
-                self._placed[name] = name in env.host
+        for name in self._persistent:  # where it physically is now (freed: still resident)
+            self._placed[name] = name in env.host
         self._carried = {
             v: env.device[v]
             for s in self.order
@@ -388,11 +347,3 @@ class Executor:
         env.host.clear()
         env.carry.clear()
         env.kept.clear()
-
-    def _persistent(self, name: str) -> bool:
-        v = self.graph.values.get(name)
-        return (
-            v is not None
-            and v.external
-            and v.kind in (ValueKind.WEIGHTS, ValueKind.OPTIMIZER_STATE)
-        )

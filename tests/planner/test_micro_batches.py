@@ -18,7 +18,8 @@ from rollplex.planner.schedules import PlanningContext
 from rollplex.planner.sizing import micro_batch_count, train_micro_batches
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
-from rollplex.runtime.executor import ExecutionError, plan_micro_batches
+from rollplex.runtime.executor import ExecutionError
+from rollplex.runtime.plan_tables import plan_micro_batches
 from rollplex.specs import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,
