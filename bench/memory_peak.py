@@ -5,9 +5,11 @@ issue 31's memory check (measured peak <= 1.05x planned), read where it fails.
         --frames 16 --mean-length 160 --max-length 512        # one GPU; bench/memory_peak.sh
 
 Runs `--steps` RL steps of `bench/gpu_step.py`'s workload with torch's allocator history on
-(`torch.cuda.memory._record_memory_history`, Python stacks), then replays that history
-backwards from the allocator's end state to the moment the most bytes were allocated and
-groups the blocks live there by the innermost rollplex frame that allocated them. Writes
+(`torch.cuda.memory._record_memory_history`), then replays that history backwards from the
+allocator's end state to the moment the most bytes were allocated and groups the blocks live
+there by the plan op that allocated them (`--stacks none`, the default: each op tags its
+allocations) or by the innermost rollplex frame (`--stacks python`, which torch 2.11 breaks
+inside a checkpointed backward: pytorch/pytorch#179536). Writes
 <out>/memory_peak_<shape>_<schedule>.md beside the plan's peak and prints it.
 """
 
@@ -24,12 +26,28 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 GiB = 2**30
+# Allocations no plan op made: weights and optimizer state at load, the executor's copies.
+OUTSIDE_OPS = "(outside ops: load, executor)"
 
 
 @dataclass(slots=True)
 class Block:
     size: int
     frames: list[dict]
+    op: str = ""
+
+
+def _op(entry: dict) -> str:
+    return entry.get("user_metadata", "") or ""
+
+
+def _addressed(segment: dict) -> Iterable[tuple[int, dict]]:
+    """A segment's blocks with their addresses: blocks lie end to end from the segment's
+    start, and a snapshot taken without stacks leaves `addr` out."""
+    addr = segment["address"]
+    for b in segment["blocks"]:
+        yield b.get("addr", addr), b
+        addr += b["size"]
 
 
 def peak_blocks(snapshot: dict, device: int = 0) -> tuple[int, dict[int, Block]]:
@@ -39,20 +57,20 @@ def peak_blocks(snapshot: dict, device: int = 0) -> tuple[int, dict[int, Block]]
     happened yet and a completed free still held its block. A free whose alloc fell before
     the ring buffer keeps the free's frames."""
     live = {
-        b["addr"]: Block(b["size"], b.get("frames", []))
+        addr: Block(b["size"], b.get("frames", []), _op(b))
         for seg in snapshot["segments"]
         if seg["device"] == device
-        for b in seg["blocks"]
+        for addr, b in _addressed(seg)
         if b["state"] == "active_allocated"
     }
     trace = snapshot["device_traces"][device]
-    alloc_frames: dict[int, list[dict]] = {}
-    freed_from: dict[int, list[dict]] = {}  # trace index of a free -> its alloc's frames
+    allocs: dict[int, Block] = {}
+    freed_from: dict[int, Block] = {}  # trace index of a free -> its alloc's block
     for i, e in enumerate(trace):
         if e["action"] == "alloc":
-            alloc_frames[e["addr"]] = e.get("frames", [])
+            allocs[e["addr"]] = Block(e["size"], e.get("frames", []), _op(e))
         elif e["action"] == "free_completed":
-            freed_from[i] = alloc_frames.pop(e["addr"], e.get("frames", []))
+            freed_from[i] = allocs.pop(e["addr"], Block(e["size"], e.get("frames", []), _op(e)))
     total = sum(b.size for b in live.values())
     best, best_at = total, len(trace)
     for i in range(len(trace) - 1, -1, -1):
@@ -68,7 +86,7 @@ def peak_blocks(snapshot: dict, device: int = 0) -> tuple[int, dict[int, Block]]
         if e["action"] == "alloc":
             live.pop(e["addr"], None)
         elif e["action"] == "free_completed":
-            live[e["addr"]] = Block(e["size"], freed_from[i])
+            live[e["addr"]] = freed_from[i]
     return best, live
 
 
@@ -80,12 +98,41 @@ def site(frames: Iterable[dict], depth: int = 2) -> str:
     return " < ".join(f"{Path(f['filename']).stem}.{f['name']}:{f['line']}" for f in picked)
 
 
+def where(b: Block) -> str:
+    """The allocating op with the block's size class (MiB) when tagged, else its frames; a
+    block of the same size allocated over and over in one op is one row."""
+    if b.frames:
+        return site(b.frames)
+    op = b.op or "(untagged)"
+    return f"{op} ({b.size / 2**20:,.0f} MiB blocks)" if b.size >= 2**28 else op
+
+
 def table(blocks: dict[int, Block], top: int) -> list[tuple[str, int, int]]:
     sizes: dict[str, list[int]] = defaultdict(list)
     for b in blocks.values():
-        sizes[site(b.frames)].append(b.size)
+        sizes[where(b)].append(b.size)
     rows = sorted(((s, sum(v), len(v)) for s, v in sizes.items()), key=lambda r: -r[1])
     return rows[:top]
+
+
+def tag_allocations_with_op(torch) -> None:
+    """Every allocation made while a plan op runs carries that op's name in the snapshot."""
+    from rollplex.runtime.dispatch import RoleDispatch
+
+    if not hasattr(torch.cuda.memory, "_set_memory_metadata"):
+        print(f"torch {torch.__version__} cannot tag allocations: blocks show no op")
+        return
+    run_op = RoleDispatch.run_op
+
+    def tagged(self, op, inputs, chunk, carry):
+        torch.cuda.memory._set_memory_metadata(op.name)
+        try:
+            return run_op(self, op, inputs, chunk, carry)
+        finally:
+            torch.cuda.memory._set_memory_metadata(OUTSIDE_OPS)
+
+    torch.cuda.memory._set_memory_metadata(OUTSIDE_OPS)
+    RoleDispatch.run_op = tagged
 
 
 def main() -> None:
@@ -95,6 +142,7 @@ def main() -> None:
     add_one_schedule_arguments(ap, steps=2)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--max-entries", type=int, default=2_000_000)
+    ap.add_argument("--stacks", choices=("none", "python"), default="none")
     ap.add_argument("--out", type=Path, default=Path("bench/results/gpu_profile"))
     args = ap.parse_args()
 
@@ -104,28 +152,34 @@ def main() -> None:
 
     spec = compose_spec(overrides(args, args.schedule))
     run = args.out / "runs" / f"{args.shape}_{args.schedule}"
-    # The backward on the calling thread: recording Python stacks from autograd's device
-    # thread failed the first H100 try (SystemError from run_backward).
+    # The backward on the calling thread: the op tag is per thread, and recording Python
+    # stacks from autograd's device thread fails outright.
     torch.autograd.set_multithreading_enabled(False)
-    torch.cuda.memory._record_memory_history(max_entries=args.max_entries, stacks="python")
+    if args.stacks == "python":
+        torch.cuda.memory._record_memory_history(max_entries=args.max_entries, stacks="python")
+    else:  # no stacks: no Python runs inside the allocator, and each op tags its blocks
+        tag_allocations_with_op(torch)
+        torch.cuda.memory._record_memory_history(max_entries=args.max_entries, context=None)
     run_job(spec, run)
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
+    trace = snapshot["device_traces"][0]
+    print("trace entry keys:", sorted(trace[-1]) if trace else "no entries")
     peak, live = peak_blocks(snapshot)
     summary = json.loads((run / "summary.json").read_text())
     planned = summary["plan_peak_bytes"]
     lines = [
         f"# Live at the allocator's peak: {args.shape}, {args.schedule}",
         "",
-        f"Command: `python bench/memory_peak.py --shape {args.shape} --schedule {args.schedule} "
-        f"{' '.join(sys.argv[1:])}`",
+        f"Command: `python bench/memory_peak.py {' '.join(sys.argv[1:])}` "
+        f"(schedule {args.schedule}, stacks {args.stacks})",
         "",
         f"- replayed peak {peak / GiB:.2f} GiB; torch's max_memory_allocated "
         f"{torch.cuda.max_memory_allocated() / GiB:.2f} GiB; planned {planned / GiB:.2f} GiB "
         f"({torch.cuda.max_memory_allocated() / planned:.3f}x)",
         f"- {len(snapshot['device_traces'][0]):,} trace entries (ring of {args.max_entries:,})",
         "",
-        "| allocated at (innermost rollplex frames) | GiB | blocks |",
+        "| allocated by (op, or innermost rollplex frames) | GiB | blocks |",
         "|---|---:|---:|",
     ]
     lines += [f"| `{s}` | {n / GiB:.3f} | {k} |" for s, n, k in table(live, args.top)]
