@@ -50,8 +50,11 @@ def _addressed(segment: dict) -> Iterable[tuple[int, dict]]:
         addr += b["size"]
 
 
-def peak_blocks(snapshot: dict, device: int = 0) -> tuple[int, dict[int, Block]]:
-    """The most bytes allocated at once over the recorded history, and the blocks live then.
+def peak_blocks(
+    snapshot: dict, device: int = 0, by_op: dict[str, int] | None = None
+) -> tuple[int, dict[int, Block]]:
+    """The most bytes allocated at once over the recorded history, and the blocks live then;
+    `by_op` (when given) gets the most bytes allocated right after each op's allocations.
 
     The end state (`segments`) is exact; walking the trace backwards, an alloc had not
     happened yet and a completed free still held its block. A free whose alloc fell before
@@ -76,6 +79,9 @@ def peak_blocks(snapshot: dict, device: int = 0) -> tuple[int, dict[int, Block]]
     for i in range(len(trace) - 1, -1, -1):
         e = trace[i]
         if e["action"] == "alloc":
+            if by_op is not None:
+                op = _op(e) or "(untagged)"
+                by_op[op] = max(by_op.get(op, 0), total)
             total -= e["size"]
         elif e["action"] == "free_completed":
             total += e["size"]
@@ -165,7 +171,8 @@ def main() -> None:
     torch.cuda.memory._record_memory_history(enabled=None)
     trace = snapshot["device_traces"][0]
     print("trace entry keys:", sorted(trace[-1]) if trace else "no entries")
-    peak, live = peak_blocks(snapshot)
+    by_op: dict[str, int] = {}
+    peak, live = peak_blocks(snapshot, by_op=by_op)
     summary = json.loads((run / "summary.json").read_text())
     planned = summary["plan_peak_bytes"]
     lines = [
@@ -183,6 +190,8 @@ def main() -> None:
         "|---|---:|---:|",
     ]
     lines += [f"| `{s}` | {n / GiB:.3f} | {k} |" for s, n, k in table(live, args.top)]
+    lines += ["", "| op | most allocated during it (GiB) |", "|---|---:|"]
+    lines += [f"| `{op}` | {n / GiB:.2f} |" for op, n in sorted(by_op.items(), key=lambda r: -r[1])]
     text = "\n".join(lines)
     (args.out / f"memory_peak_{args.shape}_{args.schedule}.md").write_text(text + "\n")
     print(text)

@@ -9,4 +9,4 @@ source bench/gpu_env.sh  # wheels, tokenizer, $FOLDER, $PY
 mkdir -p "$OUT"
 $PY bench/memory_peak.py --shape "$SHAPE" --folder "$FOLDER" --out "$OUT" "$@" 2>&1 \
   | grep -v -E "UserWarning|warnings\.warn\(|^\s*$|Loading weights" | tail -60
-rm -rf "${OUT:?}/runs"
+tar -czf "$OUT/memory_peak_runs_$SHAPE.tgz" -C "$OUT" runs && rm -rf "${OUT:?}/runs"  # traces: <= 8 files come back
