@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from rollplex.backends.torch.fused_head import fusable, fused_head_logprobs
 from rollplex.backends.torch.shared_prefix_attention import SharedPrefix, use_shared_prefix
 from rollplex.data.prompts import PromptBatch
 from rollplex.engine.prefix import (
@@ -91,12 +92,14 @@ def head_logprobs(
     n, t, h = hidden.shape
     vocab = head.weight.shape[0] if hasattr(head, "weight") else h
     chunk = max(1, HEAD_CHUNK_BYTES // (4 * vocab))
+    keep = torch.is_grad_enabled()
+    if keep and fusable(head):  # one node that keeps no logits (fused_head.py)
+        return fused_head_logprobs(head, hidden, tokens, temperature, chunk, entropy)
     flat, ids = hidden.reshape(n * t, h), tokens.reshape(n * t)
 
     def part(x: torch.Tensor, y: torch.Tensor):
         return _logprobs_entropy(head(x), y, temperature, entropy)
 
-    keep = torch.is_grad_enabled()
     if n * t <= chunk:
         return (
             checkpoint(part, hidden, tokens, use_reentrant=False) if keep else part(hidden, tokens)

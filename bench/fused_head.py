@@ -1,0 +1,122 @@
+"""The LM head's training logprobs, fused (rollplex/backends/torch/fused_head.py) against the
+checkpointed chunks it replaced: peak bytes of the backward above what was live before it,
+as a multiple of one chunk's float32 logits, and (on CUDA) the forward + backward time in
+alternating order (A B A B) with its spread.
+
+    python bench/fused_head.py                      # CPU: memory from torch.profiler
+    python bench/fused_head.py --device cuda        # GPU: the allocator's peak and time
+
+Writes bench/results/fused_head_<device>.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rollplex.backends.torch import logprob
+from rollplex.backends.torch.logprob import head_logprobs
+
+SHAPES = {"qwen2_5_vl_3b": (2048, 151936), "qwen2_5_vl_7b": (3584, 152064)}
+
+
+def _cpu_peak(run) -> int:
+    with torch.profiler.profile(profile_memory=True) as prof:
+        run()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.loads(Path(f.name).read_text())["traceEvents"]
+    cur = peak = 0
+    for e in sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"]):
+        cur += e["args"]["Bytes"]
+        peak = max(peak, cur)
+    return peak
+
+
+def _cuda_peak(run) -> int:
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    run()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+def measure(width: int, vocab: int, tokens: int, fused: bool, device: str) -> tuple[int, float]:
+    """(backward peak bytes above the forward's leftovers, forward + backward seconds)."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(width, vocab, bias=False, device=device, dtype=torch.bfloat16)
+    hidden = torch.randn(1, tokens, width, device=device, dtype=torch.bfloat16)
+    hidden.requires_grad_()
+    ids = torch.randint(0, vocab, (1, tokens), device=device)
+    saved = logprob.fusable
+    if not fused:
+        logprob.fusable = lambda _: False
+    try:
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        out = head_logprobs(head, hidden, ids, 1.0)
+        peak = (_cuda_peak if device == "cuda" else _cpu_peak)(lambda: out.sum().backward())
+        sync()
+        return peak, time.perf_counter() - t0
+    finally:
+        logprob.fusable = saved
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--shape", default="qwen2_5_vl_3b", choices=sorted(SHAPES))
+    ap.add_argument("--tokens", type=int, default=2400, help="one micro-batch's response tokens")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    args = ap.parse_args()
+    width, vocab = SHAPES[args.shape]
+    chunk = max(1, logprob.HEAD_CHUNK_BYTES // (4 * vocab))
+    chunk_fp32 = min(chunk, args.tokens) * vocab * 4
+    grads = (args.tokens * width + vocab * width) * 2  # d hidden, d weight (bf16)
+    measure(width, vocab, min(chunk, args.tokens), True, args.device)  # warm up both
+    measure(width, vocab, min(chunk, args.tokens), False, args.device)
+    rows: dict[str, list[tuple[int, float]]] = {"fused": [], "unfused": []}
+    for r in range(args.rounds):  # A B, then B A: neither always runs first
+        order = ("fused", "unfused") if r % 2 == 0 else ("unfused", "fused")
+        for name in order:
+            rows[name].append(measure(width, vocab, args.tokens, name == "fused", args.device))
+    lines = [
+        f"# LM head training logprobs, fused vs checkpointed chunks ({args.device})",
+        "",
+        f"Command: `python bench/fused_head.py {' '.join(sys.argv[1:])}`",
+        "",
+        f"{args.shape}: hidden {width}, vocab {vocab}, {args.tokens} tokens, chunks of "
+        f"{chunk} tokens ({chunk_fp32 / 2**30:.2f} GiB of float32 logits); the backward's "
+        f"peak above what was live before it, less its gradients ({grads / 2**30:.2f} GiB)",
+        "",
+        "| path | backward peak (GiB) | x one chunk's float32 logits | fwd + bwd s (median) |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, got in rows.items():
+        peak = max(p for p, _ in got) - grads
+        secs = statistics.median(s for _, s in got)
+        lines.append(f"| {name} | {peak / 2**30:.2f} | {peak / chunk_fp32:.2f} | {secs:.3f} |")
+    ratios = [u[1] / f[1] for f, u in zip(rows["fused"], rows["unfused"], strict=True)]
+    half = (max(ratios) - min(ratios)) / 2
+    lines += ["", f"unfused / fused time: {statistics.median(ratios):.3f} ± {half:.3f} "
+              f"over {args.rounds} alternating rounds"]  # fmt: skip
+    text = "\n".join(lines)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"fused_head_{args.device}.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
