@@ -21,7 +21,8 @@ _NO_ENTROPY, _METRIC, _GRAD = 0, 1, 2
 
 def fusable(head: torch.nn.Module) -> bool:
     """A plain `nn.Linear` whose weight is an ordinary tensor: no module hooks to bypass
-    (FSDP2's unshard runs in one) and no sharded (DTensor) weight to gather first."""
+    (a head that is its own FSDP2 unit unshards in one) and no DTensor weight (tensor
+    parallel, or FSDP2 at rest). Inside an FSDP2 root's forward the gathered head is one."""
     if type(head) is not torch.nn.Linear or head._forward_hooks or head._forward_pre_hooks:
         return False
     return type(head.weight) is torch.nn.Parameter or type(head.weight) is torch.Tensor

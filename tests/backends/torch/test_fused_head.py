@@ -133,3 +133,28 @@ def test_fused_backward_holds_less_than_the_checkpointed_chunks(monkeypatch, tmp
     grads = (hidden.numel() + head.weight.numel()) * 2
     assert unfused - grads > 3.5 * chunk_fp32
     assert fused - grads < 2.0 * chunk_fp32
+
+
+def test_fsdp2_head_is_fused_only_when_gathered_in_its_root():
+    """At rest FSDP2 holds DTensor shards (not fusable); the root's unshard gathers the
+    head into a plain Linear (fused); a head that is its own unit is an FSDP subclass."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=1)
+    try:
+        root = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 16, bias=False))
+        fully_shard(root[0])
+        fully_shard(root)
+        assert not fusable(root[1])
+        root.unshard()
+        assert fusable(root[1])
+        own = torch.nn.Sequential(torch.nn.Linear(8, 16, bias=False))
+        fully_shard(own[0])
+        fully_shard(own)
+        own.unshard()
+        own[0].unshard()
+        assert not fusable(own[0])
+    finally:
+        dist.destroy_process_group()
