@@ -125,8 +125,10 @@ def test_the_runtime_cuts_the_ranges_the_plan_priced(monkeypatch, name):
 
 def _peak_allocated(fn) -> int:
     """The most CPU tensor bytes live at once inside `fn`, from torch.profiler's allocator
-    events (torch's CPU allocator reports each allocation and free to the profiler; its
-    `Total Allocated` counts from the profile's start)."""
+    events (torch's CPU allocator reports each allocation and free to the profiler). Their
+    `Total Allocated` is a process-wide count that a block allocated inside an earlier
+    profile and freed outside it leaves raised, so the peak is taken from a running sum
+    of the events' own sizes."""
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     with tempfile.TemporaryDirectory() as tmp:
@@ -134,7 +136,12 @@ def _peak_allocated(fn) -> int:
         prof.export_chrome_trace(path)
         with open(path) as f:
             events = json.load(f)["traceEvents"]
-    return max(e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]")
+    memory = sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"])
+    live = peak = 0
+    for e in memory:
+        live += e["args"]["Bytes"]
+        peak = max(peak, live)
+    return peak
 
 
 def test_the_largest_live_allocation_shrinks_with_the_count():
