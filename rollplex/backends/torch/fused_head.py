@@ -1,12 +1,12 @@
 """Token logprobs (and entropy) of an LM head in chunks of tokens, fused into one autograd
-node that keeps no logits: the forward saves each token's log-sum-exp (and entropy), the
+node that keeps no logits: the forward saves each token's log-sum-exp (4 bytes), the
 backward recomputes a chunk's logits and turns them into their gradient in place.
 
 A checkpointed chunk of `logits.float()`, `logsumexp`, `gather` leaves autograd to hold the
 bf16 logits, their float32 copy, the softmax and the float32 gradient at once: 4x a chunk's
-float32 logits at its backward's peak (measured, `bench/results/fused_head.md`). Here the
-backward holds the float32 logits, overwritten by their gradient, and its bf16 cast
-(1.5x; 2.5x when the entropy has a gradient, which needs the logits beside the softmax).
+float32 logits at its backward's peak (measured: `bench/results/fused_head_cpu.md`). Here
+the backward holds the float32 logits, overwritten by their gradient, and its bf16 cast
+(1.5x; 2.5x when the entropy has a gradient, which needs log p beside p).
 The gradients are the unfused form's (tests/backends/torch/test_fused_head.py).
 """
 
@@ -63,7 +63,7 @@ class _HeadLogprobs(torch.autograd.Function):
             lp[lo:hi] = z.gather(-1, tokens[lo:hi, None]).squeeze(-1) - lse[lo:hi]
             if entropy:  # H = lse - E_p[z]
                 ent[lo:hi] = lse[lo:hi] - (torch.softmax(z, -1) * z).sum(-1)
-        ctx.save_for_backward(x, weight, bias, tokens, lse, ent)
+        ctx.save_for_backward(x, weight, bias, tokens, lse)  # no logits, no entropy
         ctx.temperature, ctx.chunk, ctx.entropy = temperature, chunk, entropy
         if entropy != _GRAD:
             ctx.mark_non_differentiable(ent)
@@ -71,7 +71,7 @@ class _HeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g_lp: torch.Tensor, g_ent: torch.Tensor | None):
-        x, weight, bias, tokens, lse, ent = ctx.saved_tensors
+        x, weight, bias, tokens, lse = ctx.saved_tensors
         t, chunk = ctx.temperature, ctx.chunk
         with_ent = ctx.entropy == _GRAD and g_ent is not None
         scale = 1.0 / t if t > 0 and t != 1.0 else 1.0
@@ -83,21 +83,24 @@ class _HeadLogprobs(torch.autograd.Function):
         g_lp = torch.zeros_like(lse) if g_lp is None else g_lp.to(lse.dtype)
         for lo in range(0, x.shape[0], chunk):
             hi = min(x.shape[0], lo + chunk)
-            z = _scaled_logits(x[lo:hi], weight, bias, t)
-            # d lp / dz = onehot - p; d H / dz = -p (z - E_p[z]), E_p[z] = lse - H. z turns
-            # into p, then into the gradient, in place: one float32 buffer.
-            centred = z - (lse[lo:hi] - ent[lo:hi])[:, None] if with_ent else None
-            z.sub_(lse[lo:hi, None]).exp_()
-            coef = -g_lp[lo:hi, None]
+            z = _scaled_logits(x[lo:hi], weight, bias, t).sub_(lse[lo:hi, None])  # log p
+            g = g_lp[lo:hi, None]
+            # d lp / dz = onehot - p, and d H / dz = -p (log p + H), with -H = sum p log p.
+            # log p turns into p (or the coefficient of p), then into the gradient, in place:
+            # one float32 buffer, two with the entropy's gradient.
             if with_ent:
-                coef = coef - g_ent[lo:hi, None].to(lse.dtype) * centred
-                del centred
-            z.mul_(coef)
+                p = z.exp()
+                neg_h = torch.bmm(p.unsqueeze(1), z.unsqueeze(2)).view(-1, 1)
+                z.sub_(neg_h).mul_(-g_ent[lo:hi, None].to(lse.dtype)).sub_(g)
+                z = p.mul_(z)
+                del p
+            else:
+                z.exp_().mul_(-g)
             z[torch.arange(hi - lo, device=x.device), tokens[lo:hi]] += g_lp[lo:hi]
             if scale != 1.0:
                 z.mul_(scale)
             grad = z.to(x.dtype)
-            del z, coef  # before the matmuls: their operand is the compute-dtype copy
+            del z, g  # before the matmuls: their operand is the compute-dtype copy
             if gx is not None:
                 torch.mm(grad, weight, out=gx[lo:hi])
             if gw is not None:

@@ -282,7 +282,8 @@ def saved_activation_bytes(
     the head reads every position (response: the head's checkpoint input; full: the
     gather's input); prefix and full: the token ids and the visual-token mask. Per row
     besides: full's gathered head inputs, prefix's last row; response: token 0's fp32
-    logits (the prefix's last, one row per sample) and logsumexp, and the padding mask.
+    logits (the prefix's last, one row per sample) and logsumexp, and the padding mask;
+    full and response: the head's float32 log-sum-exp of every token it scores.
     Weights the forward reads and the prefix K/V a response reads are other values'
     bytes; so are response token ids (slices of the responses). Replicated under TP (no
     sequence parallelism)."""
@@ -294,6 +295,10 @@ def saved_activation_bytes(
     if part != "response":
         per_token += TOKEN_ID_BYTES + MASK_BYTES
     per_row = head_rows * h * b
+    # the fused head's log-sum-exp of each token it scores (backends/torch/fused_head.py)
+    per_row += FP32 * {"full": response_tokens, "response": max(0, response_tokens - 1)}.get(
+        part, 0
+    )
     if part == "response":  # token 0's fp32 logits and logsumexp; the padding mask
         per_row += FP32 * (model.vocab_size + 1) + response_tokens * MASK_BYTES
     return sequences * (new * per_token + per_row)
