@@ -1,7 +1,8 @@
 """The LM head's training logprobs, fused (rollplex/backends/torch/fused_head.py) against the
-checkpointed chunks it replaced: peak bytes of the backward above what was live before it,
-as a multiple of one chunk's float32 logits, and (on CUDA) the forward + backward time in
-alternating order (A B A B) with its spread.
+checkpointed chunks it replaced: peak bytes of the forward with grad, of its backward and
+of scoring without grad, each above what was live before it, as multiples of one chunk's
+float32 logits, and the forward + backward time in alternating order (A B A B) with its
+spread (a GPU figure only on CUDA).
 
     python bench/fused_head.py                      # CPU: memory from torch.profiler
     python bench/fused_head.py --device cuda        # GPU: the allocator's peak and time
@@ -51,8 +52,11 @@ def _cuda_peak(run) -> int:
     return torch.cuda.max_memory_allocated() - before
 
 
-def measure(width: int, vocab: int, tokens: int, fused: bool, device: str) -> tuple[int, float]:
-    """(backward peak bytes above the forward's leftovers, forward + backward seconds)."""
+def measure(
+    width: int, vocab: int, tokens: int, fused: bool, device: str
+) -> tuple[int, int, int, float]:
+    """(forward peak with grad, backward peak, scoring peak without grad: bytes above what
+    was live before each; forward + backward seconds)."""
     torch.manual_seed(0)
     head = torch.nn.Linear(width, vocab, bias=False, device=device, dtype=torch.bfloat16)
     hidden = torch.randn(1, tokens, width, device=device, dtype=torch.bfloat16)
@@ -61,14 +65,18 @@ def measure(width: int, vocab: int, tokens: int, fused: bool, device: str) -> tu
     saved = logprob.fusable
     if not fused:
         logprob.fusable = lambda _: False
+    peak = _cuda_peak if device == "cuda" else _cpu_peak
     try:
         sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        with torch.no_grad():
+            scoring = peak(lambda: head_logprobs(head, hidden, ids, 1.0))
         sync()
         t0 = time.perf_counter()
-        out = head_logprobs(head, hidden, ids, 1.0)
-        peak = (_cuda_peak if device == "cuda" else _cpu_peak)(lambda: out.sum().backward())
+        out: list[torch.Tensor] = []
+        forward = peak(lambda: out.append(head_logprobs(head, hidden, ids, 1.0)))
+        backward = peak(lambda: out[0].sum().backward())
         sync()
-        return peak, time.perf_counter() - t0
+        return forward, backward, scoring, time.perf_counter() - t0
     finally:
         logprob.fusable = saved
 
@@ -87,7 +95,7 @@ def main() -> None:
     grads = (args.tokens * width + vocab * width) * 2  # d hidden, d weight (bf16)
     measure(width, vocab, min(chunk, args.tokens), True, args.device)  # warm up both
     measure(width, vocab, min(chunk, args.tokens), False, args.device)
-    rows: dict[str, list[tuple[int, float]]] = {"fused": [], "unfused": []}
+    rows: dict[str, list[tuple[int, int, int, float]]] = {"fused": [], "unfused": []}
     for r in range(args.rounds):  # A B, then B A: neither always runs first
         order = ("fused", "unfused") if r % 2 == 0 else ("unfused", "fused")
         for name in order:
@@ -98,17 +106,21 @@ def main() -> None:
         f"Command: `python bench/fused_head.py {' '.join(sys.argv[1:])}`",
         "",
         f"{args.shape}: hidden {width}, vocab {vocab}, {args.tokens} tokens, chunks of "
-        f"{chunk} tokens ({chunk_fp32 / 2**30:.2f} GiB of float32 logits); the backward's "
-        f"peak above what was live before it, less its gradients ({grads / 2**30:.2f} GiB)",
+        f"{chunk} tokens ({chunk_fp32 / 2**30:.2f} GiB of float32 logits). Peaks are the "
+        "bytes allocated above what was live before each, as multiples of one chunk's "
+        f"float32 logits; the backward's less its gradients ({grads / 2**30:.2f} GiB). "
+        "Scoring is the reference's: no grad, no entropy.",
         "",
-        "| path | backward peak (GiB) | x one chunk's float32 logits | fwd + bwd s (median) |",
-        "|---|---:|---:|---:|",
+        "| path | forward with grad | backward | scoring | fwd + bwd s (median) |",
+        "|---|---:|---:|---:|---:|",
     ]
     for name, got in rows.items():
-        peak = max(p for p, _ in got) - grads
-        secs = statistics.median(s for _, s in got)
-        lines.append(f"| {name} | {peak / 2**30:.2f} | {peak / chunk_fp32:.2f} | {secs:.3f} |")
-    ratios = [u[1] / f[1] for f, u in zip(rows["fused"], rows["unfused"], strict=True)]
+        fwd = max(g[0] for g in got) / chunk_fp32
+        bwd = (max(g[1] for g in got) - grads) / chunk_fp32
+        score = max(g[2] for g in got) / chunk_fp32
+        secs = statistics.median(g[3] for g in got)
+        lines.append(f"| {name} | {fwd:.2f}x | {bwd:.2f}x | {score:.2f}x | {secs:.3f} |")
+    ratios = [u[3] / f[3] for f, u in zip(rows["fused"], rows["unfused"], strict=True)]
     half = (max(ratios) - min(ratios)) / 2
     lines += ["", f"unfused / fused time: {statistics.median(ratios):.3f} ± {half:.3f} "
               f"over {args.rounds} alternating rounds"]  # fmt: skip
