@@ -13,34 +13,22 @@ Writes bench/results/fused_head_<device>.md.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cpu_memory import cpu_peak_bytes
 
 from rollplex.backends.torch import logprob
 from rollplex.backends.torch.logprob import head_logprobs
 
 SHAPES = {"qwen2_5_vl_3b": (2048, 151936), "qwen2_5_vl_7b": (3584, 152064)}
-
-
-def _cpu_peak(run) -> int:
-    with torch.profiler.profile(profile_memory=True) as prof:
-        run()
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        events = json.loads(Path(f.name).read_text())["traceEvents"]
-    cur = peak = 0
-    for e in sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"]):
-        cur += e["args"]["Bytes"]
-        peak = max(peak, cur)
-    return peak
 
 
 def _cuda_peak(run) -> int:
@@ -65,7 +53,7 @@ def measure(
     saved = logprob.fusable
     if not fused:
         logprob.fusable = lambda _: False
-    peak = _cuda_peak if device == "cuda" else _cpu_peak
+    peak = _cuda_peak if device == "cuda" else cpu_peak_bytes
     try:
         sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         with torch.no_grad():

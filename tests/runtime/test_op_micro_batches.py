@@ -6,13 +6,12 @@ shrinking with the count (torch's CPU allocator, as torch.profiler records it)."
 
 from __future__ import annotations
 
-import json
-import tempfile
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.data import TaskData
@@ -25,6 +24,10 @@ from rollplex.runtime import Executor, forward_ops
 from rollplex.runtime.compose import compose
 from rollplex.specs import ScheduleSpec
 from tests.runtime.conftest import ALGO, CPU, MODEL, WORKLOAD
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from cpu_memory import cpu_peak_bytes
 
 # 3 prompts x G=2: 3 prompt rows, 6 sample rows; counts that divide neither, 2 that
 # divides the samples, and one above every op's rows
@@ -123,27 +126,6 @@ def test_the_runtime_cuts_the_ranges_the_plan_priced(monkeypatch, name):
     )
 
 
-def _peak_allocated(fn) -> int:
-    """The most CPU tensor bytes live at once inside `fn`, from torch.profiler's allocator
-    events (torch's CPU allocator reports each allocation and free to the profiler). Their
-    `Total Allocated` is a process-wide count that a block allocated inside an earlier
-    profile and freed outside it leaves raised, so the peak is taken from a running sum
-    of the events' own sizes."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = f"{tmp}/trace.json"
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)["traceEvents"]
-    memory = sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"])
-    live = peak = 0
-    for e in memory:
-        live += e["args"]["Bytes"]
-        peak = max(peak, live)
-    return peak
-
-
 def test_the_largest_live_allocation_shrinks_with_the_count():
     # verl-like: 8 samples' images (112x112) through the reference's tower and forward
     shape = WORKLOAD.model_copy(
@@ -158,7 +140,7 @@ def test_the_largest_live_allocation_shrinks_with_the_count():
         if op.name in ("reference.vision_encode", "reference.logprob"):
             for count in (1, 2, 4):
                 backend.op_micro_batches({op.name: count})
-                peaks[op.name, count] = _peak_allocated(lambda: inner(op, inputs, chunk, {}))
+                peaks[op.name, count] = cpu_peak_bytes(lambda: inner(op, inputs, chunk, {}))
             backend.op_micro_batches({})
         return inner(op, inputs, chunk, carry)
 

@@ -4,10 +4,15 @@ less at its backward's peak; heads it cannot fuse take the unfused path."""
 
 from __future__ import annotations
 
-import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+
+from cpu_memory import cpu_peak_bytes
 
 from rollplex.backends.torch import logprob
 from rollplex.backends.torch.fused_head import fusable, fused_head_logprobs
@@ -103,21 +108,11 @@ def test_heads_with_hooks_or_subclasses_are_not_fused():
     assert not fusable(Wrapped(4, 6))
 
 
-def _backward_peak(out: torch.Tensor, path) -> int:
-    """The most bytes the CPU allocator holds during `out.sum().backward()` beyond what
-    was live before it (torch.profiler's memory events)."""
-    with torch.profiler.profile(profile_memory=True) as prof:
-        out.sum().backward()
-    prof.export_chrome_trace(str(path))
-    events = json.loads(path.read_text())["traceEvents"]
-    cur = peak = 0
-    for e in sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"]):
-        cur += e["args"]["Bytes"]
-        peak = max(peak, cur)
-    return peak
+def _backward_peak(out: torch.Tensor) -> int:
+    return cpu_peak_bytes(lambda: out.sum().backward())
 
 
-def test_fused_backward_holds_less_than_the_checkpointed_chunks(monkeypatch, tmp_path):
+def test_fused_backward_holds_less_than_the_checkpointed_chunks(monkeypatch):
     torch.manual_seed(0)
     vocab, width, tokens_n = 4096, 64, 256
     head = torch.nn.Linear(width, vocab, bias=False).to(torch.bfloat16)
@@ -126,9 +121,9 @@ def test_fused_backward_holds_less_than_the_checkpointed_chunks(monkeypatch, tmp
     chunk_fp32 = 64 * vocab * 4
     monkeypatch.setattr(logprob, "HEAD_CHUNK_BYTES", chunk_fp32)  # 64 tokens a chunk
 
-    fused = _backward_peak(head_logprobs(head, hidden, tokens, 1.0), tmp_path / "f.json")
+    fused = _backward_peak(head_logprobs(head, hidden, tokens, 1.0))
     monkeypatch.setattr(logprob, "fusable", lambda _: False)
-    unfused = _backward_peak(head_logprobs(head, hidden, tokens, 1.0), tmp_path / "u.json")
+    unfused = _backward_peak(head_logprobs(head, hidden, tokens, 1.0))
     # the unfused chunk holds ~4x its float32 logits, the fused one ~1.5x (+ the gradients)
     grads = (hidden.numel() + head.weight.numel()) * 2
     assert unfused - grads > 3.5 * chunk_fp32
