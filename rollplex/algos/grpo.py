@@ -36,7 +36,7 @@ def build_grpo(
         old = old_logprob_forward(b, prompts, responses, policy, g)
         last = policy_updates(
             b, updates, prompts, responses, policy, adam, g, old, advantages, ref_logprobs,
-            clip_eps=algo.clip_eps, kl_coef=algo.kl_coef,
+            clip_eps=algo.clip_eps, kl_coef=algo.kl_coef, entropy_coeff=algo.entropy_coeff,
         )  # fmt: skip
         with b.phase(Phase.UPDATE):
             b.weight_sync(last)
@@ -50,6 +50,7 @@ def build_grpo(
             advantages,
             ref_logprobs,
             clip_eps=algo.clip_eps,
+            entropy_coeff=algo.entropy_coeff,
             kl_coef=algo.kl_coef,
         )
         grads = b.backward(loss, policy, [actor["saved"]])

@@ -57,6 +57,7 @@ def build_ppo(model: ModelSpec, workload: WorkloadSpec, algo: AlgoSpec) -> Graph
             b, updates, prompts, responses, policy, policy_adam, g, old, advantages,
             None if kl_in_reward else ref_logprobs,
             clip_eps=algo.clip_eps, kl_coef=0.0 if kl_in_reward else algo.kl_coef,
+            entropy_coeff=algo.entropy_coeff,
         )  # fmt: skip
         with b.phase(Phase.UPDATE):
             b.weight_sync(last)
@@ -76,6 +77,7 @@ def build_ppo(model: ModelSpec, workload: WorkloadSpec, algo: AlgoSpec) -> Graph
             advantages,
             None if kl_in_reward and not loss_kl else ref_logprobs,
             clip_eps=algo.clip_eps,
+            entropy_coeff=algo.entropy_coeff,
             kl_coef=loss_kl or 0.0,
         )
         policy_grads = b.backward(loss, policy, [actor["saved"]])

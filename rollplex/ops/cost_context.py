@@ -30,6 +30,9 @@ class CostContext:
     # forwards with grad and their backward run in these, each padded to its own longest
     # response, so rows run together (and the width they pay for) follow from it
     micro_batches: int = 1
+    # the share of the op's rows one of its runs holds (a micro-batch's: planner/layout.py),
+    # which caps what the LM head's chunks hold against the op's rows (formulas/head.py)
+    run_share: float = 1.0
 
     def per_rank(self, rows: int) -> float:
         return math.ceil(rows / self.dp)

@@ -44,8 +44,8 @@ def cost_key(graph: Graph, op: Op) -> tuple:
     key = (op.kind, op.phase, repr(op.attrs), tuple(op.outputs), _ports(graph, op))
     if op.kind != "backward":
         return key
-    # `_backward` also reads each forward behind a saved input (once, in port order) and the
-    # vision encoder feeding it when that trains the same weights.
+    # `_backward` also reads each forward behind a saved input (once, in port order), the
+    # vision encoder feeding it when that trains the same weights, and its loss's entropy.
     weights, forwards = op.inputs["weights"], {}
     for port, v in op.inputs.items():
         fwd = behind_saved(graph, v) if port.startswith("saved") else None
@@ -59,7 +59,7 @@ def cost_key(graph: Graph, op: Op) -> tuple:
         )
         pixels = graph.values[vision.inputs["pixels"]].shape if trained and vision else None
         forwards[fwd.name] = (fwd.kind, _ports(graph, fwd), pixels)
-    return (*key, tuple(forwards.values()))
+    return (*key, tuple(forwards.values()), _entropy_grad(graph, op))
 
 
 def _ports(graph: Graph, op: Op) -> tuple:
@@ -107,7 +107,8 @@ def _attach_response(g: Graph, op: Op, ctx: CostContext) -> Cost:
     trained columns of each row, from the decode's kept final-norm inputs."""
     ins = g.inputs_of(op)
     rows = ctx.per_rank(ins["responses"].shape[0])
-    return lm_head_forward(ctx.model, rows, _trained_tokens(ctx, op, ins), ctx.tp)
+    tokens = _trained_tokens(ctx, op, ins)
+    return lm_head_forward(ctx.model, rows, tokens, ctx.tp, "forward", ctx.run_share)
 
 
 def _logprob(part: str):
@@ -130,6 +131,7 @@ def _logprob(part: str):
             ctx.tp,
             grad=grad,
             checkpointing=ctx.checkpointing,
+            run_share=ctx.run_share,
         )
         if "exported" not in op.outputs:
             return cost
@@ -198,6 +200,7 @@ def _backward(g: Graph, op: Op, ctx: CostContext, prefix_only: bool = False) -> 
     the vision tower's when it trains and fed those forwards."""
     total, seen = Cost(), set()
     weights = op.inputs["weights"]
+    entropy_grad = _entropy_grad(g, op)
     for port, v in op.inputs.items():
         fwd = behind_saved(g, v) if port.startswith("saved") else None
         if fwd is None or fwd.name in seen:
@@ -225,6 +228,8 @@ def _backward(g: Graph, op: Op, ctx: CostContext, prefix_only: bool = False) -> 
             ctx.tp,
             checkpointing=ctx.checkpointing,
             shards=ctx.shards,
+            run_share=ctx.run_share,
+            entropy_grad=entropy_grad,
         )
         again = ctx.recompute_forward or ctx.fused_forward
         if again and part != "prefix" and fwd.kind != "attach_response":  # decode once: none
@@ -232,7 +237,7 @@ def _backward(g: Graph, op: Op, ctx: CostContext, prefix_only: bool = False) -> 
             # keeps lives beside that backward's scratch, not in an output.
             again = F.logprob(
                 ctx.model, ctx.per_rank(rows), prefix, tokens, part, ctx.tp,
-                grad=True, checkpointing=ctx.checkpointing,
+                grad=True, checkpointing=ctx.checkpointing, run_share=ctx.run_share,
             )  # fmt: skip
             kept = again.persistent_bytes
             written = max(0.0, again.bytes_written - kept)  # its kept inputs: counted below
@@ -256,6 +261,12 @@ def _backward(g: Graph, op: Op, ctx: CostContext, prefix_only: bool = False) -> 
                 **vision_grid(px),
             )
     return total
+
+
+def _entropy_grad(g: Graph, op: Op) -> bool:
+    """Whether backward `op`'s loss has an entropy term (its policy_loss's entropy_coeff)."""
+    loss = g.producer(op.inputs["loss"]) if "loss" in op.inputs else None
+    return bool(loss is not None and loss.attrs.get("entropy_coeff"))
 
 
 def _optimizer(g: Graph, op: Op, ctx: CostContext) -> Cost:

@@ -107,7 +107,6 @@ class OpTimer:
         its micro-batches (each reads the weights and launches its kernels again), its
         scratch one micro-batch's."""
         ctx = self.context(op, chunks)
-        cost = op_cost(self.graph, op, ctx)
         step = self._step_count(op)
         if step is not None:
             # The trainer's step-wide count is shared by the op's row chunks.
@@ -117,6 +116,8 @@ class OpTimer:
             if runs > 1:
                 units, _ = op_units(self.graph, op, self.workload.response_length.mean)
                 share = largest_share(math.ceil(units / ctx.dp), runs)
+        ctx = replace(ctx, run_share=min(1.0, share))  # the head's chunks cap one run's
+        cost = op_cost(self.graph, op, ctx)
         return replace(
             self._time(op, ctx, cost, (runs, self._kernels(op, ctx))),
             scratch_bytes=cost.transient_bytes * share,

@@ -72,26 +72,38 @@ class Memory:
     allow_offload: bool = True
 
 
+# First moves the covering rule tries, smallest covering tensor first
+COVERING_TRIES = 3
+
+
 def settle_memory(plan: Plan, mem: Memory, interference=None) -> Plan:
-    """Fit `plan` in place. What moves is chosen twice, tensor by tensor: the largest one
-    idle at the peak, and the smallest one that covers the overage alone (cheaper copies,
-    but an onload the next step's first op waits for can cost more than a larger hidden
-    one). The faster of the two fitting results is kept; on a tie, the first."""
-    trial = _settle(plan, mem, interference, covering=False)
-    if trial is None:  # nothing moved: one rule's plan is the other's
+    """Fit `plan` in place. What moves is chosen tensor by tensor, by two rules: the
+    largest one idle at the peak, and one that covers the overage alone, tried from the
+    smallest up (cheaper copies, but an onload the next step's first op waits for can cost
+    more than a larger one the decode hides). The fastest fitting result is kept; on a tie,
+    the first."""
+    start = _settle(plan, mem, interference, covering=False)
+    if start is None:  # nothing moved: every rule's plan is this one
         return plan
-    _settle(trial, mem, interference, covering=True)
-    if trial.fits_budget and (
-        not plan.fits_budget or trial.step_time_s < plan.step_time_s * (1 - 1e-9)
-    ):
+    best = plan
+    for first in range(COVERING_TRIES):
+        trial = deepcopy(start)
+        if _settle(trial, mem, interference, covering=True, first=first) is None:
+            break  # no covering tensor left to start from
+        if trial.fits_budget and (
+            not best.fits_budget or trial.step_time_s < best.step_time_s * (1 - 1e-9)
+        ):
+            best = trial
+    if best is not plan:
         for f in fields(Plan):
-            setattr(plan, f.name, getattr(trial, f.name))
+            setattr(plan, f.name, getattr(best, f.name))
     return plan
 
 
-def _settle(plan: Plan, mem: Memory, interference, covering: bool) -> Plan | None:
-    """Fit `plan` in place under one rule; return a copy of it from before its first move
-    (for the other rule to start from), or None when nothing moved."""
+def _settle(plan: Plan, mem: Memory, interference, covering: bool, first: int = 0) -> Plan | None:
+    """Fit `plan` in place under one rule, its first move on each device the rule's
+    `first`-th choice (then its best); return a copy of it from before its first move (for
+    the other rules to start from), or None when nothing moved."""
     replay(plan, interference)
     before: Plan | None = None
     for dev in plan.devices:
@@ -102,9 +114,11 @@ def _settle(plan: Plan, mem: Memory, interference, covering: bool) -> Plan | Non
             if result.total_bytes <= mem.budget_bytes or not mem.allow_offload:
                 break
             need = result.total_bytes - mem.budget_bytes if covering else None
-            victim = _pick_offload(dev, lives, tried, mem.graph, need)
-            if victim is None:
+            order = _offload_order(dev, lives, tried, mem.graph, need)
+            pick = first if not tried else 0
+            if len(order) <= pick:
                 break
+            victim = order[pick]
             if before is None:
                 before = deepcopy(plan)
             tried.add(victim.value)
@@ -234,10 +248,20 @@ def _apply_offloads(dev: DevicePlan, lives: list[Lifetime]) -> list[Lifetime]:
 def _pick_offload(
     dev: DevicePlan, lives: list[Lifetime], tried: set[str], graph: Graph, need: float = 0.0
 ) -> Lifetime | None:
-    """The largest tensor that waits a long stretch between uses (and was not tried),
-    preferring one that is resident at the peak outside its span of uses: moving it lowers
-    the peak. One in use at the peak (AdamW's state at the optimizer step) would only stay
-    resident there and cost its copies, so it is taken only when nothing else can move."""
+    """The first of `_offload_order`, or None when nothing can move."""
+    order = _offload_order(dev, lives, tried, graph, need)
+    return order[0] if order else None
+
+
+def _offload_order(
+    dev: DevicePlan, lives: list[Lifetime], tried: set[str], graph: Graph, need: float | None
+) -> list[Lifetime]:
+    """Tensors that wait a long stretch between uses (and were not tried), in the order
+    a rule takes them: preferring ones resident at the peak outside their span of uses
+    (moving one lowers the peak), the largest first; with a `need`, those of at least
+    `need` bytes first, the smallest first. One in use at the peak (AdamW's state at the
+    optimizer step) would only stay resident there and cost its copies, so it is taken
+    only when nothing else can move."""
     movable = [
         lf
         for lf in lives
@@ -263,11 +287,9 @@ def _pick_offload(
         and lf.value in uses
         and not uses[lf.value][0] <= peak <= uses[lf.value][1]
     ]
-    pool = idle or movable
-    covering = [lf for lf in pool if need is not None and lf.record.size >= need]
-    if covering:
-        return min(covering, key=lambda lf: lf.record.size)
-    return max(pool, key=lambda lf: lf.record.size, default=None)
+    pool = sorted(idle or movable, key=lambda lf: -lf.record.size)
+    covering = [lf for lf in reversed(pool) if need is not None and lf.record.size >= need]
+    return covering or pool
 
 
 def _offload(plan: Plan, dev: DevicePlan, lf: Lifetime, mem: Memory) -> None:

@@ -84,9 +84,11 @@ def test_a_rollout_tp_other_than_the_trainers_is_not_planned():
 def test_the_held_bytes_are_traded_against_the_saved_forward():
     """Under a budget between the two plans' peaks, holding the kept outputs does not fit
     (or needs offloads that cost more than the forward saves): today's forward is kept,
-    and the plan says why."""
+    and the plan says why. With the forward fused into each micro-batch's backward, the
+    forward holds one micro-batch's activations where decode once holds every row's."""
     load = _workload("video").model_copy(update={"prompts_per_step": 8})
-    model, schedule = "qwen2_5_vl_3b", ScheduleSpec(name="serial", prefill_once=False)
+    model = "qwen2_5_vl_3b"
+    schedule = ScheduleSpec(name="serial", prefill_once=False, train_micro_fused=True)
     off = _plan(model, load, schedule.model_copy(update={"decode_once": False}))
     on = _plan(model, load, schedule)
     assert _kept(on) and on.plan.peak_bytes_per_gpu > off.plan.peak_bytes_per_gpu

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -85,7 +86,7 @@ def test_each_cut_forward_is_priced_in_the_runtimes_ranges(model, workload, sche
             if op is None or op.kind not in OP_MICRO_KINDS or timer._step_count(op) is not None:
                 continue  # the trainer's forwards keep its own count (train_micro_batches)
             op_ctx = timer.context(op, s.chunks)
-            transient = op_cost(graph, op, op_ctx).transient_bytes
+            transient = op_cost(graph, op, op_ctx).transient_bytes  # run whole
             count = counts.get(op.name, 1)
             if s.chunks > 1 or op_units(graph, op, mean) is None:
                 assert count == 1, s.name  # a row chunk, or an export: run (and priced) whole
@@ -101,6 +102,9 @@ def test_each_cut_forward_is_priced_in_the_runtimes_ranges(model, workload, sche
             ranges = micro_ranges(units, count)  # what the runtime runs on a rank
             assert len(ranges) == count <= units
             largest = max(hi - lo for lo, hi in ranges)
+            # its largest range's share, which also caps the LM head's chunks (head.py)
+            run_ctx = replace(op_ctx, run_share=largest / units)
+            transient = op_cost(graph, op, run_ctx).transient_bytes
             assert s.scratch_bytes == pytest.approx(transient * largest / units, rel=1e-6, abs=1)
             assert s.scratch_bytes >= transient / count * (1 - 1e-9)
             seen += count > 1

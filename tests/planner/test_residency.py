@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from rollplex.jobs.pipeline import plan_step
@@ -134,18 +136,31 @@ def _plan_7b(name: str, dedup: bool, hbm: float):
     return plan_step(model, VIDEO_7B, AlgoSpec(), hw, sched, trainer=TORCH_SCORER)
 
 
+@functools.cache
+def _roomy_7b(name: str, dedup: bool):
+    return _plan_7b(name, dedup, 1000.0)
+
+
+def _under_peak_7b(name: str, dedup: bool, gib: float):
+    """The 7B plan under a budget `gib` GiB below its peak with room to spare."""
+    roomy = _roomy_7b(name, dedup).plan.peak_bytes_per_gpu / 2**30
+    return _plan_7b(name, dedup, roomy - gib)
+
+
 @pytest.mark.parametrize("name", ["serial", "rollplex"])
 def test_full_fine_tuning_of_the_7b_fits_one_h200_at_no_cost_in_time(name) -> None:
     """AdamW's state (85 GiB) is in use at the peak, the optimizer step: moving it would
-    only add copies. What waits there is the reference model, which the planner offloads
-    after scoring and brings back during the next decode: the step takes as long as with
-    room to spare."""
-    roomy, tight = _plan_7b(name, True, 1000.0), _plan_7b(name, True, 139.8)
+    only add copies. What waits there is the reference model (15 GiB), which the planner
+    offloads after scoring and brings back during the next decode: on an H200, and under
+    any budget its offload covers, the step takes as long as with room to spare."""
+    roomy = _roomy_7b(name, True)
     assert roomy.plan.peak_bytes_per_gpu > HARDWARE_PRESETS["h200"].hbm_bytes
-    assert tight.plan.fits_budget
-    moved = {s.op for s in tight.plan.all_steps() if s.kind in ("offload", "onload")}
-    assert "ref.weights" in moved and "policy.adam" not in moved
-    assert tight.plan.step_time_s <= roomy.plan.step_time_s * (1 + 1e-9)
+    for tight in (_plan_7b(name, True, 139.8), _under_peak_7b(name, True, 12.0)):
+        assert tight.plan.fits_budget
+        moved = {s.op for s in tight.plan.all_steps() if s.kind in ("offload", "onload")}
+        assert moved and "policy.adam" not in moved
+        assert tight.plan.step_time_s <= roomy.plan.step_time_s * (1 + 1e-9)
+    assert "ref.weights" in moved  # 12 GiB over: the least that covers it is the reference
 
 
 def test_verls_7b_step_fits_one_h200_by_moving_the_least_that_covers_its_overage() -> None:
@@ -154,8 +169,8 @@ def test_verls_7b_step_fits_one_h200_by_moving_the_least_that_covers_its_overage
     there, and frozen: its offload is a drop) and the step takes as long as with room to
     spare; over budget by more, AdamW's state waits on the host through the backward too,
     and the step pays at most its copies."""
-    roomy = _plan_7b("serial", False, 1000.0)
-    near, far = _plan_7b("serial", False, 139.8), _plan_7b("serial", False, 137.0)
+    roomy = _roomy_7b("serial", False)
+    near, far = _under_peak_7b("serial", False, 12.0), _under_peak_7b("serial", False, 15.0)
     assert near.plan.fits_budget and far.plan.fits_budget
     copies = [s for s in near.plan.all_steps() if s.kind in ("offload", "onload")]
     assert {s.op for s in copies} == {"ref.weights"}
@@ -209,7 +224,7 @@ def test_each_copy_is_numbered_right_after_the_step_it_waits_for(name, dedup) ->
     numbered after it runs after it, whatever its planned start. So each copy comes right
     after the step it waits for (its planned start), no other stream's step between, and
     the reference's onload, planned beside the decode, is numbered before the decode."""
-    plan = _plan_7b(name, dedup, 139.8).plan
+    plan = _under_peak_7b(name, dedup, 12.0).plan
     steps = {s.index: s for s in plan.all_steps()}
     event_step = {e.id: e.step for e in plan.events}
     copies = [s for s in steps.values() if s.kind in ("offload", "onload")]
@@ -234,8 +249,8 @@ def test_frozen_weights_write_back_as_a_drop_and_everything_else_as_a_copy(name,
     offload takes no copy time (host_memory.py drops the device copy); so does the frozen
     vision tower's. Their onloads and the moves of what an optimizer writes (AdamW's state,
     without dedup) are copies."""
-    # without dedup, under the peak by more than the reference's 15 GiB: AdamW moves too
-    plan = _plan_7b(name, dedup, 139.8 if dedup else 137.0).plan
+    # without dedup, 15 GiB under the peak (the reference's and then some): AdamW moves too
+    plan = _under_peak_7b(name, dedup, 12.0 if dedup else 15.0).plan
     copies = [s for s in plan.all_steps() if s.kind in ("offload", "onload")]
     ref = {s.kind: s for s in copies if s.op == "ref.weights"}
     assert set(ref) == {"offload", "onload"}

@@ -23,6 +23,7 @@ from rollplex.engine.prefix import (
     rope_index,
     scatter_visual,
 )
+from rollplex.ops.formulas import head as head_price
 
 
 def token_logprobs(
@@ -47,9 +48,9 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
     return z.logsumexp(-1) - (torch.softmax(z, -1) * z).sum(-1)
 
 
-# fp32 logits one chunk of head_logprobs may hold: at a real vocab (152k) 1 GiB is ~1,700
-# tokens, where [64 x 256] responses would need 10 GiB at once (and again for backward).
-HEAD_CHUNK_BYTES = 1 << 30
+# fp32 logits one chunk of head_logprobs may hold (priced there): at a real vocab (152k)
+# 1 GiB is ~1,700 tokens, where [64 x 256] responses would need 10 GiB at once.
+HEAD_CHUNK_BYTES = head_price.HEAD_CHUNK_BYTES
 
 
 # What the training forward computes beside logprobs: nothing, the entropy as a metric

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rollplex.ops.formulas.cost import FP32, LOGPROB_BYTES, Cost, check_tp, kv_fraction
+from rollplex.ops.formulas.head import HeadPass, head_scratch
 from rollplex.specs.model import ModelSpec
 from rollplex.specs.workload import WorkloadSpec
 
@@ -85,8 +86,17 @@ def decoder_forward(
     )
 
 
-def lm_head_forward(model: ModelSpec, sequences: float, logit_rows: float, tp: int) -> Cost:
-    """lm_head over the rows that need logits; the op keeps 4 B per row (logprob or token)."""
+def lm_head_forward(
+    model: ModelSpec,
+    sequences: float,
+    logit_rows: float,
+    tp: int,
+    head_pass: HeadPass = "sample",
+    run_share: float = 1.0,
+) -> Cost:
+    """lm_head over the rows that need logits; the op keeps 4 B per row (logprob or token).
+    Its scratch: `head_scratch` of `head_pass` (sampling, scoring, the forward with grad),
+    fused on one GPU, in runs of `run_share` of the rows."""
     rows = sequences * logit_rows
     if rows == 0:
         return Cost()
@@ -99,7 +109,7 @@ def lm_head_forward(model: ModelSpec, sequences: float, logit_rows: float, tp: i
         bytes_written=logits * model.dtype_bytes + kept,
         weight_bytes=weights,
         persistent_bytes=kept,
-        transient_bytes=logits * FP32,  # fp32 log-softmax / sampling scratch
+        transient_bytes=head_scratch(logits * FP32, head_pass, run_share=run_share, fused=tp == 1),
     )
 
 
@@ -112,13 +122,16 @@ def llm_forward(
     logit_rows: float | None = None,
     *,
     keep_kv: bool = True,
+    head_pass: HeadPass = "sample",
+    run_share: float = 1.0,
 ) -> Cost:
     """Decoder forward of `new_tokens` positions per sequence over `context_tokens` cached keys.
 
     Each new position attends to `context_tokens + new_tokens` keys. `logit_rows` rows per
-    sequence go through lm_head (default: every new token). `keep_kv=True` writes the new
-    tokens' K/V to a cache that outlives the op (persistent); otherwise it is scratch.
-    `sequences` may be fractional (an expected batch).
+    sequence go through lm_head (default: every new token), as `head_pass` (its scratch,
+    `lm_head_forward`). `keep_kv=True` writes the new tokens' K/V to a cache that outlives
+    the op (persistent); otherwise it is scratch. `sequences` may be fractional (an
+    expected batch).
     """
     check_tp(tp)
     rows = new_tokens if logit_rows is None else logit_rows
@@ -126,7 +139,7 @@ def llm_forward(
         raise ValueError("sizes must be >= 0 and logit_rows <= new_tokens")
     return decoder_forward(
         model, sequences, new_tokens, context_tokens, tp, keep_kv
-    ) + lm_head_forward(model, sequences, rows, tp)
+    ) + lm_head_forward(model, sequences, rows, tp, head_pass, run_share)
 
 
 def prefix_prefill(model: ModelSpec, sequences: float, prefix_tokens: int, tp: int = 1) -> Cost:
@@ -331,6 +344,7 @@ def logprob(
     *,
     grad: bool = False,
     checkpointing: bool = True,
+    run_share: float = 1.0,
 ) -> Cost:
     """Forward that scores the response tokens (reference or actor), whole or split.
 
@@ -338,10 +352,16 @@ def logprob(
     response: the response over the cached prefix. prefix + response equals full in FLOPs
     except for the prefix queries against response keys, which full computes and masks.
     With `grad` (the actor's training forward) what the backward reads is kept too
-    (`kept_for_backward`).
+    (`kept_for_backward`). It runs in runs of `run_share` of the rows (micro-batches),
+    each scoring in chunks (`head_scratch`).
     """
     new, context, rows, keep_kv = logprob_shape(part, prefix_tokens, response_tokens)
-    cost = llm_forward(model, sequences, new, context, tp, logit_rows=rows, keep_kv=keep_kv)
+    # the prefix part's head: its last position's logits, one row a sequence
+    head_pass = "sample" if part == "prefix" else "forward" if grad else "score"
+    cost = llm_forward(
+        model, sequences, new, context, tp, logit_rows=rows, keep_kv=keep_kv,
+        head_pass=head_pass, run_share=run_share,
+    )  # fmt: skip
     if not grad:
         return cost
     saved = kept_for_backward(

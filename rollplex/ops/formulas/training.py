@@ -9,6 +9,7 @@ optimizer state; gradients are in the compute dtype.
 from __future__ import annotations
 
 from rollplex.ops.formulas.cost import FP32, Cost, check_tp
+from rollplex.ops.formulas.head import head_scratch
 from rollplex.ops.formulas.llm import (
     LogprobPart,
     activation_bytes_per_token,
@@ -42,6 +43,8 @@ def backward(
     *,
     checkpointing: bool = True,
     shards: int = 1,
+    run_share: float = 1.0,
+    entropy_grad: bool = False,
 ) -> Cost:
     """Backward of the actor's `logprob(..., grad=True)` forward with the same arguments.
 
@@ -49,12 +52,18 @@ def backward(
     activations; writes the LLM gradients, sharded over `shards` (persistent: the optimizer
     reads them). Split training (prefix and response parts) accumulates into one gradient
     buffer, which the planner should count once. Scratch: one layer's full activations (the
-    recomputed layer), one layer's unsharded gradients, and the forward's own scratch.
+    recomputed layer), one layer's unsharded gradients, and the forward's own scratch, its
+    head's the backward's (`head_scratch`: in runs of `run_share` of the rows, with the
+    entropy's gradient where the loss has an entropy term).
     """
     _check_shards(shards)
     new, context, rows, keep_kv = logprob_shape(part, prefix_tokens, response_tokens)
     layers = decoder_forward(model, sequences, new, context, tp, keep_kv)
     head = lm_head_forward(model, sequences, rows, tp)
+    head_bytes = sequences * rows * model.vocab_size / tp * FP32
+    head_bwd = head_scratch(
+        head_bytes, "backward", run_share=run_share, fused=tp == 1, entropy_grad=entropy_grad
+    )
     tokens = sequences * new
     kv_tok = kv_bytes_per_token(model, tp)
     # Reads what the forward kept (`logprob(grad=True)`); the prefix part also reads the
@@ -71,7 +80,7 @@ def backward(
     kv_grads = sequences * context * kv_tok
     layer_acts = tokens * activation_bytes_per_token(model, False, tp) / model.num_layers
     layer_grads = model.llm_layer_params() * model.dtype_bytes / tp
-    scratch = (layers + head).transient_bytes + layer_acts + layer_grads
+    scratch = max(layers.transient_bytes, head_bwd) + layer_acts + layer_grads
     return Cost(
         flops=2 * (layers.flops + head.flops) + recompute,
         bytes_read=weights + saved,
