@@ -55,7 +55,7 @@ def test_the_plan_prices_one_micro_batch_at_a_time_and_a_forward_more(
     extra = back_again.solo_s - back_plain.solo_s
     assert 0.5 * forward.solo_s < extra < 1.5 * forward.solo_s  # one forward more
     # inside the backward: one micro-batch's saved inputs, not all of them, and the
-    # forward's own scratch where it is above the backward's (the LM head's: 3 chunks
+    # forward's own scratch where it is above the backward's (the LM head's: 2 chunks
     # of logits with the entropy, against the fused backward's 1.5)
     micro = plain.meta["train_micro_batches"]
     grown = back_again.scratch_bytes - back_plain.scratch_bytes

@@ -17,14 +17,15 @@ HeadPass = Literal["sample", "score", "forward", "backward"]
 # it (tests/backends/torch/test_head_scratch_priced.py holds the runtime to these):
 # scoring without grad holds the bf16 logits, their float32 copy and the log-softmax
 # (2.5); the training forward also takes the entropy (a metric at least) from the same
-# chunk's softmax (3.0 fused; 3.5 as checkpointed chunks); the fused backward 1.5 (it
+# chunk (2.0 fused: log p in place and p beside it; 3.5 as checkpointed chunks, whose
+# softmax and product are buffers of their own); the fused backward 1.5 (it
 # turns the recomputed logits into their gradient in place), the checkpointed chunk's 4.0
 # (logits, float32 copy, softmax and gradient at once: a head the fused node cannot take,
 # tensor-parallel).
 _CHUNKS = {
     ("score", True): 2.5,
     ("score", False): 2.5,
-    ("forward", True): 3.0,
+    ("forward", True): 2.0,
     ("forward", False): 3.5,
     ("backward", True): 1.5,
     ("backward", False): 4.0,
