@@ -116,7 +116,7 @@ class OpTimer:
             if runs > 1:
                 units, _ = op_units(self.graph, op, self.workload.response_length.mean)
                 share = largest_share(math.ceil(units / ctx.dp), runs)
-        ctx = replace(ctx, run_share=min(1.0, share))  # the head's chunks cap one run's
+        ctx = replace(ctx, run_share=share)  # the head's chunks cap one run's
         cost = op_cost(self.graph, op, ctx)
         return replace(
             self._time(op, ctx, cost, (runs, self._kernels(op, ctx))),

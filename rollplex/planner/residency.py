@@ -116,8 +116,8 @@ def _settle(plan: Plan, mem: Memory, interference, covering: bool, first: int = 
             need = result.total_bytes - mem.budget_bytes if covering else None
             order = _offload_order(dev, lives, tried, mem.graph, need)
             pick = first if not tried else 0
-            if len(order) <= pick:
-                break
+            if len(order) <= pick or (pick and order[pick].record.size < need):
+                break  # no such first choice (a later one must cover the overage alone)
             victim = order[pick]
             if before is None:
                 before = deepcopy(plan)
@@ -243,14 +243,6 @@ def _apply_offloads(dev: DevicePlan, lives: list[Lifetime]) -> list[Lifetime]:
             rec = type(r)(size=r.size, first=a, last=max(a, b), lane=r.lane, name=f"{r.name}#{i}")
             out.append(Lifetime(rec, lf.value, lf.kind, s0, s1))
     return out
-
-
-def _pick_offload(
-    dev: DevicePlan, lives: list[Lifetime], tried: set[str], graph: Graph, need: float = 0.0
-) -> Lifetime | None:
-    """The first of `_offload_order`, or None when nothing can move."""
-    order = _offload_order(dev, lives, tried, graph, need)
-    return order[0] if order else None
 
 
 def _offload_order(

@@ -186,7 +186,7 @@ def test_the_offload_picked_is_idle_at_the_peak_not_the_largest() -> None:
     from rollplex.planner.lifetimes import Lifetime
     from rollplex.planner.memory.records import UsageRecord
     from rollplex.planner.plan import DevicePlan, Step
-    from rollplex.planner.residency import _pick_offload
+    from rollplex.planner.residency import _offload_order
 
     k = ValueKind.WEIGHTS
     values = [Value("big", (8,), "float32", k, external=True)]
@@ -211,9 +211,9 @@ def test_the_offload_picked_is_idle_at_the_peak_not_the_largest() -> None:
         Lifetime(UsageRecord(4, 0, 2, name="small"), "small", "weights", 0, 2),
         Lifetime(peak, "out2", "activation", 2, 2),
     ]
-    assert _pick_offload(dev, lives, set(), graph).value == "small"
+    assert _offload_order(dev, lives, set(), graph, 0.0)[0].value == "small"
     # with the small one tried already, the big one is still taken: nothing else can move
-    assert _pick_offload(dev, lives, {"small"}, graph).value == "big"
+    assert _offload_order(dev, lives, {"small"}, graph, 0.0)[0].value == "big"
 
 
 @pytest.mark.parametrize(
