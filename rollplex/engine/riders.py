@@ -4,8 +4,9 @@ GEMMs as the decode rows (one weight read serves both), then made differentiable
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -168,37 +169,61 @@ def ride_alone(model: Model, rotary: Callable, rows: RiderRows) -> RiddenPrefix:
     return RiddenPrefix(rows, inputs, kv, h, alone=True)
 
 
+# a layer's row ranges for its backward's recompute (None: all rows at once)
+Pieces = list[tuple[int, int]] | None
+
+
 class _Replayed(torch.autograd.Function):
     """A layer whose forward already ran (in a ride): returns its outputs; the backward
     recomputes the layer from its saved input and backpropagates through it, the
-    parameters' gradients accumulating as in any backward."""
+    parameters' gradients accumulating as in any backward. With `pieces` (row ranges) it
+    recomputes and backpropagates one range at a time, so it holds one range's
+    activations: `run(x, lo, hi)` is then the layer over rows [lo, hi) of the input."""
 
     @staticmethod
-    def forward(ctx: Any, run: Callable, x: torch.Tensor, *outputs: torch.Tensor):
-        ctx.run = run
+    def forward(ctx: Any, run: Callable, pieces: Pieces, x: torch.Tensor, *outputs: torch.Tensor):
+        ctx.run, ctx.pieces = run, pieces
         ctx.save_for_backward(x)
         return tuple(t.detach() for t in outputs)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor):
         (x,) = ctx.saved_tensors
-        with torch.enable_grad():
-            x = x.detach().requires_grad_(True)
-            outs = ctx.run(x)
-            pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None]
-            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-        return (None, x.grad, *(None for _ in grads))
+        if ctx.pieces is None:
+            return (None, None, _layer_backward(ctx.run, x, grads), *(None for _ in grads))
+        grad_x = torch.empty_like(x)
+        for lo, hi in ctx.pieces:
+            part = [None if g is None else g[lo:hi] for g in grads]
+            run = partial(ctx.run, lo=lo, hi=hi)
+            grad_x[lo:hi] = _layer_backward(run, x[lo:hi], part)
+        return (None, None, grad_x, *(None for _ in grads))
+
+
+def _layer_backward(run: Callable, x: torch.Tensor, grads: Sequence[torch.Tensor | None]):
+    """The gradient at `x` of `run(x)`'s outputs against `grads`, run again with grad (the
+    parameters' gradients accumulate on the way)."""
+    with torch.enable_grad():
+        x = x.detach().requires_grad_(True)
+        outs = run(x)
+        pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None]
+        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+    return x.grad
 
 
 def replay(run: Callable, x: torch.Tensor, *outputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """`outputs`, computed already from `x` without autograd, as a differentiable function
     of `x` whose backward recomputes `run(x)` (a `_Replayed` node: a checkpointed layer
     whose forward ran elsewhere)."""
-    return _Replayed.apply(run, x, *outputs)
+    return _Replayed.apply(run, None, x, *outputs)
 
 
 def attach(
-    model: Model, rotary: Callable, ridden: RiddenPrefix, features: torch.Tensor, head: bool
+    model: Model,
+    rotary: Callable,
+    ridden: RiddenPrefix,
+    features: torch.Tensor,
+    head: bool,
+    pieces: Pieces = None,
 ) -> PrefixState:
     """A differentiable PrefixState from a ride: a chain of `_Replayed` nodes, one a layer,
     whose forward returns what the ride computed and whose backward recomputes that layer
@@ -206,7 +231,8 @@ def attach(
     happens inside the decode window, its backward where the plan puts it, and the
     gradients are those of the separate prefix forward up to the rounding of bigger GEMMs.
     The embeddings are recomputed with grad (a lookup and a scatter), so gradients reach
-    the vision features when those carry grad."""
+    the vision features when those carry grad. `pieces` (row ranges of the prompts): each
+    layer's backward recomputes them one at a time (the trainer's micro-batches)."""
     rows = ridden.rows
     batch = rows.batch
     lm = model.model.language_model
@@ -216,10 +242,13 @@ def attach(
         ends = [*ridden.inputs[1:], ridden.hidden]
         for layer, (k, v), out in zip(lm.layers, ridden.kv, ends, strict=True):
 
-            def run(x: torch.Tensor, layer: torch.nn.Module = layer) -> tuple[torch.Tensor, ...]:
-                return prefix_layer(layer, rotary, x, rows.rope)[:3]
+            def run(
+                x: torch.Tensor, layer: torch.nn.Module = layer, lo: int = 0, hi: int | None = None
+            ) -> tuple[torch.Tensor, ...]:
+                rope = rows.rope if hi is None else (rows.rope[0][lo:hi], rows.rope[1][lo:hi])
+                return prefix_layer(layer, rotary, x, rope)[:3]
 
-            h, k, v = _Replayed.apply(run, h, out, k, v)
+            h, k, v = _Replayed.apply(run, pieces, h, out, k, v)
             kv.append((k, v))
         idx = torch.arange(batch.size, device=h.device)
         last_hidden = lm.norm(h[idx, batch.lengths - 1])

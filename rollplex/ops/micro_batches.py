@@ -74,17 +74,28 @@ def op_units(graph: Graph, op: Op, response_tokens: float) -> tuple[int, float] 
 
 
 def op_micro_batches(
-    graph: Graph, op: Op, dp: int, micro_tokens: int, response_tokens: float, tp: int = 1
+    graph: Graph,
+    op: Op,
+    dp: int,
+    micro_tokens: int,
+    response_tokens: float,
+    tp: int = 1,
+    trainer: int = 1,
 ) -> int:
     """The micro-batches one of `dp` ranks runs `op` in: its units' tokens over
     `micro_tokens`, at most one per unit; 1 where it runs whole (`op_units`), and for a
     rollout forward on a TP group of `tp` > 1 (its members gather their rows into one
-    call: backends/fsdp/share.py)."""
+    call: backends/fsdp/share.py). A training prefix forward with grad runs in at least
+    the trainer's `trainer` micro-batches: its backward then runs one of them at a time
+    (backends/torch/prefix_pieces.py), priced at the trainer's share."""
     shape = op_units(graph, op, response_tokens)
     if shape is None or (op.phase is Phase.ROLLOUT and tp > 1):
         return 1
     units = math.ceil(shape[0] / max(1, dp))
-    return micro_batches_run(units, micro_batch_count(units * shape[1], micro_tokens))
+    count = micro_batch_count(units * shape[1], micro_tokens)
+    if op.phase is Phase.TRAIN and op.kind == "logprob_prefix" and "saved" in op.outputs:
+        count = max(count, trainer)
+    return micro_batches_run(units, count)
 
 
 def largest_share(units: int, count: int) -> float:

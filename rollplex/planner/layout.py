@@ -131,7 +131,9 @@ class OpTimer:
             return 1
         ctx = self.context(op)
         mean = self.workload.response_length.mean
-        return op_micro_batches(self.graph, op, ctx.dp, self.micro_tokens, mean, ctx.tp)
+        return op_micro_batches(
+            self.graph, op, ctx.dp, self.micro_tokens, mean, ctx.tp, ctx.micro_batches
+        )
 
     def _step_count(self, op: Op) -> int | None:
         """The micro-batches the trainer runs `op` in, for the ops it runs in them (its
@@ -140,11 +142,16 @@ class OpTimer:
         if op.phase is not Phase.TRAIN or op.kind not in TRAINER_MICRO_KINDS:
             return None
         count = self._train_micro_batches()
+        units = self._trained_units(op)
+        return count if units is None else micro_batches_run(units, count)
+
+    def _trained_units(self, op: Op) -> int | None:
+        """Units per rank of the training forward `op` runs in micro-batches of (None: it
+        has none, ops/micro_batches.py `trained_forward`)."""
         fwd = trained_forward(self.graph, op)
         if fwd is None:
-            return count
-        units, _ = trained_units(self.graph.inputs_of(fwd), self.train.gpus)
-        return micro_batches_run(units, count)
+            return None
+        return trained_units(self.graph.inputs_of(fwd), self.train.gpus)[0]
 
     def _kernels(self, op: Op, ctx: CostContext) -> int:
         """Kernels one micro-batch of `op` launches: per layer, a forward's, or a backward's

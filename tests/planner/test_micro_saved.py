@@ -166,9 +166,17 @@ def test_planned_saved_bytes_are_what_the_trainer_holds(schedule, micro_tokens, 
         assert measured == pytest.approx(held.formula[name], rel=TOLERANCE), name
     # Every micro-batch's, not one's: about what a single micro-batch holds, whatever the
     # count (verl's micro-batches pad only to their own longest prompt: a little less).
+    # The prefix forward runs in the trainer's micro-batches of prompts (its backward does:
+    # backends/torch/prefix_pieces.py), each padded to its own longest prompt, as verl's
+    # are: at most what one run over every prompt holds. A ride's (its chunks follow the
+    # same count) is bounded above, by its own buffers and the formula.
     whole = run_saved(schedule, 16384, model).held.measured
     for name, measured in held.measured.items():
-        assert 0.95 * whole[name] <= measured <= whole[name], name
+        if name in held.ridden:
+            continue
+        prefix = SAVED_PARTS[run.planned.graph.producers()[name].kind] == "prefix"
+        low = 0.0 if prefix else 0.95 * whole[name]
+        assert low <= measured <= whole[name], name
     # The plan's slot is the formula at the graph's shapes, at least what the step held.
     graph, dev = run.planned.graph, run.planned.plan.devices[0]
     slots = {s.value: s.size for s in dev.slots}

@@ -95,7 +95,9 @@ def test_each_cut_forward_is_priced_in_the_runtimes_ranges(model, workload, sche
                 continue
             # the one rule, at this step's ranks
             micro_tokens = ctx.schedule.train_micro_tokens
-            assert count == op_micro_batches(graph, op, op_ctx.dp, micro_tokens, mean, op_ctx.tp)
+            assert count == op_micro_batches(
+                graph, op, op_ctx.dp, micro_tokens, mean, op_ctx.tp, op_ctx.micro_batches
+            )
             if op.phase is Phase.ROLLOUT and op_ctx.tp > 1:
                 assert count == 1  # a TP group's rows in one call
             units = math.ceil(op_units(graph, op, mean)[0] / op_ctx.dp)

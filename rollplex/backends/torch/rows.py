@@ -9,7 +9,7 @@ a PromptBatch whose pixels are empty (the pixels travel as their own value).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any
 
 import torch
@@ -18,6 +18,8 @@ from torch import nn
 from rollplex.backends.base import BackendError, ValueOps
 from rollplex.backends.torch.exported_prefix import ExportedPrefix
 from rollplex.backends.torch.host_memory import move
+from rollplex.backends.torch.kv_rows import KVRows, LayerKV
+from rollplex.backends.torch.prefix_pieces import join_pieces, pieces_of
 from rollplex.backends.torch.values import (
     Boundary,
     Features,
@@ -56,7 +58,10 @@ def merge_prefix(parts: Sequence[PrefixState], head: nn.Module | None = None) ->
     Chunks that deferred the LM head get it here, on all rows at once: the logits are then
     computed exactly as for the unchunked batch (a head run per chunk, on fewer rows, may
     round differently on CPU, and Adam turns such noise into whole steps when the true
-    gradient is ~0, e.g. the KL term at step 0)."""
+    gradient is ~0, e.g. the KL term at step 0). A training prefix's parts (`as_pieces`)
+    are joined by `join_pieces` instead (prefix_pieces.py)."""
+    if pieces_of(parts[0]) is not None:
+        return join_pieces(parts, head)
     layers = list(zip(*(cache_kv(p.cache) for p in parts), strict=True))
     kv = [(torch.cat([k for k, _ in lay]), torch.cat([v for _, v in lay])) for lay in layers]
 
@@ -80,28 +85,13 @@ def merge_prefix(parts: Sequence[PrefixState], head: nn.Module | None = None) ->
     )
 
 
-@dataclass(slots=True, frozen=True)
-class _LayerKV:
-    keys: torch.Tensor
-    values: torch.Tensor
-
-
-@dataclass(slots=True, frozen=True)
-class KVRows:
-    """Per-layer K/V of some prompt rows, held as given: `cache_kv` reads its `layers` as
-    it reads a DynamicCache's, which would copy them in (and a micro-batch's prefix K/V
-    live until its backward). Read-only: a response forward attends to it, never appends."""
-
-    layers: list[_LayerKV]
-
-
 def prefix_rows(state: PrefixState, lo: int, hi: int, boundary: Boundary) -> PrefixState:
     """Prompt rows [lo, hi) of a prefix, its K/V (uncopied: `KVRows`) and last logits as
     leaves of `boundary`; one row per prompt, as response_logprobs takes it."""
     if state.last_logits is None:
         raise ValueError("a training prefix needs last_logits (the LM head was deferred)")
     kv = [
-        _LayerKV(boundary.cut(k, lo, hi), boundary.cut(v, lo, hi)) for k, v in cache_kv(state.cache)
+        LayerKV(boundary.cut(k, lo, hi), boundary.cut(v, lo, hi)) for k, v in cache_kv(state.cache)
     ]
     return PrefixState(
         cache=KVRows(kv),  # type: ignore[arg-type]  # read through cache_kv only

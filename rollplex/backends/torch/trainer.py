@@ -38,6 +38,7 @@ from rollplex.backends.torch.masters import (
 from rollplex.backends.torch.micro import response_micro_batches, sample_micro_batches
 from rollplex.backends.torch.micro_loss import backward_loss, micro_loss
 from rollplex.backends.torch.model import load_model, save_model
+from rollplex.backends.torch.prefix_pieces import as_pieces, cut_features
 from rollplex.backends.torch.roles import (
     TorchReference,
     capture_saved,
@@ -62,6 +63,7 @@ from rollplex.engine.decoded import DecodedOutputs
 from rollplex.engine.prefix import Model, PrefixState, cache_kv, fork_cache, prefix_forward
 from rollplex.engine.riders import RiddenPrefix, RiderRows, attach, rider_rows
 from rollplex.engine.step import rotary_fn
+from rollplex.ops.micro_batches import micro_ranges
 from rollplex.specs import AlgoSpec, ModelSpec
 from rollplex.specs.roles import TORCH_SCORER, RoleCapabilities
 
@@ -112,12 +114,14 @@ class TorchTrainer(Trainer):
     def logprob_prefix(
         self, features: Features, text: PromptBatch, head: bool = True
     ) -> tuple[PrefixState, SavedActivations]:
-        """The prefix forward with grad, whole (its micro-batches read it through leaves),
-        each decoder layer checkpointed."""
+        """The prefix forward with grad, each decoder layer checkpointed, as one piece
+        (prefix_pieces.py: its micro-batches read it through leaves; the plan's
+        micro-batches of this op are its pieces)."""
         saved = SavedActivations()
+        visual, upstream = cut_features(features.values)
         with capture_saved(saved), checkpointed_layers(self.model, saved):
-            state = prefix_forward(self.model, text, features.values, grad=True, head=head)
-        return state, saved
+            state = prefix_forward(self.model, text, visual, grad=True, head=head)
+        return as_pieces(state, upstream), saved
 
     def scorer(self) -> PolicyScorer:
         """This model scored without grad (its live weights, the rollout's temperature):
@@ -136,9 +140,12 @@ class TorchTrainer(Trainer):
         """`logprob_prefix`'s result from a ride: its backward recomputes each layer from
         the input the ride kept, as `logprob_prefix`'s checkpointed layers do."""
         rotary = rotary_fn(self.model.model.language_model.layers[0].self_attn)
+        visual, upstream = cut_features(features.values)
+        # its backward recomputes each layer in the trainer's micro-batches of these rows
+        pieces = micro_ranges(ridden.rows.batch.size, self.micro_batches)
         with capture_saved() as saved:  # the layer inputs the replay keeps, and the rest
-            state = attach(self.model, rotary, ridden, features.values, head)
-        return state, saved
+            state = attach(self.model, rotary, ridden, visual, head, pieces)
+        return as_pieces(state, upstream), saved
 
     def attach_exported(
         self, exported: ExportedPrefix, features: Features, head: bool = True
