@@ -8,6 +8,7 @@ one rank's slice runs here under the plan's count."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from rollplex.backends.torch.data import TaskData
 from rollplex.graph.ir import Phase
 from rollplex.jobs.pipeline import plan_step
 from rollplex.ops.costs import op_cost
-from rollplex.ops.micro_batches import trained_forward, trained_units
+from rollplex.ops.micro_batches import largest_share, trained_forward, trained_units
 from rollplex.ops.response_width import micro_batch_rows
 from rollplex.planner.cost_model import CostModel
 from rollplex.planner.schedules import PlanningContext
@@ -72,9 +73,12 @@ def test_the_planned_count_is_the_count_the_trainer_runs(
     for op in trained:
         op_ctx = timer.context(op)
         assert op_ctx.micro_batches == count
-        cost = op_cost(graph, op, op_ctx)
-        assert timer.time(op).scratch_bytes == pytest.approx(cost.transient_bytes / count)
         units, per_unit = trained_units(graph.inputs_of(trained_forward(graph, op)), op_ctx.dp)
+        # a run's scratch: the largest micro-batch's (whole units, uneven past a count that
+        # divides them), each formula told that share (the head's chunk cap, per-layer terms)
+        share = largest_share(units, count)
+        cost = op_cost(graph, op, replace(op_ctx, run_share=share))
+        assert timer.time(op).scratch_bytes == pytest.approx(cost.transient_bytes * share)
         priced_rows.add(tuple(micro_batch_rows(units, count, per_unit)))
 
     # What one rank's trainer runs: its slice of the prompts under the plan's count.

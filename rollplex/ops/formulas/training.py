@@ -79,7 +79,9 @@ def backward(
     # The response part hands the gradients of the cached prefix K/V to the prefix part.
     kv_grads = sequences * context * kv_tok
     layer_acts = tokens * activation_bytes_per_token(model, False, tp) / model.num_layers
-    layer_grads = model.llm_layer_params() * model.dtype_bytes / tp
+    # one layer's parameter gradients before they accumulate: whole in every run, so over
+    # the run's share (the planner scales scratch by it, as `head_scratch`'s cap is)
+    layer_grads = model.llm_layer_params() * model.dtype_bytes / tp / run_share
     scratch = max(layers.transient_bytes, head_bwd) + layer_acts + layer_grads
     return Cost(
         flops=2 * (layers.flops + head.flops) + recompute,

@@ -1,0 +1,131 @@
+"""The training backward's measured CPU peak against what the plan prices for it, over
+tests/runtime/test_backward_memory.py's grid (the test asserts the ratios; this records
+them). The peak is torch's CPU allocator's above what was live before the op; the price is
+the bytes the plan allocates for it (the gradients and its scratch).
+
+    python bench/backward_memory.py            # writes bench/results/backward_memory_cpu.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cpu_memory import cpu_peak_bytes
+
+from rollplex.backends.step import StepConfig
+from rollplex.backends.torch.data import TaskData
+from rollplex.graph.ir import Phase
+from rollplex.jobs.pipeline import plan_step
+from rollplex.planner.plan import MemAction, Plan
+from rollplex.runtime import Executor
+from rollplex.runtime.compose import compose
+from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, AlgoSpec, ScheduleSpec, WorkloadSpec
+from rollplex.specs.workload import ResponseLengthSpec
+
+TINY = MODEL_PRESETS["tiny"]
+# wider than the tiny preset, so the prefix's layers, not fixed costs, make the peak
+MODEL = TINY.model_copy(
+    update={
+        "hidden_size": 256,
+        "num_layers": 4,
+        "num_heads": 8,
+        "intermediate_size": 1024,
+        "vocab_size": 512,
+        "vision": TINY.vision.model_copy(update={"out_hidden_size": 256}),
+    }
+)
+SCHEDULES = {
+    "separate-prefix": ScheduleSpec(name="serial", prefill_once=False, decode_once=False),
+    "verl-like": ScheduleSpec(name="serial", dedup=False, train_micro_fused=True),
+    "riding": ScheduleSpec(name="rollplex", overlap="piggyback"),
+}
+POINTS = [  # (image side: 256 visual tokens at 448, prompts, group, train_micro_tokens)
+    (448, 8, 8, 4096),  # 5 micro-batches of 8 prompts: 1 or 2 each
+    (448, 8, 2, 2048),  # 3 of 8: 2, 3, 3
+    (224, 6, 4, 1024),  # 64 visual tokens
+    (336, 4, 4, 1 << 20),  # one micro-batch
+]
+
+
+def backward_peak(
+    side: int, prompts: int, group: int, micro: int, schedule: ScheduleSpec
+) -> tuple[list[int], int, Plan]:
+    """([the backward's measured peak], the bytes the plan allocates for it, the plan) of
+    one step of `schedule` on MODEL, a workload of `prompts` x `group` images of side x side."""
+    lengths = ResponseLengthSpec(distribution="uniform", mean=8, min=1, max=16)
+    workload = WorkloadSpec(
+        prompts_per_step=prompts,
+        group_size=group,
+        height=side,
+        width=side,
+        text_tokens=16,
+        response_length=lengths,
+    )
+    algo = AlgoSpec(lr=1e-3)
+    schedule = schedule.model_copy(update={"train_micro_tokens": micro})
+    planned = plan_step(MODEL, workload, algo, HARDWARE_PRESETS["cpu"], schedule)
+    dev = planned.plan.devices[0]
+    priced = sum(
+        e.bytes
+        for e in dev.effects
+        if e.action is MemAction.ALLOC and e.value.startswith("train.backward.")
+    )
+    backend = compose(StepConfig(MODEL, algo, seed=0, max_new_tokens=16))
+    inner, peak = backend.run_op, []
+
+    def run_op(op, inputs, chunk, carry):
+        if op.phase is not Phase.TRAIN or op.kind != "backward":
+            return inner(op, inputs, chunk, carry)
+        out = []
+        peak.append(cpu_peak_bytes(lambda: out.append(inner(op, inputs, chunk, carry))))
+        return out[0]
+
+    backend.run_op = run_op
+    Executor(planned.plan, planned.graph, backend, [], device="cpu").run_step(
+        0, TaskData(MODEL, workload, seed=0).step(0)
+    )
+    return peak, priced, planned.plan
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench/results/backward_memory_cpu.md")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    rows = [
+        "| image side, prompts x G, micro tokens | schedule | measured MiB | planned MiB | ratio |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for point in POINTS:
+        for name, schedule in SCHEDULES.items():
+            torch.manual_seed(0)
+            peak, priced, _ = backward_peak(*point, schedule)
+            side, prompts, group, micro = point
+            rows.append(
+                f"| {side}, {prompts} x {group}, {micro} | {name} | {peak[0] / 2**20:.2f} | "
+                f"{priced / 2**20:.2f} | {peak[0] / priced:.3f} |"
+            )
+            print(rows[-1], flush=True)
+    text = (
+        "# The training backward's CPU peak against its plan\n\n"
+        f"Command: `python bench/backward_memory.py` (commit {commit}, CPU, fp32, one "
+        "thread). One step per point; the measured peak is torch's CPU allocator's above "
+        "what was live before the backward; planned is the gradients plus its scratch.\n\n"
+        + "\n".join(rows)
+        + "\n"
+    )
+    Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
