@@ -78,6 +78,8 @@ def device_lifetimes(
                     table[v].append(s)
                 else:
                     table[v] = [s]
+    for value, readers in _held_to_backward(graph, used).items():
+        used[value] = used[value] + readers
     out: list[Lifetime] = []
     no_steps: list[Step] = []
     engine_sleeps = _engine_sleeps(graph, steps, syncs, dev)
@@ -151,6 +153,20 @@ def device_lifetimes(
         if scratch:
             name = f"{s.name}.scratch"
             out.append(_life(name, "scratch", scratch, begin[i], until[i], s.stream, s, s))
+    return out
+
+
+def _held_to_backward(graph: Graph, used: dict[str, list[Step]]) -> dict[str, list[Step]]:
+    """The prefix K/V a training forward with grad reads, and the backward steps that hold
+    them: a response micro-batch's graph keeps its prefix rows' K/V (it attends to them)
+    until its backward, and recompute and fused modes run that forward again there."""
+    out: dict[str, list[Step]] = {}
+    for op in graph.ops.values():
+        kv, saved = op.inputs.get("kv"), op.outputs.get("saved")
+        if op.phase is Phase.TRAIN and kv in used and saved in used:
+            backward = [s for s in used[saved] if s.kind == "backward"]
+            if backward:
+                out.setdefault(kv, []).extend(backward)
     return out
 
 

@@ -108,7 +108,10 @@ def test_the_held_bytes_are_traded_against_the_saved_forward():
     forward = schedule.model_copy(update={"prefill_once": False})
     peak = _plan(model, load, forward).plan.peak_bytes_per_gpu / 2**30
     taken = []
-    for under in (0.0, 2.0, 4.0, 6.0, 6.6):  # GiB under the forward plan's roomy peak
+    # GiB under the forward plan's roomy peak; the last between where prefill once stops
+    # fitting (7.2-7.4) and where the forward does (7.6-7.8); 6.6 before the plan held the
+    # training prefix's K/V until the backward, as autograd does
+    for under in (0.0, 2.0, 4.0, 6.0, 7.5):
         hw = H200.model_copy(update={"hbm_gib": peak - under, "hbm_reserve": 0.0})
         on, off = _plan(model, load, schedule, hw=hw), _plan(model, load, forward, hw=hw)
         assert on.plan.fits_budget and off.plan.fits_budget
