@@ -46,7 +46,8 @@ def plan(
     prompts: int = 256,
     options: bool = True,
 ) -> PlanResult:
-    """A baseline with its memory options (jobs/baselines.py) unless `options` is off."""
+    """A schedule with its memory options (jobs/baselines.py: the fastest variant that
+    fits), rollplex's as the baselines', unless `options` is off."""
     work = WORKLOAD_PRESETS["video"].model_copy(update={"prompts_per_step": prompts})
     args = (
         MODEL_PRESETS["qwen2_5_vl_32b"],
@@ -55,7 +56,7 @@ def plan(
         HARDWARE_PRESETS["h800x32"],
         ScheduleSpec(name=name, dedup=dedup, memory_strategy=strategy),
     )
-    if options and name != "rollplex":
+    if options:
         return plan_fitting(*args)  # budget not enforced: a misfit is reported as such
     return plan_step(*args, enforce_budget=False)
 
