@@ -199,7 +199,9 @@ class _Replayed(torch.autograd.Function):
         return (None, None, grad_x, *(None for _ in grads))
 
 
-def _layer_backward(run: Callable, x: torch.Tensor, grads: Sequence[torch.Tensor | None]):
+def _layer_backward(
+    run: Callable, x: torch.Tensor, grads: Sequence[torch.Tensor | None]
+) -> torch.Tensor | None:
     """The gradient at `x` of `run(x)`'s outputs against `grads`, run again with grad (the
     parameters' gradients accumulate on the way)."""
     with torch.enable_grad():

@@ -42,6 +42,7 @@ from rollplex.backends.torch.masters import (
 )
 from rollplex.backends.torch.micro import response_micro_batches, sample_micro_batches
 from rollplex.backends.torch.micro_loss import backward_loss, micro_loss
+from rollplex.backends.torch.prefix_pieces import as_pieces, cut_features
 from rollplex.backends.torch.roles import (
     capture_saved,
     features_of,
@@ -66,6 +67,7 @@ from rollplex.data.prompts import PromptBatch
 from rollplex.engine.prefix import Model, PrefixState, prefix_forward
 from rollplex.engine.riders import attach
 from rollplex.engine.step import rotary_fn
+from rollplex.ops.micro_batches import micro_ranges
 from rollplex.specs import AlgoSpec, ModelSpec
 
 
@@ -254,10 +256,12 @@ class CriticRole:
             return features_of(self.model, pixels)
 
     def logprob_prefix(self, features: Features, text: PromptBatch, head: bool = True):
+        """Training: as the policy's, one piece of the prefix (prefix_pieces.py)."""
         saved = SavedActivations()
+        visual, upstream = cut_features(features.values) if self.train else (features.values, [])
         with capture_saved(saved), checkpointed_layers(self.model, saved):
-            state = prefix_forward(self.model, text, features.values, grad=self.train, head=head)
-        return self._out(state, saved)
+            state = prefix_forward(self.model, text, visual, grad=self.train, head=head)
+        return self._out(as_pieces(state, upstream) if self.train else state, saved)
 
     def logprob_prefix_exported(
         self, features: Features, text: PromptBatch
@@ -273,9 +277,12 @@ class CriticRole:
         if not self.train or exported.ridden is None:
             raise BackendError("the critic attaches a live export in training only")
         rotary = rotary_fn(self.model.model.language_model.layers[0].self_attn)
+        visual, upstream = cut_features(features.values)
+        # its backward recomputes each layer in the critic's micro-batches of these rows
+        pieces = micro_ranges(exported.ridden.rows.batch.size, self.critic.micro_batches)
         with capture_saved() as saved:
-            state = attach(self.model, rotary, exported.ridden, features.values, head)
-        return state, saved
+            state = attach(self.model, rotary, exported.ridden, visual, head, pieces)
+        return as_pieces(state, upstream), saved
 
     def logprob_response(self, prefix: PrefixState, responses: Responses, group_size: int):
         if self.train:  # in the plan's micro-batches of prompts' groups, as the trainer

@@ -22,7 +22,7 @@ class KVRows:
 
     layers: list[LayerKV]
     # a training prefix's PrefixPieces (prefix_pieces.py, which builds on this module):
-    # what drives its graph from these leaves' gradients
+    # the pieces' graphs behind these K/V, which `join_pieces` flattens
     pieces: Any = None
 
 
