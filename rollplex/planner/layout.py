@@ -112,10 +112,8 @@ class OpTimer:
             # The trainer's step-wide count is shared by the op's row chunks; unchunked, a
             # run's scratch is its largest micro-batch's (whole units: uneven past a count
             # that divides them).
-            runs, share = max(1, math.ceil(step / chunks)), 1 / step
-            units = self._trained_units(op)
-            if chunks == 1 and units is not None:
-                share = largest_share(units, step)
+            runs, units = max(1, math.ceil(step / chunks)), self._trained_units(op)
+            share = 1 / step if chunks > 1 or units is None else largest_share(units, step)
         else:
             runs, share = self.op_micro_batches(op, chunks), 1.0
             if runs > 1:

@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from rollplex.backends.base import BackendError
-from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.exported_prefix import ExportedPrefix, prefill_exported
 from rollplex.backends.torch.host_memory import forget_tags
 from rollplex.backends.torch.logprob import (
@@ -42,15 +41,14 @@ from rollplex.backends.torch.masters import (
 )
 from rollplex.backends.torch.micro import response_micro_batches, sample_micro_batches
 from rollplex.backends.torch.micro_loss import backward_loss, micro_loss
-from rollplex.backends.torch.prefix_pieces import as_pieces, cut_features
 from rollplex.backends.torch.roles import (
-    capture_saved,
     features_of,
     freeze_for_graph,
     masked_logprobs,
     weights_params,
 )
 from rollplex.backends.torch.rows import merge_chunks
+from rollplex.backends.torch.training_prefix import attached_with_grad, prefix_with_grad
 from rollplex.backends.torch.trim import trimmed
 from rollplex.backends.torch.values import (
     Features,
@@ -58,16 +56,12 @@ from rollplex.backends.torch.values import (
     Loss,
     Pixels,
     Responses,
-    SavedActivations,
     TokenLogprobs,
     VersionCounter,
     WeightsHandle,
 )
 from rollplex.data.prompts import PromptBatch
 from rollplex.engine.prefix import Model, PrefixState, prefix_forward
-from rollplex.engine.riders import attach
-from rollplex.engine.step import rotary_fn
-from rollplex.ops.micro_batches import micro_ranges
 from rollplex.specs import AlgoSpec, ModelSpec
 
 
@@ -248,20 +242,15 @@ class CriticRole:
     def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
         return merge_chunks(parts, self.model.lm_head)
 
-    def _out(self, value: Any, saved: SavedActivations) -> Any:
-        return (value, saved) if self.train else value
-
     def vision_encode(self, pixels: Pixels) -> Features:
         with torch.set_grad_enabled(self.train and self.critic.spec.trainable_vision):
             return features_of(self.model, pixels)
 
     def logprob_prefix(self, features: Features, text: PromptBatch, head: bool = True):
         """Training: as the policy's, one piece of the prefix (prefix_pieces.py)."""
-        saved = SavedActivations()
-        visual, upstream = cut_features(features.values) if self.train else (features.values, [])
-        with capture_saved(saved), checkpointed_layers(self.model, saved):
-            state = prefix_forward(self.model, text, visual, grad=self.train, head=head)
-        return self._out(as_pieces(state, upstream) if self.train else state, saved)
+        if self.train:
+            return prefix_with_grad(self.model, features.values, text, head)
+        return prefix_forward(self.model, text, features.values, grad=False, head=head)
 
     def logprob_prefix_exported(
         self, features: Features, text: PromptBatch
@@ -276,13 +265,8 @@ class CriticRole:
         the version): each layer recomputed from its kept input in the backward."""
         if not self.train or exported.ridden is None:
             raise BackendError("the critic attaches a live export in training only")
-        rotary = rotary_fn(self.model.model.language_model.layers[0].self_attn)
-        visual, upstream = cut_features(features.values)
-        # its backward recomputes each layer in the critic's micro-batches of these rows
-        pieces = micro_ranges(exported.ridden.rows.batch.size, self.critic.micro_batches)
-        with capture_saved() as saved:
-            state = attach(self.model, rotary, exported.ridden, visual, head, pieces)
-        return as_pieces(state, upstream), saved
+        count = self.critic.micro_batches
+        return attached_with_grad(self.model, exported.ridden, features.values, head, count)
 
     def logprob_response(self, prefix: PrefixState, responses: Responses, group_size: int):
         if self.train:  # in the plan's micro-batches of prompts' groups, as the trainer

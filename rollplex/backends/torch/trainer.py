@@ -16,7 +16,6 @@ from typing import Any, ClassVar
 import torch
 
 from rollplex.backends.base import BackendError, LiveWeights, Trainer
-from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.decoded_response import decoded_response_logprobs
 from rollplex.backends.torch.exported_prefix import ExportedPrefix
 from rollplex.backends.torch.host_memory import forget_tags
@@ -38,15 +37,14 @@ from rollplex.backends.torch.masters import (
 from rollplex.backends.torch.micro import response_micro_batches, sample_micro_batches
 from rollplex.backends.torch.micro_loss import backward_loss, micro_loss
 from rollplex.backends.torch.model import load_model, save_model
-from rollplex.backends.torch.prefix_pieces import as_pieces, cut_features
 from rollplex.backends.torch.roles import (
     TorchReference,
-    capture_saved,
     features_of,
     freeze_for_graph,
     weights_params,
 )
 from rollplex.backends.torch.rows import merge_chunks
+from rollplex.backends.torch.training_prefix import attached_with_grad, prefix_with_grad
 from rollplex.backends.torch.values import (
     Features,
     GradsHandle,
@@ -60,10 +58,9 @@ from rollplex.backends.torch.values import (
 )
 from rollplex.data.prompts import PromptBatch
 from rollplex.engine.decoded import DecodedOutputs
-from rollplex.engine.prefix import Model, PrefixState, cache_kv, fork_cache, prefix_forward
+from rollplex.engine.prefix import Model, PrefixState, cache_kv, fork_cache
 from rollplex.engine.riders import RiddenPrefix, RiderRows, attach, rider_rows
 from rollplex.engine.step import rotary_fn
-from rollplex.ops.micro_batches import micro_ranges
 from rollplex.specs import AlgoSpec, ModelSpec
 from rollplex.specs.roles import TORCH_SCORER, RoleCapabilities
 
@@ -117,11 +114,7 @@ class TorchTrainer(Trainer):
         """The prefix forward with grad, each decoder layer checkpointed, as one piece
         (prefix_pieces.py: its micro-batches read it through leaves; the plan's
         micro-batches of this op are its pieces)."""
-        saved = SavedActivations()
-        visual, upstream = cut_features(features.values)
-        with capture_saved(saved), checkpointed_layers(self.model, saved):
-            state = prefix_forward(self.model, text, visual, grad=True, head=head)
-        return as_pieces(state, upstream), saved
+        return prefix_with_grad(self.model, features.values, text, head)
 
     def scorer(self) -> PolicyScorer:
         """This model scored without grad (its live weights, the rollout's temperature):
@@ -139,13 +132,7 @@ class TorchTrainer(Trainer):
     ) -> tuple[PrefixState, SavedActivations]:
         """`logprob_prefix`'s result from a ride: its backward recomputes each layer from
         the input the ride kept, as `logprob_prefix`'s checkpointed layers do."""
-        rotary = rotary_fn(self.model.model.language_model.layers[0].self_attn)
-        visual, upstream = cut_features(features.values)
-        # its backward recomputes each layer in the trainer's micro-batches of these rows
-        pieces = micro_ranges(ridden.rows.batch.size, self.micro_batches)
-        with capture_saved() as saved:  # the layer inputs the replay keeps, and the rest
-            state = attach(self.model, rotary, ridden, visual, head, pieces)
-        return as_pieces(state, upstream), saved
+        return attached_with_grad(self.model, ridden, features.values, head, self.micro_batches)
 
     def attach_exported(
         self, exported: ExportedPrefix, features: Features, head: bool = True
