@@ -232,8 +232,11 @@ class Trainer(ABC):
         that they read the weights version the decode reads."""
         return None
 
-    def attach_ridden(self, ridden: Any, features: Any, head: bool = True) -> tuple[Any, Any]:
-        """What `logprob_prefix` returns, from a ride's result."""
+    def attach_ridden(
+        self, ridden: Any, features: Any, head: bool = True, pieces: int | None = None
+    ) -> tuple[Any, Any]:
+        """What `logprob_prefix` returns, from a ride's result; a trainer's backward
+        recomputes its rows in `pieces` micro-batches (None: its own count)."""
         raise BackendError(f"{type(self).__name__} cannot take a ridden prefix")
 
     def attach_exported(self, exported: Any, features: Any, head: bool = True) -> tuple[Any, Any]:

@@ -82,11 +82,14 @@ class RolloutOps:
             return {"responses": responses, "logprobs": logprobs, "kept": session.kept()}
         return {"responses": responses, "logprobs": logprobs}
 
-    def ride(self, op: Op, x: dict[str, Any], head: bool) -> tuple[dict[str, Any] | None, str]:
+    def ride(
+        self, op: Op, x: dict[str, Any], head: bool, pieces: int = 1
+    ) -> tuple[dict[str, Any] | None, str]:
         """`op`'s prefix rows ride the live decode's next step: (its outputs, "") or, where
-        they cannot, (None, why) and the caller runs them separately. The rows must read
-        the weights version the decode reads (what makes one GEMM right for both): a
-        mismatch is a plan or weight-sync defect and is refused."""
+        they cannot, (None, why) and the caller runs them separately; a training prefix's
+        backward recomputes them in `pieces` micro-batches. The rows must read the weights
+        version the decode reads (what makes one GEMM right for both): a mismatch is a plan
+        or weight-sync defect and is refused."""
         role = self.d.role(op)
         where = f"'{op.name}' was planned to ride the decode but ran separately"
         if op.kind != "logprob_prefix":
@@ -106,7 +109,7 @@ class RolloutOps:
         ridden = self.live.ride(rows)
         if ridden is None:
             return None, f"{where}: the {type(self.rollout).__name__} decode cannot host rows"
-        state, saved = role.attach_ridden(ridden, x["features"], head)
+        state, saved = role.attach_ridden(ridden, x["features"], head, pieces)
         out = {"kv": state, "saved": saved} if "saved" in op.outputs else {"kv": state}
         if getattr(ridden, "alone", False):  # every row stopped before the planned window
             return out, f"'{op.name}' found the decode finished: {RAN_ALONE}"
