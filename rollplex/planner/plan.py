@@ -205,7 +205,8 @@ _ATOMS = (int, float, str, bool, type(None), CoRun, MemAction)
 def copy_plan(plan: Plan) -> Plan:
     """A deep copy of `plan`, field by field: the planner copies whole plans to try memory
     moves on (planner/residency.py), and `copy.deepcopy`'s generic walk over slotted
-    records was a quarter of planning time. `meta` is copied with `deepcopy`."""
+    records was a quarter of planning time. A value of another type (in `meta`) goes to
+    `deepcopy`."""
     return _copied(plan)
 
 
@@ -227,7 +228,7 @@ def _copied(x: Any) -> Any:
 
 # plan.json is read strictly: an unknown field (a typo, a newer format) or a NaN is refused.
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
-for _record in (Step, Event, StreamPlan, MemoryEffect, Slot, DevicePlan, Route, Transfer, Plan):
+for _record in _RECORDS:
     _record.__pydantic_config__ = _STRICT  # type: ignore[attr-defined]
 
 
