@@ -8,7 +8,6 @@ memory slot, the alloc/free/offload/onload actions, and predicted times.
 from __future__ import annotations
 
 import functools
-from copy import deepcopy
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -198,37 +197,9 @@ class Plan:
         return all(d.peak_bytes <= d.budget_bytes for d in self.devices)
 
 
-_RECORDS = (Step, Event, StreamPlan, MemoryEffect, Slot, DevicePlan, Route, Transfer, Plan)
-_ATOMS = (int, float, str, bool, type(None), CoRun, MemAction)
-
-
-def copy_plan(plan: Plan) -> Plan:
-    """A deep copy of `plan`, field by field: the planner copies whole plans to try memory
-    moves on (planner/residency.py), and `copy.deepcopy`'s generic walk over slotted
-    records was a quarter of planning time. A value of another type (in `meta`) goes to
-    `deepcopy`."""
-    return _copied(plan)
-
-
-def _copied(x: Any) -> Any:
-    t = type(x)
-    if t in _ATOMS:
-        return x
-    if t is list:
-        return [_copied(v) for v in x]
-    if t is dict:
-        return {k: _copied(v) for k, v in x.items()}
-    if t in _RECORDS:
-        new = object.__new__(t)
-        for name in t.__slots__:
-            object.__setattr__(new, name, _copied(getattr(x, name)))
-        return new
-    return deepcopy(x)
-
-
 # plan.json is read strictly: an unknown field (a typo, a newer format) or a NaN is refused.
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
-for _record in _RECORDS:
+for _record in (Step, Event, StreamPlan, MemoryEffect, Slot, DevicePlan, Route, Transfer, Plan):
     _record.__pydantic_config__ = _STRICT  # type: ignore[attr-defined]
 
 

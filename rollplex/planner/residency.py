@@ -9,6 +9,7 @@ fails saying by how much it misses and what is resident at the peak.
 
 from __future__ import annotations
 
+from copy import deepcopy
 from dataclasses import dataclass, fields, replace
 
 from rollplex.graph.ir import Graph
@@ -32,7 +33,6 @@ from rollplex.planner.plan import (
     Plan,
     Slot,
     Step,
-    copy_plan,
 )
 from rollplex.planner.simulate import replay
 from rollplex.planner.sizing import PERSISTENT, DeviceSizer
@@ -87,7 +87,7 @@ def settle_memory(plan: Plan, mem: Memory, interference=None) -> Plan:
         return plan
     best = plan
     for first in range(COVERING_TRIES):
-        trial = copy_plan(start)
+        trial = deepcopy(start)
         if _settle(trial, mem, interference, covering=True, first=first) is None:
             break  # no covering tensor left to start from
         if trial.fits_budget and (
@@ -120,7 +120,7 @@ def _settle(plan: Plan, mem: Memory, interference, covering: bool, first: int = 
                 break  # no such first choice (a later one must cover the overage alone)
             victim = order[pick]
             if before is None:
-                before = copy_plan(plan)
+                before = deepcopy(plan)
             tried.add(victim.value)
             _offload(plan, dev, victim, mem)
             replay(plan, interference)
