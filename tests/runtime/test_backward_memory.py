@@ -25,9 +25,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from backward_memory import POINTS, SCHEDULES, backward_peak
 
+# verl's per-sample forward at the 64-sample point was 18 of the grid's 45 s on a loaded
+# 2-core machine; its path has no prefix pieces, and the other three points cover it
+# (bench/backward_memory.py still records it: 0.931)
+GRID = [(p, n) for p in POINTS for n in SCHEDULES if (p[1] * p[2], n) != (64, "verl-like")]
 
-@pytest.mark.parametrize("name", list(SCHEDULES))
-@pytest.mark.parametrize("point", POINTS, ids=lambda p: "x".join(map(str, p)))
+
+@pytest.mark.parametrize(
+    ("point", "name"), GRID, ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else x
+)
 def test_the_backward_holds_what_the_plan_prices(point, name):
     torch.manual_seed(0)
     peak, priced, plan = backward_peak(*point, SCHEDULES[name])
