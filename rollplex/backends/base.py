@@ -233,10 +233,10 @@ class Trainer(ABC):
         return None
 
     def attach_ridden(
-        self, ridden: Any, features: Any, head: bool = True, pieces: int | None = None
+        self, ridden: Any, features: Any, head: bool = True, micro_batches: int | None = None
     ) -> tuple[Any, Any]:
         """What `logprob_prefix` returns, from a ride's result; a trainer's backward
-        recomputes its rows in `pieces` micro-batches (None: its own count)."""
+        recomputes its rows in `micro_batches` ranges (None: its own count)."""
         raise BackendError(f"{type(self).__name__} cannot take a ridden prefix")
 
     def attach_exported(self, exported: Any, features: Any, head: bool = True) -> tuple[Any, Any]:

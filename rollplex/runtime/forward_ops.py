@@ -43,8 +43,8 @@ class ForwardOps:
             x = {p: d.values.select(v, lo, hi) for p, v in x.items()}
         # a ride's backward recomputes its rows in the plan's micro-batches: a row chunk is
         # one already (planner/schedules/rollplex.py cuts none coarser)
-        pieces = self.micro.get(op.name, 1) if head else 1
-        out, deviation = d.rollout_ops.ride(op, x, head, pieces) if chunk.rides else (None, "")
+        count = self.micro.get(op.name, 1) if head else 1
+        out, deviation = d.rollout_ops.ride(op, x, head, count) if chunk.rides else (None, "")
         if out is None and head:
             out = self._in_micro_batches(op, x, self._prefix)
         elif out is None:

@@ -83,11 +83,11 @@ class RolloutOps:
         return {"responses": responses, "logprobs": logprobs}
 
     def ride(
-        self, op: Op, x: dict[str, Any], head: bool, pieces: int = 1
+        self, op: Op, x: dict[str, Any], head: bool, micro_batches: int = 1
     ) -> tuple[dict[str, Any] | None, str]:
         """`op`'s prefix rows ride the live decode's next step: (its outputs, "") or, where
         they cannot, (None, why) and the caller runs them separately; a training prefix's
-        backward recomputes them in `pieces` micro-batches. The rows must read the weights
+        backward recomputes them in `micro_batches` ranges. The rows must read the weights
         version the decode reads (what makes one GEMM right for both): a mismatch is a plan
         or weight-sync defect and is refused."""
         role = self.d.role(op)
@@ -109,7 +109,7 @@ class RolloutOps:
         ridden = self.live.ride(rows)
         if ridden is None:
             return None, f"{where}: the {type(self.rollout).__name__} decode cannot host rows"
-        state, saved = role.attach_ridden(ridden, x["features"], head, pieces)
+        state, saved = role.attach_ridden(ridden, x["features"], head, micro_batches)
         out = {"kv": state, "saved": saved} if "saved" in op.outputs else {"kv": state}
         if getattr(ridden, "alone", False):  # every row stopped before the planned window
             return out, f"'{op.name}' found the decode finished: {RAN_ALONE}"

@@ -128,12 +128,16 @@ class TorchTrainer(Trainer):
         return rider_rows(self.model, text, features.values.detach())
 
     def attach_ridden(
-        self, ridden: RiddenPrefix, features: Features, head: bool = True, pieces: int | None = None
+        self,
+        ridden: RiddenPrefix,
+        features: Features,
+        head: bool = True,
+        micro_batches: int | None = None,
     ) -> tuple[PrefixState, SavedActivations]:
         """`logprob_prefix`'s result from a ride: its backward recomputes each layer from
-        the input the ride kept, as `logprob_prefix`'s checkpointed layers do, in `pieces`
-        micro-batches of its rows (None: the trainer's count; a row chunk is one)."""
-        count = self.micro_batches if pieces is None else pieces
+        the input the ride kept, as `logprob_prefix`'s checkpointed layers do, in
+        `micro_batches` ranges of its rows (None: the trainer's count; a row chunk is one)."""
+        count = self.micro_batches if micro_batches is None else micro_batches
         return attached_with_grad(self.model, ridden, features.values, head, count)
 
     def attach_exported(
@@ -317,7 +321,11 @@ class PolicyScorer(TorchReference):
         return rider_rows(self.model, text, features.values.detach())
 
     def attach_ridden(
-        self, ridden: RiddenPrefix, features: Features, head: bool = True, pieces: int | None = None
+        self,
+        ridden: RiddenPrefix,
+        features: Features,
+        head: bool = True,
+        micro_batches: int | None = None,
     ) -> tuple[PrefixState, None]:  # no grad: no backward to cut
         rotary = rotary_fn(self.model.model.language_model.layers[0].self_attn)
         state = attach(self.model, rotary, ridden, features.values.detach(), head)
