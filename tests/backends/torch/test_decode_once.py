@@ -33,7 +33,7 @@ def _decode(trainer, batch, feats, keep: bool):
         prefix = prefix_forward(model, batch.text_only(), feats.values, False)
     n = batch.size * G
     forced = [R - (3 * i) % R for i in range(n)]  # 7, 4, 1, 5, 2, ...: a 1-token row too
-    gen = torch.Generator().manual_seed(11)
+    gen = torch.Generator(model.device).manual_seed(11)
     engine = DecodeEngine(model, keep_workspace=True)
     session = engine.start(prefix, G, R, 1.0, 1.0, gen, -1, lengths=forced, keep_outputs=keep)
     session.advance()
@@ -63,7 +63,7 @@ def _train(trainer, batch, feats, responses, kept=None, exported=None):
     finally:
         for h in hooks:
             h.remove()
-    adv = torch.linspace(-1.0, 1.0, responses.tokens.shape[0])
+    adv = torch.linspace(-1.0, 1.0, responses.tokens.shape[0], device=lp.values.device)
     old = TokenLogprobs(lp.values.detach() - 0.05, lp.mask)  # ratios off 1: the clip acts
     loss = trainer.loss(lp, old, adv, None, 0.2, 0.0)
     trainer.backward(loss)
