@@ -49,7 +49,8 @@ class SyntheticVideoSource(IndexedSource):
             kwargs = {"kinds": spec.questions} if spec.questions else {}
             self.task = MotionTask(seed, image_size=spec.image_size, frames=frames, **kwargs)
         except ValueError as err:
-            raise DataError(f"data.source=synthetic_video: {err}") from None
+            where = f"workload.frames={frames}, data.image_size={spec.image_size}"
+            raise DataError(f"data.source=synthetic_video with {where}: {err}") from None
 
     def row(self, index: int) -> Sample:
         s = self.task.sample(self.offset + index)

@@ -133,3 +133,15 @@ def test_easyvqa_splits() -> None:
     assert len(small) == 10 and {s.uid for s in small.batch(0, 10)} == {
         f"easyvqa:train:{i}" for i in range(10)
     }
+
+
+@pytest.mark.parametrize(
+    ("frames", "size", "why"),
+    [(1, 84, "at least 2 frames, got 1"), (64, 56, "image_size 56 too small for 64")],
+)
+def test_a_video_workload_the_task_cannot_draw_names_the_fields_to_change(frames, size, why):
+    spec = DataSpec(source="synthetic_video", image_size=size)
+    with pytest.raises(DataError) as err:
+        build_source(spec, "train", 0, frames=frames)
+    assert f"workload.frames={frames}, data.image_size={size}" in str(err.value)
+    assert why in str(err.value)
