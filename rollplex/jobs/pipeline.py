@@ -144,24 +144,34 @@ def plan_step(
             ):
                 best.notes.insert(0, "rollout engine stays awake: the plan fits without sleep")
                 return PlanResult(best, awake, source, records, report(best))
-    best = _plan_layouts(
-        after, model, workload, hardware, schedule, cost_model, interference, enforce_budget
-    )
+    enabled = {PREFILL_ONCE: schedule.prefill_once, DECODE_ONCE: schedule.decode_once}
+    reuses = [
+        reuse
+        for reuse in REUSES
+        if enabled[reuse]
+        and schedule.name != "disaggregated"  # the rollout and the trainer on other GPUs
+        and exports_activations(rollout, trainer)
+    ]
+    layouts = (after, model, workload, hardware, schedule, cost_model, interference)
+    over = None
+    try:
+        best = _plan_layouts(*layouts, enforce_budget)
+    except PlanOverBudget as err:
+        if not reuses:
+            raise
+        # A reuse drops a training forward's saved activations: it may fit where this misses.
+        over, best = err, _plan_layouts(*layouts, False)
     if engine_sleeps_possible(after):
         best.notes.insert(0, "rollout engine sleeps (level 2) between rollouts")
-    enabled = {PREFILL_ONCE: schedule.prefill_once, DECODE_ONCE: schedule.decode_once}
-    for reuse in REUSES:
-        if (
-            enabled[reuse]
-            and schedule.name != "disaggregated"  # the rollout and the trainer on other GPUs
-            and exports_activations(rollout, trainer)
-        ):
-            taken = plan_reuse(
-                reuse, after, best, model, workload, hardware, schedule, cost_model, interference
-            )
-            if taken is not None:
-                after, best = taken
-                records.append(PassRecord(reuse.name.replace(" ", "_"), True, after))
+    for reuse in reuses:
+        taken = plan_reuse(
+            reuse, after, best, model, workload, hardware, schedule, cost_model, interference
+        )
+        if taken is not None:
+            after, best = taken
+            records.append(PassRecord(reuse.name.replace(" ", "_"), True, after))
+    if over is not None and not best.fits_budget:
+        raise over
     if early:
         best.notes.append(early)
     return PlanResult(best, after, source, records, report(best))

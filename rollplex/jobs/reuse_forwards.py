@@ -71,8 +71,9 @@ def plan_reuse(
     interference: InterferenceModel | None,
 ) -> tuple[Graph, Plan] | None:
     """(graph, plan) with `reuse` applied, when that plan fits and is predicted faster than
-    `best` (it saves a training forward, and holds the activations from the rollout op to
-    the backward); else None, with the reason in `best.notes`. The held rows stay where the
+    `best` or `best` misses the budget (it saves a training forward and its saved
+    activations, and holds the rollout's from the rollout op to the backward); else None,
+    with the reason in `best.notes`. The held rows stay where the
     rollout made them, so the rollout runs at the training TP degree."""
     once, changed = reuse.rewrite(after.copy())
     if not changed:
@@ -103,15 +104,16 @@ def plan_reuse(
             "the decode engine's workspace"
         )
         return None
-    if plan.step_time_s >= best.step_time_s:
+    if best.fits_budget and plan.step_time_s >= best.step_time_s:
         best.notes.append(
             f"{reuse.name} not taken: step {plan.step_time_s * 1e3:.1f} ms against "
             f"{best.step_time_s * 1e3:.1f} ms (it holds {gib:.2f} GiB {reuse.held_for})"
         )
         return None
+    against = "" if best.fits_budget else " over the budget"
     taken = (
         f"{reuse.name}: {reuse.stands_in}, step {plan.step_time_s * 1e3:.1f} ms against "
-        f"{best.step_time_s * 1e3:.1f} ms, holding {gib:.2f} GiB of {reuse.held_what}"
+        f"{best.step_time_s * 1e3:.1f} ms{against}, holding {gib:.2f} GiB of {reuse.held_what}"
     )
     earlier = [n for n in best.notes if n.startswith(tuple(f"{r.name}: " for r in REUSES))]
     plan.notes[:0] = [*earlier, taken]  # the reuses taken before this one keep their notes

@@ -126,3 +126,26 @@ def test_a_plan_that_would_offload_the_kept_outputs_is_not_taken(monkeypatch):
     r = _plan("qwen2_5_vl_3b", _workload("image"), ScheduleSpec(name="serial"))
     assert not _kept(r)
     assert any("offloading rollout.decode.kept" in n for n in r.plan.notes)
+
+
+def test_a_step_that_fits_only_with_decode_once_is_planned_not_refused():
+    """3B image GRPO at 16 prompts on an H100: the plan with its own training response
+    forward misses the budget by 1.2 GiB; decode once drops that forward's saved
+    activations and fits, so the planner tries the reuse before enforcing the budget."""
+    from rollplex.jobs.pipeline import plan_step
+    from rollplex.planner.residency import PlanOverBudget
+    from rollplex.specs import MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec
+
+    args = (
+        MODEL_PRESETS["qwen2_5_vl_3b"],
+        WORKLOAD_PRESETS["image"].model_copy(update={"prompts_per_step": 16}),
+        AlgoSpec(name="grpo"),
+        HARDWARE_PRESETS["h100"],
+    )
+    caps = {"rollout": TORCH_ROLLOUT, "trainer": TORCH_SCORER}
+    with pytest.raises(PlanOverBudget, match="misses by"):
+        plan_step(*args, ScheduleSpec(name="rollplex", decode_once=False), **caps)
+    res = plan_step(*args, ScheduleSpec(name="rollplex"), **caps)
+    assert res.plan.fits_budget and _kept(res)
+    assert res.plan.notes[0].startswith("decode once: ")
+    assert "ms over the budget, holding" in res.plan.notes[0]
