@@ -26,7 +26,7 @@ from rollplex.jobs.baselines import (
     speedup_fields,
     speedup_text,
 )
-from rollplex.jobs.pipeline import plan_step
+from rollplex.jobs.fit_options import plan_with_options
 from rollplex.jobs.pricing import pricing_for, resolve_auto
 from rollplex.planner.cost_model import CostModel
 from rollplex.planner.plan import Plan, dump_plan
@@ -56,12 +56,13 @@ def plan_for(
     spec: RunSpec,
     model: ModelSpec | None = None,
     workload: WorkloadSpec | None = None,
-    planner: Callable[..., Any] = plan_step,
+    planner: Callable[..., Any] = plan_with_options,
     **kw: Any,
 ) -> Any:
-    """`planner` (plan_step, or plan_baselines) on `spec`'s step for the roles it chose
-    (the planner plans only what they can do), priced by `cost_model_for(spec)`; `model`
-    and `workload`: measured ones in place of the spec's."""
+    """`planner` (plan_with_options: the schedule, or where it misses the budget the same
+    with one micro-batch's activations at a time; or plan_baselines) on `spec`'s step for
+    the roles it chose (the planner plans only what they can do), priced by
+    `cost_model_for(spec)`; `model` and `workload`: measured ones in place of the spec's."""
     return planner(
         model or spec.model,
         workload or spec.workload,

@@ -23,6 +23,9 @@ OFFLOAD_NAMES = {
 }
 CHECKPOINTING = "gradient checkpointing"
 ONE_MICRO_BATCH = "forward and backward per micro-batch (one micro-batch's activations)"
+RECOMPUTED_MICRO_BATCH = (
+    "each micro-batch's forward rerun in its backward (one micro-batch's activations)"
+)
 LOSS_KINDS = ("policy_loss", "value_loss")  # the readers a fused forward's values may have
 
 T = TypeVar("T")
@@ -37,15 +40,26 @@ class Variant:
 
 
 def variants(schedule: ScheduleSpec) -> list[Variant]:
-    """The plain schedule, then forward and backward per micro-batch (unless the schedule
-    already holds one micro-batch's activations). Offload is not a variant: residency
-    offloads by itself when a plan misses its budget."""
-    out = [Variant((), schedule)]
-    if not (schedule.train_micro_recompute or schedule.train_micro_fused):
-        out.append(
-            Variant((ONE_MICRO_BATCH,), schedule.model_copy(update={"train_micro_fused": True}))
-        )
-    return out
+    """A baseline's: the plain schedule, then forward and backward per micro-batch (verl's
+    option). Offload is not a variant: residency offloads by itself when a plan misses its
+    budget."""
+    return [Variant((), schedule), *fallbacks(schedule, recompute=False)]
+
+
+def fallbacks(schedule: ScheduleSpec, fused: bool = True, recompute: bool = True) -> list[Variant]:
+    """What holds one micro-batch's activations at a time in place of all of them, cheapest
+    first: forward and backward per micro-batch (`fused`: where the trainer can), then each
+    forward run again inside the backward (one more forward pass). None where `schedule`
+    already holds one micro-batch's."""
+    if schedule.train_micro_recompute or schedule.train_micro_fused:
+        return []
+    options = [(fused, ONE_MICRO_BATCH, "train_micro_fused")]
+    options.append((recompute, RECOMPUTED_MICRO_BATCH, "train_micro_recompute"))
+    return [
+        Variant((label,), schedule.model_copy(update={field: True}))
+        for on, label, field in options
+        if on
+    ]
 
 
 def check_fused(graph: Graph) -> None:

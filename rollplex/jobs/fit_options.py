@@ -1,0 +1,53 @@
+"""The user's own schedule gets the memory options its baselines get (jobs/baselines.py).
+
+When the plain plan misses the HBM budget, the same schedule holding one training
+micro-batch's activations at a time is planned (`memory_options.fallbacks`: forward and
+backward per micro-batch where the trainer can, else the forward rerun in the backward);
+the first that fits is kept, its options recorded on the plan, which the runtime reads
+(`plan.meta["train_micro_fused"]`, `["train_micro_recompute"]`). If none fits, the plain
+plan's error is raised: it names the residents at the peak and what else to change.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from rollplex.jobs.pipeline import PlanResult, plan_step
+from rollplex.planner.residency import PlanOverBudget
+from rollplex.planner.schedules.memory_options import fallbacks, record
+from rollplex.specs import AlgoSpec, HardwareSpec, ModelSpec, ScheduleSpec, WorkloadSpec
+from rollplex.specs.roles import RoleCapabilities
+
+log = logging.getLogger(__name__)
+
+
+def plan_with_options(
+    model: ModelSpec,
+    workload: WorkloadSpec,
+    algo: AlgoSpec,
+    hardware: HardwareSpec,
+    schedule: ScheduleSpec,
+    trainer: RoleCapabilities | None = None,
+    **kw: Any,
+) -> PlanResult:
+    """`plan_step`, or, where its plan misses the budget, the first fallback that fits."""
+    try:
+        return plan_step(model, workload, algo, hardware, schedule, trainer=trainer, **kw)
+    except PlanOverBudget as plain:
+        fused = trainer is None or trainer.fused_micro_batches
+        for variant in fallbacks(schedule, fused=fused):
+            try:
+                res = plan_step(
+                    model, workload, algo, hardware, variant.schedule, trainer=trainer, **kw
+                )
+            except ValueError:  # over budget too, or a graph this option cannot run
+                continue
+            missed = str(plain).split(": it misses", 1)[0]
+            record(res.plan, res.graph, variant.options)
+            res.plan.notes.insert(
+                0, f"memory: the plain {missed}; planned with {variant.options[0]}"
+            )
+            log.info("%s", res.plan.notes[0])
+            return res
+        raise
