@@ -2,7 +2,8 @@
 
 When the plain plan misses the HBM budget, the same schedule holding one training
 micro-batch's activations at a time is planned (`memory_options.fallbacks`: forward and
-backward per micro-batch where the trainer can, else the forward rerun in the backward);
+backward per micro-batch, then the forward rerun in the backward, for a graph whose
+forward values something besides the loss reads);
 the first that fits is kept, its options recorded on the plan, which the runtime reads
 (`plan.meta["train_micro_fused"]`, `["train_micro_recompute"]`). If none fits, the plain
 plan's error is raised: it names the residents at the peak and what else to change.
@@ -35,8 +36,7 @@ def plan_with_options(
     try:
         return plan_step(model, workload, algo, hardware, schedule, trainer=trainer, **kw)
     except PlanOverBudget as plain:
-        fused = trainer is None or trainer.fused_micro_batches
-        for variant in fallbacks(schedule, fused=fused):
+        for variant in fallbacks(schedule):
             try:
                 res = plan_step(
                     model, workload, algo, hardware, variant.schedule, trainer=trainer, **kw

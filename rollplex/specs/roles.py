@@ -67,10 +67,6 @@ class RoleCapabilities:
     # (`start_decode_kept`), and the trainer take them in place of its response forward
     # (`attach_decoded`): the decode_once pass.
     activation_export: bool = False
-    # a trainer that can run each micro-batch's forward inside its backward
-    # (schedule.train_micro_fused); the FSDP2 trainer cannot (its forward's values are
-    # read after the backward) and holds one micro-batch by recomputing instead
-    fused_micro_batches: bool = True
 
 
 # -- what the built roles declare ------------------------------------------------------------
@@ -87,9 +83,7 @@ TORCH_ROLLOUT = RoleCapabilities(
 TORCH_SCORER = RoleCapabilities(prefix_kv_export=True, activation_export=True)
 # FSDP2 gathers a layer's shards only inside that layer's own forward: a recompute from
 # exported inputs outside it would read shards (as for rides: piggyback_rows off)
-FSDP_TRAINER = replace(
-    TORCH_SCORER, float32_grads=True, activation_export=False, fused_micro_batches=False
-)
+FSDP_TRAINER = replace(TORCH_SCORER, float32_grads=True, activation_export=False)
 VLLM_ROLLOUT = RoleCapabilities(
     segmented_decode=True,
     prefix_kv_export=False,

@@ -91,8 +91,8 @@ class ScheduleSpec(Spec):
         description="Run each training micro-batch's forward together with its backward, "
         "inside the backward step, as verl does: one micro-batch's checkpointed layer "
         "inputs are live at a time and no forward runs twice (the forward step computes "
-        "nothing; the loss's value and metrics are filled in by the backward). Torch "
-        "trainer only; excludes train_micro_recompute.",
+        "nothing; the loss's value and metrics are filled in by the backward; under FSDP2 "
+        "each rank's share of the global batch's too). Excludes train_micro_recompute.",
     )
     decode_sm_fraction: float = Field(
         0.5, gt=0, lt=1, description="Share of SMs given to decode when partitioned."

@@ -200,7 +200,7 @@ def test_a_trainer_that_cannot_fuse_refuses_the_plan_by_name() -> None:
     backend = compose(StepConfig(MODEL, ALGO, seed=0, max_new_tokens=4))
     backend.train_micro_batches(2, False, True)
     assert backend.trainer.micro_fused and backend.trainer.micro_batches == 2
-    backend.trainer.fused_micro_batches = False  # as the FSDP2 trainer declares
+    backend.trainer.fused_micro_batches = False  # as a trainer that cannot would declare
     with pytest.raises(BackendError, match="train_micro_fused"):
         backend.train_micro_batches(2, False, True)
 

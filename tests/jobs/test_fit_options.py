@@ -63,7 +63,7 @@ def _outcome(point: tuple[str, str, str, int], schedule: str):
     plain = plan_step(*args, sched, enforce_budget=False, **caps).plan
     tried = [
         (v, plan_step(*args, v.schedule, enforce_budget=False, **caps).plan)
-        for v in fallbacks(sched, fused=caps["trainer"].fused_micro_batches)
+        for v in fallbacks(sched)
     ]
     try:
         got: PlanResult | PlanOverBudget = plan_with_options(*args, sched, **caps)
@@ -111,15 +111,29 @@ def test_the_grid_reaches_all_three_outcomes():
     assert seen == {"as is", "fallback", "refused"}
 
 
-def test_a_trainer_that_cannot_fuse_gets_the_recomputed_micro_batch():
+def test_a_graph_fused_mode_refuses_gets_the_recomputed_micro_batch(monkeypatch):
+    """Fused mode refuses a graph in which something besides the loss reads the training
+    forward's values (`check_fused`): the recomputed forward is planned instead."""
+    from rollplex.planner import api
+
+    def refuse(graph):
+        raise ValueError("schedule.train_micro_fused: op 'x' reads the forward's values")
+
+    monkeypatch.setattr(api, "check_fused", refuse)
+    args, caps = _args("qwen2_5_vl_7b", "image", 16, "h200")
+    res = plan_with_options(*args, ScheduleSpec(name="rollplex"), **caps)
+    assert res.plan.fits_budget
+    assert RECOMPUTED_MICRO_BATCH in res.plan.meta["memory_options"]
+    assert res.plan.meta["train_micro_recompute"] and not res.plan.meta["train_micro_fused"]
+
+
+def test_an_fsdp2_plan_takes_the_fused_micro_batch_too():
     args, caps = _args("qwen2_5_vl_3b", "image", 16, "h100")
     caps["trainer"] = FSDP_TRAINER
     with pytest.raises(PlanOverBudget):
         plan_step(*args, ScheduleSpec(name="rollplex"), **caps)
     res = plan_with_options(*args, ScheduleSpec(name="rollplex"), **caps)
-    assert res.plan.fits_budget
-    assert RECOMPUTED_MICRO_BATCH in res.plan.meta["memory_options"]
-    assert res.plan.meta["train_micro_recompute"] and not res.plan.meta["train_micro_fused"]
+    assert res.plan.fits_budget and res.plan.meta["train_micro_fused"]
 
 
 def test_a_schedule_that_already_holds_one_micro_batch_is_not_replanned():
@@ -128,16 +142,6 @@ def test_a_schedule_that_already_holds_one_micro_batch_is_not_replanned():
     assert fallbacks(sched) == []
     with pytest.raises(PlanOverBudget):
         plan_with_options(*args, sched, **caps)
-
-
-def test_the_trainers_declarations_match_what_they_run():
-    from rollplex.backends.fsdp.trainer import FsdpTrainer
-    from rollplex.backends.torch.trainer import TorchTrainer
-
-    fsdp = trainer_capabilities(BackendSpec(trainer="fsdp"))
-    assert fsdp.fused_micro_batches is FsdpTrainer.fused_micro_batches is False
-    assert trainer_capabilities(BackendSpec()).fused_micro_batches is True
-    assert TorchTrainer.fused_micro_batches is True
 
 
 def test_the_plan_job_takes_the_fallback_and_says_so(tmp_path):

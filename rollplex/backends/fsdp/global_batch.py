@@ -6,6 +6,10 @@ hooks' end_step) is the global batch's. The policy's loss and the critic's use i
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
@@ -48,13 +52,27 @@ def global_loss(
         loss_share = torch.tensor(float(world), device=mask.device)
     else:  # the seq-mean modes average over sequences with a token
         loss_share = share(agg_units(mask, mode), mesh)
-    metrics = {
-        k: v * (loss_share if k in aggregated else tokens) if k not in UNSCALED else v
-        for k, v in out.metrics.items()
-    }
+
+    def rescaled(metrics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {
+            k: v * (loss_share if k in aggregated else tokens) if k not in UNSCALED else v
+            for k, v in metrics.items()
+        }
+
     scaled = out.scaled(loss_share)
-    scaled.metrics = metrics
+    if out.finish is None:
+        scaled.metrics = rescaled(out.metrics)
+        return scaled
+    # fused micro-batches: `out.metrics` are placeholders until its backward has run
+    scaled.metrics = {k: torch.zeros_like(v) for k, v in out.metrics.items()}
+    scaled.finish = partial(_fill_metrics, scaled.finish, out.metrics, scaled.metrics, rescaled)
     return scaled
+
+
+def _fill_metrics(finish: Any, metrics: dict, into: dict, rescaled: Callable) -> None:
+    finish()
+    for k, v in rescaled(metrics).items():
+        into[k].copy_(v)
 
 
 __all__ = ["UNSCALED", "global_loss", "share", "total"]

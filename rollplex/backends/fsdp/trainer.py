@@ -56,9 +56,6 @@ class ShardedWeightsHandle(WeightsHandle):
 
 class FsdpTrainer(TorchTrainer):
     capabilities: ClassVar[RoleCapabilities] = FSDP_TRAINER  # float32 shards: float32 grads
-    # its loss is rescaled per rank at the loss step, which a fused loss's value (known
-    # only after the backward) cannot be: schedule.train_micro_fused is refused
-    fused_micro_batches: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -148,14 +149,23 @@ class Loss:
         yield from (t for t in self.terms or () if isinstance(t, torch.Tensor))
 
     def scaled(self, factor: torch.Tensor) -> Loss:
-        """The same loss times `factor` (its terms too); metrics as they are."""
-        if self.finish is not None:
-            raise RuntimeError(
-                "a fused micro-batch loss (schedule.train_micro_fused) cannot be rescaled: "
-                "its value is known only after the backward; use train_micro_recompute"
-            )
+        """The same loss times `factor` (its terms too); metrics as they are. A fused
+        loss's value is known only after the backward: the scaled one's is filled then."""
         terms = None if self.terms is None else [_times(t, factor) for t in self.terms]
-        return Loss(self.value * factor.to(self.value.dtype), self.metrics, terms, self.micro)
+        factor = factor.to(self.value.dtype)
+        if self.finish is None:
+            return Loss(self.value * factor, self.metrics, terms, self.micro)
+        value = torch.zeros_like(self.value)
+        out = Loss(value, self.metrics, terms, self.micro)
+        out.finish = partial(_finish_scaled, self.finish, self.value, value, factor)
+        return out
+
+
+def _finish_scaled(
+    finish: Any, value: torch.Tensor, scaled: torch.Tensor, factor: torch.Tensor
+) -> None:
+    finish()
+    scaled.copy_(value * factor)
 
 
 def _times(term: Any, factor: torch.Tensor) -> Any:

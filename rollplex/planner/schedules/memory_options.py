@@ -46,20 +46,18 @@ def variants(schedule: ScheduleSpec) -> list[Variant]:
     return [Variant((), schedule), *fallbacks(schedule, recompute=False)]
 
 
-def fallbacks(schedule: ScheduleSpec, fused: bool = True, recompute: bool = True) -> list[Variant]:
+def fallbacks(schedule: ScheduleSpec, recompute: bool = True) -> list[Variant]:
     """What holds one micro-batch's activations at a time in place of all of them, cheapest
-    first: forward and backward per micro-batch (`fused`: where the trainer can), then each
-    forward run again inside the backward (one more forward pass). None where `schedule`
-    already holds one micro-batch's."""
+    first: forward and backward per micro-batch, then (`recompute`) each forward run again
+    inside the backward, one more forward pass, for a graph that fused mode refuses
+    (`check_fused`). None where `schedule` already holds one micro-batch's."""
     if schedule.train_micro_recompute or schedule.train_micro_fused:
         return []
-    options = [(fused, ONE_MICRO_BATCH, "train_micro_fused")]
-    options.append((recompute, RECOMPUTED_MICRO_BATCH, "train_micro_recompute"))
-    return [
-        Variant((label,), schedule.model_copy(update={field: True}))
-        for on, label, field in options
-        if on
-    ]
+    fused = Variant((ONE_MICRO_BATCH,), schedule.model_copy(update={"train_micro_fused": True}))
+    if not recompute:
+        return [fused]
+    redo = schedule.model_copy(update={"train_micro_recompute": True})
+    return [fused, Variant((RECOMPUTED_MICRO_BATCH,), redo)]
 
 
 def check_fused(graph: Graph) -> None:
