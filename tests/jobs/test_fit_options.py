@@ -61,9 +61,9 @@ def _outcome(point: tuple[str, str, str, int], schedule: str):
     args, caps = _args(model, workload, prompts, hardware)
     sched = ScheduleSpec(name=schedule)
     plain = plan_step(*args, sched, enforce_budget=False, **caps).plan
-    tried = [
+    tried = [  # only a plan over the budget needs them
         (v, plan_step(*args, v.schedule, enforce_budget=False, **caps).plan)
-        for v in fallbacks(sched)
+        for v in (fallbacks(sched) if not plain.fits_budget else [])
     ]
     try:
         got: PlanResult | PlanOverBudget = plan_with_options(*args, sched, **caps)
