@@ -43,10 +43,10 @@ def plan_with_options(
                 )
             except ValueError:  # over budget too, or a graph this option cannot run
                 continue
-            missed = str(plain).split(": it misses", 1)[0]
+            missed = str(plain).split(": it misses", 1)[0]  # where, how much, the budget
             record(res.plan, res.graph, variant.options)
             res.plan.notes.insert(
-                0, f"memory: the plain {missed}; planned with {variant.options[0]}"
+                0, f"memory: planned with {variant.options[0]}; without it, {missed}"
             )
             log.info("%s", res.plan.notes[0])
             return res
