@@ -2,11 +2,11 @@
 
 When the plain plan misses the HBM budget, the same schedule holding one training
 micro-batch's activations at a time is planned (`memory_options.fallbacks`: forward and
-backward per micro-batch, then the forward rerun in the backward, for a graph whose
-forward values something besides the loss reads);
-the first that fits is kept, its options recorded on the plan, which the runtime reads
-(`plan.meta["train_micro_fused"]`, `["train_micro_recompute"]`). If none fits, the plain
-plan's error is raised: it names the residents at the peak and what else to change.
+backward per micro-batch, then the forward rerun in the backward for a graph whose forward
+values something besides the loss reads); the first that fits is kept, its options
+recorded on the plan, which the runtime reads (`plan.meta["train_micro_fused"]`,
+`["train_micro_recompute"]`). If none fits, the plain plan's error is raised: it names
+the residents at the peak and what else to change.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.planner.residency import PlanOverBudget
 from rollplex.planner.schedules.memory_options import fallbacks, record
 from rollplex.specs import AlgoSpec, HardwareSpec, ModelSpec, ScheduleSpec, WorkloadSpec
-from rollplex.specs.roles import RoleCapabilities
 
 log = logging.getLogger(__name__)
 
@@ -29,18 +28,15 @@ def plan_with_options(
     algo: AlgoSpec,
     hardware: HardwareSpec,
     schedule: ScheduleSpec,
-    trainer: RoleCapabilities | None = None,
     **kw: Any,
 ) -> PlanResult:
     """`plan_step`, or, where its plan misses the budget, the first fallback that fits."""
     try:
-        return plan_step(model, workload, algo, hardware, schedule, trainer=trainer, **kw)
+        return plan_step(model, workload, algo, hardware, schedule, **kw)
     except PlanOverBudget as plain:
         for variant in fallbacks(schedule):
             try:
-                res = plan_step(
-                    model, workload, algo, hardware, variant.schedule, trainer=trainer, **kw
-                )
+                res = plan_step(model, workload, algo, hardware, variant.schedule, **kw)
             except ValueError:  # over budget too, or a graph this option cannot run
                 continue
             missed = str(plain).split(": it misses", 1)[0]  # where, how much, the budget
