@@ -73,8 +73,8 @@ def plan_reuse(
     """(graph, plan) with `reuse` applied, when that plan fits and is predicted faster than
     `best` or `best` misses the budget (it saves a training forward and its saved
     activations, and holds the rollout's from the rollout op to the backward); else None,
-    with the reason in `best.notes`. The held rows stay where the
-    rollout made them, so the rollout runs at the training TP degree."""
+    with the reason in `best.notes`. The held rows stay where the rollout made them, so
+    the rollout runs at the training TP degree."""
     once, changed = reuse.rewrite(after.copy())
     if not changed:
         return None

@@ -6,10 +6,6 @@ hooks' end_step) is the global batch's. The policy's loss and the critic's use i
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
-from typing import Any
-
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
@@ -59,20 +55,7 @@ def global_loss(
             for k, v in metrics.items()
         }
 
-    scaled = out.scaled(loss_share)
-    if out.finish is None:
-        scaled.metrics = rescaled(out.metrics)
-        return scaled
-    # fused micro-batches: `out.metrics` are placeholders until its backward has run
-    scaled.metrics = {k: torch.zeros_like(v) for k, v in out.metrics.items()}
-    scaled.finish = partial(_fill_metrics, scaled.finish, out.metrics, scaled.metrics, rescaled)
-    return scaled
-
-
-def _fill_metrics(finish: Any, metrics: dict, into: dict, rescaled: Callable) -> None:
-    finish()
-    for k, v in rescaled(metrics).items():
-        into[k].copy_(v)
+    return out.scaled(loss_share, rescaled)
 
 
 __all__ = ["UNSCALED", "global_loss", "share", "total"]

@@ -148,24 +148,34 @@ class Loss:
         yield self.value
         yield from (t for t in self.terms or () if isinstance(t, torch.Tensor))
 
-    def scaled(self, factor: torch.Tensor) -> Loss:
-        """The same loss times `factor` (its terms too); metrics as they are. A fused
-        loss's value is known only after the backward: the scaled one's is filled then."""
+    def scaled(self, factor: torch.Tensor, metrics: MetricsMap | None = None) -> Loss:
+        """The same loss times `factor` (its terms too), its metrics mapped by `metrics`
+        (as they are if None). A fused loss's value and metrics are known only after the
+        backward: the scaled loss's are filled in then, from its own."""
         terms = None if self.terms is None else [_times(t, factor) for t in self.terms]
         factor = factor.to(self.value.dtype)
+        remap = metrics or _same
         if self.finish is None:
-            return Loss(self.value * factor, self.metrics, terms, self.micro)
-        value = torch.zeros_like(self.value)
-        out = Loss(value, self.metrics, terms, self.micro)
-        out.finish = partial(_finish_scaled, self.finish, self.value, value, factor)
+            return Loss(self.value * factor, remap(self.metrics), terms, self.micro)
+        blank = {k: torch.zeros_like(v) for k, v in self.metrics.items()}
+        out = Loss(torch.zeros_like(self.value), blank, terms, self.micro)
+        out.finish = partial(_fill_scaled, self, out, factor, remap)
         return out
 
 
-def _finish_scaled(
-    finish: Any, value: torch.Tensor, scaled: torch.Tensor, factor: torch.Tensor
-) -> None:
-    finish()
-    scaled.copy_(value * factor)
+MetricsMap = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+
+
+def _same(metrics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return metrics
+
+
+def _fill_scaled(source: Loss, out: Loss, factor: torch.Tensor, remap: MetricsMap) -> None:
+    """After a fused backward: `out`'s value and metrics from `source`'s, now filled in."""
+    source.finish()
+    out.value.copy_(source.value * factor)
+    for k, v in remap(source.metrics).items():
+        out.metrics[k].copy_(v)
 
 
 def _times(term: Any, factor: torch.Tensor) -> Any:
