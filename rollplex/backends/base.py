@@ -154,6 +154,9 @@ class ReferenceScorer(ABC):
         {"vision_encode", "logprob_prefix", "logprob_response", "logprob"}
     )
     capabilities: ClassVar[RoleCapabilities] = RoleCapabilities()
+    # whether the response part runs on the rows' real tokens packed
+    # (`Plan.meta["pack_responses"]`, set by the executor through the backend)
+    packed_responses: bool = True
 
     def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
         """See RolloutRole.merge_rows."""
@@ -203,6 +206,7 @@ class Trainer(ABC):
     micro_recompute: bool = False
     micro_fused: bool = False  # `["train_micro_fused"]`: forward inside the backward
     fused_micro_batches: ClassVar[bool] = True  # whether it can run `micro_fused`
+    packed_responses: bool = True  # `["pack_responses"]`: response forwards on real tokens
 
     def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
         """See RolloutRole.merge_rows."""
@@ -376,6 +380,12 @@ class Backend(ABC):
         forward runs again inside the backward, so one micro-batch's activations are held
         at a time; with `fused` (`["train_micro_fused"]`) each runs its forward only there,
         with its backward (verl's). Backends without a trainer ignore it."""
+        return None
+
+    def pack_responses(self, on: bool) -> None:
+        """Apply the plan's `Plan.meta["pack_responses"]` (schedule.pack_responses): the
+        response forwards run on the rows' real tokens packed, or padded. Backends
+        without such forwards ignore it."""
         return None
 
     def op_micro_batches(self, counts: dict[str, int]) -> None:

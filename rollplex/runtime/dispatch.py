@@ -165,6 +165,11 @@ class RoleDispatch(Backend):
                 owner.micro_batches, owner.micro_recompute = count, recompute
                 owner.micro_fused = fused
 
+    def pack_responses(self, on: bool) -> None:
+        for owner in (self.trainer, self.critic, self.reference):
+            if owner is not None:
+                owner.packed_responses = on
+
     def op_micro_batches(self, counts: dict[str, int]) -> None:
         self.forwards.micro = dict(counts)
 

@@ -78,6 +78,7 @@ class Executor:
         fused = bool(plan.meta.get("train_micro_fused", False))
         backend.train_micro_batches(self.train_micro_batches, recompute, fused)
         backend.op_micro_batches(plan_op_micro_batches(plan))
+        backend.pack_responses(bool(plan.meta.get("pack_responses", True)))
         log.info(
             "executor: training forward and backward in %d micro-batch(es) a step, as planned "
             "(schedule.train_micro_tokens%s); metric train_micro_batches is the count run",

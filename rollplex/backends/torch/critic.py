@@ -118,6 +118,7 @@ class TorchCritic:
         # sums over the data-parallel ranks holding the batch's other rows (the FSDP2
         # critic), so GAE whitens over the whole batch; None: this process holds it all
         self.batch_total: Total | None = None
+        self.packed_responses = True  # response forwards on the real tokens (dispatch.py)
         self.scorer, self.trainer = CriticRole(self, train=False), CriticRole(self, train=True)
 
     def role(self, train: bool) -> CriticRole:
@@ -269,10 +270,11 @@ class CriticRole:
         return attached_with_grad(self.model, exported.ridden, features.values, head, count)
 
     def logprob_response(self, prefix: PrefixState, responses: Responses, group_size: int):
+        packed = self.critic.packed_responses
         if self.train:  # in the plan's micro-batches of prompts' groups, as the trainer
 
             def score(state: PrefixState, tokens, lengths, _rows: slice) -> torch.Tensor:
-                out = response_head_outputs(self.model, state, tokens, lengths)
+                out = response_head_outputs(self.model, state, tokens, lengths, packed=packed)
                 mask = response_mask(lengths, tokens.shape[1])  # its trimmed columns
                 return torch.where(mask, _values(*out), 0.0)
 
@@ -288,16 +290,19 @@ class CriticRole:
         lengths = responses.lengths
 
         def values(tokens: torch.Tensor) -> torch.Tensor:
-            return _values(*response_head_outputs(self.model, prefix, tokens, lengths, group_size))
+            return _values(
+                *response_head_outputs(self.model, prefix, tokens, lengths, group_size, packed)
+            )
 
         with torch.no_grad():  # each prompt's G responses share its prefix K/V (no expand)
             return _masked(trimmed(values, responses.tokens, lengths), responses)
 
     def logprob(self, features: Features, text: PromptBatch, responses: Responses):
+        packed = self.critic.packed_responses
         if self.train:  # in the plan's micro-batches of samples
 
             def score(text, visual, tokens, lengths, _rows: slice) -> torch.Tensor:
-                out = features_full_head_outputs(self.model, text, visual, tokens, lengths)
+                out = features_full_head_outputs(self.model, text, visual, tokens, lengths, packed)
                 mask = response_mask(lengths, tokens.shape[1])  # its trimmed columns
                 return torch.where(mask, out.squeeze(-1).float(), 0.0)
 
@@ -313,7 +318,9 @@ class CriticRole:
         lengths = responses.lengths
 
         def values(tokens: torch.Tensor) -> torch.Tensor:
-            out = features_full_head_outputs(self.model, text, features.values, tokens, lengths)
+            out = features_full_head_outputs(
+                self.model, text, features.values, tokens, lengths, packed
+            )
             return out.squeeze(-1).float()
 
         with torch.no_grad():  # to the rows' longest response, not the cap

@@ -12,6 +12,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rollplex.backends.torch.fused_head import fusable, fused_head_logprobs
+from rollplex.backends.torch.packed_attention import PackedCausal
+from rollplex.backends.torch.packed_rows import PackedRows
 from rollplex.backends.torch.shared_prefix_attention import SharedPrefix, use_shared_prefix
 from rollplex.data.prompts import PromptBatch
 from rollplex.engine.prefix import (
@@ -162,6 +164,7 @@ def response_head_outputs(
     responses: torch.Tensor,
     lengths: torch.Tensor,
     group_size: int | None = None,
+    packed: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`model.lm_head` at the positions that predict the response tokens: [N, out] for
     token 0 (the prefix's last output, repeated over each prompt's G rows), then
@@ -170,34 +173,50 @@ def response_head_outputs(
     [N, R, vocab] logits would copy them. With the LM head these are logits; on a critic
     (lm_head is its value head) they are values."""
     g = group_size_of(state, responses.shape[0], group_size)
-    hidden = response_hidden(model, state, responses, lengths)
+    hidden = response_hidden(model, state, responses, lengths, packed)
     first = state.last_logits if g == 1 else state.last_logits.repeat_interleave(g, 0)
-    return first, None if hidden is None else model.lm_head(hidden)
+    if hidden is None:
+        return first, None
+    rest, packing = hidden
+    out = model.lm_head(rest)  # per token: on the packed tokens only, then padded
+    return first, out if packing is None else packing.unpack(out)
+
+
+def fed_tokens(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """[N, width - 1] bool: the response tokens fed to the model (token j predicts j+1)."""
+    return response_mask(lengths, width)[:, :-1]
 
 
 def response_hidden(
-    model: Model, state: PrefixState, responses: torch.Tensor, lengths: torch.Tensor
-) -> torch.Tensor | None:
-    """Final hidden states [N, R-1, H] of response tokens 0..R-2 on top of the prefix
-    (they predict tokens 1..R-1); None when R=1. `state` has one row per prompt (each
-    prompt's G responses attend to its one prefix K/V: shared_prefix_attention.py) or
-    one per response (an expanded state, G = 1)."""
+    model: Model,
+    state: PrefixState,
+    responses: torch.Tensor,
+    lengths: torch.Tensor,
+    packed: bool = True,
+) -> tuple[torch.Tensor, PackedRows | None] | None:
+    """Final hidden states of response tokens 0..R-2 on top of the prefix (they predict
+    tokens 1..R-1), None when R=1: with `packed`, [1, T, H] of the rows' fed tokens and
+    their packing (packed_rows.py: the layers run no padding), else [N, R-1, H] and None.
+    `state` has one row per prompt (each prompt's G responses attend to its one prefix
+    K/V: shared_prefix_attention.py) or one per response (an expanded state, G = 1)."""
     n, width = responses.shape
     g = group_size_of(state, n)
     if width == 1:
         return None
     use_shared_prefix(model)
-    valid = response_mask(lengths, width)[:, :-1]
-    shared = SharedPrefix.build(cache_kv(state.cache), state.attention_mask, valid, g)
+    valid = fed_tokens(lengths, width)
+    packed = packed and bool(valid.any())
+    shared = SharedPrefix.build(
+        cache_kv(state.cache), state.attention_mask, valid, g, packed=packed
+    )
     steps = torch.arange(width - 1, device=state.lengths.device)
     pos = state.next_positions.repeat_interleave(g)[:, None] + steps
-    return lm_hidden(
-        model,
-        embed_tokens(model, responses[:, :-1]),
-        pos.unsqueeze(0).expand(3, -1, -1),
-        shared.masks(),
-        None,
-    )
+    embeds = embed_tokens(model, responses[:, :-1])
+    packing = shared.packed
+    if packing is not None:
+        embeds, pos = packing.pack(embeds), packing.pack(pos)
+    hidden = lm_hidden(model, embeds, pos.unsqueeze(0).expand(3, -1, -1), shared.masks(), None)
+    return hidden, packing
 
 
 def response_logprobs(
@@ -208,14 +227,17 @@ def response_logprobs(
     temperature: float = 1.0,
     group_size: int | None = None,
     entropy: str | None = NO_ENTROPY,
+    packed: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Logprobs [N, R] of right-padded `responses` [N, R] given the prefix in `state`
     (one row per prompt, whose G responses are rows b * G .. b * G + G - 1, or one row
     per response); 0 past each row's length. `group_size`, if given, is checked. With
-    `entropy`, (logprobs, entropy [N, R]) from the same logits (head_logprobs)."""
+    `entropy`, (logprobs, entropy [N, R]) from the same logits (head_logprobs). `packed`:
+    the layers and LM head run on the real tokens only (the same values)."""
     g = group_size_of(state, responses.shape[0], group_size)
-    rest = response_hidden(model, state, responses, lengths)
-    return hidden_logprobs(model, state, responses, lengths, rest, temperature, g, entropy)
+    hidden = response_hidden(model, state, responses, lengths, packed)
+    rest, packing = (None, None) if hidden is None else hidden
+    return hidden_logprobs(model, state, responses, lengths, rest, temperature, g, entropy, packing)
 
 
 def hidden_logprobs(
@@ -227,13 +249,22 @@ def hidden_logprobs(
     temperature: float,
     group_size: int,
     entropy: str | None = NO_ENTROPY,
+    packing: PackedRows | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """`response_logprobs` from the final hidden states `rest` [N, R-1, H] of response
-    tokens 0..R-2 (however they were computed: decoded_response.py replays a decode's)."""
+    """`response_logprobs` from the final hidden states `rest` of response tokens 0..R-2
+    (however they were computed: decoded_response.py replays a decode's): [N, R-1, H],
+    or [1, T, H] of the tokens `packing` packs, whose LM head then runs on those alone."""
     g = group_size
     first = first_logprobs(state.last_logits, responses[:, 0], g, temperature, entropy)
     if rest is not None:
-        rest = head_logprobs(model.lm_head, rest, responses[:, 1:], temperature, entropy)
+        targets = responses[:, 1:] if packing is None else packing.pack(responses[:, 1:])
+        rest = head_logprobs(model.lm_head, rest, targets, temperature, entropy)
+        if packing is not None:
+            rest = (
+                tuple(packing.unpack(x) for x in rest)
+                if isinstance(rest, tuple)
+                else packing.unpack(rest)
+            )
     valid = response_mask(lengths, responses.shape[1])
     if entropy is None:
         return _masked(_join(first, rest), valid)
@@ -341,11 +372,13 @@ def features_full_head_outputs(
     features: torch.Tensor,
     responses: torch.Tensor,
     lengths: torch.Tensor,
+    packed: bool = True,
 ) -> torch.Tensor:
     """`model.lm_head` outputs [N, R, out] that predict each response token, from one
     forward over [prefix_i, response_i] per row, with the image and video tokens of row i
     taking `features` (rows in order); `batch` has one row per response."""
-    return model.lm_head(features_full_hidden(model, batch, features, responses, lengths))
+    hidden = features_full_hidden(model, batch, features, responses, lengths, packed)
+    return model.lm_head(hidden)
 
 
 def features_full_hidden(
@@ -354,8 +387,10 @@ def features_full_hidden(
     features: torch.Tensor,
     responses: torch.Tensor,
     lengths: torch.Tensor,
+    packed: bool = True,
 ) -> torch.Tensor:
-    """Final hidden states [N, R, H] that predict each response token (see above)."""
+    """Final hidden states [N, R, H] that predict each response token (see above). With
+    `packed`, the layers run the rows' real tokens only (packed_attention.py)."""
     n, width = responses.shape
     if n != batch.size:
         raise ValueError(f"{n} responses for {batch.size} prefix rows")
@@ -363,7 +398,14 @@ def features_full_hidden(
     ids, types, mask, plen = _full_sequences(batch, responses, lengths, 1, pad_id)
     embeds = scatter_visual(embed_tokens(model, ids), types, features)
     positions = rope_index(model, batch, ids, types, mask)
-    hidden = lm_hidden(model, embeds, positions, mask, None)
+    if packed:
+        use_shared_prefix(model)  # its dispatcher routes the PackedCausal mask
+        causal = PackedCausal.of(mask.bool())
+        pack = causal.packing
+        at = pack.pack(positions.permute(1, 2, 0)).permute(2, 0, 1)  # [3, 1, T]
+        hidden = pack.unpack(lm_hidden(model, pack.pack(embeds), at, causal.masks(), None))
+    else:
+        hidden = lm_hidden(model, embeds, positions, mask, None)
     idx = (plen.to(ids.device) - 1)[:, None] + torch.arange(width, device=ids.device)
     idx = idx.clamp(max=ids.shape[1] - 1)
     return hidden.gather(1, idx.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
@@ -377,9 +419,10 @@ def features_full_logprobs(
     lengths: torch.Tensor,
     temperature: float = 1.0,
     entropy: str | None = NO_ENTROPY,
+    packed: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Logprobs [N, R] of `features_full_head_outputs`' logits; 0 past each row's length.
     With `entropy`, (logprobs, entropy [N, R]) from the same logits (head_logprobs)."""
-    hidden = features_full_hidden(model, batch, features, responses, lengths)
+    hidden = features_full_hidden(model, batch, features, responses, lengths, packed)
     out = head_logprobs(model.lm_head, hidden, responses, temperature, entropy)
     return _masked(out, response_mask(lengths, responses.shape[1]))

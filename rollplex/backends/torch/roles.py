@@ -274,20 +274,24 @@ class TorchReference(ReferenceScorer):
     def logprob_response(
         self, prefix: PrefixState, responses: Responses, group_size: int
     ) -> TokenLogprobs:
-        lengths, t = responses.lengths, self.temperature
+        lengths, t, packed = responses.lengths, self.temperature, self.packed_responses
 
         def score(tokens: torch.Tensor) -> torch.Tensor:
-            return response_logprobs(self.model, prefix, tokens, lengths, t, group_size)
+            return response_logprobs(
+                self.model, prefix, tokens, lengths, t, group_size, packed=packed
+            )
 
         with torch.no_grad():  # each prompt's G responses share its prefix K/V (no expand)
             lp = trimmed(score, responses.tokens, lengths)  # to the rows' longest, not the cap
         return masked_logprobs(lp, responses)
 
     def logprob(self, features: Features, text: PromptBatch, responses: Responses) -> TokenLogprobs:
-        lengths, t = responses.lengths, self.temperature
+        lengths, t, packed = responses.lengths, self.temperature, self.packed_responses
 
         def score(tokens: torch.Tensor) -> torch.Tensor:
-            return features_full_logprobs(self.model, text, features.values, tokens, lengths, t)
+            return features_full_logprobs(
+                self.model, text, features.values, tokens, lengths, t, packed=packed
+            )
 
         with torch.no_grad():  # its LM head to the rows' longest response, not the cap
             lp = trimmed(score, responses.tokens, lengths)

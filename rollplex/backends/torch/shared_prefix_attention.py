@@ -3,7 +3,9 @@
 Row b * G + g attends to prompt b's prefix (the G rows' queries folded into one query length,
 so the prefix is read once) and causally to its own response, merged by log-sum-exp (exact).
 FlexAttention on CUDA, matmul + logsumexp on CPU. It reaches transformers as a `SharedPrefix`
-attention mask and a registered dispatcher (`use_shared_prefix`), so checkpoint recompute sees it.
+attention mask and a registered dispatcher (`use_shared_prefix`), so checkpoint recompute
+sees it. Packed response rows (packed_rows.py) are unpacked to the padded layout for
+attention only, and its output packed again.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from rollplex.backends.torch.packed_attention import PackedCausal, packed_causal_attention
+from rollplex.backends.torch.packed_rows import PackedRows
 from rollplex.engine.phases import first_call
 
 SUFFIX = "+shared_prefix"  # the dispatcher's name is the original implementation's + this
@@ -34,6 +38,7 @@ class SharedPrefix:
     response_valid: torch.Tensor  # [N, R] bool: the fed response tokens that are real
     group_size: int  # G rows per prompt: N = B * G
     flex: tuple[Any, Any] | None = None  # CUDA: BlockMasks of part A and part B
+    packed: PackedRows | None = None  # the rows arrive packed [1, T]: response_valid's tokens
 
     @classmethod
     def build(
@@ -43,9 +48,11 @@ class SharedPrefix:
         response_valid: torch.Tensor,
         group_size: int,
         flex: bool | None = None,
+        packed: bool = False,
     ) -> SharedPrefix:
         """`flex`: attend with compiled FlexAttention (default: when the K/V are on CUDA;
-        on CPU flex has neither a backward nor, compiled, an lse)."""
+        on CPU flex has neither a backward nor, compiled, an lse). `packed`: the layers run
+        on `response_valid`'s tokens packed into one sequence (`packing`)."""
         b, n = prefix_valid.shape[0], response_valid.shape[0]
         if n != b * group_size:
             raise ValueError(f"{n} response rows for {b} prompts x group_size={group_size}")
@@ -60,7 +67,8 @@ class SharedPrefix:
         elif flex and not cuda:
             raise ValueError("SharedPrefix flex=True needs CUDA K/V (CPU flex has no lse)")
         masks = _block_masks(prefix_valid, response_valid, group_size) if flex else None
-        return cls(keys, values, prefix_valid, response_valid, group_size, masks)
+        packing = PackedRows.of(response_valid) if packed else None
+        return cls(keys, values, prefix_valid, response_valid, group_size, masks, packing)
 
     def masks(self) -> dict[str, SharedPrefix]:
         """The decoder's `attention_mask` argument, keyed by layer type as transformers'
@@ -148,13 +156,19 @@ def shared_prefix_attention(
     **_: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract: q [N, H, R, D] and the rows' own k/v
-    [N, Hkv, R, D] (no cache) in, [N, R, H, D] out."""
+    [N, Hkv, R, D] (no cache) in, [N, R, H, D] out; packed rows: [1, ., T, D] in and
+    [1, T, H, D] out."""
     if dropout or sliding_window:
         raise ValueError(
             "shared-prefix attention has no dropout or sliding window "
             f"(attention_dropout={dropout}, sliding_window={sliding_window})"
         )
     shared = attention_mask
+    packing = shared.packed
+    if packing is not None:  # [1, H, T, D] -> [N, H, R, D], zeros at the padding
+        query, key, value = (
+            packing.unpack(x.transpose(1, 2)).transpose(1, 2) for x in (query, key, value)
+        )
     n, heads, r, d = query.shape
     g = shared.group_size
     b = n // g
@@ -174,13 +188,16 @@ def shared_prefix_attention(
     lse_a = lse_a.view(b, heads, g, r).transpose(1, 2).reshape(n, heads, r)
     lse = torch.logaddexp(lse_a, lse_b)
     out = out_a * (lse_a - lse).exp().unsqueeze(-1) + out_b * (lse_b - lse).exp().unsqueeze(-1)
-    return out.to(query.dtype).transpose(1, 2).contiguous(), None
+    out = out.to(query.dtype).transpose(1, 2)
+    return (out.contiguous() if packing is None else packing.pack(out)), None
 
 
 def _dispatcher(base: str) -> Callable:
     def attention(module, query, key, value, attention_mask, **kwargs):
         if isinstance(attention_mask, SharedPrefix):
             return shared_prefix_attention(module, query, key, value, attention_mask, **kwargs)
+        if isinstance(attention_mask, PackedCausal):
+            return packed_causal_attention(module, query, key, value, attention_mask, **kwargs)
         eager = sys.modules[type(module).__module__].eager_attention_forward
         inner = ALL_ATTENTION_FUNCTIONS.get(base, eager)
         return inner(module, query, key, value, attention_mask, **kwargs)
@@ -190,7 +207,8 @@ def _dispatcher(base: str) -> Callable:
 
 def use_shared_prefix(model: torch.nn.Module) -> str:
     """Route `model`'s language-model attention through the dispatcher (idempotent): a
-    `SharedPrefix` mask gets `shared_prefix_attention`, any other mask the implementation
+    `SharedPrefix` mask gets `shared_prefix_attention`, a `PackedCausal` one
+    `packed_causal_attention` (packed_attention.py), any other mask the implementation
     the model had, whose mask builder is registered under the new name as well. Returns
     the implementation name now in use."""
     config = model.model.language_model.config

@@ -121,6 +121,7 @@ class TorchTrainer(Trainer):
         the old-logprob forward of PPO mini-batches, before the first update."""
         if self._scorer is None:
             self._scorer = PolicyScorer(self.model, self.algo.temperature)
+        self._scorer.packed_responses = self.packed_responses
         return self._scorer
 
     def ride_rows(self, features: Features, text: PromptBatch) -> RiderRows:
@@ -180,12 +181,17 @@ class TorchTrainer(Trainer):
         kept: torch.Tensor | None,
     ) -> tuple[TokenLogprobs, SavedActivations]:
         ent, t = entropy_mode(self.algo.entropy_coeff), self.algo.temperature
+        packed = self.packed_responses
 
         def score(state: PrefixState, tokens, lengths, rows: slice):
             if kept is None:
-                return response_logprobs(self.model, state, tokens, lengths, t, entropy=ent)
+                return response_logprobs(
+                    self.model, state, tokens, lengths, t, entropy=ent, packed=packed
+                )
             mine = kept[:, rows]
-            return decoded_response_logprobs(self.model, state, tokens, lengths, mine, t, ent)
+            return decoded_response_logprobs(
+                self.model, state, tokens, lengths, mine, t, ent, packed
+            )
 
         return response_micro_batches(
             self.model,
@@ -207,8 +213,8 @@ class TorchTrainer(Trainer):
         ent = entropy_mode(self.algo.entropy_coeff)
 
         def score(text, visual, tokens, lengths, _rows: slice):
-            t = self.algo.temperature
-            return features_full_logprobs(self.model, text, visual, tokens, lengths, t, ent)
+            t, packed = self.algo.temperature, self.packed_responses
+            return features_full_logprobs(self.model, text, visual, tokens, lengths, t, ent, packed)
 
         return sample_micro_batches(
             self.model,

@@ -5,7 +5,8 @@ the longest response of the rows the pricing puts together; the no-grad response
 (reference, old-policy scorer, critic) run the step's longest response, not the cap; verl's
 no-grad full forward runs its prefix and its rows' longest response through the decoder, and
 its head to the longest response. The pricing's expected longest is replaced by the actual
-longest of those rows here."""
+longest of those rows here. Inside those calls the layers run packed rows by default
+(schedule.pack_responses; test_packed_rows.py): priced at each row's own tokens."""
 
 from __future__ import annotations
 
@@ -106,17 +107,24 @@ def test_no_grad_response_part_runs_the_steps_longest(spec, batch, monkeypatch, 
     assert widths[0] < CAP
 
 
-def test_reference_full_forward_runs_prefix_and_its_rows_longest(spec, batch, monkeypatch):
+@pytest.mark.parametrize("packed", [False, True])
+def test_reference_full_forward_runs_prefix_and_its_rows_longest(spec, batch, monkeypatch, packed):
     """Through the decoder: prefix + response per row, padded to the longest such row, which
-    is at most the longest prefix + the longest response (the pricing's, prefixes equal)."""
+    is at most the longest prefix + the longest response (the pricing's, prefixes equal);
+    packed (schedule.pack_responses), one sequence of the rows' real tokens only."""
     ref = TorchReference(build_model(spec, seed=0))
+    ref.packed_responses = packed
     widths: list[int] = []
     _recording(monkeypatch, logprob_module, "lm_hidden", 1, widths)  # (model, embeds, ...)
     feats = ref.vision_encode(Pixels.of(batch))
     text = batch.text_only()
     ref.logprob(feats.repeat(G), text.repeat(G), _responses(spec))
     prefixes = batch.lengths.repeat_interleave(G)
-    assert widths == [int((prefixes + torch.tensor(LENGTHS)).max())]
+    totals = prefixes + torch.tensor(LENGTHS)
+    if packed:
+        assert widths == [int(totals.sum())]
+        return
+    assert widths == [int(totals.max())]
     assert widths[0] <= int(prefixes.max()) + max(LENGTHS)
     assert widths[0] - int(prefixes.max()) < CAP
 
