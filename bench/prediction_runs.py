@@ -126,6 +126,7 @@ def spec_of(run: RecordedRun) -> RunSpec:
     schedule = cfg["schedule"]
     schedule.setdefault("prefill_once", False)
     schedule.setdefault("decode_once", False)
+    schedule.setdefault("pack_responses", False)  # runs before packing scored padded rows
     return RunSpec.model_validate(cfg)
 
 

@@ -30,6 +30,10 @@ class CostContext:
     # forwards with grad and their backward run in these, each padded to its own longest
     # response, so rows run together (and the width they pay for) follow from it
     micro_batches: int = 1
+    # the response forwards (reference, trainer, critic, verl's full per-sample one) run on
+    # the rows' real tokens packed (schedule.pack_responses): they pay each row's own
+    # tokens, not the padded width (response_width.py)
+    packed_responses: bool = True
     # the share of the op's rows one of its runs holds (a micro-batch's: planner/layout.py),
     # which caps what the LM head's chunks hold against the op's rows (formulas/head.py)
     run_share: float = 1.0

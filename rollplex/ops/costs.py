@@ -77,9 +77,16 @@ def prefix_flops(graph: Graph, op: Op, ctx: CostContext) -> float:
     return 0.0
 
 
+# forwards whose response tokens run packed (schedule.pack_responses), verl's full one too
+PACKED_FORWARDS = ("logprob_response", "attach_response", "logprob")
+
+
 def _trained_tokens(ctx: CostContext, fwd: Op, ins: dict[str, Value]) -> int:
     """Columns per row of a forward with grad (`fwd`'s inputs `ins`), run in the trainer's
-    micro-batches: of whole prompts' groups (response part) or of samples (full)."""
+    micro-batches: of whole prompts' groups (response part) or of samples (full); a
+    packed response part pays each row's own tokens."""
+    if ctx.packed_responses and fwd.kind in PACKED_FORWARDS:
+        return W.mean_width(ctx.workload.response_length)
     units, per_unit = trained_units(ins, ctx.dp)
     return W.trimmed_width(ctx.workload.response_length, units, ctx.micro_batches, per_unit)
 
@@ -90,6 +97,8 @@ def _scored_tokens(ctx: CostContext, op: Op, ins: dict[str, Value], part: str) -
     if "saved" in op.outputs:
         return _trained_tokens(ctx, op, ins)
     lengths = ctx.workload.response_length
+    if ctx.packed_responses and part in ("response", "full"):
+        return W.mean_width(lengths)
     return W.longest_width(lengths, ctx.per_rank(ins["responses"].shape[0]))
 
 

@@ -1,7 +1,11 @@
 """Response columns per row that a scoring op runs: the width the runtime pads its rows to.
 
-The torch backend (and FSDP2's trainer, which wraps it) scores responses on [rows, width]
-tensors right-padded to a common width, and pays for every column:
+With schedule.pack_responses (the default), every scorer below runs on the rows' real
+tokens packed (backends/torch/packed_rows.py, packed_attention.py) and pays each row's own
+response tokens (`mean_width`, costs.py); attention alone still runs the padded layout, a
+small share of the FLOPs. Without it, the torch backend (and FSDP2's trainer, which wraps
+it) scores responses on [rows, width] tensors right-padded to a common width, and pays for
+every column:
 - a forward with grad (the trainer's, the critic's in training) runs in the step's training
   micro-batches, each on the columns up to its own rows' longest response
   (backends/torch/trim.py `trimmed`, from micro.py); its backward, and its forward run again
@@ -13,7 +17,7 @@ tensors right-padded to a common width, and pays for every column:
   rows through the decoder (logprob.py `_full_sequences`), its LM head the longest response
   (`trimmed`): `longest_width` of its rows;
 - the losses and GAE run elementwise over [rows, cap]; a rule-based reward reads each
-  row's own tokens (the mean). No scoring path packs rows without padding.
+  row's own tokens (the mean).
 
 The expected longest of n rows is `ResponseLengthSpec.expected_max(n)` (the n/(n+1)
 quantile, as the decode prices the step's longest), never below the mean: one row's

@@ -96,6 +96,7 @@ def plan_graph(
     plan.meta["op_micro_batches"] = op_micro_counts(plan, ctx)
     plan.meta["train_micro_recompute"] = schedule.train_micro_recompute
     plan.meta["train_micro_fused"] = schedule.train_micro_fused
+    plan.meta["pack_responses"] = schedule.pack_responses
     renumber_in_issue_order(plan)
     if enforce_budget:
         check_budget(plan)

@@ -76,12 +76,19 @@ class OpTimer:
     colocated: bool = True  # False: the roles run on two pools (disaggregated)
     micro_recompute: bool = False  # schedule.train_micro_recompute
     micro_fused: bool = False  # schedule.train_micro_fused
+    packed_responses: bool = True  # schedule.pack_responses
 
     def context(self, op: Op, chunks: int = 1) -> CostContext:
         """Chunks split a rank's rows further, like more data-parallel ranks would."""
         if op.phase is Phase.ROLLOUT:
             r = self.rollout
-            return CostContext(self.model, self.workload, tp=r.tp, dp=r.dp * chunks)
+            return CostContext(
+                self.model,
+                self.workload,
+                tp=r.tp,
+                dp=r.dp * chunks,
+                packed_responses=self.packed_responses,
+            )
         t = self.train
         return CostContext(
             self.model,
@@ -92,6 +99,7 @@ class OpTimer:
             recompute_forward=self.micro_recompute,
             fused_forward=self.micro_fused,
             micro_batches=self._train_micro_batches(),
+            packed_responses=self.packed_responses,
         )
 
     def _train_micro_batches(self) -> int:

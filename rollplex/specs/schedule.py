@@ -56,6 +56,14 @@ class ScheduleSpec(Spec):
         "those across the gap to the backward) fits and is faster. false: always run the "
         "separate training response forward.",
     )
+    pack_responses: bool = Field(
+        True,
+        description="Run the response forwards (reference, trainer, critic) on the rows' "
+        "real tokens packed into one sequence, as verl's use_remove_padding does "
+        "(backends/torch/packed_rows.py): the same values, without the GEMMs over padding. "
+        "verl's per-sample full forward (dedup=false) runs packed too. false: each row "
+        "padded to its micro-batch's longest (the path before 2026-12-06, an ablation).",
+    )
     early_backward: bool = Field(
         False,
         description="Opt in to the early backward of finished rows (issue 31.3; its math "

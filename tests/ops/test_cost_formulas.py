@@ -150,10 +150,10 @@ def test_logprob_with_grad_keeps_activations():
     assert plain.persistent_bytes < ckpt.persistent_bytes < full_acts.persistent_bytes
     kept = ckpt.persistent_bytes - plain.persistent_bytes
     # Checkpointed, as the trainer runs it: the layers' inputs, the final norm's, the head's
-    # inputs (the head is recomputed in the backward, so no logits), the token ids, and the
-    # fused head's float32 log-sum-exp of each scored token.
+    # inputs (the head is recomputed in the backward, so no logits), the token ids, the
+    # packing's index, and the fused head's float32 log-sum-exp of each scored token.
     h = M7.hidden_size
-    per_token = F.activation_bytes_per_token(M7, True) + 2 * h + 9
+    per_token = F.activation_bytes_per_token(M7, True) + 2 * h + 9 + 8
     assert kept == pytest.approx(S * ((P + R) * per_token + R * 2 * h + R * 4))
     assert kept == F.saved_activation_bytes(M7, S, P, R, "full")
     # Without checkpointing the fp32 log-softmax of the logit rows is kept too.

@@ -1,8 +1,10 @@
-"""Scoring ops are priced at the width the runtime pads their rows to (ops/response_width.py):
-a forward with grad, and its backward, at the expected longest response of one
-micro-batch's rows (whole prompts' groups, or samples); a no-grad forward at the expected
-longest of its rows. On a grid of length distributions x rows x micro-batches: a fixed length
-prices the mean exactly, and more rows run together never price fewer tokens."""
+"""Scoring ops are priced at the width the runtime runs their rows at (ops/response_width.py).
+Padded (schedule.pack_responses=false): a forward with grad, and its backward, at the
+expected longest response of one micro-batch's rows (whole prompts' groups, or samples); a
+no-grad forward at the expected longest of its rows. On a grid of length distributions x
+rows x micro-batches: a fixed length prices the mean exactly, and more rows run together
+never price fewer tokens. Packed (the default): every scorer at each row's own tokens, the
+mean, whatever the rows and micro-batches, never above the padded price."""
 
 from __future__ import annotations
 
@@ -62,7 +64,7 @@ GRID = list(itertools.product(LENGTHS, ROWS, MICRO))
 @pytest.mark.parametrize(("lengths", "rows", "micro"), GRID)
 def test_training_forward_and_backward_priced_at_a_micro_batch_longest(lengths, rows, micro, dedup):
     g, w = _graph(lengths, rows, dedup)
-    ctx = CostContext(MODEL, w, micro_batches=micro)
+    ctx = CostContext(MODEL, w, packed_responses=False, micro_batches=micro)
     fwd = g.ops["train.logprob_response" if dedup else "train.logprob"]
     ins = g.inputs_of(fwd)
     width = _expected_width(w.response_length, _together(rows, micro, dedup))
@@ -88,7 +90,11 @@ def test_more_rows_together_never_price_fewer_tokens(lengths):
     per_row = []
     for rows, micro in [(1, 1), (8, 4), (8, 1), (32, 4), (32, 2), (32, 1)]:
         g, w = _graph(lengths, rows, dedup=False)
-        cost = op_cost(g, g.ops["train.logprob"], CostContext(MODEL, w, micro_batches=micro))
+        cost = op_cost(
+            g,
+            g.ops["train.logprob"],
+            CostContext(MODEL, w, packed_responses=False, micro_batches=micro),
+        )
         per_row.append(cost.flops / rows)
     assert per_row == sorted(per_row)
     spec = LENGTHS[lengths]
@@ -118,7 +124,9 @@ def test_no_grad_response_part_priced_at_its_rows_longest(lengths, rows, dp):
     if w.response_length.distribution == "fixed" or per_rank == 1:
         assert width == round(w.response_length.mean)
     for micro in MICRO:  # the trainer's micro-batches do not reach it
-        cost = op_cost(g, op, CostContext(MODEL, w, dp=dp, micro_batches=micro))
+        cost = op_cost(
+            g, op, CostContext(MODEL, w, packed_responses=False, dp=dp, micro_batches=micro)
+        )
         n, prefix = per_rank, ins["kv"].shape[3]
         assert cost == F.logprob(MODEL, n, prefix, width, "response")
         at_cap = F.logprob(MODEL, n, prefix, cap, "response").flops
@@ -148,7 +156,7 @@ def test_every_no_grad_scorer_priced_at_its_rows_longest(dedup):
         else:
             prefix, part = ins["features"].shape[1] + ins["text"].shape[1], "full"
         want = F.logprob(MODEL, rows, prefix, width, part)
-        assert op_cost(g, op, CostContext(MODEL, w)) == want, op.name
+        assert op_cost(g, op, CostContext(MODEL, w, packed_responses=False)) == want, op.name
 
 
 @pytest.mark.parametrize(("lengths", "rows"), list(itertools.product(LENGTHS, ROWS)))
@@ -159,15 +167,47 @@ def test_no_grad_full_forward_priced_at_its_rows_longest(lengths, rows):
     ins = g.inputs_of(op)
     prefix = ins["features"].shape[1] + ins["text"].shape[1]
     width = _expected_width(w.response_length, rows)
-    assert op_cost(g, op, CostContext(MODEL, w)) == F.logprob(MODEL, rows, prefix, width, "full")
+    assert op_cost(g, op, CostContext(MODEL, w, packed_responses=False)) == F.logprob(
+        MODEL, rows, prefix, width, "full"
+    )
 
 
 def test_micro_batches_split_over_ranks_first():
     """With dp ranks each runs its own rows' micro-batches: 32 samples on 4 ranks in 2
     micro-batches run 4 rows together, as 8 samples on one rank in 2 do."""
     g, w = _graph("lognormal", 32, dedup=False)
-    ranks = op_cost(g, g.ops["train.logprob"], CostContext(MODEL, w, dp=4, micro_batches=2))
+    ranks = op_cost(
+        g,
+        g.ops["train.logprob"],
+        CostContext(MODEL, w, packed_responses=False, dp=4, micro_batches=2),
+    )
     ins = g.inputs_of(g.ops["train.logprob"])
     prefix = ins["features"].shape[1] + ins["text"].shape[1]
     width = _expected_width(w.response_length, 4)
     assert ranks == F.logprob(MODEL, 8, prefix, width, "full", grad=True)
+
+
+@pytest.mark.parametrize("dedup", [True, False], ids=["prefix_shared", "per_sample"])
+@pytest.mark.parametrize(("lengths", "rows", "micro"), GRID)
+def test_packed_scorers_priced_at_each_rows_own_tokens(lengths, rows, micro, dedup):
+    g, w = _graph(lengths, rows, dedup)
+    mean = max(1, round(w.response_length.mean))
+    packed = CostContext(MODEL, w, micro_batches=micro)
+    padded = CostContext(MODEL, w, packed_responses=False, micro_batches=micro)
+    scorers = [op for op in g.ops.values() if op.kind in ("logprob_response", "logprob")]
+    assert scorers and any("saved" in op.outputs for op in scorers)
+    for op in [*scorers, g.ops["train.backward"]]:
+        if op.kind == "backward":
+            fwd = g.ops["train.logprob_response" if dedup else "train.logprob"]
+            ins, grad = g.inputs_of(fwd), None
+        else:
+            ins, grad = g.inputs_of(op), "saved" in op.outputs
+        n = ins["responses"].shape[0]
+        if dedup:
+            prefix, part = ins["kv"].shape[3], "response"
+        else:
+            prefix, part = ins["features"].shape[1] + ins["text"].shape[1], "full"
+        got = op_cost(g, op, packed)
+        if grad is not None:
+            assert got == F.logprob(MODEL, n, prefix, mean, part, grad=grad), op.name
+        assert got.flops <= op_cost(g, op, padded).flops, op.name

@@ -91,10 +91,12 @@ class SavedRun:
 _RUNS: dict[tuple, SavedRun] = {}
 
 
-def _ran_formula(model, op, inputs: dict, outputs: dict) -> float:
+def _ran_formula(model, op, inputs: dict, outputs: dict, packed: bool) -> float:
     """`saved_activation_bytes` at the widths the op ran: the prefix runs whole over the
-    prompts' padded ids; responses at their padded width; verl's per-sample forward per
-    micro-batch over its longest prompt plus the padded response width."""
+    prompts' padded ids; responses at their padded width (every row at the cap here, so
+    packed or not); verl's per-sample forward per micro-batch over its longest prompt plus
+    the padded response width, or packed (schedule.pack_responses) its rows' own prompt +
+    response tokens through the decoder, the head still at the padded response width."""
     part = SAVED_PARTS[op.kind]
     if part == "prefix":
         ids = inputs["text"].input_ids
@@ -102,11 +104,14 @@ def _ran_formula(model, op, inputs: dict, outputs: dict) -> float:
     rows, width = inputs["responses"].tokens.shape
     if part == "response":
         return saved_activation_bytes(model, rows, 0, width, part)
-    prompts = inputs["text"].lengths
-    return sum(
-        saved_activation_bytes(model, hi - lo, int(prompts[lo:hi].max()), width, part)
-        for lo, hi in outputs["logprobs"].micro.rows
-    )
+    prompts, lengths = inputs["text"].lengths, inputs["responses"].lengths
+    total = 0.0
+    for lo, hi in outputs["logprobs"].micro.rows:
+        prefix = int(prompts[lo:hi].max())
+        if packed:  # the formula is linear in the decoder's tokens: their mean per row
+            prefix = float((prompts[lo:hi] + lengths[lo:hi]).sum()) / (hi - lo) - width
+        total += saved_activation_bytes(model, hi - lo, prefix, width, part)
+    return total
 
 
 def run_saved(schedule: ScheduleSpec, micro_tokens: int, model=MODEL) -> SavedRun:
@@ -134,7 +139,9 @@ def run_saved(schedule: ScheduleSpec, micro_tokens: int, model=MODEL) -> SavedRu
             # the executor stores an op's inputs before its outputs: first holder wins
             env = Env(device={**{f"in.{p}": v for p, v in inputs.items()}, **out.outputs})
             held.measured[name] = env.attribution()["saved"]
-            held.formula[name] = _ran_formula(model, op, inputs, out.outputs)
+            held.formula[name] = _ran_formula(
+                model, op, inputs, out.outputs, schedule.pack_responses
+            )
             if rides.get(op.name):
                 ids = inputs["text"].input_ids
                 per_token = model.num_layers * model.hidden_size * model.dtype_bytes

@@ -258,6 +258,9 @@ def activation_bytes_per_token(model: ModelSpec, checkpointing: bool, tp: int = 
 
 TOKEN_ID_BYTES = 8  # int64 ids, which the embedding keeps for its backward
 MASK_BYTES = 1  # bool: where visual features go into the embeddings; the valid response tokens
+# int64: where each packed token lies in the padded rows (backends/torch/packed_rows.py),
+# kept for the backward of packing and unpacking (schedule.pack_responses)
+PACK_INDEX_BYTES = 8
 
 
 def saved_tokens(
@@ -293,7 +296,8 @@ def saved_activation_bytes(
     Per position through the decoder (`saved_tokens`): each layer's input and the final
     norm's (`activation_bytes_per_token`); the norm's output, which the head reads, where
     the head reads every position (response: the head's checkpoint input; full: the
-    gather's input); prefix and full: the token ids and the visual-token mask. Per row
+    gather's input); prefix and full: the token ids and the visual-token mask; response and
+    full: the packing's index (rows packed; a few bytes over when padded). Per row
     besides: full's gathered head inputs, prefix's last row; response: token 0's fp32
     logits (the prefix's last, one row per sample) and logsumexp, and the padding mask;
     full and response: the head's float32 log-sum-exp of every token it scores.
@@ -307,6 +311,8 @@ def saved_activation_bytes(
         per_token += h * b  # the normed output, read by the head
     if part != "response":
         per_token += TOKEN_ID_BYTES + MASK_BYTES
+    if part != "prefix":
+        per_token += PACK_INDEX_BYTES
     per_row = head_rows * h * b
     # the fused head's log-sum-exp of each token it scores (backends/torch/fused_head.py)
     per_row += FP32 * {"full": response_tokens, "response": max(0, response_tokens - 1)}.get(

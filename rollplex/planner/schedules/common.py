@@ -67,6 +67,7 @@ class PlanningContext:
                 colocated=colocated,
                 micro_recompute=self.schedule.train_micro_recompute,
                 micro_fused=self.schedule.train_micro_fused,
+                packed_responses=self.schedule.pack_responses,
             )
         )
 
