@@ -9,6 +9,8 @@ Schedules (all colocated on one GPU, the torch rollout with the decode engine):
 - rollplex:     schedule=rollplex (prefix work moved into the decode window);
 - rollplex_streams, rollplex_piggyback (not run by default): ablations with every eligible
                 prefix op on a second stream, or riding the decode's steps;
+- rollplex_padded (not run by default): the response forwards on rows padded to their
+                longest, as before schedule.pack_responses;
 - serial_dedup_forward (not run by default): serial + dedup with schedule.prefill_once=false,
                 its own training prefix forward (serial_dedup and rollplex reuse the
                 rollout's prefill where the planner takes it: `decisions`).
@@ -68,6 +70,8 @@ SCHEDULES = {
     # eligible chunk riding a decode step's GEMMs (rollplex/engine/riders.py)
     "rollplex_streams": ["schedule=rollplex", "schedule.overlap=streams"],
     "rollplex_piggyback": ["schedule=rollplex", "schedule.overlap=piggyback"],
+    # ablation: the response forwards on padded rows (before schedule.pack_responses)
+    "rollplex_padded": ["schedule=rollplex", "schedule.pack_responses=false"],
     # serial + dedup before issue 31: its own training prefix and response forwards (the
     # planner otherwise takes them from the rollout's prefill and decode where predicted faster)
     "serial_dedup_forward": [
