@@ -33,21 +33,16 @@ import statistics
 import sys
 import time
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_decode import image_prompt
-from gpu_shared_prefix import measured
+from gpu_shared_prefix import measured, random_llm, train_step
 
-from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.logprob import response_logprobs, response_mask
-from rollplex.backends.torch.micro import response_micro_batches
-from rollplex.backends.torch.micro_loss import backward_micro_batches
-from rollplex.backends.torch.model import build_model
-from rollplex.backends.torch.values import Responses, SavedActivations
-from rollplex.data.prompts import collate_prompts
+from rollplex.backends.torch.values import Responses
 from rollplex.engine.prefix import prefix_forward
 from rollplex.specs import MODEL_PRESETS
 
@@ -58,26 +53,6 @@ def score(model, batch, feats, responses: Responses, packed: bool) -> torch.Tens
     with torch.no_grad():
         prefix = prefix_forward(model, batch, feats, grad=False)
         return response_logprobs(model, prefix, responses.tokens, responses.lengths, packed=packed)
-
-
-def train(model, batch, feats, responses: Responses, g: int, micro: int, packed: bool):
-    """Checkpointed prefix forward, micro-batched response forward, backward."""
-    model.zero_grad(set_to_none=True)
-    saved = SavedActivations()
-    with checkpointed_layers(model, saved):
-        prefix = prefix_forward(model, batch, feats, grad=True)
-
-        def run(state, tokens, lengths, _rows):
-            return response_logprobs(model, state, tokens, lengths, packed=packed)
-
-        out, _ = response_micro_batches(model, prefix, responses, g, micro, run)
-    w = torch.linspace(-1, 1, out.values.numel(), device=out.values.device).view_as(out.values)
-    terms = [
-        (lp * w[lo:hi]).sum()
-        for (lo, hi), lp in zip(out.micro.rows, out.micro.logprobs, strict=True)
-    ]
-    backward_micro_batches(terms, out.micro)
-    return out.values
 
 
 def sampled_grads(model) -> list[torch.Tensor]:
@@ -116,21 +91,9 @@ def main() -> None:
     args = ap.parse_args()
     dev = torch.device(args.device)
     start = time.perf_counter()
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     spec = MODEL_PRESETS[args.shape]
-    with dev:
-        model = build_model(spec, seed=0, dtype=dtype).to(dev)
-    for p in model.model.visual.parameters():
-        p.requires_grad_(False)  # the tower is not run: random features stand in
-    gen = torch.Generator().manual_seed(0)
-    batch = collate_prompts(
-        [image_prompt(spec, args.prompt, gen) for _ in range(args.prompts)],
-        spec.special_tokens.pad_token_id,
-    ).to(dev)
-    batch = batch.text_only()
-    visual = int((batch.mm_token_type_ids != 0).sum())
-    hidden = model.config.text_config.hidden_size
-    feats = torch.randn(visual, hidden, generator=gen).to(dev, dtype)
+    model, batch, feats, gen = random_llm(spec, args.prompts, args.prompt, dev)
+    dtype = model.dtype
     n, g = args.prompts * args.group, args.group
     lengths = lognormal_lengths(n, args.mean_length, args.sigma, args.max_length, gen)
     width = int(lengths.max())
@@ -140,8 +103,8 @@ def main() -> None:
 
     ops = {
         "score (no grad)": lambda packed: score(model, batch, feats, responses, packed),
-        f"train fwd+bwd (micro {args.micro})": lambda packed: train(
-            model, batch, feats, responses, g, args.micro, packed
+        f"train fwd+bwd (micro {args.micro})": lambda packed: train_step(
+            model, batch, feats, responses, g, args.micro, partial(response_logprobs, packed=packed)
         ),
     }
     times: dict[str, dict[str, list[float]]] = {op: {p: [] for p in PATHS} for op in ops}

@@ -136,16 +136,17 @@ def measured(fn, dev: torch.device, repeats: int) -> tuple[object, float, float]
     return out, statistics.median(times), peak
 
 
-def train_step(model, batch, feats, responses: Responses, g: int, micro: int, path: str):
-    """Checkpointed prefix forward, micro-batched response forward, backward; the LLM's
-    gradients (left in .grad) and the logprobs."""
+def train_step(model, batch, feats, responses: Responses, g: int, micro: int, logprobs):
+    """Checkpointed prefix forward, micro-batched response forward (`logprobs(model, state,
+    tokens, lengths)`, one of PATHS), backward; the LLM's gradients (left in .grad) and the
+    logprobs."""
     model.zero_grad(set_to_none=True)
     saved = SavedActivations()
     with checkpointed_layers(model, saved):
         prefix = prefix_forward(model, batch, feats, grad=True)
 
     def score(state, tokens, lengths, _rows):
-        return PATHS[path](model, state, tokens, lengths)
+        return logprobs(model, state, tokens, lengths)
 
     out, _ = response_micro_batches(model, prefix, responses, g, micro, score)
     w = torch.linspace(-1, 1, out.values.numel(), device=out.values.device)
@@ -156,6 +157,27 @@ def train_step(model, batch, feats, responses: Responses, g: int, micro: int, pa
     ]
     backward_micro_batches(terms, out.micro)
     return out.values
+
+
+def random_llm(spec, prompts: int, prompt_tokens: int, dev: torch.device):
+    """A random-weight model of `spec` (bf16 on CUDA, its vision tower frozen and not run),
+    `prompts` image prompts of about `prompt_tokens` tokens, random visual features in
+    place of the tower's, and the generator that drew them (for the responses)."""
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    with dev:
+        model = build_model(spec, seed=0, dtype=dtype).to(dev)
+    for p in model.model.visual.parameters():
+        p.requires_grad_(False)  # the tower is not run: random features stand in
+    gen = torch.Generator().manual_seed(0)
+    batch = collate_prompts(
+        [image_prompt(spec, prompt_tokens, gen) for _ in range(prompts)],
+        spec.special_tokens.pad_token_id,
+    ).to(dev)
+    batch = batch.text_only()
+    visual = int((batch.mm_token_type_ids != 0).sum())
+    hidden = model.config.text_config.hidden_size
+    feats = torch.randn(visual, hidden, generator=gen).to(dev, dtype)
+    return model, batch, feats, gen
 
 
 def main() -> None:
@@ -178,21 +200,9 @@ def main() -> None:
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     start = time.perf_counter()
     deadline = start + args.budget_s
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     spec = MODEL_PRESETS[args.shape]
-    with dev:
-        model = build_model(spec, seed=0, dtype=dtype).to(dev)
-    for p in model.model.visual.parameters():
-        p.requires_grad_(False)  # the tower is not run: random features stand in
-    text = model.config.text_config
-    gen = torch.Generator().manual_seed(0)
-    batch = collate_prompts(
-        [image_prompt(spec, args.prompt, gen) for _ in range(args.prompts)],
-        spec.special_tokens.pad_token_id,
-    ).to(dev)
-    batch = batch.text_only()
-    visual = int((batch.mm_token_type_ids != 0).sum())
-    feats = torch.randn(visual, text.hidden_size, generator=gen).to(dev, dtype)
+    model, batch, feats, gen = random_llm(spec, args.prompts, args.prompt, dev)
+    dtype, text = model.dtype, model.config.text_config
     n, r = args.prompts * args.group, args.max_length
     tokens = torch.randint(10, min(spec.vocab_size, 150000), (n, r), generator=gen)
     lengths = torch.randint(max(1, r // 4), r + 1, (n,), generator=gen)
@@ -238,7 +248,7 @@ def main() -> None:
                 continue
 
             def run(path=path, micro=micro):
-                return train_step(model, batch, feats, responses, g, micro, path)
+                return train_step(model, batch, feats, responses, g, micro, PATHS[path])
 
             try:
                 _, row["s"], row["peak"] = measured(run, dev, args.repeats)
