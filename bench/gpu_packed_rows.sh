@@ -9,5 +9,6 @@ source bench/gpu_wheels.sh
 OUT=${OUT:-bench/results/gpu_packed_rows}
 mkdir -p "$OUT"
 $PY bench/gpu_packed_rows.py --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu_packed_rows.log" | quiet 14
-$PY -m pytest -q -p no:cacheprovider tests/backends/torch/test_shared_prefix_cuda.py \
+$PY -m pytest -q -p no:cacheprovider tests/backends/torch/test_packed_rows_cuda.py \
+  tests/backends/torch/test_shared_prefix_cuda.py \
   tests/backends/torch/test_decode_once_cuda.py 2>&1 | tee "$OUT/cuda_tests.log" | quiet 6

@@ -58,7 +58,7 @@ def _run(trainer, batch, feats, responses, kept, packed: bool):
         else:
             layers = kept.layers()
             lp, ent = decoded_response_logprobs(*args, layers, 1.0, ENTROPY_GRAD, packed=packed)
-        adv = torch.linspace(-1.0, 1.0, lp.shape[0])[:, None]
+        adv = torch.linspace(-1.0, 1.0, lp.shape[0], device=lp.device)[:, None]
         (-(lp * adv).sum() - 0.01 * ent.sum()).backward()  # through the replay's recompute too
     finally:
         for h in hooks:
@@ -109,31 +109,34 @@ def test_the_critic_head_reads_packed_hidden_states_as_padded(spec, renderer):  
     torch.testing.assert_close(want[real], lp[:, 1:][real], **TOL)
 
 
+def _full(trainer, batch, feats, responses, packed: bool):
+    """verl's per-sample forward ([prefix_i ; response_i] per row) in the trainer's sample
+    micro-batches, its clipped loss and backward: (logprobs, {param: grad}, MLP calls)."""
+    trainer.packed_responses = packed
+    trainer.model.zero_grad(set_to_none=True)
+    seen, hooks = _layer_tokens(trainer.model)
+    try:
+        lp, _ = trainer.logprob(feats.repeat(G), batch.text_only().repeat(G), responses)
+        adv = torch.linspace(-1.0, 1.0, lp.values.shape[0], device=lp.values.device)
+        old = TokenLogprobs(lp.values.detach() - 0.05, lp.mask)  # the clip acts
+        trainer.backward(trainer.loss(lp, old, adv, None, 0.2, 0.0))
+    finally:
+        for h in hooks:
+            h.remove()
+    named = trainer.model.named_parameters()
+    grads = {n: p.grad.clone() for n, p in named if p.grad is not None}
+    return lp.values.detach(), grads, seen
+
+
 @pytest.mark.parametrize("micro", [1, 2])
 def test_the_packed_full_forward_trains_as_the_padded_one(spec, renderer, micro):  # noqa: F811
-    """verl's per-sample forward ([prefix_i ; response_i] per row) in the trainer's sample
-    micro-batches: packed gives the padded logprobs and gradients."""
+    """verl's per-sample forward in 1 or 2 sample micro-batches: packed gives the padded
+    logprobs and gradients, and its layers see one sequence of real tokens."""
     batch, trainer, feats = _setup(spec, renderer, "mixed")
     responses, _ = _decode(trainer, batch, feats, keep=False)
     trainer.micro_batches = micro
-    runs = []
-    for packed in (True, False):
-        trainer.packed_responses = packed
-        trainer.model.zero_grad(set_to_none=True)
-        seen, hooks = _layer_tokens(trainer.model)
-        try:
-            lp, _ = trainer.logprob(feats.repeat(G), batch.text_only().repeat(G), responses)
-            adv = torch.linspace(-1.0, 1.0, lp.values.shape[0])
-            old = TokenLogprobs(lp.values.detach() - 0.05, lp.mask)  # the clip acts
-            trainer.backward(trainer.loss(lp, old, adv, None, 0.2, 0.0))
-        finally:
-            for h in hooks:
-                h.remove()
-        grads = {
-            n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None
-        }
-        runs.append((lp.values.detach(), grads, seen))
-    (packed_lp, packed_grads, packed_seen), (padded_lp, padded_grads, padded_seen) = runs
+    packed_lp, packed_grads, packed_seen = _full(trainer, batch, feats, responses, True)
+    padded_lp, padded_grads, padded_seen = _full(trainer, batch, feats, responses, False)
     torch.testing.assert_close(packed_lp, padded_lp, **TOL)
     assert packed_grads.keys() == padded_grads.keys()
     for n, g in padded_grads.items():
