@@ -9,11 +9,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.decoded_response import decoded_response_logprobs
 from rollplex.backends.torch.logprob import ENTROPY_GRAD, response_head_outputs, response_logprobs
 from rollplex.backends.torch.packed_rows import PackedRows
 from rollplex.backends.torch.values import TokenLogprobs
 from rollplex.engine.prefix import prefix_forward
+from rollplex.jobs.pipeline import plan_step
+from rollplex.runtime import Executor
+from rollplex.runtime.compose import compose
+from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
 from tests.backends.torch.test_decode_once import _decode
 from tests.backends.torch.test_riders import G, _setup
 from tests.backends.torch.test_video import renderer  # noqa: F401
@@ -145,3 +150,23 @@ def test_the_packed_full_forward_trains_as_the_padded_one(spec, renderer, micro)
     assert all(rows == 1 for rows, _ in packed_seen)
     assert all(rows > 1 for rows, _ in padded_seen)
     assert sum(t for _, t in packed_seen) < sum(r * t for r, t in padded_seen)
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_the_executor_applies_the_plans_packing_to_every_scorer(pack):
+    """schedule.pack_responses reaches the roles through the plan (Plan.meta), the padded
+    ablation included: the trainer, its old-policy scorer and the reference."""
+    model, algo = MODEL_PRESETS["tiny"], AlgoSpec()
+    planned = plan_step(
+        model,
+        WORKLOAD_PRESETS["tiny"],
+        algo,
+        HARDWARE_PRESETS["cpu"],
+        ScheduleSpec(name="serial", pack_responses=pack),
+    )
+    assert planned.plan.meta["pack_responses"] is pack
+    backend = compose(StepConfig(model, algo, seed=0, max_new_tokens=4))
+    Executor(planned.plan, planned.graph, backend)
+    assert backend.reference is not None
+    for role in (backend.trainer, backend.trainer.scorer(), backend.reference):
+        assert role.packed_responses is pack, type(role).__name__
