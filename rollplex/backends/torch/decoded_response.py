@@ -80,11 +80,10 @@ def replayed_response_hidden(
     )
     steps = torch.arange(width - 1, device=state.lengths.device)
     pos = state.next_positions.repeat_interleave(g)[:, None] + steps
-    h = embed_tokens(model, responses[:, :-1])
-    fed = h if packing is None else packing.pack(h)
-    with torch.no_grad():  # no parameters: the rotary of text positions
-        at = pos if packing is None else packing.pack(pos)
-        rope = lm.rotary_emb(fed, at.unsqueeze(0).expand(3, -1, -1))
+    h = embed_tokens(model, responses[:, :-1])  # padded: the first layer's replayed input
+    at = pos if packing is None else packing.pack(pos)
+    with torch.no_grad():  # no parameters: the rotary of text positions (h: only its dtype)
+        rope = lm.rotary_emb(h, at.unsqueeze(0).expand(3, -1, -1))
     for layer, kept_out in zip(lm.layers, kept, strict=True):
 
         def run(x: torch.Tensor, layer: torch.nn.Module = layer) -> tuple[torch.Tensor]:

@@ -211,8 +211,9 @@ def response_hidden(
     )
     steps = torch.arange(width - 1, device=state.lengths.device)
     pos = state.next_positions.repeat_interleave(g)[:, None] + steps
-    embeds = embed_tokens(model, responses[:, :-1])
-    packing = shared.packed
+    # looked up padded, then packed: the embedding's backward keeps a view of the response
+    # ids, not a packed copy the saved-activations formula would not count
+    embeds, packing = embed_tokens(model, responses[:, :-1]), shared.packed
     if packing is not None:
         embeds, pos = packing.pack(embeds), packing.pack(pos)
     hidden = lm_hidden(model, embeds, pos.unsqueeze(0).expand(3, -1, -1), shared.masks(), None)
@@ -403,6 +404,8 @@ def features_full_hidden(
         causal = PackedCausal.of(mask.bool())
         pack = causal.packing
         at = pack.pack(positions.permute(1, 2, 0)).permute(2, 0, 1)  # [3, 1, T]
+        # unpacked for the gather, whose input is the normed output the saved-activations
+        # formula counts (ops.formulas.saved_activation_bytes), packed or not
         hidden = pack.unpack(lm_hidden(model, pack.pack(embeds), at, causal.masks(), None))
     else:
         hidden = lm_hidden(model, embeds, positions, mask, None)
