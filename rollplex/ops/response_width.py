@@ -14,7 +14,7 @@ every column:
   its rows together up to their longest response, zeros after (the same `trimmed`, from
   roles.py `TorchReference.logprob_response` and critic.py): `longest_width` of its rows;
 - a no-grad full forward (verl's per-sample one) runs prefix + the longest response of its
-  rows through the decoder (logprob.py `_full_sequences`), its LM head the longest response
+  rows through the decoder (full_forward.py `_full_sequences`), its LM head the longest response
   (`trimmed`): `longest_width` of its rows;
 - the losses and GAE run elementwise over [rows, cap]; a rule-based reward reads each
   row's own tokens (the mean).

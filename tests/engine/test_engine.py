@@ -8,12 +8,8 @@ import pytest
 import torch
 
 from rollplex.backends.torch.decode import decode
-from rollplex.backends.torch.logprob import (
-    full_logits,
-    response_logprobs,
-    response_mask,
-    token_logprobs,
-)
+from rollplex.backends.torch.full_forward import full_logits
+from rollplex.backends.torch.logprob import response_logprobs, response_mask, token_logprobs
 from rollplex.backends.torch.roles import features_of
 from rollplex.backends.torch.task import QUESTIONS, VisualTask
 from rollplex.backends.torch.tokenizer import encode_prompt

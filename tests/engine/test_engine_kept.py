@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollplex.backends.torch.logprob import _full_sequences, full_hidden
+from rollplex.backends.torch.full_forward import _full_sequences, full_hidden
 from rollplex.engine.prefix import prefix_forward
 from rollplex.engine.session import DecodeEngine
 from tests.backends.torch.test_riders import G, _setup

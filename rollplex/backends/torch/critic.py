@@ -17,12 +17,9 @@ from torch import nn
 
 from rollplex.backends.base import BackendError
 from rollplex.backends.torch.exported_prefix import ExportedPrefix, prefill_exported
+from rollplex.backends.torch.full_forward import features_full_head_outputs
 from rollplex.backends.torch.host_memory import forget_tags
-from rollplex.backends.torch.logprob import (
-    features_full_head_outputs,
-    response_head_outputs,
-    response_mask,
-)
+from rollplex.backends.torch.logprob import response_head_outputs, response_mask
 from rollplex.backends.torch.loss import (
     Total,
     gae,

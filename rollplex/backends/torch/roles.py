@@ -27,7 +27,8 @@ from rollplex.backends.base import (
 )
 from rollplex.backends.torch.decode import DecodeSession as TorchDecodeSession
 from rollplex.backends.torch.exported_prefix import ExportedPrefix, prefill_exported
-from rollplex.backends.torch.logprob import features_full_logprobs, response_logprobs, response_mask
+from rollplex.backends.torch.full_forward import features_full_logprobs
+from rollplex.backends.torch.logprob import response_logprobs, response_mask
 from rollplex.backends.torch.model import load_model
 from rollplex.backends.torch.rows import merge_chunks
 from rollplex.backends.torch.trim import trimmed

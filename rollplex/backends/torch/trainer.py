@@ -18,12 +18,9 @@ import torch
 from rollplex.backends.base import BackendError, LiveWeights, Trainer
 from rollplex.backends.torch.decoded_response import decoded_response_logprobs
 from rollplex.backends.torch.exported_prefix import ExportedPrefix
+from rollplex.backends.torch.full_forward import features_full_logprobs
 from rollplex.backends.torch.host_memory import forget_tags
-from rollplex.backends.torch.logprob import (
-    entropy_mode,
-    features_full_logprobs,
-    response_logprobs,
-)
+from rollplex.backends.torch.logprob import entropy_mode, response_logprobs
 from rollplex.backends.torch.loss import loss_options, policy_loss
 from rollplex.backends.torch.masters import (
     Masters,

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from rollplex.backends.torch.decode import decode, sample_next
-from rollplex.backends.torch.logprob import full_logits, response_logprobs, response_mask
+from rollplex.backends.torch.full_forward import full_logits
+from rollplex.backends.torch.logprob import response_logprobs, response_mask
 from rollplex.engine.prefix import expand_prefix
 
 G = 2

@@ -20,7 +20,8 @@ from rollplex.backends.torch.early_backward import (
     refusal,
     row_terms,
 )
-from rollplex.backends.torch.logprob import full_hidden, full_logprobs, response_mask
+from rollplex.backends.torch.full_forward import full_hidden, full_logprobs
+from rollplex.backends.torch.logprob import response_mask
 from rollplex.backends.torch.loss import (
     AGG_MODES,
     group_advantages,

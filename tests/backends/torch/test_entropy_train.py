@@ -9,12 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollplex.backends.torch.logprob import (
-    features_full_head_outputs,
-    response_logprobs,
-    token_entropy,
-    token_logprobs,
-)
+from rollplex.backends.torch.full_forward import features_full_head_outputs
+from rollplex.backends.torch.logprob import response_logprobs, token_entropy, token_logprobs
 from rollplex.backends.torch.loss import group_advantages, policy_loss
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.roles import features_of, freeze_for_graph

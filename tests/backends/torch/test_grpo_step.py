@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from rollplex.backends.torch.decode import decode
-from rollplex.backends.torch.logprob import full_logprobs, response_logprobs, response_mask
+from rollplex.backends.torch.full_forward import full_logprobs
+from rollplex.backends.torch.logprob import response_logprobs, response_mask
 from rollplex.backends.torch.loss import group_advantages, grpo_loss
 from rollplex.backends.torch.model import build_model, set_trainable
 from rollplex.engine.prefix import expand_prefix, prefix_forward, vision_encode

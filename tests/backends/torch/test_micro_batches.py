@@ -12,12 +12,8 @@ import pytest
 import torch
 
 from rollplex.backends.torch.critic import TorchCritic, build_critic_model
-from rollplex.backends.torch.logprob import (
-    features_full_head_outputs,
-    features_full_logprobs,
-    response_head_outputs,
-    response_logprobs,
-)
+from rollplex.backends.torch.full_forward import features_full_head_outputs, features_full_logprobs
+from rollplex.backends.torch.logprob import response_head_outputs, response_logprobs
 from rollplex.backends.torch.loss import (
     group_advantages,
     leave_one_out_advantages,

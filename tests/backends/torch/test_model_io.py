@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 from transformers import Qwen2_5_VLForConditionalGeneration
 
-from rollplex.backends.torch.logprob import full_logits
+from rollplex.backends.torch.full_forward import full_logits
 from rollplex.backends.torch.model import (
     CONFIG_FILE,
     WEIGHTS_FILE,

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import rollplex.backends.torch.critic as critic_module
-import rollplex.backends.torch.logprob as logprob_module
+import rollplex.backends.torch.full_forward as full_forward_module
 import rollplex.backends.torch.roles as roles_module
 import rollplex.backends.torch.trainer as trainer_module
 from rollplex.backends.torch.critic import TorchCritic, build_critic_model
@@ -115,7 +115,7 @@ def test_reference_full_forward_runs_prefix_and_its_rows_longest(spec, batch, mo
     ref = TorchReference(build_model(spec, seed=0))
     ref.packed_responses = packed
     widths: list[int] = []
-    _recording(monkeypatch, logprob_module, "lm_hidden", 1, widths)  # (model, embeds, ...)
+    _recording(monkeypatch, full_forward_module, "lm_hidden", 1, widths)  # (model, embeds, ...)
     feats = ref.vision_encode(Pixels.of(batch))
     text = batch.text_only()
     ref.logprob(feats.repeat(G), text.repeat(G), _responses(spec))

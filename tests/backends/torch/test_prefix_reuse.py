@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from rollplex.backends.torch.logprob import full_logprobs, response_logprobs, response_mask
+from rollplex.backends.torch.full_forward import full_logprobs
+from rollplex.backends.torch.logprob import response_logprobs, response_mask
 from rollplex.engine.prefix import expand_prefix, prefix_forward, vision_encode
 
 G = 3

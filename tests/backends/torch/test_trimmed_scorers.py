@@ -12,13 +12,8 @@ import torch
 
 import rollplex.backends.torch.critic as critic_module
 from rollplex.backends.torch.critic import TorchCritic, build_critic_model
-from rollplex.backends.torch.logprob import (
-    features_full_head_outputs,
-    features_full_logprobs,
-    response_head_outputs,
-    response_logprobs,
-    response_mask,
-)
+from rollplex.backends.torch.full_forward import features_full_head_outputs, features_full_logprobs
+from rollplex.backends.torch.logprob import response_head_outputs, response_logprobs, response_mask
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.roles import TorchReference
 from rollplex.backends.torch.trainer import TorchTrainer
