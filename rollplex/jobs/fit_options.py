@@ -39,10 +39,9 @@ def plan_with_options(
                 res = plan_step(model, workload, algo, hardware, variant.schedule, **kw)
             except ValueError:  # over budget too, or a graph this option cannot run
                 continue
-            missed = str(plain).split(": it misses", 1)[0]  # where, how much, the budget
             record(res.plan, res.graph, variant.options)
             res.plan.notes.insert(
-                0, f"memory: planned with {variant.options[0]}; without it, {missed}"
+                0, f"memory: planned with {variant.options[0]}; without it, {plain.summary}"
             )
             log.info("%s", res.plan.notes[0])
             return res

@@ -56,7 +56,12 @@ def parkable(graph: Graph, value: str) -> bool:
 
 
 class PlanOverBudget(ValueError):
-    """The plan cannot fit the HBM budget, even with offloads."""
+    """The plan cannot fit the HBM budget, even with offloads. `summary`: where, how much
+    and the budget, for a caller that reports the miss beside another plan."""
+
+    def __init__(self, message: str, summary: str | None = None) -> None:
+        super().__init__(message)
+        self.summary = summary or message
 
 
 @dataclass(slots=True)
@@ -189,15 +194,19 @@ def check_budget(plan: Plan) -> None:
         miss = dev.peak_bytes - dev.budget_bytes
         top = dev.live_at_peak()[:6]
         resident = ", ".join(f"{s.value} {s.size / GIB:.1f} GiB" for s in top)
-        raise PlanOverBudget(
+        summary = (
             f"plan '{plan.schedule}' on '{dev.name}' needs {dev.peak_bytes / GIB:.1f} GiB per "
-            f"GPU but the budget is {dev.budget_bytes / GIB:.1f} GiB: it misses by "
+            f"GPU but the budget is {dev.budget_bytes / GIB:.1f} GiB"
+        )
+        raise PlanOverBudget(
+            f"{summary}: it misses by "
             f"{miss / GIB:.1f} GiB after offloading what could move. Largest residents at "
             f"the peak: {resident}. Use more GPUs, a larger rollout TP, fewer prompts per step, "
             f"smaller train_micro_tokens (which bounds an op's scratch, not a training "
             f"forward's saved activations: every micro-batch's wait for the backward) or "
             f"schedule.train_micro_fused=true (forward and backward per micro-batch, as verl "
-            f"runs them: one micro-batch's saved activations at a time)."
+            f"runs them: one micro-batch's saved activations at a time).",
+            summary,
         )
 
 
