@@ -10,7 +10,8 @@ noise band come out of the rounds, and when two runs are the same plan.
   the value is the mean over rounds, the spread its half-width (max - min) / 2. A ratio
   is beyond noise only when value - spread > 1.
 - Same plan: two runs whose plans place the same ops (and kinds), chunks, streams, co-run
-  modes and SM partitions in the same issue order run the same work; their ratio measures
+  modes and SM partitions in the same issue order, with the same work switches (micro-
+  batches, packed rows), run the same work; their ratio measures
   noise, so it is reported as `same_plan: true` and never as a speedup.
 
 It lives in bench/, not in the package: only the benches compare schedules by timing
@@ -126,10 +127,11 @@ def compare(runs: dict[str, list[dict]], paired: dict, base: str, cand: str) -> 
 def placement(plan: dict[str, Any]) -> list[Any]:
     """What a plan runs, and where, from its `plan.json`: per device group, each step's op,
     kind (prefill_once keeps an op's name and changes its kind), chunk, stream and co-run
-    mode in issue order, and the streams' SM partitions. Predicted
+    mode in issue order, and the streams' SM partitions; then the switches in `meta` that
+    change an op's work in place (micro-batches, packed response rows). Predicted
     times, slot offsets and notes are left out: a calibrated and an uncalibrated plan of
     the same placement run the same work."""
-    out: list[Any] = []
+    out: list[Any] = [sorted(plan.get("meta", {}).items())]
     for device in plan["devices"]:
         steps = sorted(device["steps"], key=lambda s: s["index"])
         out.append(

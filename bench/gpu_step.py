@@ -19,10 +19,12 @@ The disaggregated schedule needs two GPUs and torchrun: `bench/gpu_disagg.sh`.
 Workload: video prompts (synthetic moving shapes, `--frames` frames of `--size`^2 pixels),
 `--prompts` x G = `--group`, forced long-tailed response lengths
 (`train.response_lengths=workload`: lognormal, `--mean-length`, capped at `--max-length`;
-the same draws under every schedule). The first schedule runs `--warmup-steps` steps first,
-discarded, so the compilations all schedules share in this process charge none of them;
-each run's first step still pays its own warm-up (graph capture, its new shapes) and is
-left out of the medians and of the paired totals (from `--paired-from`).
+the same draws under every schedule). Every schedule runs `--warmup-steps` steps first,
+discarded, so the compilations of this process charge none of the rounds: the code paths
+differ (packed or padded rows, verl's per-sample rows), and a path's second step recompiles
+its kernels for new widths (automatic dynamic shapes). Each run's first step still pays its
+own warm-up (graph capture) and is left out of the medians and of the paired totals (from
+`--paired-from`).
 
 A/B rounds (`--rounds`, at least 2; bench/ab.py): every schedule runs once a round, the
 order reversed each round (A B C | C B A), so a drift over the process's life lands on both
@@ -230,8 +232,8 @@ def main() -> None:
         "--warmup-steps",
         type=int,
         default=2,
-        help="steps of the first schedule run first and discarded: the compilations every "
-        "schedule shares in this process (dynamo, Inductor, cuBLAS) then charge none of them",
+        help="steps of every schedule run first and discarded: this process's compilations "
+        "(dynamo, Inductor, cuBLAS; step 2's recompiles for new widths) then charge no round",
     )
     ap.add_argument(
         "--paired-from", type=int, default=2, help="first step (1-based) of the paired totals"
@@ -275,15 +277,17 @@ def main() -> None:
     runs: dict[str, list[dict]] = {s: [] for s in first}
     calib = root / "round0" / "serial_dedup" / "calibration.json"
     if args.warmup_steps:
-        # Without it the first schedule measured paid compilations the others reused: on
-        # the H200 (stop 19) serial + dedup's step 2 took 17.1 s, its step 3 7.3 s, while
-        # rollplex, run after it, took 8.5 s at step 2.
-        print(f"== warm-up: {first[0]}, {args.warmup_steps} steps (discarded)", flush=True)
+        # Without it the first run of a code path paid compilations the later runs reused:
+        # on the H200 (stop 19) serial + dedup's step 2 took 17.1 s, its step 3 7.3 s; on an
+        # H100 (runs 21-22, one schedule warmed) rollplex's first step 2 spent 2.9 s in
+        # reference scoring against 0.38 s in round 1.
         warm = argparse.Namespace(**{**vars(args), "steps": args.warmup_steps})
-        try:
-            run_schedule(warm, first[0], root / "warmup", None)
-        finally:
-            shutil.rmtree(root / "warmup", ignore_errors=True)
+        for schedule in first:
+            print(f"== warm-up: {schedule}, {args.warmup_steps} steps (discarded)", flush=True)
+            try:
+                run_schedule(warm, schedule, root / "warmup", None)
+            finally:
+                shutil.rmtree(root / "warmup", ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"gpu_step_{args.shape}.json"
     for rnd, order in enumerate(orders):
@@ -335,6 +339,7 @@ def summarize(args, runs: dict[str, list[dict]], wall: float) -> dict:
     # each rollplex run against the baselines; and prefill once's own share (31.1)
     pairs = [(b, c) for c in runs if c.startswith("rollplex") for b in BASELINES]
     pairs.append(("serial_dedup_forward", "serial_dedup"))
+    pairs.append(("rollplex_padded", "rollplex"))  # packed response rows' own share
     ratios = {
         f"{base}/{cand}": r for base, cand in pairs if (r := compare(runs, paired, base, cand))
     }

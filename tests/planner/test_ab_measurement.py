@@ -99,6 +99,15 @@ def test_different_placements_are_different_plans(plans):
     assert not ab.same_plan(plans["serial_dedup"], plans["verl"])
 
 
+def test_packed_and_padded_rows_are_different_plans():
+    # one placement, but packing changes every response forward's work (issue 31 A/B)
+    packed, padded = (
+        json.loads(dump_plan(plan_7b("serial", pack_responses=p).plan)) for p in (True, False)
+    )
+    assert ab.placement(packed)[1:] == ab.placement(padded)[1:]
+    assert not ab.same_plan(packed, padded)
+
+
 def test_times_and_notes_do_not_make_a_new_plan_but_a_stream_does(plans):
     base = plans["serial_dedup"]
     retimed = copy.deepcopy(base)
