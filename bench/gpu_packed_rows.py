@@ -1,4 +1,5 @@
-"""Response scoring on packed rows vs padded rows, side by side in A/B rounds.
+"""Response scoring on packed rows vs padded rows, or with compiled layer pieces vs eager
+ones (`--compare compile`), side by side in A/B rounds.
 
 A random-weight Qwen2.5-VL LLM (`--shape`, bf16 on CUDA; the vision tower is not run,
 random features stand in), `--prompts` image prompts of about `--prompt` tokens, G =
@@ -8,6 +9,10 @@ scored two ways (backends/torch/packed_rows.py):
 
 - padded: every decoder layer and the LM head over [rows, longest] (before packing);
 - packed: over the rows' real tokens only, attention unpacked to the padded layout.
+
+`--compare compile` runs both arms packed: eager transformers layers, or with their norms,
+MLPs and attention merge compiled (backends/torch/compiled_pieces.py, the CUDA default);
+`--out` then defaults to bench/results/gpu_compiled_pieces/.
 
 For each: the reference scorer's no-grad scoring, and the training forward + backward
 (checkpointed prefix forward, `response_micro_batches` in `--micro` micro-batches with
@@ -41,12 +46,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_shared_prefix import measured, random_llm, train_step
 
+from rollplex.backends.torch.compiled_pieces import compile_text_pieces, eager_text_pieces
 from rollplex.backends.torch.logprob import response_logprobs, response_mask
 from rollplex.backends.torch.values import Responses
 from rollplex.engine.prefix import prefix_forward
 from rollplex.specs import MODEL_PRESETS
 
-PATHS = ("padded", "packed")
+ARMS = {"packing": ("padded", "packed"), "compile": ("eager", "compiled")}
 
 
 def score(model, batch, feats, responses: Responses, packed: bool) -> torch.Tensor:
@@ -86,6 +92,7 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=1024)
     ap.add_argument("--micro", type=int, default=3, help="training micro-batches")
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--compare", choices=tuple(ARMS), default="packing")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -107,15 +114,24 @@ def main() -> None:
             model, batch, feats, responses, g, args.micro, partial(response_logprobs, packed=packed)
         ),
     }
-    times: dict[str, dict[str, list[float]]] = {op: {p: [] for p in PATHS} for op in ops}
-    peaks: dict[str, dict[str, int]] = {op: {p: 0 for p in PATHS} for op in ops}
+    arms = ARMS[args.compare]
+    base, cand = arms
+
+    def run(fn, arm: str):
+        if args.compare == "compile":  # both arms packed
+            (compile_text_pieces if arm == "compiled" else eager_text_pieces)(model)
+            return fn(True)
+        return fn(arm == "packed")
+
+    times: dict[str, dict[str, list[float]]] = {op: {p: [] for p in arms} for op in ops}
+    peaks: dict[str, dict[str, int]] = {op: {p: 0 for p in arms} for op in ops}
     agree: dict[str, float] = {}
     for op, fn in ops.items():
         outs: dict[str, torch.Tensor] = {}
         grads: dict[str, list[torch.Tensor]] = {}
         for rnd in range(args.rounds):
-            for path in PATHS if rnd % 2 == 0 else PATHS[::-1]:
-                out, s, peak = measured(lambda path=path, fn=fn: fn(path == "packed"), dev, 1)
+            for path in arms if rnd % 2 == 0 else arms[::-1]:
+                out, s, peak = measured(lambda path=path, fn=fn: run(fn, path), dev, 1)
                 times[op][path].append(s)
                 peaks[op][path] = max(peaks[op][path], peak)
                 outs[path] = out.detach().float()
@@ -123,30 +139,27 @@ def main() -> None:
                     grads[path] = sampled_grads(model)
                 model.zero_grad(set_to_none=True)
                 print(f"{op} round {rnd} {path}: {s:.3f} s", flush=True)
-        agree[f"{op}: max |logprob diff|"] = float(
-            (outs["padded"] - outs["packed"]).abs()[valid].max()
-        )
+        agree[f"{op}: max |logprob diff|"] = float((outs[base] - outs[cand]).abs()[valid].max())
         if grads:
             num = sum(
-                float((a - b).norm() ** 2)
-                for a, b in zip(grads["packed"], grads["padded"], strict=True)
+                float((a - b).norm() ** 2) for a, b in zip(grads[cand], grads[base], strict=True)
             )
-            den = sum(float(b.norm() ** 2) for b in grads["padded"])
+            den = sum(float(b.norm() ** 2) for b in grads[base])
             agree[f"{op}: gradient rel diff"] = (num / den) ** 0.5
         del outs, grads
 
     rows = []
     for op in ops:
-        ratios = [a / b for a, b in zip(times[op]["padded"], times[op]["packed"], strict=True)]
+        ratios = [a / b for a, b in zip(times[op][base], times[op][cand], strict=True)]
         half = (max(ratios) - min(ratios)) / 2
         rows.append(
             {
                 "op": op,
-                "padded_s": times[op]["padded"],
-                "packed_s": times[op]["packed"],
+                f"{base}_s": times[op][base],
+                f"{cand}_s": times[op][cand],
                 "ratio": statistics.mean(ratios),
                 "spread": half,
-                "peak_gib": {p: peaks[op][p] / 2**30 for p in PATHS},
+                "peak_gib": {p: peaks[op][p] / 2**30 for p in arms},
             }
         )
     device = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
@@ -161,23 +174,26 @@ def main() -> None:
         "longest": width,
         "response_tokens": int(lengths.sum()),
         "padded_tokens": n * width,
+        "compare": args.compare,
         "agreement": agree,
         "ops": rows,
         "wall_s": time.perf_counter() - start,
     }
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else args.out
-    out_dir = out_dir or Path(__file__).parent / "results" / "gpu_packed_rows"
+    name = "gpu_packed_rows" if args.compare == "packing" else "gpu_compiled_pieces"
+    out_dir = out_dir or Path(__file__).parent / "results" / name
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "gpu_packed_rows.json").write_text(json.dumps(result, indent=1))
+    (out_dir / f"{name}.json").write_text(json.dumps(result, indent=1))
     print(
         f"\n{device}, {args.shape} {dtype}, {n} rows, prefix {result['prefix_tokens']}, "
         f"{result['response_tokens']} response tokens of {result['padded_tokens']} padded "
         f"(longest {width})"
     )
-    print(f"{'op':<28}{'padded s':>10}{'packed s':>10}{'padded/packed':>15}{'+-':>7}")
+    ratio = f"{base}/{cand}"
+    print(f"{'op':<28}{base + ' s':>10}{cand + ' s':>10}{ratio:>17}{'+-':>7}")
     for r in rows:
-        pad, pk = statistics.median(r["padded_s"]), statistics.median(r["packed_s"])
-        print(f"{r['op']:<28}{pad:>10.3f}{pk:>10.3f}{r['ratio']:>15.3f}{r['spread']:>7.3f}")
+        a, b = statistics.median(r[f"{base}_s"]), statistics.median(r[f"{cand}_s"])
+        print(f"{r['op']:<28}{a:>10.3f}{b:>10.3f}{r['ratio']:>17.3f}{r['spread']:>7.3f}")
     for k, v in agree.items():
         print(f"{k}: {v:.3e}")
 

@@ -21,6 +21,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from rollplex.backends.torch.compiled_pieces import merge_for
 from rollplex.backends.torch.packed_attention import PackedCausal, packed_causal_attention
 from rollplex.backends.torch.packed_rows import PackedRows
 from rollplex.engine.phases import first_call
@@ -123,9 +124,8 @@ def _flex_part(
     kw = dict(block_mask=mask, scale=scale, enable_gqa=True)
     if hasattr(fa, "AuxRequest"):  # torch >= 2.9, where return_lse is deprecated
         out, aux = _flex()(q, k, v, **kw, return_aux=fa.AuxRequest(lse=True))
-        return out.float(), aux.lse.float()
-    out, lse = _flex()(q, k, v, **kw, return_lse=True)
-    return out.float(), lse.float()
+        return out, aux.lse
+    return _flex()(q, k, v, **kw, return_lse=True)  # merge_parts reads them in float32
 
 
 @functools.cache
@@ -184,11 +184,7 @@ def shared_prefix_attention(
         causal = torch.ones(r, r, dtype=torch.bool, device=query.device).tril()
         own = causal[None, None] & shared.response_valid[:, None, None, :]
         out_b, lse_b = _math_part(query, key, value, own, scale)
-    out_a = out_a.view(b, heads, g, r, d).transpose(1, 2).reshape(n, heads, r, d)
-    lse_a = lse_a.view(b, heads, g, r).transpose(1, 2).reshape(n, heads, r)
-    lse = torch.logaddexp(lse_a, lse_b)
-    out = out_a * (lse_a - lse).exp().unsqueeze(-1) + out_b * (lse_b - lse).exp().unsqueeze(-1)
-    out = out.to(query.dtype).transpose(1, 2)
+    out = merge_for(module)(out_a, lse_a, out_b, lse_b, g, query.dtype)
     return (out.contiguous() if packing is None else packing.pack(out)), None
 
 
