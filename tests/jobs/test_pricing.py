@@ -76,13 +76,16 @@ def calibration_file(path: Path, spec: RunSpec, device: str, kinds=("decode", "b
 
 
 @pytest.mark.parametrize("model", ["qwen2_5_vl_3b", "qwen2_5_vl_7b", "qwen2_5_vl_32b"])
-@pytest.mark.parametrize("hardware", ["h200", "h200x2", "h200x8", "h800x32", "cpu"])
+@pytest.mark.parametrize("hardware", ["h200", "h200x2", "h200x8", "h100", "h800x32", "cpu"])
 def test_h200_presets_ship_measured_constants_and_others_are_uncalibrated(model, hardware):
     spec = spec_of(f"model={model}", f"hardware={hardware}", "workload.prompts_per_step=8")
     source = pricing_for(spec).source
+    # one set, fit pooled over both measured shapes (shipped_calibration.py)
+    shipped = "shipped h200 defaults (measured on qwen2_5_vl_3b and qwen2_5_vl_7b)"
     if hardware.startswith("h200"):
-        # one set, fit pooled over both measured shapes (shipped_calibration.py)
-        assert source == "shipped h200 defaults (measured on qwen2_5_vl_3b and qwen2_5_vl_7b)"
+        assert source == shipped
+    elif hardware == "h100":  # the same constants, checked against H100 runs
+        assert source == shipped + ", applied to the H100 (checked on 3B H100 runs)"
     else:
         assert source == UNCALIBRATED
     bare = spec_of(f"model={model}", f"hardware={hardware}", "workload.prompts_per_step=8",
@@ -91,9 +94,9 @@ def test_h200_presets_ship_measured_constants_and_others_are_uncalibrated(model,
 
 
 @pytest.mark.parametrize("model", ["qwen2_5_vl_3b", "qwen2_5_vl_7b"])
-def test_the_shipped_constants_are_applied_on_h200_only(model):
-    """On H200 each shipped kind's efficiency is the cost model's times its scale, with its
-    fixed seconds and the per-op dispatch; other GPUs get the bare model. A step of those
+def test_the_shipped_constants_are_applied_on_h200_and_h100_only(model):
+    """On H200 (and H100) each shipped kind's efficiency is the cost model's times its scale,
+    with its fixed seconds and the per-op dispatch; other GPUs get the bare model. A step of those
     kinds (all measured slower than their roofline) is priced longer."""
     over = (f"model={model}", "hardware=h200", "workload.prompts_per_step=4")
     spec = spec_of(*over)
@@ -103,6 +106,11 @@ def test_the_shipped_constants_are_applied_on_h200_only(model):
         assert priced.eff(kind).compute == pytest.approx(base.eff(kind).compute * k)
         assert priced.eff(kind).bandwidth == pytest.approx(base.eff(kind).bandwidth * k)
     assert priced.fixed_s == H200.fixed_s and priced.dispatch_s == H200.dispatch_s > 0
+    h100 = spec_of(f"model={model}", "hardware=h100", "workload.prompts_per_step=4")
+    on_h100, h100_base = pricing_for(h100).cost_model, CostModel(h100.hardware)
+    for kind, k in H200.scales.items():  # the H100's own roofline, scaled alike
+        assert on_h100.eff(kind).bandwidth == pytest.approx(h100_base.eff(kind).bandwidth * k)
+    assert on_h100.fixed_s == H200.fixed_s and on_h100.dispatch_s == H200.dispatch_s
     other = pricing_for(spec_of(f"model={model}", "hardware=h800x32")).cost_model
     assert other.fixed_s == {} and other.dispatch_s == 0
     assert other.efficiency == CostModel(other.hardware).efficiency
