@@ -6,8 +6,10 @@
 # (decode_bw_efficiency), all in one call. Issue 31's two workloads (7B):
 #   SHAPE=qwen2_5_vl_7b bash bench/gpu_step.sh --frames 32 --mean-length 64 --max-length 256
 #   SHAPE=qwen2_5_vl_7b bash bench/gpu_step.sh --frames 8 --mean-length 448
-# Time: --warmup-steps, then rounds x schedules x --steps steps (each run also loads and plans);
-# --budget-s starts no run past it, under the device's 600 s per command.
+# Time: every schedule's --warmup-steps (the first also pays the process's cold compiles: on
+# an H100 at 3B the two warm-ups of run 25 took 235 s), then rounds x schedules x --steps
+# steps (each run also loads and plans); --budget-s starts no run past it, under the device's
+# 600 s per command. Two schedules a call leave room for two rounds: at 3B --budget-s 420.
 #   SHAPE=qwen2_5_vl_3b bash bench/gpu_step.sh [gpu_step.py args]
 set -euo pipefail
 SHAPE=${SHAPE:-qwen2_5_vl_3b} DEVICE=cuda TMP=${TMP:-/tmp}
