@@ -2,7 +2,8 @@
 and attention merge compiled, the response forward and the decode-once replay give the eager
 logprobs, entropy and every gradient (fp32, CPU Inductor, rows of unequal length); a deep
 copy's pieces run its own weights; under another torch.compile a piece traces its class's
-forward; and `eager_text_pieces` undoes it all."""
+forward; one compilation per piece serves every layer and width; and `eager_text_pieces`
+undoes it all."""
 
 from __future__ import annotations
 
@@ -98,3 +99,26 @@ def test_the_compiled_merge_equals_the_eager_one():
     expect = row * w_a[..., None] + out_b * (1 - w_a)[..., None]
     torch.testing.assert_close(eager, expect.transpose(1, 2), **TOL)
     torch.testing.assert_close(compiled_merge()(*args), eager, **TOL)
+
+
+def test_one_compilation_serves_every_layer_and_width(spec):
+    from torch._dynamo.utils import counters
+
+    from rollplex.backends.torch.model import build_model
+
+    model = compile_text_pieces(
+        build_model(spec.model_copy(update={"num_layers": 3}), seed=0, dtype=torch.float32)
+    )
+    lm = model.model.language_model
+
+    def run(width: int, layers: list) -> None:
+        h = torch.randn(1, width, lm.norm.weight.shape[0], requires_grad=True)
+        for layer in layers:
+            h = layer.mlp(layer.post_attention_layernorm(layer.input_layernorm(h)))
+        lm.norm(h).sum().backward()
+
+    run(5, lm.layers[:1])  # the first layer's pieces compile (or are found compiled)
+    graphs = counters["stats"]["unique_graphs"]
+    for width in (5, 9, 17):  # the other layers' weights, and other widths
+        run(width, list(lm.layers))
+    assert counters["stats"]["unique_graphs"] == graphs  # no recompile per layer or width
