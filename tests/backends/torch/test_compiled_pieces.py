@@ -1,9 +1,9 @@
 """Compiled decoder-layer pieces (backends/torch/compiled_pieces.py): with the norms, MLPs
 and attention merge compiled, the response forward and the decode-once replay give the eager
-logprobs, entropy and every gradient (fp32, CPU Inductor, rows of unequal length); a deep
-copy's pieces run its own weights; under another torch.compile a piece traces its class's
-forward; one compilation per piece serves every layer and width; and `eager_text_pieces`
-undoes it all."""
+logprobs, entropy and every gradient (fp32, traced by dynamo and AOTAutograd, rows of
+unequal length); a deep copy's pieces run its own weights; under another torch.compile a
+piece traces its class's forward; one compilation per piece serves every layer and width;
+and `eager_text_pieces` undoes it all."""
 
 from __future__ import annotations
 
@@ -25,8 +25,24 @@ from tests.backends.torch.test_packed_rows import _run
 from tests.backends.torch.test_riders import _setup
 from tests.backends.torch.test_video import renderer  # noqa: F401
 
-# fp32: Inductor fuses the same per-token math and may reorder its reductions
+# fp32: a compiled graph may fuse the same per-token math and reorder its reductions
 TOL = {"atol": 1e-5, "rtol": 1e-4}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def traced_without_inductor():
+    """Dynamo and AOTAutograd as on the GPU, without Inductor's C++ build on the CPU (40 s
+    cold); Inductor's kernels are the CUDA file's (test_compiled_pieces_cuda.py)."""
+    from rollplex.backends.torch import compiled_pieces
+
+    before = compiled_pieces.BACKEND
+    compiled_pieces.BACKEND = "aot_eager"
+    compiled_pieces._compiled.cache_clear()
+    compiled_pieces.compiled_merge.cache_clear()
+    yield
+    compiled_pieces.BACKEND = before
+    compiled_pieces._compiled.cache_clear()
+    compiled_pieces.compiled_merge.cache_clear()
 
 
 def _own_forwards(model) -> list[torch.nn.Module]:
@@ -70,7 +86,7 @@ def test_a_deep_copy_runs_its_own_weights_and_other_compiles_trace_the_class(spe
     x = torch.randn(2, 3, norm.weight.shape[0])
     torch.testing.assert_close(twin_norm(x), 2.0 * norm(x), **TOL)
     # the decode engine compiles its own step around these modules: there they run eagerly
-    outer = torch.compile(lambda h: norm(h) + 1.0, dynamic=True, fullgraph=True)
+    outer = torch.compile(lambda h: norm(h) + 1.0, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(outer(x), type(norm).forward(norm, x) + 1.0, **TOL)
 
 
