@@ -31,7 +31,8 @@ order reversed each round (A B C | C B A), so a drift over the process's life la
 sides of each ratio. Each ratio (baseline seconds / rollplex seconds over the same steps) is
 the mean over rounds with its spread, the half-width over rounds; two schedules whose plans
 place the same work (`placement_hash`) are reported `same_plan: true`, not as a speedup.
-The JSON keeps every step time in the order run (`step_times`).
+The JSON keeps every step time in the order run (`step_times`), and the warm-ups' seconds
+(`warmup_s`, which `--budget-s` must leave room for).
 
 Prediction: serial_dedup runs first in round 0; the other schedules are planned (and run)
 with the op times it measured (`calibration=<its calibration.json>`), so their predicted step times
@@ -260,7 +261,7 @@ def main() -> None:
         args.rounds = saved["rounds"]
         again = summarize(args, runs, saved["wall_s"])
         keep = ("date", "device", "device_name", "torch", "command", "shape", "workload")
-        keep += ("decode_bw_efficiency",)
+        keep += ("decode_bw_efficiency", "warmup_s")
         saved |= {k: v for k, v in again.items() if k not in keep}
         args.resummarize.write_text(json.dumps(saved, indent=1) + "\n")
         print(table(saved))
@@ -282,12 +283,14 @@ def main() -> None:
         # H100 (runs 21-22, one schedule warmed) rollplex's first step 2 spent 2.9 s in
         # reference scoring against 0.38 s in round 1.
         warm = argparse.Namespace(**{**vars(args), "steps": args.warmup_steps})
+        warm_start = time.perf_counter()
         for schedule in first:
             print(f"== warm-up: {schedule}, {args.warmup_steps} steps (discarded)", flush=True)
             try:
                 run_schedule(warm, schedule, root / "warmup", None)
             finally:
                 shutil.rmtree(root / "warmup", ignore_errors=True)
+        args.warmup_s = time.perf_counter() - warm_start  # what --budget-s must leave room for
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"gpu_step_{args.shape}.json"
     for rnd, order in enumerate(orders):
@@ -388,6 +391,7 @@ def summarize(args, runs: dict[str, list[dict]], wall: float) -> dict:
         "paired_s": paired,
         "paired_from_step": args.paired_from,
         "warmup_steps": getattr(args, "warmup_steps", None),
+        "warmup_s": getattr(args, "warmup_s", None),
         # a same-plan pair gives None here and same_plan true: its ratio is noise
         "speedup_vs_serial_dedup": top("serial_dedup", "value"),
         "speedup_vs_serial_verl": top("verl", "value"),
