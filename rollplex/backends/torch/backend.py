@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rollplex.backends.base import BackendError
+from rollplex.backends.torch.compiled_pieces import compile_text_pieces
 from rollplex.backends.torch.critic import TorchCritic, build_critic_model
 from rollplex.backends.torch.masters import own_masters
 from rollplex.backends.torch.model import model_for
@@ -31,14 +32,21 @@ if TYPE_CHECKING:
     from rollplex.backends.step import StepConfig
 
 
+def one_gpu_model(config: StepConfig) -> torch.nn.Module:
+    """`model_for`, with the text layers' norms, MLPs and attention merge compiled on CUDA
+    (compiled_pieces.py; bench/results/gpu_compiled_pieces/). The FSDP2 builders call
+    `model_for` alone: sharded and TP modules have not run compiled pieces on GPUs."""
+    model = model_for(config.model, config.seed, torch.device(config.device))
+    return compile_text_pieces(model) if torch.device(config.device).type == "cuda" else model
+
+
 def build_trainer(config: StepConfig, **_: Any) -> TorchTrainer:
     """The policy from the folder `model.path` names, else random weights from the seed."""
-    policy = model_for(config.model, config.seed, torch.device(config.device))
-    return TorchTrainer(policy, config.model, config.algo)
+    return TorchTrainer(one_gpu_model(config), config.model, config.algo)
 
 
 def build_reference(config: StepConfig, trainer: TorchTrainer) -> TorchReference:
-    ref = model_for(config.model, config.seed, torch.device(config.device))
+    ref = one_gpu_model(config)
     ref.requires_grad_(False)
     if not config.model.trainable_vision:  # one frozen tower for all (see roles.py)
         ref.model.visual = trainer.model.model.visual

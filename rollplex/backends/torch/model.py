@@ -16,7 +16,6 @@ from typing import Any
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-from rollplex.backends.torch.compiled_pieces import compile_text_pieces
 from rollplex.backends.torch.vision_attention import compile_vision_blocks, use_varlen_vision
 from rollplex.models.files import ModelFolderError, read_config
 from rollplex.models.io import load_pretrained, save_hub_folder
@@ -153,8 +152,7 @@ def model_for(
     """The model a run starts from: the weights of `spec.path` when the spec names a folder
     (checked against the spec), else random weights from `seed`. dtype defaults to
     bfloat16 on CUDA and float32 elsewhere. On CUDA the vision blocks are compiled
-    (vision_attention.compile_vision_blocks), and the text layers' norms, MLPs and
-    attention merge (compiled_pieces.py)."""
+    (vision_attention.compile_vision_blocks)."""
     from rollplex.models.io import default_dtype
 
     dtype = dtype or default_dtype(device)
@@ -165,5 +163,4 @@ def model_for(
     if torch.device(device).type == "cuda":
         # 4x the per-window tower on an H200 (bench/results/gpu_vision/vision_compiled.md)
         compile_vision_blocks(model)
-        compile_text_pieces(model)  # bench/results/gpu_compiled_pieces/
     return model
