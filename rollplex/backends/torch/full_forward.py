@@ -40,6 +40,14 @@ def _full_sequences(
     return ids.to(dev), types.to(dev), mask.to(dev), plen
 
 
+def _predicting(hidden: torch.Tensor, plen: torch.Tensor, width: int) -> torch.Tensor:
+    """[N, width, H] of `hidden` [N, L, H] at the positions that predict each response
+    token: token j of row i at plen_i - 1 + j (clamped past the row's end)."""
+    idx = (plen.to(hidden.device) - 1)[:, None] + torch.arange(width, device=hidden.device)
+    idx = idx.clamp(max=hidden.shape[1] - 1)
+    return hidden.gather(1, idx.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+
+
 def full_logits(
     model: Model,
     batch: PromptBatch,
@@ -80,10 +88,7 @@ def full_hidden(
         position_ids=positions,
         use_cache=False,
     ).last_hidden_state
-    # Response token j of row i is predicted at index plen_i - 1 + j.
-    idx = (plen.to(ids.device) - 1)[:, None] + torch.arange(width, device=ids.device)
-    idx = idx.clamp(max=ids.shape[1] - 1)
-    return hidden.gather(1, idx.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    return _predicting(hidden, plen, width)
 
 
 def full_logprobs(
@@ -97,7 +102,7 @@ def full_logprobs(
     """Logprobs [N, R] of the responses with no prefix reuse; 0 past each row's length."""
     hidden = full_hidden(model, batch, responses, lengths, group_size)
     out = head_logprobs(model.lm_head, hidden, responses, temperature)
-    return torch.where(response_mask(lengths, responses.shape[1]), out, torch.zeros_like(out))
+    return masked_outputs(out, response_mask(lengths, responses.shape[1]))
 
 
 def features_full_head_outputs(
@@ -142,9 +147,7 @@ def features_full_hidden(
         hidden = pack.unpack(lm_hidden(model, pack.pack(embeds), at, causal.masks(), None))
     else:
         hidden = lm_hidden(model, embeds, positions, mask, None)
-    idx = (plen.to(ids.device) - 1)[:, None] + torch.arange(width, device=ids.device)
-    idx = idx.clamp(max=ids.shape[1] - 1)
-    return hidden.gather(1, idx.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    return _predicting(hidden, plen, width)
 
 
 def features_full_logprobs(

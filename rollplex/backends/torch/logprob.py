@@ -8,6 +8,8 @@ scorer without grad, training forward with it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -257,11 +259,7 @@ def hidden_logprobs(
         targets = responses[:, 1:] if packing is None else packing.pack(responses[:, 1:])
         rest = head_logprobs(model.lm_head, rest, targets, temperature, entropy)
         if packing is not None:
-            rest = (
-                tuple(packing.unpack(x) for x in rest)
-                if isinstance(rest, tuple)
-                else packing.unpack(rest)
-            )
+            rest = _each(rest, packing.unpack)
     valid = response_mask(lengths, responses.shape[1])
     if entropy is None:
         return masked_outputs(_join(first, rest), valid)
@@ -279,6 +277,11 @@ def masked_outputs(
     out: torch.Tensor | tuple[torch.Tensor, torch.Tensor], valid: torch.Tensor
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """0 past each row's length (each of a (logprobs, entropy) pair)."""
-    if isinstance(out, tuple):
-        return tuple(masked_outputs(x, valid) for x in out)  # type: ignore[return-value]
-    return torch.where(valid, out, torch.zeros_like(out))
+    return _each(out, lambda x: torch.where(valid, x, torch.zeros_like(x)))
+
+
+def _each(
+    out: torch.Tensor | tuple[torch.Tensor, ...], fn: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """`fn` of a tensor, or of each of a (logprobs, entropy) pair."""
+    return tuple(fn(x) for x in out) if isinstance(out, tuple) else fn(out)
