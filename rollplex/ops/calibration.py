@@ -31,9 +31,9 @@ def load_calibration(path: str | Path) -> CalibrationFile:
         field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"])
         field = field.lstrip(".") or "top level"
         more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-        raise CalibrationError(
-            f"{where}: {field}: {e['msg']} (got {e.get('input')!r}){more}"
-        ) from None
+        # a field's value says what was wrong; the whole file (a top-level check) does not
+        got = "" if not e["loc"] else f" (got {e.get('input')!r})"
+        raise CalibrationError(f"{where}: {field}: {e['msg']}{got}{more}") from None
     _check_kinds(file, where)
     return file
 

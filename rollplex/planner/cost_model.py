@@ -135,18 +135,23 @@ class CostModel:
         return self.calibrated_by(data.get("entries", []), where=str(path))
 
     def calibrated_by(self, entries: list[dict], where: str = "calibration") -> CostModel:
-        """`calibrated` from entries already read ({"kind", "predicted_s", "measured_s"})."""
+        """`calibrated` from entries already read ({"kind", "predicted_s", "measured_s"}).
+
+        A predicted solo time includes this model's `dispatch_s`, the host's gap before the
+        op, which an op's measured window leaves out: the ratio compares the rest (an
+        aliased weight sync measured at a microsecond was otherwise 1e4 "slower")."""
         ratios: dict[str, list[float]] = {}
         seconds: dict[str, list[float]] = {}  # kind -> [predicted, measured] summed
         for i, entry in enumerate(entries):
             for key in ("kind", "predicted_s", "measured_s"):
                 if key not in entry:
                     raise ValueError(f"{where}: entries[{i}] lacks '{key}'")
-            if entry["measured_s"] > 0 and entry["predicted_s"] > 0:
+            predicted = in_op_seconds(entry["predicted_s"], self.dispatch_s)
+            if entry["measured_s"] > 0 and predicted > 0:
                 kind = entry["kind"]
-                ratios.setdefault(kind, []).append(entry["predicted_s"] / entry["measured_s"])
+                ratios.setdefault(kind, []).append(predicted / entry["measured_s"])
                 total = seconds.setdefault(kind, [0.0, 0.0])
-                total[0] += entry["predicted_s"]
+                total[0] += predicted
                 total[1] += entry["measured_s"]
         scale = {kind: statistics.median(rs) for kind, rs in ratios.items()}  # <1: slower
         for kind, relatives in RELATED_KINDS.items():
@@ -160,6 +165,12 @@ class CostModel:
             if kind in fixed:  # the kind's whole time: its fixed part scales alike
                 fixed[kind] /= k
         return CostModel(self.hardware, eff, self.launch_s, fixed, self.dispatch_s)
+
+
+def in_op_seconds(predicted_s: float, dispatch_s: float) -> float:
+    """What of a predicted solo time an op's measured window holds: all but the host's
+    dispatch gap before it (0 for an entry that predicted nothing)."""
+    return predicted_s - dispatch_s if predicted_s > 0 else 0.0
 
 
 # Kernels one decoder layer (or vision block) launches per micro-batch, counted in

@@ -90,11 +90,14 @@ class CalibrationFile(Spec):
         return self
 
     def scales(self) -> dict[str, float]:
-        """kind -> median predicted/measured over its entries (<1: slower than predicted)."""
+        """kind -> median predicted/measured over its entries (<1: slower than predicted),
+        each prediction less the dispatch gap that priced it (CostModel.calibrated_by)."""
+        dispatch = self.priced_with.dispatch_s if self.priced_with else 0.0
         ratios: dict[str, list[float]] = {}
         for e in self.entries:
-            if e.predicted_s > 0:
-                ratios.setdefault(e.kind, []).append(e.predicted_s / e.measured_s)
+            predicted = e.predicted_s - dispatch
+            if e.predicted_s > 0 and predicted > 0:
+                ratios.setdefault(e.kind, []).append(predicted / e.measured_s)
         return {kind: statistics.median(rs) for kind, rs in ratios.items()}
 
 

@@ -177,6 +177,11 @@ def test_planning_imports_no_torch(tmp_path: Path) -> None:
             '[{"kind": "decode", "predicted_s": "fast", "measured_s": 0.1}]}',
             "entries[0].predicted_s",
         ),
+        (  # a top-level check names the kind, without echoing the whole file
+            '{"format": "rollplex-calibration/1", "device": "x", "entries": '
+            '[{"kind": "decode", "predicted_s": 100.0, "measured_s": 0.001}]}',
+            "kind 'decode': predicted/measured is 1e+05, outside [0.0001, 10000]",
+        ),
     ],
 )
 def test_bad_calibration_file_is_one_line(
@@ -191,6 +196,7 @@ def test_bad_calibration_file_is_one_line(
     assert "Traceback" not in p.stderr
     (line,) = p.stderr.strip().splitlines()
     assert f"calibration file '{cal}'" in line and words in line, line
+    assert "(got {" not in line, line
 
 
 def test_a_failing_run_does_not_end_the_sweep(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from rollplex.jobs.pipeline import plan_step
-from rollplex.jobs.pricing import pricing_for
+from rollplex.jobs.pricing import _price, pricing_for
 from rollplex.ops.rollout_costs import decode_steps
 from rollplex.planner.cost_model import CostModel, write_calibration
 from rollplex.planner.shipped_calibration import H200, CostConstants
@@ -134,17 +134,19 @@ def test_constants_round_trip_through_a_cost_model():
 
 @pytest.mark.parametrize("priced", [True, False])
 def test_a_file_rescales_the_model_that_priced_it(tmp_path, priced):
-    """A run priced by the shipped constants whose ops measured what it predicted: with
-    the file's `priced_with`, calibrating from it gives the shipped model back; a file
-    without it (written before the field) rescales the bare model, as it always did."""
+    """A run priced by the shipped constants whose ops measured what it predicted (an op's
+    window holds all but the dispatch gap before it): with the file's `priced_with`,
+    calibrating from it gives the shipped model back; a file without it (written before
+    the field) rescales the bare model, as it always did."""
     shipped = H200.applied_to(CostModel(HARDWARE_PRESETS["h200"]))
-    entries = [{"kind": k, "op": k, "predicted_s": 1.0, "measured_s": 1.0} for k in H200.scales]
+    gap = H200.dispatch_s if priced else 0.0
+    entries = [
+        {"kind": k, "op": k, "predicted_s": 1.0, "measured_s": 1.0 - gap} for k in H200.scales
+    ]
     path = tmp_path / "calibration.json"
     provenance = {"priced_with": H200.as_dict()} if priced else {}
     write_calibration(path, "NVIDIA H200", entries, provenance)
     assert ("priced_with" in json.loads(path.read_text())) is priced
-    from rollplex.jobs.pricing import _price
-
     run = _h200_spec(str(path))
     cm = _price(run).cost_model
     for kind in H200.scales:
@@ -152,6 +154,27 @@ def test_a_file_rescales_the_model_that_priced_it(tmp_path, priced):
         assert cm.eff(kind).compute == pytest.approx(want.compute)
     assert cm.fixed_s == (H200.fixed_s if priced else {})
     assert pricing_for(run).source == str(path)
+
+
+def test_a_no_op_measured_at_a_microsecond_keeps_its_runs_file_loadable(tmp_path):
+    """An aliased weight sync moves nothing: its op window measured 1.2 us against a
+    prediction that is all dispatch gap (H100 run 28). The run's own calibration.json must
+    load for the next run (`calibration=auto`), and the sync's ratio is of its launch."""
+    from rollplex.ops.calibration import load_calibration
+
+    predicted = H200.dispatch_s + CostModel(ROOMY).launch_s
+    entries = [
+        {"kind": "weight_sync", "op": "update.weight_sync", "predicted_s": predicted,
+         "measured_s": 1.22e-6},
+        {"kind": "backward", "op": "train.backward", "predicted_s": 1.48, "measured_s": 1.42},
+    ]  # fmt: skip
+    path = tmp_path / "calibration.json"
+    write_calibration(path, "NVIDIA H200", entries, {"priced_with": H200.as_dict()})
+    scales = load_calibration(path).scales()
+    assert scales["weight_sync"] == pytest.approx(20e-6 / 1.22e-6)
+    assert scales["backward"] == pytest.approx((1.48 - H200.dispatch_s) / 1.42)
+    cm = _price(_h200_spec(str(path))).cost_model
+    assert cm.fixed_s["backward"] == pytest.approx(H200.fixed_s["backward"] / scales["backward"])
 
 
 def _h200_spec(path: str) -> RunSpec:
