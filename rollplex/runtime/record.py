@@ -5,6 +5,7 @@ cost model's calibration entries.
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -13,10 +14,11 @@ from dataclasses import dataclass, field
 from rollplex.planner.cost_model import write_calibration
 from rollplex.planner.plan import CoRun, Plan, Step
 from rollplex.runtime.plan_effects import COPY_KINDS
-from rollplex.specs.calibration import MIN_S
+from rollplex.specs.calibration import MIN_S, kind_scales, out_of_range
 from rollplex.trace.timeline import Mark, MemoryEvent, Span, Timeline
 
 _US = 1e6
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -168,7 +170,21 @@ def write_measured_calibration(
     cost: CostFn | None = None,
     provenance: dict | None = None,
 ) -> None:
-    write_calibration(path, device, calibration_entries(results, cost), provenance)
+    """The run's calibration.json, loadable by the next run (`calibration=auto`): a kind
+    whose scale the file's reader would refuse is left out, with a warning naming it."""
+    entries = calibration_entries(results, cost)
+    dispatch = ((provenance or {}).get("priced_with") or {}).get("dispatch_s", 0.0)
+    rows = ((e["kind"], e["predicted_s"], e["measured_s"]) for e in entries)
+    refused = out_of_range(kind_scales(rows, dispatch))
+    for kind, k in refused.items():
+        log.warning(
+            "calibration.json leaves out kind '%s': predicted/measured %.3g is outside "
+            "what a calibration file may hold (a no-op or a broken timer)",
+            kind,
+            k,
+        )
+    kept = [e for e in entries if e["kind"] not in refused]
+    write_calibration(path, device, kept, provenance)
 
 
 def step_table(plan: Plan, results: Sequence[StepResult]) -> str:

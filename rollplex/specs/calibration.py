@@ -6,6 +6,7 @@ with one line naming the file and the field. CalibrationSpec is the run's choice
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -81,24 +82,34 @@ class CalibrationFile(Spec):
 
     @model_validator(mode="after")
     def _scales_are_sane(self) -> CalibrationFile:
-        for kind, k in self.scales().items():
-            if not 1 / MAX_SCALE <= k <= MAX_SCALE:
-                raise ValueError(
-                    f"kind '{kind}': predicted/measured is {k:.3g}, outside "
-                    f"[{1 / MAX_SCALE:g}, {MAX_SCALE:g}]"
-                )
+        for kind, k in out_of_range(self.scales()).items():
+            raise ValueError(
+                f"kind '{kind}': predicted/measured is {k:.3g}, outside "
+                f"[{1 / MAX_SCALE:g}, {MAX_SCALE:g}]"
+            )
         return self
 
     def scales(self) -> dict[str, float]:
-        """kind -> median predicted/measured over its entries (<1: slower than predicted),
-        each prediction less the dispatch gap that priced it (CostModel.calibrated_by)."""
+        """kind -> median predicted/measured over its entries (<1: slower than predicted)."""
         dispatch = self.priced_with.dispatch_s if self.priced_with else 0.0
-        ratios: dict[str, list[float]] = {}
-        for e in self.entries:
-            predicted = e.predicted_s - dispatch
-            if e.predicted_s > 0 and predicted > 0:
-                ratios.setdefault(e.kind, []).append(predicted / e.measured_s)
-        return {kind: statistics.median(rs) for kind, rs in ratios.items()}
+        return kind_scales(((e.kind, e.predicted_s, e.measured_s) for e in self.entries), dispatch)
+
+
+def kind_scales(entries: Iterable[tuple[str, float, float]], dispatch_s: float) -> dict[str, float]:
+    """kind -> median predicted/measured over (kind, predicted_s, measured_s) entries, each
+    prediction less the dispatch gap that priced it, which an op's measured window leaves
+    out (CostModel.calibrated_by); an entry that predicted nothing is ignored."""
+    ratios: dict[str, list[float]] = {}
+    for kind, predicted_s, measured_s in entries:
+        predicted = predicted_s - dispatch_s
+        if predicted_s > 0 and predicted > 0:
+            ratios.setdefault(kind, []).append(predicted / measured_s)
+    return {kind: statistics.median(rs) for kind, rs in ratios.items()}
+
+
+def out_of_range(scales: dict[str, float]) -> dict[str, float]:
+    """The kinds whose scale says the file describes another machine or a bug."""
+    return {kind: k for kind, k in scales.items() if not 1 / MAX_SCALE <= k <= MAX_SCALE}
 
 
 def model_shape(model: ModelSpec) -> dict[str, Any]:

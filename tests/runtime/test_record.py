@@ -108,3 +108,28 @@ def test_an_op_faster_than_a_microsecond_still_writes_a_loadable_calibration(run
     write_measured_calibration(path, "cpu", fast)
     entries = load_calibration(path).entries
     assert entries and all(e.measured_s == MIN_S for e in entries)
+
+
+def test_a_kind_the_reader_would_refuse_is_left_out_with_a_warning(run, tmp_path, caplog):
+    """Every run's calibration.json must load in the next run: a kind whose ratio is outside
+    the file's bounds (here one op timed at a nanosecond against its predicted seconds) is
+    left out, named in a warning; the other kinds stay, at their measured times."""
+    import dataclasses
+
+    from rollplex.ops.calibration import load_calibration
+
+    steps = run.results[0].steps
+    slow = max(steps, key=lambda m: m.step.solo_s)
+    kept = [m for m in steps if m.step.kind != slow.step.kind]
+    timed = [  # the slow op predicted at 0.5 s, over 1e4 x the 1 us its time is floored at
+        dataclasses.replace(m, end_s=m.start_s + m.step.solo_s)
+        if m is not slow
+        else dataclasses.replace(m, step=dataclasses.replace(m.step, solo_s=0.5), end_s=m.start_s)
+        for m in steps
+    ]
+    path = tmp_path / "calibration.json"
+    with caplog.at_level(logging.WARNING, logger="rollplex.runtime.record"):
+        write_measured_calibration(path, "cpu", [dataclasses.replace(run.results[0], steps=timed)])
+    assert f"leaves out kind '{slow.step.kind}'" in caplog.text
+    kinds = {e.kind for e in load_calibration(path).entries}
+    assert slow.step.kind not in kinds and kinds >= {m.step.kind for m in kept if not m.note}
