@@ -67,11 +67,14 @@ def replay(plan: Plan, model: InterferenceModel | None = None) -> float:
     partitions = [{st.stream: st.partition for st in d.streams} for d in plan.devices]
     event_of_step = {e.step: e.id for e in plan.events}
     waiting: dict[int, list[int]] = {}  # event -> queues holding a step that waits on it
+    waiters: dict[int, list[int]] = {}  # event -> steps that wait on it
+    unfired: dict[int, int] = {}  # step -> how many of its events have not fired yet
     for q, steps in enumerate(queues):
         for s in [s for s in steps if s.waits]:
-            for e in s.waits:
+            unfired[s.index] = len(set(s.waits))
+            for e in set(s.waits):
                 waiting.setdefault(e, []).append(q)
-    fired: set[int] = set()
+                waiters.setdefault(e, []).append(s.index)
     running: list[list[Step]] = [[] for _ in plan.devices]  # per group, in start order
     remaining: dict[int, float] = {}
     rates: dict[int, float] = {}
@@ -83,7 +86,7 @@ def replay(plan: Plan, model: InterferenceModel | None = None) -> float:
             head = queues[q][0] if queues[q] else None
             if head is None or head.index in remaining:
                 continue
-            if not head.waits or all(e in fired for e in head.waits):
+            if not unfired.get(head.index):  # a count, not a scan: a join waits on many
                 head.start_s = t
                 remaining[head.index] = max(head.solo_s, 0.0)
                 where[head.index] = q
@@ -114,7 +117,7 @@ def replay(plan: Plan, model: InterferenceModel | None = None) -> float:
             changed.add(group[q])
             dirty.add(q)
             if i in event_of_step:
-                fired.add(event_of_step[i])
+                _fire(event_of_step[i], waiters, unfired)
                 dirty.update(waiting.get(event_of_step[i], ()))
             continue
         dt = min([remaining[i] / max(rates[i], _EPS) for i in remaining])
@@ -131,10 +134,15 @@ def replay(plan: Plan, model: InterferenceModel | None = None) -> float:
                 changed.add(group[q])
                 dirty.add(q)
                 if i in event_of_step:
-                    fired.add(event_of_step[i])
+                    _fire(event_of_step[i], waiters, unfired)
                     dirty.update(waiting.get(event_of_step[i], ()))
     plan.step_time_s = t
     return t
+
+
+def _fire(event: int, waiters: dict[int, list[int]], unfired: dict[int, int]) -> None:
+    for step in waiters.get(event, ()):
+        unfired[step] -= 1
 
 
 def _run_alone(
