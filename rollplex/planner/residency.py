@@ -9,7 +9,6 @@ fails saying by how much it misses and what is resident at the peak.
 
 from __future__ import annotations
 
-from copy import deepcopy
 from dataclasses import dataclass, fields, replace
 
 from rollplex.graph.ir import Graph
@@ -92,7 +91,7 @@ def settle_memory(plan: Plan, mem: Memory, interference=None) -> Plan:
         return plan
     best = plan
     for first in range(COVERING_TRIES):
-        trial = deepcopy(start)
+        trial = start.clone()
         if _settle(trial, mem, interference, covering=True, first=first) is None:
             break  # no covering tensor left to start from
         if trial.fits_budget and (
@@ -125,7 +124,7 @@ def _settle(plan: Plan, mem: Memory, interference, covering: bool, first: int = 
                 break  # no such first choice (a later one must cover the overage alone)
             victim = order[pick]
             if before is None:
-                before = deepcopy(plan)
+                before = plan.clone()
             tried.add(victim.value)
             _offload(plan, dev, victim, mem)
             replay(plan, interference)
