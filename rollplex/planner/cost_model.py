@@ -14,12 +14,12 @@ between two ops. The bare model has none; the shipped H200 constants set them
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollplex.ops.formulas import Cost
 from rollplex.specs import HardwareSpec
+from rollplex.specs.calibration import in_op_seconds, kind_scales
 
 CALIBRATION_FORMAT = "rollplex-calibration/1"
 BANDWIDTH_KINDS = frozenset(
@@ -136,24 +136,22 @@ class CostModel:
 
     def calibrated_by(self, entries: list[dict], where: str = "calibration") -> CostModel:
         """`calibrated` from entries already read ({"kind", "predicted_s", "measured_s"}).
-
         A predicted solo time includes this model's `dispatch_s`, the host's gap before the
-        op, which an op's measured window leaves out: the ratio compares the rest (an
-        aliased weight sync measured at a microsecond was otherwise 1e4 "slower")."""
-        ratios: dict[str, list[float]] = {}
-        seconds: dict[str, list[float]] = {}  # kind -> [predicted, measured] summed
+        op, which its measured window leaves out: the ratios compare the rest."""
+        rows = []
         for i, entry in enumerate(entries):
             for key in ("kind", "predicted_s", "measured_s"):
                 if key not in entry:
                     raise ValueError(f"{where}: entries[{i}] lacks '{key}'")
-            predicted = in_op_seconds(entry["predicted_s"], self.dispatch_s)
-            if entry["measured_s"] > 0 and predicted > 0:
-                kind = entry["kind"]
-                ratios.setdefault(kind, []).append(predicted / entry["measured_s"])
+            rows.append((entry["kind"], entry["predicted_s"], entry["measured_s"]))
+        scale = kind_scales(rows, self.dispatch_s)  # <1: slower
+        seconds: dict[str, list[float]] = {}  # kind -> [predicted, measured] summed
+        for kind, predicted_s, measured_s in rows:
+            predicted = in_op_seconds(predicted_s, self.dispatch_s)
+            if predicted > 0 and measured_s > 0:
                 total = seconds.setdefault(kind, [0.0, 0.0])
                 total[0] += predicted
-                total[1] += entry["measured_s"]
-        scale = {kind: statistics.median(rs) for kind, rs in ratios.items()}  # <1: slower
+                total[1] += measured_s
         for kind, relatives in RELATED_KINDS.items():
             measured = [seconds[r] for r in relatives if r in seconds]
             if kind not in scale and measured:
@@ -165,12 +163,6 @@ class CostModel:
             if kind in fixed:  # the kind's whole time: its fixed part scales alike
                 fixed[kind] /= k
         return CostModel(self.hardware, eff, self.launch_s, fixed, self.dispatch_s)
-
-
-def in_op_seconds(predicted_s: float, dispatch_s: float) -> float:
-    """What of a predicted solo time an op's measured window holds: all but the host's
-    dispatch gap before it (0 for an entry that predicted nothing)."""
-    return predicted_s - dispatch_s if predicted_s > 0 else 0.0
 
 
 # Kernels one decoder layer (or vision block) launches per micro-batch, counted in

@@ -199,7 +199,7 @@ class Plan:
 
     def clone(self) -> Plan:
         """An independent copy, as `copy.deepcopy` makes one (every list, dict and record
-        new; strings, numbers and enums shared), at a tenth of its cost: the memory settler
+        new; strings, numbers and enums shared), at a fraction of its cost: the memory settler
         copies a plan before each rule it tries."""
         return replace(
             self,

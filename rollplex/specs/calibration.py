@@ -95,14 +95,21 @@ class CalibrationFile(Spec):
         return kind_scales(((e.kind, e.predicted_s, e.measured_s) for e in self.entries), dispatch)
 
 
+def in_op_seconds(predicted_s: float, dispatch_s: float) -> float:
+    """What of a predicted solo time an op's measured window holds: all but the host's
+    dispatch gap before it (0 for an entry that predicted nothing). Without it, an op that
+    does nothing (a weight sync over aliased weights, timed at a microsecond) read 1e4
+    times "faster" than its prediction, all of which was the gap."""
+    return predicted_s - dispatch_s if predicted_s > 0 else 0.0
+
+
 def kind_scales(entries: Iterable[tuple[str, float, float]], dispatch_s: float) -> dict[str, float]:
     """kind -> median predicted/measured over (kind, predicted_s, measured_s) entries, each
-    prediction less the dispatch gap that priced it, which an op's measured window leaves
-    out (CostModel.calibrated_by); an entry that predicted nothing is ignored."""
+    prediction `in_op_seconds`; an entry that predicted or measured nothing is ignored."""
     ratios: dict[str, list[float]] = {}
     for kind, predicted_s, measured_s in entries:
-        predicted = predicted_s - dispatch_s
-        if predicted_s > 0 and predicted > 0:
+        predicted = in_op_seconds(predicted_s, dispatch_s)
+        if predicted > 0 and measured_s > 0:
             ratios.setdefault(kind, []).append(predicted / measured_s)
     return {kind: statistics.median(rs) for kind, rs in ratios.items()}
 
