@@ -35,6 +35,8 @@ def plan_with_options(
         return plan_step(model, workload, algo, hardware, schedule, **kw)
     except PlanOverBudget as plain:
         for variant in fallbacks(schedule):
+            # each try is a whole planning pass (seconds at large steps): say what runs
+            log.info("%s; planning again with %s", plain.summary, variant.options[0])
             try:
                 res = plan_step(model, workload, algo, hardware, variant.schedule, **kw)
             except ValueError:  # over budget too, or a graph this option cannot run

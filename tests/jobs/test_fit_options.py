@@ -155,6 +155,9 @@ def test_the_plan_job_takes_the_fallback_and_says_so(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "; without it, plan 'rollplex' on 'colocated' needs" in p.stdout + p.stderr
     out = run_dir(tmp_path, "plan")
+    # the second planning pass is logged before it runs (seconds at large steps)
+    log = (out / "cli.log").read_text()
+    assert "; planning again with forward and backward per micro-batch" in log
     summary = json.loads((out / "summary.json").read_text())
     assert summary["fits_budget"]
     assert summary["decisions"][0].startswith("memory: planned with forward and backward")
