@@ -19,7 +19,7 @@ from pathlib import Path
 
 from rollplex.ops.formulas import Cost
 from rollplex.specs import HardwareSpec
-from rollplex.specs.calibration import in_op_seconds, kind_scales
+from rollplex.specs.calibration import in_op_rows, kind_scales
 
 CALIBRATION_FORMAT = "rollplex-calibration/1"
 BANDWIDTH_KINDS = frozenset(
@@ -146,12 +146,10 @@ class CostModel:
             rows.append((entry["kind"], entry["predicted_s"], entry["measured_s"]))
         scale = kind_scales(rows, self.dispatch_s)  # <1: slower
         seconds: dict[str, list[float]] = {}  # kind -> [predicted, measured] summed
-        for kind, predicted_s, measured_s in rows:
-            predicted = in_op_seconds(predicted_s, self.dispatch_s)
-            if predicted > 0 and measured_s > 0:
-                total = seconds.setdefault(kind, [0.0, 0.0])
-                total[0] += predicted
-                total[1] += measured_s
+        for kind, predicted, measured in in_op_rows(rows, self.dispatch_s):
+            total = seconds.setdefault(kind, [0.0, 0.0])
+            total[0] += predicted
+            total[1] += measured
         for kind, relatives in RELATED_KINDS.items():
             measured = [seconds[r] for r in relatives if r in seconds]
             if kind not in scale and measured:

@@ -66,15 +66,13 @@ def replay(plan: Plan, model: InterferenceModel | None = None) -> float:
             group.append(g)
     partitions = [{st.stream: st.partition for st in d.streams} for d in plan.devices]
     event_of_step = {e.step: e.id for e in plan.events}
-    waiting: dict[int, list[int]] = {}  # event -> queues holding a step that waits on it
-    waiters: dict[int, list[int]] = {}  # event -> steps that wait on it
+    waiters: dict[int, list[tuple[int, int]]] = {}  # event -> (step, its queue) waiting on it
     unfired: dict[int, int] = {}  # step -> how many of its events have not fired yet
     for q, steps in enumerate(queues):
         for s in [s for s in steps if s.waits]:
             unfired[s.index] = len(set(s.waits))
             for e in set(s.waits):
-                waiting.setdefault(e, []).append(q)
-                waiters.setdefault(e, []).append(s.index)
+                waiters.setdefault(e, []).append((s.index, q))
     running: list[list[Step]] = [[] for _ in plan.devices]  # per group, in start order
     remaining: dict[int, float] = {}
     rates: dict[int, float] = {}
@@ -117,8 +115,7 @@ def replay(plan: Plan, model: InterferenceModel | None = None) -> float:
             changed.add(group[q])
             dirty.add(q)
             if i in event_of_step:
-                _fire(event_of_step[i], waiters, unfired)
-                dirty.update(waiting.get(event_of_step[i], ()))
+                dirty.update(_fire(event_of_step[i], waiters, unfired))
             continue
         dt = min([remaining[i] / max(rates[i], _EPS) for i in remaining])
         t += dt
@@ -134,15 +131,20 @@ def replay(plan: Plan, model: InterferenceModel | None = None) -> float:
                 changed.add(group[q])
                 dirty.add(q)
                 if i in event_of_step:
-                    _fire(event_of_step[i], waiters, unfired)
-                    dirty.update(waiting.get(event_of_step[i], ()))
+                    dirty.update(_fire(event_of_step[i], waiters, unfired))
     plan.step_time_s = t
     return t
 
 
-def _fire(event: int, waiters: dict[int, list[int]], unfired: dict[int, int]) -> None:
-    for step in waiters.get(event, ()):
+def _fire(
+    event: int, waiters: dict[int, list[tuple[int, int]]], unfired: dict[int, int]
+) -> list[int]:
+    """Count `event` off its waiting steps; their queues, to check for a ready head."""
+    queues = []
+    for step, q in waiters.get(event, ()):
         unfired[step] -= 1
+        queues.append(q)
+    return queues
 
 
 def _run_alone(

@@ -6,7 +6,7 @@ with one line naming the file and the field. CalibrationSpec is the run's choice
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -95,22 +95,25 @@ class CalibrationFile(Spec):
         return kind_scales(((e.kind, e.predicted_s, e.measured_s) for e in self.entries), dispatch)
 
 
-def in_op_seconds(predicted_s: float, dispatch_s: float) -> float:
-    """What of a predicted solo time an op's measured window holds: all but the host's
-    dispatch gap before it (0 for an entry that predicted nothing). Without it, an op that
-    does nothing (a weight sync over aliased weights, timed at a microsecond) read 1e4
-    times "faster" than its prediction, all of which was the gap."""
-    return predicted_s - dispatch_s if predicted_s > 0 else 0.0
+def in_op_rows(
+    entries: Iterable[tuple[str, float, float]], dispatch_s: float
+) -> Iterator[tuple[str, float, float]]:
+    """(kind, predicted_s, measured_s) entries as an op's measured window sees them: each
+    prediction less the host's dispatch gap before the op, which the window leaves out
+    (without it, an aliased weight sync timed at a microsecond read 1e4 times "faster"
+    than a prediction that was all gap); entries that predicted or measured nothing
+    dropped."""
+    for kind, predicted_s, measured_s in entries:
+        predicted = predicted_s - dispatch_s
+        if predicted_s > 0 and predicted > 0 and measured_s > 0:
+            yield kind, predicted, measured_s
 
 
 def kind_scales(entries: Iterable[tuple[str, float, float]], dispatch_s: float) -> dict[str, float]:
-    """kind -> median predicted/measured over (kind, predicted_s, measured_s) entries, each
-    prediction `in_op_seconds`; an entry that predicted or measured nothing is ignored."""
+    """kind -> median predicted/measured over `in_op_rows(entries, dispatch_s)`."""
     ratios: dict[str, list[float]] = {}
-    for kind, predicted_s, measured_s in entries:
-        predicted = in_op_seconds(predicted_s, dispatch_s)
-        if predicted > 0 and measured_s > 0:
-            ratios.setdefault(kind, []).append(predicted / measured_s)
+    for kind, predicted, measured in in_op_rows(entries, dispatch_s):
+        ratios.setdefault(kind, []).append(predicted / measured)
     return {kind: statistics.median(rs) for kind, rs in ratios.items()}
 
 

@@ -36,8 +36,9 @@ def one_gpu_model(config: StepConfig) -> torch.nn.Module:
     """`model_for`, with the text layers' norms, MLPs and attention merge compiled on CUDA
     (compiled_pieces.py; bench/results/gpu_compiled_pieces/). The FSDP2 builders call
     `model_for` alone: sharded and TP modules have not run compiled pieces on GPUs."""
-    model = model_for(config.model, config.seed, torch.device(config.device))
-    return compile_text_pieces(model) if torch.device(config.device).type == "cuda" else model
+    device = torch.device(config.device)
+    model = model_for(config.model, config.seed, device)
+    return compile_text_pieces(model) if device.type == "cuda" else model
 
 
 def build_trainer(config: StepConfig, **_: Any) -> TorchTrainer:
