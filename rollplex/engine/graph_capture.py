@@ -20,12 +20,15 @@ class StepGraphs:
     """The captures of one engine: the memory pool its graphs share, and how many captures
     CUDA invalidated and were taken again."""
 
-    __slots__ = ("device", "pool", "retries")
+    __slots__ = ("device", "pool", "retries", "warmup_stream")
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.pool = None  # one pool for every graph of the engine, made at the first capture
         self.retries = 0
+        # One side stream for every warm-up: cuBLAS keeps a workspace for each stream a GEMM
+        # ran on until the job ends (jobs/devices.py), so a stream per capture costs one each.
+        self.warmup_stream: torch.cuda.Stream | None = None
 
     def release(self) -> None:
         self.pool = None
@@ -63,7 +66,9 @@ class StepGraphs:
         mutable = (ws.token, ws.position, ws.step, ws.done, ws.lengths)
         saved = [t.clone() for t in mutable]
         try:
-            stream = torch.cuda.Stream()
+            if self.warmup_stream is None:
+                self.warmup_stream = torch.cuda.Stream(self.device)
+            stream = self.warmup_stream
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 ws.body(forward, kv_len)  # warm-up: lazy inits and workspace allocations

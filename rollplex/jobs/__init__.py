@@ -35,7 +35,12 @@ def run_job(spec: RunSpec, out: Path) -> dict[str, Any]:
         from rollplex.jobs.weights import run_weights as run
     else:
         from rollplex.jobs.train import run_train as run
-    summary = run(spec, out)
+    from rollplex.jobs.devices import release_cuda_stream_caches
+
+    try:
+        summary = run(spec, out)
+    finally:
+        release_cuda_stream_caches()
     from rollplex.jobs.logs import report_repeats
 
     report_repeats(logging.getLogger("rollplex.jobs"))  # the warnings shown only once

@@ -43,3 +43,21 @@ def device_refusal(
     if index is not None and index >= cuda_devices:
         return f"{field}={device}: only {cuda_devices} CUDA device(s) are visible"
     return None
+
+
+def release_cuda_stream_caches() -> None:
+    """Free the cuBLAS workspaces a finished job's streams left: cuBLAS keeps one per (handle,
+    stream) a GEMM ran on, from the caching allocator, for the life of the process, and each
+    job takes new streams (the executor's, each decode-graph capture's warm-up). A later job
+    of the process (a multirun sweep, a bench) counted them in its own peak: ~0.2 GiB more
+    per job on an H100 (bench/results/gpu_profile/job_residue.md). No-op without CUDA."""
+    import sys
+
+    torch = sys.modules.get("torch")  # a plan job never imports torch: nothing to free
+    if torch is None or not torch.cuda.is_initialized():
+        return
+    torch.cuda.synchronize()  # no kernel may still use a workspace being freed
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # as Inductor's graphs do
+    if clear is not None:
+        clear()
+    torch.cuda.empty_cache()
