@@ -35,12 +35,11 @@ def run_job(spec: RunSpec, out: Path) -> dict[str, Any]:
         from rollplex.jobs.weights import run_weights as run
     else:
         from rollplex.jobs.train import run_train as run
+    summary = run(spec, out)
+    # Not in a `finally`: after a failed kernel, synchronizing would raise over the job's error.
     from rollplex.jobs.devices import release_cuda_stream_caches
 
-    try:
-        summary = run(spec, out)
-    finally:
-        release_cuda_stream_caches()
+    release_cuda_stream_caches()
     from rollplex.jobs.logs import report_repeats
 
     report_repeats(logging.getLogger("rollplex.jobs"))  # the warnings shown only once
