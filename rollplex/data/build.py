@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rollplex.data.media_checks import MediaChecks
 from rollplex.data.order import IndexedSource
 from rollplex.data.sample import DataError
 from rollplex.specs.data import FILE_SOURCES, SOURCES, DataSpec
@@ -11,9 +12,17 @@ from rollplex.specs.data import FILE_SOURCES, SOURCES, DataSpec
 SPLITS = ("train", "test")
 
 
-def build_source(spec: DataSpec, split: str, seed: int, *, frames: int = 1) -> IndexedSource:
+def build_source(
+    spec: DataSpec,
+    split: str,
+    seed: int,
+    *,
+    frames: int = 1,
+    checks: MediaChecks | None = None,
+) -> IndexedSource:
     """The split's prompts; checks files, columns and rows now, raising DataError naming the
-    file, row and field, so bad data stops a run before any model loads."""
+    file, row and field, so bad data stops a run before any model loads (image and video
+    files `checks` knows unchanged since an earlier check are not decoded again)."""
     if split not in SPLITS:
         raise DataError(f"unknown split '{split}'; known: {SPLITS}")
     if frames < 1:
@@ -29,13 +38,15 @@ def build_source(spec: DataSpec, split: str, seed: int, *, frames: int = 1) -> I
     if spec.source == "easyvqa":
         from rollplex.data.easyvqa import easyvqa_source
 
-        return easyvqa_source(spec, split, seed, frames)
+        return easyvqa_source(spec, split, seed, frames, checks)
     if spec.source in FILE_SOURCES:
-        return _file_source(spec, split, seed, frames)
+        return _file_source(spec, split, seed, frames, checks)
     raise DataError(f"unknown data source '{spec.source}'; known: {SOURCES}")
 
 
-def _file_source(spec: DataSpec, split: str, seed: int, frames: int) -> IndexedSource:
+def _file_source(
+    spec: DataSpec, split: str, seed: int, frames: int, checks: MediaChecks | None
+) -> IndexedSource:
     from rollplex.data.rows import RowSource, load_file
 
     path = spec.path if split == "train" else spec.eval_path
@@ -53,4 +64,5 @@ def _file_source(spec: DataSpec, split: str, seed: int, frames: int) -> IndexedS
         base=file.parent,
         frames=frames,
         max_rows=spec.max_rows if split == "train" else spec.eval_max_rows,
+        checks=checks,
     )

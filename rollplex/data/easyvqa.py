@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rollplex.data.media_checks import MediaChecks
 from rollplex.data.rows import RowSource
 from rollplex.data.sample import DataError
 from rollplex.specs.data import DataSpec
 
 
-def easyvqa_source(spec: DataSpec, split: str, seed: int, frames: int) -> RowSource:
+def easyvqa_source(
+    spec: DataSpec, split: str, seed: int, frames: int, checks: MediaChecks | None = None
+) -> RowSource:
     try:
         import easy_vqa
     except ImportError:
@@ -47,4 +50,5 @@ def easyvqa_source(spec: DataSpec, split: str, seed: int, frames: int) -> RowSou
         base=base,
         frames=frames,
         max_rows=max_rows,
+        checks=checks,
     )

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageSequence
 
+from rollplex.data.media_checks import MediaChecks
 from rollplex.data.sample import DataError
 
 # Animated formats PIL decodes itself; other video files need PyAV (`pip install av`).
@@ -45,14 +46,28 @@ def _ref(value: Any, base: Path, where: str) -> Path | bytes | Image.Image:
     raise DataError(f"{where}: expected an image path, bytes or {{'bytes': …}}, got {value!r:.80}")
 
 
-def check_image(value: Any, base: Path, where: str) -> tuple[int, int]:
+def check_image(
+    value: Any, base: Path, where: str, checks: MediaChecks | None = None
+) -> tuple[int, int]:
     """Decode the image once, as a batch will: a corrupt or missing file stops the run
-    before the first step, naming its row. Returns its (width, height) for sizing."""
-    return load_image(value, base, where).size
+    before the first step, naming its row. Returns its (width, height) for sizing. A file
+    `checks` knows unchanged since an earlier decode is not decoded again."""
+    ref = _ref(value, base, where)
+    file = ref if checks is not None and isinstance(ref, Path) else None
+    known = checks.get(file, 2) if file is not None else None
+    if known is not None:
+        return known[0], known[1]
+    size = _decode(ref, where).size
+    if file is not None:
+        checks.put(file, size)
+    return size
 
 
 def load_image(value: Any, base: Path, where: str) -> Image.Image:
-    ref = _ref(value, base, where)
+    return _decode(_ref(value, base, where), where)
+
+
+def _decode(ref: Path | bytes | Image.Image, where: str) -> Image.Image:
     if isinstance(ref, Image.Image):
         return ref.convert("RGB")
     try:
@@ -70,18 +85,35 @@ def uniform_indices(total: int, frames: int) -> list[int]:
     return [int(i) for i in np.linspace(0, total - 1, frames).round()]
 
 
-def check_video(value: Any, base: Path, where: str) -> tuple[int, tuple[int, int]]:
-    """Decode every frame once (as `check_image`); returns (frame count, (width, height))."""
+def check_video(
+    value: Any, base: Path, where: str, checks: MediaChecks | None = None
+) -> tuple[int, tuple[int, int]]:
+    """Decode every frame once (as `check_image`, with `checks` alike); returns (frame
+    count, (width, height))."""
     items = _video_items(value, where)
-    if isinstance(items, list):
-        sizes = {check_image(item, base, f"{where} frame {i}") for i, item in enumerate(items)}
-        decoded = len(items)
-    else:
-        frames = _decode_file(base / items, where)
-        sizes, decoded = {f.size for f in frames}, len(frames)
+    if not isinstance(items, list):
+        return _check_video_file(base / items, where, checks)
+    sizes = {check_image(item, base, f"{where} frame {i}", checks) for i, item in enumerate(items)}
+    return len(items), _one_size(sizes, where)
+
+
+def _check_video_file(
+    file: Path, where: str, checks: MediaChecks | None
+) -> tuple[int, tuple[int, int]]:
+    known = checks.get(file, 3) if checks is not None else None
+    if known is not None:
+        return known[0], (known[1], known[2])
+    frames = _decode_file(file, where)
+    size = _one_size({f.size for f in frames}, where)
+    if checks is not None:
+        checks.put(file, (len(frames), *size))
+    return len(frames), size
+
+
+def _one_size(sizes: set[tuple[int, int]], where: str) -> tuple[int, int]:
     if len(sizes) > 1:
         raise DataError(f"{where}: video frames differ in size {sorted(sizes)}")
-    return decoded, next(iter(sizes))
+    return next(iter(sizes))
 
 
 def load_video(value: Any, base: Path, frames: int, where: str) -> tuple[Image.Image, ...]:

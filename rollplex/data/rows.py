@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rollplex.data.media import as_list, check_image, check_video, load_image, load_video
+from rollplex.data.media_checks import MediaChecks
 from rollplex.data.order import IndexedSource
 from rollplex.data.sample import DataError, RowMedia, Sample
 from rollplex.specs.data import DataSpec
@@ -35,8 +36,10 @@ class RowSource(IndexedSource):
         base: Path,  # relative image/frame paths start here
         frames: int,
         max_rows: int | None,
+        checks: MediaChecks | None = None,  # earlier runs' decodes of unchanged files
     ) -> None:
         self.label, self.base, self.frames, self.spec = label, base, frames, spec
+        self.checks = checks
         columns = set(dataset.column_names)
         for field, key in (("prompt_key", spec.prompt_key), ("answer_key", spec.answer_key)):
             if key not in columns:
@@ -78,6 +81,16 @@ class RowSource(IndexedSource):
                 self.media.append(self._check_row(start + j, row, seen))
             bar.update(len(chunk[self.spec.prompt_key]))
         bar.close()
+        if self.checks is not None and self.checks.known:
+            log.info(
+                "%s: %d media files unchanged since an earlier check, %d decoded (%s)",
+                self.label,
+                self.checks.known,
+                self.checks.added,
+                self.checks.path,
+            )
+        if self.checks is not None:
+            self.checks.save()
 
     def _check_row(self, i: int, row: dict[str, Any], seen: dict[str, tuple[int, int]]) -> RowMedia:
         pk, ak = self.spec.prompt_key, self.spec.answer_key
@@ -95,7 +108,7 @@ class RowSource(IndexedSource):
         for item in images:
             size = seen.get(item) if isinstance(item, str) else None
             if size is None:
-                size = check_image(item, self.base, self._where(i, self.image_key))
+                size = check_image(item, self.base, self._where(i, self.image_key), self.checks)
                 if isinstance(item, str):
                     seen[item] = size
             sizes.append(size)
@@ -108,7 +121,9 @@ class RowSource(IndexedSource):
         video = row[self.video_key] if self.video_key else None
         frames, frame_size = 0, None
         if video is not None and as_list(video):
-            frames, frame_size = check_video(video, self.base, self._where(i, self.video_key))
+            frames, frame_size = check_video(
+                video, self.base, self._where(i, self.video_key), self.checks
+            )
         elif VIDEO in row[pk]:
             raise DataError(f"{self._where(i, pk)}: {VIDEO} placeholder but the row has no video")
         if row[pk].count(VIDEO) > 1:
