@@ -53,13 +53,13 @@ def check_image(
     before the first step, naming its row. Returns its (width, height) for sizing. A file
     `checks` knows unchanged since an earlier decode is not decoded again."""
     ref = _ref(value, base, where)
-    file = ref if checks is not None and isinstance(ref, Path) else None
-    known = checks.get(file, 2) if file is not None else None
+    if checks is None or not isinstance(ref, Path):  # bytes have no file to key by
+        return _decode(ref, where).size
+    known = checks.get(ref, 2)
     if known is not None:
         return known[0], known[1]
     size = _decode(ref, where).size
-    if file is not None:
-        checks.put(file, size)
+    checks.put(ref, size)
     return size
 
 

@@ -81,16 +81,18 @@ class RowSource(IndexedSource):
                 self.media.append(self._check_row(start + j, row, seen))
             bar.update(len(chunk[self.spec.prompt_key]))
         bar.close()
-        if self.checks is not None and self.checks.known:
+        checks = self.checks
+        if checks is None:
+            return
+        if checks.known:
             log.info(
                 "%s: %d media files unchanged since an earlier check, %d decoded (%s)",
                 self.label,
-                self.checks.known,
-                self.checks.added,
-                self.checks.path,
+                checks.known,
+                checks.added,
+                checks.path,
             )
-        if self.checks is not None:
-            self.checks.save()
+        checks.save()
 
     def _check_row(self, i: int, row: dict[str, Any], seen: dict[str, tuple[int, int]]) -> RowMedia:
         pk, ak = self.spec.prompt_key, self.spec.answer_key
