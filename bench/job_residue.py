@@ -27,14 +27,15 @@ def reachable_cuda_tensors() -> dict[int, tuple[int, object]]:
     import torch
 
     found: dict[int, tuple[int, object]] = {}
-    warnings.simplefilter("ignore", FutureWarning)  # isinstance on torch's deprecated aliases
-    for o in gc.get_objects():
-        try:
-            if isinstance(o, torch.Tensor) and o.is_cuda:
-                st = o.untyped_storage()
-                found.setdefault(st.data_ptr(), (st.nbytes(), o))
-        except (RuntimeError, ReferenceError):  # a tensor subclass without storage
-            continue
+    with warnings.catch_warnings():  # isinstance on torch's deprecated aliases warns
+        warnings.simplefilter("ignore", FutureWarning)
+        for o in gc.get_objects():
+            try:
+                if isinstance(o, torch.Tensor) and o.is_cuda:
+                    st = o.untyped_storage()
+                    found.setdefault(st.data_ptr(), (st.nbytes(), o))
+            except (RuntimeError, ReferenceError):  # a tensor subclass without storage
+                continue
     return found
 
 

@@ -55,12 +55,8 @@ def check_image(
     ref = _ref(value, base, where)
     if checks is None or not isinstance(ref, Path):  # bytes have no file to key by
         return _decode(ref, where).size
-    known = checks.get(ref, 2)
-    if known is not None:
-        return known[0], known[1]
-    size = _decode(ref, where).size
-    checks.put(ref, size)
-    return size
+    width, height = checks.recall(ref, 2, lambda: _decode(ref, where).size)
+    return width, height
 
 
 def load_image(value: Any, base: Path, where: str) -> Image.Image:
@@ -100,14 +96,12 @@ def check_video(
 def _check_video_file(
     file: Path, where: str, checks: MediaChecks | None
 ) -> tuple[int, tuple[int, int]]:
-    known = checks.get(file, 3) if checks is not None else None
-    if known is not None:
-        return known[0], (known[1], known[2])
-    frames = _decode_file(file, where)
-    size = _one_size({f.size for f in frames}, where)
-    if checks is not None:
-        checks.put(file, (len(frames), *size))
-    return len(frames), size
+    def check() -> tuple[int, int, int]:
+        frames = _decode_file(file, where)
+        return len(frames), *_one_size({f.size for f in frames}, where)
+
+    count, width, height = check() if checks is None else checks.recall(file, 3, check)
+    return count, (width, height)
 
 
 def _one_size(sizes: set[tuple[int, int]], where: str) -> tuple[int, int]:

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,26 +47,25 @@ class MediaChecks:
             return cls(path)
         return cls(path, files)
 
-    def get(self, file: Path, length: int) -> Result | None:
-        """The earlier result for `file` (`length` numbers) if it is unchanged since."""
-        entry = self.files.get(_key(file))
-        stat = _stat(file)
+    def recall(self, file: Path, length: int, check: Callable[[], Result]) -> Result:
+        """`check()`'s result for `file` (`length` numbers): read back when the file is
+        unchanged since an earlier check, else checked now and kept."""
+        key, stat = _key(file), _stat(file)
+        entry = self.files.get(key)
         if (
-            stat is None
-            or not isinstance(entry, list)
-            or len(entry) != 2 + length
-            or entry[:2] != list(stat)
-            or not all(isinstance(x, int) for x in entry)
+            stat is not None
+            and isinstance(entry, list)
+            and len(entry) == 2 + length
+            and entry[:2] == list(stat)
+            and all(isinstance(x, int) for x in entry)
         ):
-            return None
-        self.known += 1
-        return tuple(entry[2:])
-
-    def put(self, file: Path, result: Result) -> None:
-        stat = _stat(file)
+            self.known += 1
+            return tuple(entry[2:])
+        result = check()  # raises DataError on a bad file: nothing is kept for it
         if stat is not None:
-            self.files[_key(file)] = [*stat, *result]
+            self.files[key] = [*stat, *result]
             self.added += 1
+        return result
 
     def save(self) -> None:
         """Write the file if anything was decoded; a cache that cannot be written is said

@@ -105,7 +105,7 @@ def in_op_rows(
     dropped."""
     for kind, predicted_s, measured_s in entries:
         predicted = predicted_s - dispatch_s
-        if predicted_s > 0 and predicted > 0 and measured_s > 0:
+        if predicted > 0 and measured_s > 0:  # dispatch_s >= 0: predicted_s > 0 too
             yield kind, predicted, measured_s
 
 
