@@ -1,9 +1,12 @@
 """Suite-wide: GPU tests skip themselves without CUDA, saying so; files with slow tests
-are collected first, so that `--dist loadfile` hands them out first."""
+are collected first, so that `--dist loadfile` hands them out first; every test leaves the
+root logger as it found it."""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -33,3 +36,16 @@ def heavy_files_first(items: list[pytest.Item]) -> None:
         slow[item.nodeid.split("::")[0]] += "slow" in item.keywords
     rank = {f: (-slow[f], -count[f], i) for i, f in enumerate(count)}
     items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
+
+
+@pytest.fixture(autouse=True)
+def root_logging_kept() -> Iterator[None]:
+    """A CLI job run in this process lets Hydra give the root logger handlers on the test's
+    captured streams, which close with the test: a later test's log line would then print
+    a "Logging error" traceback into its own captured stderr. Each test leaves the root
+    logger's handlers and level as it found them."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
