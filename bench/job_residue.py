@@ -2,7 +2,9 @@
 Hydra multirun sweep or bench/gpu_step.py runs them): torch's allocated bytes after each
 job, the CUDA tensors Python can still reach (by shape, with what holds the largest), and
 the rollplex objects still alive. Bytes no reachable tensor accounts for are held outside
-Python's view (CUDA graph pools, compiled-code caches).
+Python's view (CUDA graph pools, compiled-code caches). `--by-op` also records each job's
+allocator history (as bench/memory_peak.py does, blocks tagged by plan op) and prints what
+was live at each job's peak, by op, side by side: where a later job's higher peak comes from.
 
     python bench/job_residue.py --folder /tmp/qwen2_5_vl_3b --shape qwen2_5_vl_3b \\
         --frames 32 --mean-length 64 --max-length 256 --jobs 3     # bench/job_residue.sh
@@ -75,16 +77,28 @@ def main() -> None:
     add_one_schedule_arguments(ap, steps=1)
     ap.add_argument("--jobs", type=int, default=3)
     ap.add_argument("--out", default="bench/results/gpu_profile")
+    ap.add_argument("--by-op", action="store_true", help="each job's peak split by plan op")
+    ap.add_argument("--max-entries", type=int, default=2_000_000)
     args = ap.parse_args()
     out = Path(args.out)
     cuda = args.device == "cuda"  # on CPU (a smoke run) only the objects are counted
+    by_op = args.by_op and cuda
+    if by_op:
+        from memory_peak import tag_allocations_with_op
+
+        torch.autograd.set_multithreading_enabled(False)  # the op tag is per thread
+        tag_allocations_with_op(torch)
     before = rollplex_objects()
-    rows = []
+    rows, peaks = [], []
     for job in range(args.jobs):
         spec = compose_spec(overrides(args, args.schedule))
         if cuda:
             torch.cuda.reset_peak_memory_stats()
+        if by_op:
+            torch.cuda.memory._record_memory_history(max_entries=args.max_entries, context=None)
         run_job(spec, out / "residue_runs" / f"job{job}")
+        if by_op:
+            peaks.append(peak_by_op(torch))
         gc.collect()
         tensors = reachable_cuda_tensors()
         seen = sum(b for b, _ in tensors.values())
@@ -111,6 +125,36 @@ def main() -> None:
             f"| {job} | {allocated / GiB:.3f} | {seen / GiB:.3f} | "
             f"{(allocated - seen) / GiB:.3f} | {peak / GiB:.2f} |"
         )
+    if peaks:
+        print_peaks(peaks)
+
+
+def peak_by_op(torch) -> dict[str, float]:
+    """GiB live at this job's replayed allocator peak, by the op that allocated each block
+    (memory_peak.py's replay), and the peak itself under "(peak)"; recording stops."""
+    from memory_peak import peak_blocks
+
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    peak, live = peak_blocks(snapshot)
+    out: Counter[str] = Counter()
+    for b in live.values():
+        out[b.op or "(untagged)"] += b.size / GiB
+    return {"(peak)": peak / GiB, **dict(out.most_common())}
+
+
+def print_peaks(peaks: list[dict[str, float]]) -> None:
+    """One row per op, one column per job, largest first in the last job."""
+    ops = sorted({op for p in peaks for op in p}, key=lambda op: -peaks[-1].get(op, 0.0))
+    jobs = range(len(peaks))
+    print(
+        "\n| live at the job's peak, allocated by | "
+        + " | ".join(f"job {j} (GiB)" for j in jobs)
+        + " |"
+    )
+    print("|---|" + "---:|" * len(peaks))
+    for op in ops:
+        print(f"| `{op}` | " + " | ".join(f"{p.get(op, 0.0):.3f}" for p in peaks) + " |")
 
 
 if __name__ == "__main__":
