@@ -20,12 +20,12 @@ from rollplex.specs.data import DataSpec
 
 
 def build_both(cache: Path | None) -> float:
-    """Seconds to build the train and test sources (each split loads the file, as a run's
-    `data_source` does)."""
+    """Seconds to build the train and test sources (the file read once for both, as a run's
+    `prepare` does)."""
     spec = DataSpec(source="easyvqa")
     start = time.perf_counter()
+    checks = MediaChecks.load(cache) if cache is not None else None
     for split in ("train", "test"):
-        checks = MediaChecks.load(cache) if cache is not None else None
         build_source(spec, split, 0, checks=checks)
     return time.perf_counter() - start
 

@@ -64,6 +64,7 @@ class RowSource(IndexedSource):
     def _check_rows(self) -> None:
         from tqdm.auto import tqdm
 
+        known = self.checks.known if self.checks else 0  # the splits of a run share one
         keys = [self.spec.prompt_key, self.spec.answer_key, self.image_key, self.video_key]
         cols = self.dataset.select_columns([k for k in keys if k])
         seen: dict[str, tuple[int, int]] = {}  # rows repeat images (easy-vqa: ~10x)
@@ -84,11 +85,11 @@ class RowSource(IndexedSource):
         checks = self.checks
         if checks is None:
             return
-        if checks.known:
+        if checks.known > known:
             log.info(
                 "%s: %d media files unchanged since an earlier check, %d decoded (%s)",
                 self.label,
-                checks.known,
+                checks.known - known,
                 checks.added,
                 checks.path,
             )

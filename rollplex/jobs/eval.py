@@ -105,7 +105,8 @@ def settings_from_run(spec: RunSpec, run_config: Path | None, keys: set[str]) ->
 
 
 def run_eval(spec: RunSpec, out: Path) -> dict[str, Any]:
-    from rollplex.jobs.prepare import data_source, model_folder, renderer_for
+    from rollplex.data import build_source
+    from rollplex.jobs.prepare import media_checks, model_folder, renderer_for
 
     run_config = training_run_config(spec.model.path)
     spec = settings_from_run(spec, run_config, command_line_keys())
@@ -122,7 +123,8 @@ def run_eval(spec: RunSpec, out: Path) -> dict[str, Any]:
 
     check_roles(spec.backend)  # BackendUnavailable says what to install, before any load
     folder = model_folder(spec)  # checked before any weights load
-    source = data_source(spec.data, e.split, spec.seed, spec.workload.frames)
+    frames = spec.workload.frames
+    source = build_source(spec.data, e.split, spec.seed, frames=frames, checks=media_checks())
     renderer = renderer_for(spec, folder, spec.workload)
 
     import torch

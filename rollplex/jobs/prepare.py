@@ -21,7 +21,7 @@ from rollplex.models import ModelFolder, ensure_demo_folder, open_model_folder
 from rollplex.runtime.compile_cache import cache_root
 from rollplex.runtime.scoring import ResponseScorer
 from rollplex.specs import ModelSpec, WorkloadSpec
-from rollplex.specs.data import FILE_SOURCES, DataSpec
+from rollplex.specs.data import FILE_SOURCES
 from rollplex.specs.run import RunSpec
 
 log = logging.getLogger(__name__)
@@ -70,23 +70,28 @@ def renderer_for(spec: RunSpec, folder: ModelFolder, workload: WorkloadSpec) -> 
     )
 
 
-def data_source(data: DataSpec, split: str, seed: int, frames: int) -> PromptSource:
-    """`build_source`, decoding only the media files that changed since an earlier run's
-    check (its results: <cache root>/media_checks.json, data/media_checks.py)."""
-    checks = MediaChecks.load(cache_root() / "media_checks.json")
-    return build_source(data, split, seed, frames=frames, checks=checks)
+def media_checks() -> MediaChecks:
+    """Earlier runs' decodes of media files (<cache root>/media_checks.json,
+    data/media_checks.py), read once a run and shared by its splits: `build_source` decodes
+    only the files that changed since."""
+    return MediaChecks.load(cache_root() / "media_checks.json")
 
 
 def prepare(spec: RunSpec, eval_split: bool = True, folder: ModelFolder | None = None) -> Prepared:
     folder = folder or model_folder(spec)
     frames = spec.workload.frames
-    train_source = data_source(spec.data, "train", spec.seed, frames)
+    checks = media_checks()
+    train_source = build_source(spec.data, "train", spec.seed, frames=frames, checks=checks)
     if eval_split and spec.data.source in FILE_SOURCES and spec.data.eval_path is None:
         log.warning(
             "no held-out split (data.eval_path is not set): held-out accuracy is not logged"
         )
         eval_split = False
-    eval_source = data_source(spec.data, "test", spec.seed, frames) if eval_split else None
+    eval_source = (
+        build_source(spec.data, "test", spec.seed, frames=frames, checks=checks)
+        if eval_split
+        else None
+    )
     reward = build_reward(spec.reward)
     renderer = renderer_for(spec, folder, spec.workload)
     data = StepData(train_source, renderer, spec.workload.prompts_per_step)

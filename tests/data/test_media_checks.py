@@ -126,3 +126,22 @@ def test_a_cache_that_cannot_be_written_costs_only_the_next_decode(rows_file, tm
     src = _build(rows_file, blocker / "media_checks.json")  # its folder is a file
     assert len(src.media) == 4
     assert "media checks not kept" in caplog.text
+
+
+def test_the_splits_of_a_run_share_one_read_and_each_logs_its_own_files(
+    rows_file, tmp_path, decodes, caplog
+):
+    """prepare() reads the file once and hands it to both splits: the second split decodes
+    only its own new files, and each split's log line counts its own known files."""
+    cache = tmp_path / "media_checks.json"
+    _build(rows_file, cache)  # an earlier run
+    checks = MediaChecks.load(cache)
+    spec = DataSpec(source="jsonl", path=str(rows_file), eval_path=str(rows_file))
+    decodes.clear()
+    with caplog.at_level("INFO", logger="rollplex.data.rows"):
+        for split in ("train", "test"):
+            build_source(spec, split, 0, frames=2, checks=checks)
+    assert decodes == []
+    counts = [r.getMessage() for r in caplog.records if "unchanged since" in r.getMessage()]
+    # 5 lookups a split (0.png once as an image, once as a video frame), not 5 then 10
+    assert len(counts) == 2 and all(": 5 media files unchanged" in c for c in counts)
