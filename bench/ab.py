@@ -23,8 +23,9 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 MIN_ROUNDS = 2
@@ -55,6 +56,24 @@ class Ratio:
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self) | {"beyond_noise": self.beyond_noise}
+
+
+def timed_rounds(variants: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Each variant's seconds (what its callable returns) per round, the variants run in
+    `round_orders`' alternating order: for the CPU benches that time two code paths."""
+    seconds: dict[str, list[float]] = {name: [] for name in variants}
+    for order in round_orders(list(variants), rounds):
+        for name in order:
+            seconds[name].append(variants[name]())
+    return seconds
+
+
+def report(lines: Sequence[str], md: str | Path | None) -> None:
+    """Print a bench's markdown and, given a path, write it there."""
+    text = "\n".join(lines)
+    print(text)
+    if md:
+        Path(md).write_text(text + "\n")
 
 
 def round_skip(elapsed_s: float, first_round_s: Sequence[float], budget_s: float | None) -> str:

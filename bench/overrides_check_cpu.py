@@ -11,7 +11,9 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
+from collections.abc import Callable
+
+from ab import ratio_over_rounds, report, timed_rounds
 
 from rollplex.cli import _conf_dir
 from rollplex.jobs import overrides as o
@@ -32,7 +34,7 @@ def two_composes() -> None:
     o.compose_config(_conf_dir(), "train", [*LINE, "job=train"])
 
 
-def seconds(fn, repeats: int) -> float:
+def seconds(fn: Callable[[], None], repeats: int) -> float:
     start = time.perf_counter()
     for _ in range(repeats):
         fn()
@@ -46,31 +48,36 @@ def main() -> None:
     ap.add_argument("--md", default=None)
     args = ap.parse_args()
     one_compose(), two_composes()  # imports and Hydra's first compose, outside the timing
-    rows = []
-    for r in range(args.rounds):  # A B | B A | ...
-        order = (one_compose, two_composes) if r % 2 == 0 else (two_composes, one_compose)
-        t = {fn.__name__: seconds(fn, args.repeats) for fn in order}
-        rows.append((r, t["two_composes"], t["one_compose"]))
-    ratios = [b / a for _, b, a in rows]
-    saved = [(b - a) * 1e3 for _, b, a in rows]
-    lines = [
-        "# The override check: one compose against the two it made before (CPU)",
-        "",
-        f"Command: `python {' '.join(sys.argv)}` (alternating order, A B | B A ...; each "
-        f"figure the mean of {args.repeats} checks of `{' '.join(LINE)}`).",
-        "",
-        "| round | two composes (ms) | one compose (ms) | ratio |",
-        "|---|---:|---:|---:|",
-        *(f"| {r} | {b * 1e3:.1f} | {a * 1e3:.1f} | {b / a:.2f} |" for r, b, a in rows),
-        "",
-        f"Ratio {statistics.median(ratios):.2f} (median; half-range "
-        f"{(max(ratios) - min(ratios)) / 2:.2f}); {statistics.median(saved):.0f} ms saved per "
-        "command (median).",
-    ]
-    text = "\n".join(lines)
-    print(text)
-    if args.md:
-        Path(args.md).write_text(text + "\n")
+    t = timed_rounds(
+        {
+            "one": lambda: seconds(one_compose, args.repeats),
+            "two": lambda: seconds(two_composes, args.repeats),
+        },
+        args.rounds,
+    )
+    ratio = ratio_over_rounds(t["two"], t["one"])
+    saved = statistics.fmean(b - a for a, b in zip(t["one"], t["two"], strict=True)) * 1e3
+    rows = zip(t["two"], t["one"], ratio.per_round, strict=True)
+    report(
+        [
+            "# The override check: one compose against the two it made before (CPU)",
+            "",
+            f"Command: `python {' '.join(sys.argv)}` (alternating order, A B | B A ...; "
+            f"bench/ab.py; each figure the mean of {args.repeats} checks of "
+            f"`{' '.join(LINE)}`).",
+            "",
+            "| round | two composes (ms) | one compose (ms) | ratio |",
+            "|---|---:|---:|---:|",
+            *(
+                f"| {r} | {b * 1e3:.1f} | {a * 1e3:.1f} | {k:.2f} |"
+                for r, (b, a, k) in enumerate(rows)
+            ),
+            "",
+            f"Ratio {ratio.value:.2f} +- {ratio.spread:.2f} (mean over rounds +- half-width); "
+            f"{saved:.0f} ms saved per command (mean).",
+        ],
+        args.md,
+    )
 
 
 if __name__ == "__main__":

@@ -33,6 +33,19 @@ def test_rounds_alternate_and_no_schedule_is_always_first(names, rounds):
             assert a.index(n) + b.index(n) == len(names) - 1
 
 
+def test_timed_rounds_run_the_variants_in_the_alternating_order(tmp_path, capsys):
+    ran: list[str] = []
+
+    def variant(name: str, seconds: float):
+        return lambda: ran.append(name) or seconds
+
+    t = ab.timed_rounds({"a": variant("a", 2.0), "b": variant("b", 1.0)}, 4)
+    assert ran == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert t == {"a": [2.0] * 4, "b": [1.0] * 4}
+    ab.report(["# x", "y"], tmp_path / "r.md")
+    assert (tmp_path / "r.md").read_text() == "# x\ny\n" and "# x\ny" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("rounds", [0, 1])
 def test_one_round_is_refused(rounds):
     with pytest.raises(ValueError, match="at least 2 rounds"):
