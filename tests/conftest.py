@@ -42,10 +42,12 @@ def heavy_files_first(items: list[pytest.Item]) -> None:
 def root_logging_kept() -> Iterator[None]:
     """A CLI job run in this process lets Hydra give the root logger handlers on the test's
     captured streams, which close with the test: a later test's log line would then print
-    a "Logging error" traceback into its own captured stderr. Each test leaves the root
-    logger's handlers and level as it found them."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
+    a "Logging error" traceback into its own captured stderr. A verbose run also lowers the
+    rollplex logger's level, which would let a later test capture lines it does not expect.
+    Each test leaves the root and rollplex loggers' handlers and levels as it found them."""
+    loggers = [logging.getLogger(), logging.getLogger("rollplex")]
+    kept = [(list(logger.handlers), logger.level) for logger in loggers]
     yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+    for logger, (handlers, level) in zip(loggers, kept, strict=True):
+        logger.handlers[:] = handlers
+        logger.setLevel(level)

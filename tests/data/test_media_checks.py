@@ -138,6 +138,8 @@ def test_the_splits_of_a_run_share_one_read_and_each_logs_its_own_files(
     checks = MediaChecks.load(cache)
     spec = DataSpec(source="jsonl", path=str(rows_file), eval_path=str(rows_file))
     decodes.clear()
+    # The earlier run logs too where an earlier test left the rollplex loggers at INFO.
+    caplog.clear()
     with caplog.at_level("INFO", logger="rollplex.data.rows"):
         for split in ("train", "test"):
             build_source(spec, split, 0, frames=2, checks=checks)
