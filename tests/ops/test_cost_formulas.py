@@ -184,6 +184,20 @@ def test_decode_rollout_fixed_lengths_is_the_sum_of_its_steps():
     assert r.cost.transient_bytes >= 8 * 63 * M7.kv_bytes_per_token()
 
 
+@pytest.mark.parametrize("model", sorted(MODEL_PRESETS))
+def test_decode_step_terms_are_decode_steps_floats(model):
+    """The rollout's hoisted per-step terms are `decode_step`'s fields, bit for bit, at
+    every TP, fractional batches (expected active rows) and contexts."""
+    spec = MODEL_PRESETS[model]
+    for tp in (1, 2, 4, 8):
+        terms = F.DecodeStepTerms.of(spec, tp)
+        for batch, context in itertools.product((0.37, 1.0, 7.5, 256.0), (0, 1, 1337, 98_305)):
+            step = F.decode_step(spec, batch, context, tp)
+            want = (step.flops, step.bytes_read, step.bytes_written, step.weight_bytes,
+                    step.transient_bytes)  # fmt: skip
+            assert terms.fields(batch, context) == want, (tp, batch, context)
+
+
 @pytest.mark.parametrize("distribution", ["lognormal", "uniform", "fixed"])
 def test_decode_rollout_grows_with_group_size_and_length(distribution):
     def run(group: int, mean: int) -> F.DecodeRollout:

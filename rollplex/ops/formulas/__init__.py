@@ -14,6 +14,7 @@ from rollplex.ops.formulas.engines import (
 )
 from rollplex.ops.formulas.llm import (
     DecodeRollout,
+    DecodeStepTerms,
     LogprobPart,
     activation_bytes_per_token,
     attention_flops,
@@ -48,6 +49,7 @@ from rollplex.ops.formulas.vision import (
 __all__ = [
     "Cost",
     "DecodeRollout",
+    "DecodeStepTerms",
     "LogprobPart",
     "activation_bytes_per_token",
     "advantage",

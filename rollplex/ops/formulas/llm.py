@@ -153,6 +153,61 @@ def decode_step(model: ModelSpec, batch: float, context_tokens: float, tp: int =
 
 
 @dataclass(slots=True, frozen=True)
+class DecodeStepTerms:
+    """`decode_step`'s Cost fields for any batch and context, with the terms that do not
+    depend on them computed once: a rollout prices thousands of steps, and rebuilding two
+    Costs a step was a fifth of planning. The same expressions in the same order, so the
+    same floats (tests/ops/test_cost_formulas.py checks them against `decode_step`)."""
+
+    layers: int
+    hidden: int
+    dtype_bytes: int
+    tp: int
+    layer_flops: float  # layer_matmul_flops_per_token
+    kv_tok: float
+    weights: float  # decoder_weight_bytes
+    head_weights: float  # lm_head_weight_bytes
+    vocab: int
+    width: float  # a row's working set: 2h + 3i / tp
+
+    @classmethod
+    def of(cls, model: ModelSpec, tp: int) -> DecodeStepTerms:
+        check_tp(tp)
+        h = model.hidden_size
+        return cls(
+            layers=model.num_layers,
+            hidden=h,
+            dtype_bytes=model.dtype_bytes,
+            tp=tp,
+            layer_flops=layer_matmul_flops_per_token(model, tp),
+            kv_tok=kv_bytes_per_token(model, tp),
+            weights=decoder_weight_bytes(model, tp),
+            head_weights=lm_head_weight_bytes(model, tp),
+            vocab=model.vocab_size,
+            width=2 * h + 3 * model.intermediate_size / tp,
+        )
+
+    def fields(
+        self, batch: float, context_tokens: float
+    ) -> tuple[float, float, float, float, float]:
+        """(flops, bytes_read, bytes_written, weight_bytes, transient_bytes) of
+        `decode_step(model, batch, context_tokens, tp)` (batch > 0)."""
+        h, layers, tp, b = self.hidden, self.layers, self.tp, self.dtype_bytes
+        rows = batch * 1
+        flops = rows * layers * self.layer_flops
+        flops += 4 * batch * 1 * (context_tokens + 1) * h * layers / tp
+        kv_new = rows * self.kv_tok
+        logits = rows * self.vocab / tp
+        return (
+            flops + 2 * rows * h * self.vocab / tp,
+            self.weights + rows * h * b + batch * context_tokens * self.kv_tok + self.head_weights,
+            kv_new + (logits * b + rows * LOGPROB_BYTES),
+            self.weights + self.head_weights,
+            max(rows * b * self.width + 0.0, logits * FP32),
+        )
+
+
+@dataclass(slots=True, frozen=True)
 class DecodeRollout:
     """The whole rollout's decode: its summed cost and the shape of the run."""
 
@@ -200,17 +255,18 @@ def decode_rollout(
     # Summed field by field (the additions Cost.__add__ makes, in its order: the same
     # floats), not through a Cost per step: the planner prices thousands of steps per plan.
     flops = read = written = weights = scratch = 0.0
+    terms = DecodeStepTerms.of(model, tp)
     for s in range(steps):
         active = lengths.expected_active(batch, s + 1)
         if active <= 0:
             break
-        step = decode_step(model, max(active, floor), prefix + s, tp)
+        f, r, w, wt, t = terms.fields(max(active, floor), prefix + s)
         # The step's new K/V stays in the rollout's scratch; only the token leaves it.
-        flops += step.flops
-        read += step.bytes_read
-        written += step.bytes_written
-        weights += step.weight_bytes
-        scratch = max(scratch, step.transient_bytes)
+        flops += f
+        read += r
+        written += w
+        weights += wt
+        scratch = max(scratch, t)
         tokens += active
         peak_kv = max(peak_kv, active * (s + 1) * kv_tok)
     total = Cost(flops, read, written, weights, 0.0, scratch)
