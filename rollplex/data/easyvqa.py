@@ -1,13 +1,14 @@
 """The easy-VQA set (PyPI `easy-vqa`): 64x64 shape images, answers yes/no, shape or colour.
 
-The package ships the questions as three lists and the images as PNG files; they become a
-`datasets.Dataset` of EasyR1-style rows, read by the same RowSource as the user's files.
+The package ships the questions as three lists and the images as PNG files; they become
+EasyR1-style rows (`Columns`), read by the same RowSource as the user's files.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from rollplex.data.columns import Columns
 from rollplex.data.media_checks import MediaChecks
 from rollplex.data.rows import RowSource
 from rollplex.data.sample import DataError
@@ -31,20 +32,17 @@ def easyvqa_source(
         paths, max_rows = easy_vqa.get_test_image_paths(), spec.eval_max_rows
     else:
         raise DataError(f"data source 'easyvqa' has splits train and test, not '{split}'")
-    import datasets
-
     rows = {
         spec.prompt_key: list(questions),
         spec.answer_key: list(answers),
         spec.image_key: [paths[i] for i in ids],
     }
-    dataset = datasets.Dataset.from_dict(rows)
     base = Path(easy_vqa.__file__).parent
     return RowSource(
         "easyvqa",
         split,
         seed,
-        dataset,
+        Columns(rows),
         spec=spec,
         label=f"easy-vqa {split}",
         base=base,

@@ -1,4 +1,4 @@
-"""Row sources: a `datasets.Dataset` of EasyR1/verl-style rows as a PromptSource.
+"""Row sources: EasyR1/verl-style rows (a `datasets.Dataset`, or `Columns`) as a PromptSource.
 
 A row has a question (`prompt_key`, with optional "<image>"/"<video>" placeholders), an
 answer, and optionally images or one video. Every row is checked (and its visuals decoded
@@ -29,7 +29,7 @@ class RowSource(IndexedSource):
         name: str,
         split: str,
         seed: int,
-        dataset: Any,  # datasets.Dataset
+        dataset: Any,  # a datasets.Dataset (files), or Columns (in-memory lists)
         *,
         spec: DataSpec,
         label: str,  # how errors name the data: a file path, or "easy-vqa train"
