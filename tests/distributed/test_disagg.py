@@ -207,10 +207,15 @@ def test_pools_must_cover_the_world_and_split_the_prompts():
 
 
 def test_cli_refuses_a_world_the_plan_was_not_made_for():
+    """One rank of a 2-rank launch: the process torchrun would start, with the variables it
+    sets (each rank refuses on its own, before any process group forms; a launch of both
+    costs two more processes' imports for the same check)."""
     import subprocess
 
     args = ["train", *TRAIN, "schedule=disaggregated", "hardware.num_gpus=4", "train.steps=1"]
-    p = subprocess.run(command(2, "rollplex.cli", args), cwd=ROOT, env=env(),
+    rank = env() | {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}  # fmt: skip
+    p = subprocess.run(command(1, "rollplex.cli", args), cwd=ROOT, env=rank,
                        capture_output=True, text=True, timeout=120)  # fmt: skip
     assert p.returncode != 0
     assert "hardware.num_gpus=4 but torchrun's WORLD_SIZE=2" in p.stderr

@@ -1,4 +1,4 @@
-"""What the Triton-kernel tests share: running a check module in a child process under
+"""What the Triton-kernel tests share: running check modules in a child process under
 Triton's CPU interpreter (TRITON_INTERPRET=1 must be set before the kernels are defined),
 the tiny model's two-prompt prefix, and a decode on a kernel knob against one without."""
 
@@ -17,17 +17,20 @@ from rollplex.engine.prefix import PrefixState
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_interpreted(module: str, marker: str) -> None:
-    """Run `python -m module` under the interpreter; it must exit 0 and print `marker`."""
+def run_interpreted(checks: dict[str, str]) -> None:
+    """Run each check module (name -> the line it prints when it passes) as `__main__`, in
+    turn, in one child under the interpreter: it must exit 0 and print every line."""
     # one thread: the interpreter runs tiny tensors, and a second only spins against the
     # suite's other worker (~10% of the CPU time)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    code = f"import runpy\nfor m in {list(checks)!r}:\n    runpy.run_module(m, run_name='__main__')"
     done = subprocess.run(
-        [sys.executable, "-m", module],
+        [sys.executable, "-c", code],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert marker in done.stdout
+    for module, marker in checks.items():
+        assert marker in done.stdout, module
 
 
 def tiny_batch() -> tuple[torch.nn.Module, PromptBatch]:

@@ -1,6 +1,6 @@
 """The split-attention kernels (engine/split_kernel.py) under Triton's CPU interpreter, in
-float32: run by test_split_kernel.py in a child process with TRITON_INTERPRET=1 (Triton
-reads it when the kernels are defined). Raises on the first disagreement."""
+float32: run by test_interpreted_kernels.py in a child process with TRITON_INTERPRET=1
+(Triton reads it when the kernels are defined). Raises on the first disagreement."""
 
 from __future__ import annotations
 

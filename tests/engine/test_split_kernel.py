@@ -1,6 +1,7 @@
-"""The split-attention kernels (engine/split_kernel.py): they and a decode on them agree
-with the torch version under Triton's CPU interpreter (float32); how a step's prefix is
-cut into chunks; off by default on CPU and refused by name where they cannot run."""
+"""The split-attention kernels (engine/split_kernel.py): how a step's prefix is cut into
+chunks; off by default on CPU and refused by name where they cannot run; compiled for
+Hopper. That they and a decode on them agree with the torch version under Triton's CPU
+interpreter: test_interpreted_kernels.py."""
 
 from __future__ import annotations
 
@@ -11,15 +12,6 @@ import pytest
 from rollplex.engine import split_kernel
 from rollplex.engine.session import DecodeEngine
 from rollplex.engine.split_kernel import BLOCK_KEYS, prefix_chunks
-from tests.engine.interpreted import run_interpreted
-
-
-@pytest.mark.slow  # ~40 s: every kernel case and three decodes under the interpreter
-@pytest.mark.skipif(
-    split_kernel.triton is None, reason="Triton is not installed (pip install -e .[dev])"
-)
-def test_kernels_and_a_decode_agree_under_the_interpreter():
-    run_interpreted("tests.engine.split_kernel_interpret", "split kernels agree")
 
 
 @pytest.mark.parametrize(
