@@ -14,20 +14,20 @@ from tests.distributed.conftest import train, weights
 from tests.distributed.test_equivalence import _assert_close
 
 
-@pytest.mark.slow  # a 2-rank run of 4 steps: ~40 s
+@pytest.mark.slow  # a 2-rank run of 2 steps: ~20 s
 @pytest.mark.parametrize("mode", ["kept", "recompute", "fused"])
 def test_two_ranks_in_micro_batches_train_what_one_batch_trains(runs, tmp_path, mode):
     # ~1,900 training tokens per rank a step: 1000 a micro-batch plans 2 (one prompt's group
     # each); recompute: each micro-batch's forward runs again inside the backward; fused:
     # only there (each rank's loss is rescaled to the global batch's after the backward)
     extra = [] if mode == "kept" else [f"schedule.train_micro_{mode}=true"]
-    micro = train(2, tmp_path / "micro", 4, "schedule.train_micro_tokens=1000", *extra)
+    micro = train(2, tmp_path / "micro", 2, "schedule.train_micro_tokens=1000", *extra)
     with (micro / "metrics.csv").open() as f:
         rows = list(csv.DictReader(f))
     with (runs.one / "metrics.csv").open() as f:
-        one = list(csv.DictReader(f))
-    assert [float(r["train_micro_batches"]) for r in rows] == [2.0] * 4
-    assert [float(r["train_micro_batches"]) for r in one] == [1.0] * 4
+        one = list(csv.DictReader(f))[:2]  # its first 2 of 4 steps
+    assert [float(r["train_micro_batches"]) for r in rows] == [2.0] * 2
+    assert [float(r["train_micro_batches"]) for r in one] == [1.0] * 2
     assert [r["reward"] for r in rows] == [r["reward"] for r in one]
     for key in (
         "loss",
@@ -36,5 +36,4 @@ def test_two_ranks_in_micro_batches_train_what_one_batch_trains(runs, tmp_path, 
     ):  # the global batch's, fused ones filled after the backward
         got, want = [float(r[key]) for r in rows], [float(r[key]) for r in one]
         assert got == pytest.approx(want, rel=1e-4, abs=1e-6), key
-    for step in (2, 4):
-        _assert_close(weights(runs.one, step), weights(micro, step))
+    _assert_close(weights(runs.one, 2), weights(micro, 2))

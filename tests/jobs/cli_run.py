@@ -5,12 +5,15 @@ the refusals that come after the job's imports stay fast)."""
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 
 def rollplex(
@@ -33,6 +36,31 @@ class Result:
     returncode: int
     stdout: str
     stderr: str
+
+
+def rollplex_in_process(cwd: Path, *args: str) -> Result:
+    """`rollplex *args` through `rollplex.cli.main` in this process, run from `cwd`, its
+    streams kept: for fixtures of any scope (a module's shared runs), where `rollplex_here`'s
+    function-scoped fixtures cannot go. The working directory, argv and the torch settings
+    the job makes are restored after; the loggers, by conftest's autouse fixture."""
+    from rollplex import cli
+
+    cwd.mkdir(parents=True, exist_ok=True)
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        torch_settings_kept(),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+    ):
+        patch.chdir(cwd)
+        patch.setattr(sys, "argv", list(sys.argv))  # main() rewrites it for Hydra
+        try:
+            cli.main(list(args))
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+    return Result(code, out.getvalue(), err.getvalue())
 
 
 def rollplex_here(cwd: Path, monkeypatch, capsys, *args: str) -> Result:

@@ -5,23 +5,14 @@ last checkpoint with no generation setting given reproduces the last held-out fi
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.jobs.cli_run import Result, rollplex_here, torch_settings_kept
+from tests.jobs.cli_run import Result, rollplex_here, rollplex_in_process, torch_settings_kept
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 STEPS = 40  # at lr 3e-3 the demo answers one word by then: accuracy off 0
 TEMPLATE = "data.template='{problem} One word.'"
-
-
-def rollplex(job: str, run: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "rollplex.cli", job, *overrides, f"hydra.run.dir={run}"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
 
 
 @pytest.fixture
@@ -41,10 +32,10 @@ def eval_here(monkeypatch, capsys):
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory) -> dict:
     run = tmp_path_factory.mktemp("eval") / "train"
-    done = rollplex(
-        "train", run, f"train.steps={STEPS}", f"train.eval_every={STEPS}",
-        "train.eval_prompts=48", f"train.checkpoint_every={STEPS}", "train.progress=false",
-        "algo.lr=3e-3", "seed=1", TEMPLATE,
+    done = rollplex_in_process(
+        run.parent, "train", f"hydra.run.dir={run}", f"train.steps={STEPS}",
+        f"train.eval_every={STEPS}", "train.eval_prompts=48", f"train.checkpoint_every={STEPS}",
+        "train.progress=false", "algo.lr=3e-3", "seed=1", TEMPLATE,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())

@@ -7,19 +7,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from rollplex.jobs.pricing import UNCALIBRATED
 from rollplex.ops.calibration import load_calibration
+from tests.jobs.cli_run import rollplex_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow  # two tiny CPU runs of 2 steps, ~40 s on 2 shared cores
+pytestmark = pytest.mark.slow  # two tiny CPU runs of 2 steps, in this process: ~10 s
 
 
 def bench_module():
@@ -30,11 +28,10 @@ def bench_module():
 
 
 def train(run: Path, *extra: str) -> dict:
-    cmd = [sys.executable, "-m", "rollplex.cli", "train", "train.steps=2",
-           "train.progress=false", "train.checkpoint_every=0", "train.eval_every=0",
-           "train.threads=1", *extra, f"hydra.run.dir={run}"]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=run.parent)
+    """A run in this process: what the tests read is in its folder (summary, cli.log)."""
+    args = ["train", "train.steps=2", "train.progress=false", "train.checkpoint_every=0",
+            "train.eval_every=0", "train.threads=1", *extra, f"hydra.run.dir={run}"]  # fmt: skip
+    p = rollplex_in_process(run.parent, *args)
     assert p.returncode == 0, p.stderr
     summary = json.loads((run / "summary.json").read_text())
     return summary | {"run": run, "log": (run / "cli.log").read_text()}

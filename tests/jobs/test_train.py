@@ -20,7 +20,13 @@ import torch
 from safetensors.torch import load_file
 
 from rollplex.runtime.checkpoint import latest_checkpoint
-from tests.jobs.cli_run import Result, rollplex_here, shown_lines, torch_settings_kept
+from tests.jobs.cli_run import (
+    Result,
+    rollplex_here,
+    rollplex_in_process,
+    shown_lines,
+    torch_settings_kept,
+)
 
 STEPS = 6
 BASE = (
@@ -122,15 +128,17 @@ FORCED = ("train.response_lengths=workload", "train.max_new_tokens=16", "train.s
 
 
 @pytest.fixture(scope="module")
-def forced_runs(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
+def forced_runs(tmp_path_factory) -> dict[str, tuple[Path, Result]]:
     """2 steps with forced response lengths and checkpoint_every=0, under the serial and the
     rollplex (the default) schedule: the forced-length test compares the two, and the
-    rollplex run is the checkpoint_every=0 test's run (one run less: ~12 s of CPU)."""
+    rollplex run is the checkpoint_every=0 test's run (one run less: ~12 s of CPU). In this
+    process: what they check is in their folders and logged lines, not in exit signals."""
     root = tmp_path_factory.mktemp("forced")
     out = {}
     for schedule in ("serial", "rollplex"):
         run = root / schedule
-        p = train(run, *FORCED, "train.checkpoint_every=0", f"schedule={schedule}")
+        args = (*BASE, *FORCED, "train.checkpoint_every=0", f"schedule={schedule}")
+        p = rollplex_in_process(root, "train", *args, f"hydra.run.dir={run}")
         assert p.returncode == 0, p.stderr[-3000:]
         out[schedule] = (run, p)
     return out
