@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -74,6 +75,47 @@ def report(lines: Sequence[str], md: str | Path | None) -> None:
     print(text)
     if md:
         Path(md).write_text(text + "\n")
+
+
+def pair_report(
+    title: str,
+    how: str,
+    base: tuple[str, list[float]],
+    cand: tuple[str, list[float]],
+    md: str | Path | None,
+    *,
+    notes: Sequence[str] = (),
+    unit: str = "s",
+    per: str = "run",
+) -> None:
+    """A two-variant CPU bench's markdown (`report`): the command with `how` it was run,
+    each round's seconds of the baseline and the candidate and their ratio, then the mean
+    ratio with its spread and the time saved `per` run (or command). `unit`: "s" or "ms"."""
+    (base_name, b), (cand_name, c) = base, cand
+    ratio = ratio_over_rounds(b, c)
+    scale, digits = (1e3, 1) if unit == "ms" else (1.0, 3)  # saved: one digit fewer
+    saved = statistics.fmean(x - y for x, y in zip(b, c, strict=True)) * scale
+    rows = zip(b, c, ratio.per_round, strict=True)
+    report(
+        [
+            f"# {title}",
+            "",
+            f"Command: `python {' '.join(sys.argv)}` (alternating order, A B | B A ...; "
+            f"bench/ab.py{'; ' + how if how else ''}).",
+            *notes,
+            "",
+            f"| round | {base_name} ({unit}) | {cand_name} ({unit}) | ratio |",
+            "|---|---:|---:|---:|",
+            *(
+                f"| {r} | {x * scale:.{digits}f} | {y * scale:.{digits}f} | {k:.2f} |"
+                for r, (x, y, k) in enumerate(rows)
+            ),
+            "",
+            f"Ratio {ratio.value:.2f} +- {ratio.spread:.2f} (mean over rounds +- half-width); "
+            f"{saved:.{digits - 1}f} {unit} saved per {per} (mean).",
+        ],
+        md,
+    )
 
 
 def round_skip(elapsed_s: float, first_round_s: Sequence[float], budget_s: float | None) -> str:

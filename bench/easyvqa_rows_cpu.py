@@ -9,12 +9,11 @@ torch and transformers' Qwen2.5-VL classes, as a run has by then, in alternating
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from ab import ratio_over_rounds, report, timed_rounds
+from ab import pair_report, timed_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = """
@@ -48,25 +47,12 @@ def main() -> None:
     ap.add_argument("--md", default=None)
     args = ap.parse_args()
     t = timed_rounds({v: lambda v=v: build_seconds(v) for v in ("columns", "dataset")}, args.rounds)
-    ratio = ratio_over_rounds(t["dataset"], t["columns"])
-    saved = statistics.fmean(b - a for a, b in zip(t["columns"], t["dataset"], strict=True))
-    rows = zip(t["dataset"], t["columns"], ratio.per_round, strict=True)
-    report(
-        [
-            "# The default data's build: Columns against datasets.Dataset (CPU)",
-            "",
-            f"Command: `python {' '.join(sys.argv)}` (alternating order, A B | B A ...; "
-            "bench/ab.py; each figure one fresh process's build of easy-VQA's train and test "
-            "splits, media checks included, after torch and the Qwen2.5-VL classes are "
-            "imported).",
-            "",
-            "| round | datasets.Dataset (s) | Columns (s) | ratio |",
-            "|---|---:|---:|---:|",
-            *(f"| {r} | {b:.3f} | {a:.3f} | {k:.2f} |" for r, (b, a, k) in enumerate(rows)),
-            "",
-            f"Ratio {ratio.value:.2f} +- {ratio.spread:.2f} (mean over rounds +- half-width); "
-            f"{saved:.2f} s saved per run (mean).",
-        ],
+    pair_report(
+        "The default data's build: Columns against datasets.Dataset (CPU)",
+        "each figure one fresh process's build of easy-VQA's train and test splits, media "
+        "checks included, after torch and the Qwen2.5-VL classes are imported",
+        ("datasets.Dataset", t["dataset"]),
+        ("Columns", t["columns"]),
         args.md,
     )
 

@@ -8,13 +8,11 @@ decoding every image (A) against reading unchanged files back (B). CPU, no model
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from ab import ratio_over_rounds, report, timed_rounds
+from ab import pair_report, timed_rounds
 
 from rollplex.data import build_source
 from rollplex.data.media_checks import MediaChecks
@@ -43,25 +41,13 @@ def main() -> None:
         t = timed_rounds(
             {"decode": lambda: build_both(None), "recall": lambda: build_both(cache)}, args.rounds
         )
-    ratio = ratio_over_rounds(t["decode"], t["recall"])
-    saved = statistics.fmean(a - b for a, b in zip(t["decode"], t["recall"], strict=True))
-    rows = zip(t["decode"], t["recall"], ratio.per_round, strict=True)
-    report(
-        [
-            "# The data check with earlier runs' media checks, on CPU (easy-VQA train + test)",
-            "",
-            f"Command: `python {' '.join(sys.argv)}` (alternating order, A B | B A ...; "
-            "bench/ab.py).",
-            f"The first build, which filled the cache, took {cold:.2f} s.",
-            "",
-            "| round | decode every file (s) | read unchanged files back (s) | ratio |",
-            "|---|---:|---:|---:|",
-            *(f"| {r} | {a:.3f} | {b:.3f} | {k:.2f} |" for r, (a, b, k) in enumerate(rows)),
-            "",
-            f"Ratio {ratio.value:.2f} +- {ratio.spread:.2f} (mean over rounds +- half-width); "
-            f"{saved:.2f} s saved per run (mean).",
-        ],
+    pair_report(
+        "The data check with earlier runs' media checks, on CPU (easy-VQA train + test)",
+        "",
+        ("decode every file", t["decode"]),
+        ("read unchanged files back", t["recall"]),
         args.md,
+        notes=[f"The first build, which filled the cache, took {cold:.2f} s."],
     )
 
 

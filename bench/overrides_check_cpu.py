@@ -8,12 +8,10 @@ the full line), side by side in alternating order on CPU. Every `rollplex` comma
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
 import time
 from collections.abc import Callable
 
-from ab import ratio_over_rounds, report, timed_rounds
+from ab import pair_report, timed_rounds
 
 from rollplex.cli import _conf_dir
 from rollplex.jobs import overrides as o
@@ -55,28 +53,14 @@ def main() -> None:
         },
         args.rounds,
     )
-    ratio = ratio_over_rounds(t["two"], t["one"])
-    saved = statistics.fmean(b - a for a, b in zip(t["one"], t["two"], strict=True)) * 1e3
-    rows = zip(t["two"], t["one"], ratio.per_round, strict=True)
-    report(
-        [
-            "# The override check: one compose against the two it made before (CPU)",
-            "",
-            f"Command: `python {' '.join(sys.argv)}` (alternating order, A B | B A ...; "
-            f"bench/ab.py; each figure the mean of {args.repeats} checks of "
-            f"`{' '.join(LINE)}`).",
-            "",
-            "| round | two composes (ms) | one compose (ms) | ratio |",
-            "|---|---:|---:|---:|",
-            *(
-                f"| {r} | {b * 1e3:.1f} | {a * 1e3:.1f} | {k:.2f} |"
-                for r, (b, a, k) in enumerate(rows)
-            ),
-            "",
-            f"Ratio {ratio.value:.2f} +- {ratio.spread:.2f} (mean over rounds +- half-width); "
-            f"{saved:.0f} ms saved per command (mean).",
-        ],
+    pair_report(
+        "The override check: one compose against the two it made before (CPU)",
+        f"each figure the mean of {args.repeats} checks of `{' '.join(LINE)}`",
+        ("two composes", t["two"]),
+        ("one compose", t["one"]),
         args.md,
+        unit="ms",
+        per="command",
     )
 
 

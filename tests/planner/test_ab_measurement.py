@@ -46,6 +46,19 @@ def test_timed_rounds_run_the_variants_in_the_alternating_order(tmp_path, capsys
     assert (tmp_path / "r.md").read_text() == "# x\ny\n" and "# x\ny" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(("unit", "row", "saved"), [("s", "| 1 | 0.300 | 0.100 | 3.00 |",
+                                                      "0.15 s saved per run"),
+                                                     ("ms", "| 1 | 300.0 | 100.0 | 3.00 |",
+                                                      "150 ms saved per run")])  # fmt: skip
+def test_a_pair_report_has_each_round_the_ratio_and_the_time_saved(tmp_path, unit, row, saved):
+    md = tmp_path / "pair.md"
+    ab.pair_report("T", "how", ("old", [0.2, 0.3]), ("new", [0.1, 0.1]), md, notes=["n"], unit=unit)
+    lines = md.read_text().splitlines()
+    assert lines[0] == "# T" and lines[2].endswith("bench/ab.py; how).") and lines[3] == "n"
+    assert f"| round | old ({unit}) | new ({unit}) | ratio |" in lines and row in lines
+    assert lines[-1] == f"Ratio 2.50 +- 0.50 (mean over rounds +- half-width); {saved} (mean)."
+
+
 @pytest.mark.parametrize("rounds", [0, 1])
 def test_one_round_is_refused(rounds):
     with pytest.raises(ValueError, match="at least 2 rounds"):
