@@ -26,7 +26,7 @@ import pytest
 
 from rollplex.cli import _conf_dir
 from rollplex.jobs.cli_help import general_help
-from tests.jobs.cli_run import rollplex, rollplex_here
+from tests.jobs.cli_run import rollplex_here, rollplex_in_process, torch_settings_kept
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -143,7 +143,7 @@ def checkpoint(tmp_path_factory) -> Path:
     """A demo checkpoint for the commands that name one (`<run>`, `<folder>`)."""
     cwd = tmp_path_factory.mktemp("ckpt")
     small = [o for o in SMALL["train"] if not o.startswith("train.checkpoint_every")]
-    p = rollplex(cwd, "train", *small, "train.checkpoint_every=2", "hydra.run.dir=run")
+    p = rollplex_in_process(cwd, "train", *small, "train.checkpoint_every=2", "hydra.run.dir=run")
     assert p.returncode == 0, p.stderr[-3000:]
     (ckpt,) = (cwd / "run" / "checkpoints").iterdir()
     return ckpt
@@ -212,9 +212,9 @@ def test_readme_commands_are_found_and_use_the_venv() -> None:
         assert head == "make" or head.startswith(".venv/bin/"), c.text
 
 
-# Jobs that load no model run through `rollplex.cli.main` in this process (the argv as
-# written; no interpreter start-up, ~1 s each); train and eval in a process of their own.
-IN_PROCESS = ("graph", "plan", "weights")
+# `rollplex` commands run through `rollplex.cli.main` in this process (the argv as written,
+# no interpreter start-up: ~5 CPU-s a command; the entry point itself: test_install.py and
+# the CLI tests); torchrun ones in processes of their own.
 
 
 @pytest.mark.parametrize("command", [_param(c) for c in COMMANDS])
@@ -229,8 +229,9 @@ def test_readme_command_runs(
     # made only for a command that names one: the planning commands stay fast
     checkpoint = request.getfixturevalue("checkpoint") if "<" in command.text else ROOT
     argv = concrete(command, checkpoint)
-    if argv[1:3] == ["-m", "rollplex.cli"] and argv[3] in IN_PROCESS:
-        done = rollplex_here(tmp_path, monkeypatch, capsys, *argv[3:])
+    if argv[1:3] == ["-m", "rollplex.cli"]:
+        with torch_settings_kept():
+            done = rollplex_here(tmp_path, monkeypatch, capsys, *argv[3:])
         assert done.returncode == 0, f"{command.text}\n{done.stderr[-3000:]}"
         return
     p = subprocess.run(
