@@ -165,12 +165,14 @@ def test_cpu_verl_like_with_the_options_forced_trains_the_same(dedup: bool) -> N
         assert got[key] == pytest.approx(want[key], abs=1e-6), key
 
 
-def test_plan_job_prints_no_ratio_against_a_misfit(tmp_path: Path) -> None:
-    from tests.jobs.test_cli import rollplex, run_dir
+def test_plan_job_prints_no_ratio_against_a_misfit(tmp_path: Path, monkeypatch, capsys) -> None:
+    from tests.jobs.cli_run import rollplex_here, run_dir
 
     # a one-GPU training pool cannot hold 3B's training state in 46 GiB; colocated can
-    p = rollplex(
+    p = rollplex_here(
         tmp_path,
+        monkeypatch,
+        capsys,
         "plan",
         "model=qwen2_5_vl_3b",
         "hardware=h200x2",

@@ -27,7 +27,7 @@ from rollplex.specs import (
 )
 from rollplex.specs.backend import BackendSpec
 from rollplex.specs.roles import FSDP_TRAINER
-from tests.jobs.cli_run import rollplex, run_dir
+from tests.jobs.cli_run import rollplex_here, run_dir
 
 ALGO = AlgoSpec(name="grpo")
 
@@ -147,10 +147,10 @@ def test_a_schedule_that_already_holds_one_micro_batch_is_not_replanned():
         plan_with_options(*args, sched, **caps)
 
 
-def test_the_plan_job_takes_the_fallback_and_says_so(tmp_path):
-    p = rollplex(
-        tmp_path, "plan", "model=qwen2_5_vl_7b", "hardware=h200", "workload=image",
-        "workload.prompts_per_step=16",
+def test_the_plan_job_takes_the_fallback_and_says_so(tmp_path, monkeypatch, capsys):
+    p = rollplex_here(
+        tmp_path, monkeypatch, capsys, "plan", "model=qwen2_5_vl_7b", "hardware=h200",
+        "workload=image", "workload.prompts_per_step=16",
     )  # fmt: skip
     assert p.returncode == 0, p.stderr
     assert "; without it, plan 'rollplex' on 'colocated' needs" in p.stdout + p.stderr
