@@ -51,10 +51,12 @@ def test_three_steps_from_a_hub_folder_save_a_folder_transformers_loads(
     run = tmp_path / "run"
     # a user reward by import path: random answers all score 0 on exact match
     reward = "reward.components=[{name: 'tests.jobs.user_rewards:longer_is_better', weight: 1.0}]"
-    done = rollplex(
-        "train", run, "model=hub", f"model.path={hub_folder}", "data=easyvqa",
-        "train.steps=3", "train.eval_every=3", "train.eval_prompts=8", *SMALL, reward,
-    )  # fmt: skip
+    with torch_settings_kept():  # in this process: what it checks is in the run folder
+        done = rollplex_here(
+            tmp_path, monkeypatch, capsys, "train", "model=hub", f"model.path={hub_folder}",
+            "data=easyvqa", "train.steps=3", "train.eval_every=3", "train.eval_prompts=8",
+            *SMALL, reward, f"hydra.run.dir={run}",
+        )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     ckpt = run / "checkpoints" / "step-000003" / "model"
     saved = {}

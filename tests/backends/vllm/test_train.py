@@ -4,25 +4,19 @@ weight_sync after every optimizer step, whose measured time lands in calibration
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from tests.backends.vllm.conftest import needs_vllm
+from tests.jobs.cli_run import rollplex_in_process
 
 pytestmark = needs_vllm
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
-@pytest.mark.slow  # ~25 s: a run on CPU vLLM
+@pytest.mark.slow  # ~15 s: a run on CPU vLLM
 def test_train_with_vllm_rollout(tmp_path):
     run = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "rollplex.cli",
+    args = [
         "train",
         "model=tiny",
         "workload=tiny",
@@ -34,7 +28,9 @@ def test_train_with_vllm_rollout(tmp_path):
         "train.progress=false",
         f"hydra.run.dir={run}",
     ]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV, cwd=tmp_path)
+    # in this process (the engine is shut down at the run's end, as another may start in
+    # it): what the test reads is in the run folder
+    p = rollplex_in_process(tmp_path, *args)
     assert p.returncode == 0, p.stderr[-3000:]
     config = json.loads((run / "config.json").read_text())
     assert config["backend"]["rollout"] == "vllm"
