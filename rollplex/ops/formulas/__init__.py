@@ -1,11 +1,19 @@
 """Pure cost formulas of every op kind: FLOPs, bytes and memory per GPU.
 
 Modules: `cost` (the `Cost` record and TP rules), `vision` (the ViT), `llm` (decoder
-forwards: prefill, decode, logprob), `engines` (what decode engines hold on a GPU) and
-`training` (backward, optimizer, sync, reward).
+forwards: prefill, logprob, what a backward keeps), `decode` (the rollout's decode),
+`engines` (what decode engines hold on a GPU) and `training` (backward, optimizer, sync,
+reward).
 """
 
 from rollplex.ops.formulas.cost import Cost, kv_fraction, tp_allreduce_bytes
+from rollplex.ops.formulas.decode import (
+    DecodeRollout,
+    DecodeStepTerms,
+    decode_rollout,
+    decode_step,
+    decode_steps,
+)
 from rollplex.ops.formulas.engines import (
     engine_attention,
     engine_kv_pool,
@@ -13,14 +21,9 @@ from rollplex.ops.formulas.engines import (
     torch_engine_workspace,
 )
 from rollplex.ops.formulas.llm import (
-    DecodeRollout,
-    DecodeStepTerms,
     LogprobPart,
     activation_bytes_per_token,
     attention_flops,
-    decode_rollout,
-    decode_step,
-    decode_steps,
     final_norm_bytes_per_token,
     kept_for_backward,
     kv_bytes_per_token,
