@@ -38,16 +38,24 @@ class Result:
     stderr: str
 
 
+def exit_code(args: tuple[str, ...]) -> int:
+    """`rollplex.cli.main(args)` in this process, the exit code it ends with (0 if none)."""
+    from rollplex import cli
+
+    try:
+        cli.main(list(args))
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 1
+    return 0
+
+
 def rollplex_in_process(cwd: Path, *args: str) -> Result:
     """`rollplex *args` through `rollplex.cli.main` in this process, run from `cwd`, its
     streams kept: for fixtures of any scope (a module's shared runs), where `rollplex_here`'s
     function-scoped fixtures cannot go. The working directory, argv and the torch settings
     the job makes are restored after; the loggers, by conftest's autouse fixture."""
-    from rollplex import cli
-
     cwd.mkdir(parents=True, exist_ok=True)
     out, err = io.StringIO(), io.StringIO()
-    code = 0
     with (
         pytest.MonkeyPatch.context() as patch,
         torch_settings_kept(),
@@ -56,26 +64,18 @@ def rollplex_in_process(cwd: Path, *args: str) -> Result:
     ):
         patch.chdir(cwd)
         patch.setattr(sys, "argv", list(sys.argv))  # main() rewrites it for Hydra
-        try:
-            cli.main(list(args))
-        except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else 1
+        code = exit_code(args)
     return Result(code, out.getvalue(), err.getvalue())
 
 
 def rollplex_here(cwd: Path, monkeypatch, capsys, *args: str) -> Result:
-    """`rollplex *args` through `rollplex.cli.main` in this process, run from `cwd`."""
-    from rollplex import cli
-
+    """`rollplex *args` through `rollplex.cli.main` in this process, run from `cwd` (for
+    the rest of the test), its streams read from `capsys`."""
     cwd.mkdir(parents=True, exist_ok=True)
     monkeypatch.chdir(cwd)
     monkeypatch.setattr(sys, "argv", list(sys.argv))  # main() rewrites it for Hydra
     capsys.readouterr()
-    code = 0
-    try:
-        cli.main(list(args))
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
+    code = exit_code(args)
     out = capsys.readouterr()
     return Result(code, out.out, out.err)
 
