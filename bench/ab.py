@@ -20,6 +20,7 @@ them, and the package's plan/runtime never needs these rules.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import statistics
@@ -75,6 +76,15 @@ def report(lines: Sequence[str], md: str | Path | None) -> None:
     print(text)
     if md:
         Path(md).write_text(text + "\n")
+
+
+def pair_parser(doc: str) -> argparse.ArgumentParser:
+    """A two-variant CPU bench's command line: its docstring's first paragraph, --rounds
+    (alternating, `timed_rounds`) and --md (where `pair_report` writes)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--md", default=None)
+    return ap
 
 
 def pair_report(

@@ -8,13 +8,12 @@ computed once (`DecodeStepTerms`, as it is), beside pricing each step through
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ab import pair_report, timed_rounds
+from ab import pair_parser, pair_report, timed_rounds
 
 from rollplex.ops.formulas import decode
 from rollplex.specs import MODEL_PRESETS, WORKLOAD_PRESETS, ModelSpec
@@ -62,9 +61,7 @@ def seconds(per_step: bool) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--md", default=None)
+    ap = pair_parser(__doc__)
     args = ap.parse_args()
     assert price_all(False) == price_all(True), "the two pricings differ"
     t = timed_rounds({"per_step": lambda: seconds(True), "terms": lambda: seconds(False)},

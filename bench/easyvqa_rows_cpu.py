@@ -8,12 +8,11 @@ torch and transformers' Qwen2.5-VL classes, as a run has by then, in alternating
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 from pathlib import Path
 
-from ab import pair_report, timed_rounds
+from ab import pair_parser, pair_report, timed_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = """
@@ -42,9 +41,7 @@ def build_seconds(variant: str) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--md", default=None)
+    ap = pair_parser(__doc__)
     args = ap.parse_args()
     t = timed_rounds({v: lambda v=v: build_seconds(v) for v in ("columns", "dataset")}, args.rounds)
     pair_report(

@@ -7,12 +7,11 @@ decoding every image (A) against reading unchanged files back (B). CPU, no model
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from pathlib import Path
 
-from ab import pair_report, timed_rounds
+from ab import pair_parser, pair_report, timed_rounds
 
 from rollplex.data import build_source
 from rollplex.data.media_checks import MediaChecks
@@ -31,9 +30,7 @@ def build_both(cache: Path | None) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--md", default=None)
+    ap = pair_parser(__doc__)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "media_checks.json"

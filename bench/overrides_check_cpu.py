@@ -7,11 +7,10 @@ the full line), side by side in alternating order on CPU. Every `rollplex` comma
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
 
-from ab import pair_report, timed_rounds
+from ab import pair_parser, pair_report, timed_rounds
 
 from rollplex.cli import _conf_dir
 from rollplex.jobs import overrides as o
@@ -40,10 +39,8 @@ def seconds(fn: Callable[[], None], repeats: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=6)
+    ap = pair_parser(__doc__)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--md", default=None)
     args = ap.parse_args()
     one_compose(), two_composes()  # imports and Hydra's first compose, outside the timing
     t = timed_rounds(
