@@ -2,8 +2,8 @@
 
 The folder is claimed before Hydra starts: created atomically with a `_1`, `_2`... suffix
 while the name is taken (two runs in one second share Hydra's name), then handed to Hydra.
-Under torchrun only rank 0 claims one; the others log into a temporary folder until they
-take rank 0's (backends.distributed.from_rank0).
+Under torchrun only rank 0 claims one (a sweep's too); the others log into a temporary
+folder until they take rank 0's (backends.distributed.from_rank0).
 """
 
 from __future__ import annotations
@@ -36,16 +36,21 @@ def claim(path: Path) -> Path:
 
 def folder_overrides(cfg: DictConfig, multirun: bool) -> list[str]:
     """Hydra overrides that point the run (or the sweep) at a folder claimed for it alone."""
-    if os.environ.get("RANK", "0") != "0":  # a torchrun rank other than 0
+    key = "sweep" if multirun else "run"
+    if not is_rank0():  # a torchrun rank other than 0: each job takes rank 0's folder
         tmp = tempfile.mkdtemp(prefix=f"rollplex-rank{os.environ['RANK']}-")
         atexit.register(shutil.rmtree, tmp, True)
-        return [f"hydra.run.dir={_quoted(tmp)}", "hydra.output_subdir=null"]
-    key = "sweep" if multirun else "run"
+        return [f"hydra.{key}.dir={_quoted(tmp)}", "hydra.output_subdir=null"]
     try:
         wanted = Path(str(cfg.hydra[key].dir))
     except Exception as err:  # an interpolation that cannot resolve before the run
         raise ConfigError(f"hydra.{key}.dir: {err}") from None
     return [f"hydra.{key}.dir={_quoted(str(claim(wanted)))}"]
+
+
+def is_rank0() -> bool:
+    """This process is rank 0 of a torchrun launch, or no launch's rank at all."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _quoted(path: str) -> str:

@@ -16,6 +16,8 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from rollplex.jobs.run_folder import is_rank0
+
 log = logging.getLogger(__name__)
 
 FAILED_RUNS: list[str] = []  # run folders that failed in this process's sweep
@@ -98,6 +100,8 @@ def write_comparison(sweep_dir: Path) -> Path | None:
 
 class ComparisonTable(Callback):
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        if not is_rank0():  # under torchrun the sweep folder is rank 0's to write
+            return
         path = write_comparison(Path(config.hydra.sweep.dir))
         if path is not None:
             print(path.read_text())

@@ -93,14 +93,18 @@ def test_claim_is_atomic_under_concurrent_runs(tmp_path: Path) -> None:
     assert len(set(got)) == 16 and all(p.is_dir() for p in got)
 
 
-def test_other_ranks_get_a_temporary_folder(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("multirun", [False, True])
+def test_other_ranks_get_a_temporary_folder(tmp_path: Path, monkeypatch, multirun) -> None:
+    """A sweep's too: its timestamped default may name another second than rank 0's, or a
+    folder rank 0 found taken and suffixed."""
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", None)
-    (run_dir, subdir) = folder_overrides(None, multirun=False)  # type: ignore[arg-type]
-    assert run_dir.startswith("hydra.run.dir=") and str(tmp_path) in run_dir
+    (run_dir, subdir) = folder_overrides(None, multirun=multirun)  # type: ignore[arg-type]
+    key = "sweep" if multirun else "run"
+    assert run_dir.startswith(f"hydra.{key}.dir=") and str(tmp_path) in run_dir
     assert subdir == "hydra.output_subdir=null"
 
 
@@ -113,3 +117,9 @@ def test_a_torchrun_rank_leaves_no_folder_behind(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     assert not (tmp_path / "cwd" / "outputs").exists()
     assert list(tmp.iterdir()) == []
+    # a sweep: no sweep folder, no comparison table (rank 0 writes them)
+    p = rollplex(tmp_path / "cwd", "plan", "-m", "schedule=serial,rollplex",
+                 env={"RANK": "1", "TMPDIR": str(tmp)})  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "comparison table" not in p.stdout
+    assert list((tmp_path / "cwd").iterdir()) == [] and list(tmp.iterdir()) == []
