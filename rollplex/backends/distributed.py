@@ -85,11 +85,6 @@ def init_distributed(device: str = "cpu", timeout_s: float = 600.0) -> DistInfo:
     return DistInfo(rank, world, local, backend, dev)
 
 
-def shutdown() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def rank_log_file(out: Path, rank: int) -> Path:
     """Where rank N logs (`<run folder>/ranks/rank<N>.log`): N processes never share a file."""
     return out / "ranks" / f"rank{rank}.log"

@@ -212,9 +212,10 @@ def _save(run: TrainRun, root: Path, step: int) -> Path:
 
 def close_pools(pools) -> None:
     """Pooled ranks leave together: a rank that exits while another still writes the run
-    folder must not tear down connections that rank's process group holds."""
+    folder must not tear down connections that rank's process group holds. The group
+    itself stays: a sweep's next job runs in it (a default group made again on torchrun's
+    store finds the first one's keys there, and its ranks wait on each other forever)."""
     if pools is not None:
-        from rollplex.backends.distributed import barrier, shutdown
+        from rollplex.backends.distributed import barrier
 
         barrier()
-        shutdown()
