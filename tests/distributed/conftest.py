@@ -1,7 +1,7 @@
-"""Runs of the real CLI and of worker.py on gloo, each in its own processes (torchrun for
-N > 1, plain python for 1), with a timeout; worker.py's checks share one launch per rank
-count (CHECKS). Tiny model, few steps: the whole folder costs about five CPU-minutes
-(~3 min on 2 cores with -n 2)."""
+"""Runs of the real CLI and of worker.py on gloo, each launch in its own processes
+(torchrun for N > 1, plain python for 1), with a timeout. The CLI runs tests compare are
+one sweep per world size (RUNS), worker.py's checks one launch per rank count (CHECKS).
+Tiny model, few steps."""
 
 from __future__ import annotations
 
@@ -59,9 +59,15 @@ ABORT = "terminate called without an active exception"
 
 
 def launch(
-    nproc: int, module: str, args: list[str], timeout: float = TIMEOUT_S, clean: Path | None = None
+    nproc: int,
+    module: str,
+    args: list[str],
+    timeout: float = TIMEOUT_S,
+    clean: Path | None = None,
+    failed_jobs: bool = False,
 ) -> str:
-    """Run to the end; fail the test with the output if it fails or hangs."""
+    """Run to the end; fail the test with the output if it fails or hangs (with
+    `failed_jobs`, a sweep's exit 1 for runs that failed is not the launch's failure)."""
     for attempt in (1, 2):
         try:
             p = subprocess.run(
@@ -74,7 +80,8 @@ def launch(
             )
         except subprocess.TimeoutExpired as e:
             pytest.fail(f"{nproc} processes of {module} {args} ran past {timeout}s:\n{e.stdout}")
-        if p.returncode == 0:
+        swept = failed_jobs and p.returncode == 1 and "of the sweep failed" in p.stderr
+        if p.returncode == 0 or swept:
             return p.stdout
         if attempt == 1 and ABORT in p.stderr:
             warnings.warn(
@@ -88,6 +95,7 @@ def launch(
 
 
 def train(nproc: int, out: Path, steps: int, *extra: str) -> Path:
+    """One run in a launch of its own (the sweeps below hold the runs tests share)."""
     launch(
         nproc,
         "rollplex.cli",
@@ -111,6 +119,130 @@ def moved(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((a[n] - b[n]).abs().max().item() for n in a)
 
 
+# -- the CLI runs tests compare: one `rollplex train -m` sweep per world size -------------------
+# A launch's start costs ~11 CPU-s of the 2-core machine (torchrun, every rank's imports,
+# gloo), one more job in it ~6 (measured: a 2-rank train of 2 steps alone took 17.7 CPU-s,
+# two of them in one sweep 24.1). So the runs of a world size are the jobs of one sweep,
+# in order, each with its overrides in a config of the `variant` group (Hydra's experiment
+# pattern), and a test reads its job's folder. Every job but the first runs in a process
+# that ran others: state leaking from one job into the next would break the comparisons
+# (and a sweep under torchrun is a user's ablation, tested here as such).
+EVAL = ("train.eval_every=1", "train.eval_prompts=4")  # held-out accuracy after every step
+SUM_NORM = ("algo.loss_agg_mode=seq-mean-token-sum-norm", "algo.loss_scale_factor=8")
+# the README's share line, with held-out evaluation on: test_equivalence compares what it
+# trains, test_share_eval that every rank evaluated
+SHARE_TP2 = ("backend.fsdp.rollout_sync=share", "backend.fsdp.rollout_tp=2")
+MICRO = "schedule.train_micro_tokens=1000"  # 2 micro-batches a rank: test_micro_batches
+
+
+def pooled(world: int, rollout: int, steps: int = 2, *extra: str) -> tuple[str, ...]:
+    """test_disagg's runs: `rollout` rollout ranks, the others trainers."""
+    pools = (f"hardware.num_gpus={world}", f"schedule.rollout_gpus={rollout}")
+    return ("schedule=disaggregated", *pools, f"train.steps={steps}", *extra)
+
+
+# world size -> job name -> overrides ("{sweep}": the sweep's folder)
+RUNS: dict[int, dict[str, tuple[str, ...]]] = {
+    1: {
+        "one": ("train.steps=4",),
+        "alias": ("train.steps=4", "backend.fsdp.rollout_sync=alias"),
+        "sum-norm": ("train.steps=2", *SUM_NORM),
+        # test_disagg's reference (2 more steps: the resumed pooled run's)
+        "serial": ("train.steps=4", "schedule=serial", *EVAL),
+    },
+    2: {
+        "two": ("train.steps=4",),
+        "tp2": ("train.steps=2", *SHARE_TP2, "train.eval_every=1", "train.eval_prompts=8"),
+        "micro-kept": ("train.steps=2", MICRO),
+        # each micro-batch's forward runs again inside the backward
+        "micro-recompute": ("train.steps=2", MICRO, "schedule.train_micro_recompute=true"),
+        # only there: each rank's loss is rescaled to the global batch's after the backward
+        "micro-fused": ("train.steps=2", MICRO, "schedule.train_micro_fused=true"),
+        "sum-norm": ("train.steps=2", *SUM_NORM),
+        "pooled": pooled(2, 1, 2, *EVAL),
+        # from the pooled job's step-2 checkpoint, to step 4; the launch's second pooled job
+        # (one that left the process group destroyed made this one's ranks wait forever)
+        "pooled-resumed": pooled(2, 1, 4, "train.resume={sweep}/pooled/checkpoints/step-000002"),
+    },
+    3: {"pooled-1": pooled(3, 1), "pooled-2": pooled(3, 2)},  # 1 + 2 and 2 + 1 ranks
+}
+
+
+def variant_config(overrides: tuple[str, ...], sweep: Path) -> str:
+    """A `variant` config (yaml) applying `overrides` to the whole config."""
+    from omegaconf import OmegaConf
+
+    from rollplex.jobs.conf import conf_dir
+    from rollplex.jobs.overrides import groups
+
+    presets = groups(conf_dir())
+    lines = [o.replace("{sweep}", str(sweep)) for o in overrides]
+    chosen = [o.split("=", 1) for o in lines if o.split("=", 1)[0] in presets]
+    values = OmegaConf.from_dotlist([o for o in lines if o.split("=", 1)[0] not in presets])
+    body = OmegaConf.to_container(values)
+    if chosen:
+        body = {"defaults": [{f"override /{g}": v} for g, v in chosen], **body}
+    return "# @package _global_\n" + OmegaConf.to_yaml(body)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The run folders of one world size's sweep."""
+
+    folder: Path
+
+    def __call__(self, name: str) -> Path:
+        """Job `name`'s run folder; fails the test with the job's reason if the job failed."""
+        run = self.folder / name
+        summary = run / "summary.json"
+        if not summary.exists():
+            pytest.fail(f"run '{name}' of the {self.folder} sweep wrote no summary.json")
+        status = json.loads(summary.read_text())
+        if status.get("status") == "failed":
+            pytest.fail(f"run '{name}' of the {self.folder} sweep failed: {status['error']}")
+        return run
+
+
+def sweep(tmp_path_factory, nproc: int) -> Sweep:
+    """RUNS[nproc], made once for the whole pytest run."""
+
+    def make(root: Path) -> None:
+        jobs, out = RUNS[nproc], root / "runs"
+        # the command line's overrides win over any config: a key some job sets goes into
+        # every job's config instead, TRAIN's value first
+        keys = {o.split("=", 1)[0] for overrides in jobs.values() for o in overrides}
+        common = [a for a in TRAIN if a.split("=", 1)[0] not in keys]
+        base = tuple(a for a in TRAIN if a not in common)
+        (root / "variant").mkdir()
+        for name, overrides in jobs.items():
+            config = variant_config((*base, *overrides), out)
+            (root / "variant" / f"{name}.yaml").write_text(config)
+        args = [
+            "train", "-m", *common, f"+variant={','.join(jobs)}",
+            f"hydra.searchpath=[file://{root}]",
+            f"hydra.sweep.dir={out}", "hydra.sweep.subdir=${hydra:runtime.choices.variant}",
+        ]  # fmt: skip
+        # exit 1: a job failed and the sweep went on; its tests fail with its reason (Sweep)
+        launch(nproc, "rollplex.cli", args, TIMEOUT_S + 60 * len(jobs), clean=out, failed_jobs=True)
+
+    return Sweep(once(tmp_path_factory, f"runs{nproc}", make) / "runs")
+
+
+@pytest.fixture(scope="session")
+def runs1(tmp_path_factory) -> Sweep:
+    return sweep(tmp_path_factory, 1)
+
+
+@pytest.fixture(scope="session")
+def runs2(tmp_path_factory) -> Sweep:
+    return sweep(tmp_path_factory, 2)
+
+
+@pytest.fixture(scope="session")
+def runs3(tmp_path_factory) -> Sweep:
+    return sweep(tmp_path_factory, 3)
+
+
 @dataclass(frozen=True)
 class Runs:
     one: Path  # 1 process, gather sync
@@ -118,32 +250,9 @@ class Runs:
 
 
 @pytest.fixture(scope="session")
-def runs(tmp_path_factory) -> Runs:
-    """Made once per pytest run: three files on possibly different xdist workers read it."""
-
-    def make(root: Path) -> None:
-        train(1, root / "one", 4)
-        train(2, root / "two", 4)
-
-    root = once(tmp_path_factory, "fsdp_runs", make)
-    return Runs(root / "one", root / "two")
-
-
-# The README's share line with held-out evaluation on: test_equivalence compares what it
-# trains, test_share_eval that every rank evaluated (evaluation draws nothing the training
-# draws: test_disagg compares runs with and without it). One launch for both, ~15 s.
-SHARE_TP2 = ("backend.fsdp.rollout_sync=share", "backend.fsdp.rollout_tp=2")
-
-
-@pytest.fixture(scope="session")
-def share_tp2(tmp_path_factory) -> Path:
-    """2 ranks, rollout_sync=share with rollout TP 2, 2 steps, 8 held-out prompts after
-    every step."""
-
-    def make(root: Path) -> None:
-        train(2, root / "tp2", 2, *SHARE_TP2, "train.eval_every=1", "train.eval_prompts=8")
-
-    return once(tmp_path_factory, "share_tp2", make) / "tp2"
+def runs(runs1, runs2) -> Runs:
+    """The plain job of 4 steps on 1 process and on 2 ranks."""
+    return Runs(runs1("one"), runs2("two"))
 
 
 # -- worker.py checks, one launch per rank count ---------------------------------------------

@@ -41,14 +41,13 @@ from tests.distributed.conftest import (
     ckpt_model,
     command,
     env,
-    train,
     weights,
 )
 from tests.distributed.test_checks import spec
 from tests.distributed.test_equivalence import _assert_close
 from tests.jobs.cli_run import rollplex_here, torch_settings_kept
 
-STEPS = 2
+STEPS = 2  # each pooled run's (conftest.RUNS: 'serial' has 2 more, the resumed run's)
 
 
 def _rows(run: Path) -> list[dict[str, str]]:
@@ -56,25 +55,16 @@ def _rows(run: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def pooled(out: Path, world: int, rollout: int, *extra: str) -> Path:
-    return train(world, out, STEPS, "schedule=disaggregated", f"hardware.num_gpus={world}",
-                 f"schedule.rollout_gpus={rollout}", *extra)  # fmt: skip
-
-
-EVAL = ("train.eval_every=1", "train.eval_prompts=4")  # held-out accuracy after every step
+@pytest.fixture(scope="module")
+def serial(runs1) -> Path:
+    """The same job on one process, serial schedule."""
+    return runs1("serial")
 
 
 @pytest.fixture(scope="module")
-def serial(tmp_path_factory) -> Path:
-    """The same job on one process, serial schedule (2 more steps: the resumed run's)."""
-    root = tmp_path_factory.mktemp("disagg")
-    return train(1, root / "serial", 2 * STEPS, "schedule=serial", *EVAL)
-
-
-@pytest.fixture(scope="module")
-def two(tmp_path_factory) -> Path:
+def two(runs2) -> Path:
     """1 rollout rank + 1 training rank."""
-    return pooled(tmp_path_factory.mktemp("disagg") / "two", 2, 1, *EVAL)
+    return runs2("pooled")
 
 
 def _check_run(run: Path, serial: Path, world: int, rollout: int) -> None:
@@ -118,7 +108,7 @@ def _check_bytes(run: Path, world: int, rollout: int) -> None:
     assert out["measured_bytes"] == fixed + responses
 
 
-@pytest.mark.slow  # ~25 s: the serial and 2-rank runs
+@pytest.mark.slow  # conftest's sweeps: the serial and 2-rank runs
 def test_one_rollout_rank_one_trainer_train_what_one_process_trains(serial, two):
     _check_run(two, serial, 2, 1)
     a, b = weights(two, STEPS), weights(serial, STEPS)
@@ -136,12 +126,11 @@ def test_the_rollout_rank_evaluates_the_latest_update(serial, two):
     assert all(x != "" for x in ours)
 
 
-def test_pooled_ranks_resume_where_one_process_goes_on(serial, two, tmp_path):
+def test_pooled_ranks_resume_where_one_process_goes_on(serial, two, runs2):
     """Resumed from its step-2 checkpoint (the training pool restores it, the first weights
     transfer hands it to the rollout pool), the 1+1 run's steps 3-4 are the serial run's."""
     ckpt = two / "checkpoints" / f"step-{STEPS:06d}"
-    run = train(2, tmp_path / "resumed", 2 * STEPS, "schedule=disaggregated",
-                "hardware.num_gpus=2", f"train.resume={ckpt}")  # fmt: skip
+    run = runs2("pooled-resumed")
     rows, ref = _rows(run), _rows(serial)[STEPS:]
     assert [r["step"] for r in rows] == ["3", "4"]
     assert [r["reward"] for r in rows] == [r["reward"] for r in ref]
@@ -150,10 +139,10 @@ def test_pooled_ranks_resume_where_one_process_goes_on(serial, two, tmp_path):
 
 
 @pytest.mark.parametrize("rollout", [1, 2])
-def test_three_ranks_train_what_one_process_trains(serial, tmp_path, rollout):
+def test_three_ranks_train_what_one_process_trains(serial, runs3, rollout):
     """1 rollout + 2 trainers (each trainer's FSDP shard travels to the rollout rank) and
     2 rollout replicas + 1 trainer (the trainer merges rows from both replicas)."""
-    _check_run(pooled(tmp_path / f"three{rollout}", 3, rollout), serial, 3, rollout)
+    _check_run(runs3(f"pooled-{rollout}"), serial, 3, rollout)
 
 
 def test_a_disaggregated_plan_runs_in_one_process(tmp_path, monkeypatch, capsys):

@@ -18,7 +18,7 @@ import csv
 
 import torch
 
-from tests.distributed.conftest import moved, train, weights
+from tests.distributed.conftest import moved, weights
 
 
 def _rows(run):
@@ -49,10 +49,10 @@ def test_two_ranks_train_what_one_process_trains(runs):
             assert abs(float(a[k]) - float(b[k])) < 1e-6, (k, a[k], b[k])
 
 
-def test_alias_sync_trains_what_gather_and_copy_trains(runs, tmp_path):
+def test_alias_sync_trains_what_gather_and_copy_trains(runs, runs1):
     """On one rank the rollout can read the trainer's own storage (no copy); it must
     train the very same parameters, bit for bit, as the gathered copy."""
-    alias = train(1, tmp_path / "alias", 4, "backend.fsdp.rollout_sync=alias")
+    alias = runs1("alias")
     a, b = weights(alias, 4), weights(runs.one, 4)
     assert all(torch.equal(a[n], b[n]) for n in a)
     _assert_close(a, weights(runs.two, 4))
@@ -69,7 +69,7 @@ def test_only_rank0_writes_the_run_folder(runs):
     assert [r["step"] for r in _rows(two)] == ["1", "2", "3", "4"]
 
 
-def test_share_sync_trains_what_gather_and_one_process_train(runs, share_tp2):
+def test_share_sync_trains_what_gather_and_one_process_train(runs, runs2):
     """2 ranks with `rollout_sync=share` and rollout TP 2 (the rollout reads the trainer's
     shards; its forward splits heads and MLP over the ranks) end where the 1-process run
     and the 2-rank gather-and-copy run end, within the module's tolerance. The only new
@@ -78,7 +78,7 @@ def test_share_sync_trains_what_gather_and_one_process_train(runs, share_tp2):
     (the loss's old logprobs) differ from the full model's in the last bits; the sampled
     tokens are the same (same rewards and lengths). Measured after 2 steps: within ~1e-5
     of both, 99.9% of elements within 1.5e-8."""
-    share = share_tp2  # (conftest's run: held-out evaluation on, which draws nothing here)
+    share = runs2("tp2")  # (held-out evaluation on, which draws nothing here)
     rows = _rows(share)
     for other in (runs.one, runs.two):
         ref = _rows(other)[:2]

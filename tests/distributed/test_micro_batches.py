@@ -10,18 +10,16 @@ import csv
 
 import pytest
 
-from tests.distributed.conftest import train, weights
+from tests.distributed.conftest import weights
 from tests.distributed.test_equivalence import _assert_close
 
 
-@pytest.mark.slow  # a 2-rank run of 2 steps: ~20 s
+@pytest.mark.slow  # 2-rank runs of 2 steps, in conftest's 2-rank sweep
 @pytest.mark.parametrize("mode", ["kept", "recompute", "fused"])
-def test_two_ranks_in_micro_batches_train_what_one_batch_trains(runs, tmp_path, mode):
+def test_two_ranks_in_micro_batches_train_what_one_batch_trains(runs, runs2, mode):
     # ~1,900 training tokens per rank a step: 1000 a micro-batch plans 2 (one prompt's group
-    # each); recompute: each micro-batch's forward runs again inside the backward; fused:
-    # only there (each rank's loss is rescaled to the global batch's after the backward)
-    extra = [] if mode == "kept" else [f"schedule.train_micro_{mode}=true"]
-    micro = train(2, tmp_path / "micro", 2, "schedule.train_micro_tokens=1000", *extra)
+    # each); conftest.RUNS says what each mode does
+    micro = runs2(f"micro-{mode}")
     with (micro / "metrics.csv").open() as f:
         rows = list(csv.DictReader(f))
     with (runs.one / "metrics.csv").open() as f:

@@ -11,9 +11,9 @@ import json
 import pytest
 
 
-@pytest.mark.slow  # a 2-rank run of 2 steps with three evaluations (conftest's share_tp2): ~35 s
-def test_tp_rollout_evaluates_on_every_rank(share_tp2):
-    run = share_tp2
+@pytest.mark.slow  # conftest's 2-rank sweep (its 'tp2' run: 2 steps, three evaluations)
+def test_tp_rollout_evaluates_on_every_rank(runs2):
+    run = runs2("tp2")
     rows = list(csv.DictReader((run / "metrics.csv").open()))
     assert [r["step"] for r in rows] == ["1", "2"]
     assert all(r["eval_accuracy"] != "" for r in rows)
