@@ -29,6 +29,11 @@ PREFERRED = (
     "workload",
     "hardware",
     "step_time_s",
+    # a train run's
+    "median_step_time_s",
+    "plan_step_time_s",
+    "final_mean_reward",
+    "eval_accuracy_last",
     "speedup_vs_serial",
     "speedup_vs_serial_dedup",
     "speedup_vs_disaggregated",

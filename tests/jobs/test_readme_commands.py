@@ -71,7 +71,7 @@ class Command:
             return None
         words = self.argv()
         if words[0].endswith("torchrun"):
-            return "2 gloo ranks: tests/distributed (fsdp runs, test_share_eval, test_disagg)"
+            return "2 gloo ranks: tests/distributed (conftest's sweeps: RUNS)"
         if "backend.rollout=vllm" in words:
             return "vLLM's CPU engine: tests/backends/vllm/test_train.py runs this job"
         return None
