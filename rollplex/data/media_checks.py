@@ -6,7 +6,8 @@ decode is not decoded again: its result is read back (Python's bytecode cache ke
 alike; a file rewritten to its old size with its old time restored counts as checked). One
 JSON file holds them; a writer replaces it whole (os.replace), so runs that check at once
 (torchrun's ranks, a sweep) never read half a file, and the last writer's entries stand. An
-unreadable file is checked again.
+unreadable file is checked again. A write drops the entries of files that are gone, so
+the file holds what exists, not every file ever checked (temporary datasets add up).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class MediaChecks:
         once and costs the next run a decode, nothing else."""
         if self.path is None or not self.added:
             return
+        self.files = {k: v for k, v in self.files.items() if os.path.exists(k)}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")

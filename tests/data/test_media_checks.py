@@ -120,6 +120,25 @@ def test_entries_of_another_shape_are_not_trusted(rows_file, tmp_path, decodes):
     assert len(decodes) == 4
 
 
+def test_a_write_drops_the_entries_of_files_that_are_gone(rows_file, tmp_path, decodes):
+    cache = tmp_path / "media_checks.json"
+    _build(rows_file, cache)
+    gone = tmp_path / "old"
+    gone.mkdir()
+    Image.new("RGB", (4, 4)).save(gone / "x.png")
+    checks = MediaChecks.load(cache)
+    checks.recall(gone / "x.png", 2, lambda: (4, 4))
+    checks.save()
+    assert len(json.loads(cache.read_text())["files"]) == 5
+    (gone / "x.png").unlink()
+    (tmp_path / "1.png").touch()  # changed: decoded again, which writes the file
+    decodes.clear()
+    _build(rows_file, cache)
+    assert decodes == [str(tmp_path / "1.png")]
+    kept = json.loads(cache.read_text())["files"]
+    assert sorted(Path(k).name for k in kept) == ["0.png", "1.png", "2.png", "clip.gif"]
+
+
 def test_a_cache_that_cannot_be_written_costs_only_the_next_decode(rows_file, tmp_path, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("")
