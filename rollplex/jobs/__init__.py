@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
+from rollplex.jobs.run_folder import is_rank0
 from rollplex.specs.run import RunSpec
 
 
@@ -22,7 +22,7 @@ def run_job(spec: RunSpec, out: Path) -> dict[str, Any]:
 
         check_device("eval.device", spec.eval.device)
     out.mkdir(parents=True, exist_ok=True)
-    main = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 writes
+    main = is_rank0()  # under torchrun only rank 0 writes
     if main:
         (out / "config.json").write_text(spec.model_dump_json(indent=1))
     if spec.job == "graph":

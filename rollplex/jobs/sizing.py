@@ -9,11 +9,11 @@ user set is read from Hydra's overrides; a spec built in Python is taken as give
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollplex.jobs.run_folder import is_rank0
 from rollplex.specs.hardware import (
     DeviceInfo,
     HardwareSpec,
@@ -166,6 +166,5 @@ def record_sizing(given: RunSpec, sized: RunSpec, notes: tuple[str, ...], out: P
     job runs (rank 0 only under torchrun)."""
     for note in notes:
         log.info("sized: %s", note)
-    main = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 writes
-    if main and sized != given and (out / "config.json").is_file():
+    if is_rank0() and sized != given and (out / "config.json").is_file():
         (out / "config.json").write_text(sized.model_dump_json(indent=1))
