@@ -5,8 +5,8 @@ micro-batch's activations at a time is planned (`memory_options.fallbacks`: forw
 backward per micro-batch, then the forward rerun in the backward for a graph whose forward
 values something besides the loss reads); the first that fits is kept, its options
 recorded on the plan, which the runtime reads (`plan.meta["train_micro_fused"]`,
-`["train_micro_recompute"]`). If none fits, the plain plan's error is raised: it names
-the residents at the peak and what else to change.
+`["train_micro_recompute"]`). If none fits, the plain plan's account is raised (the
+residents at its peak), with what each fallback needed and what else to change.
 """
 
 from __future__ import annotations
@@ -34,12 +34,17 @@ def plan_with_options(
     try:
         return plan_step(model, workload, algo, hardware, schedule, **kw)
     except PlanOverBudget as plain:
+        tried = []
         for variant in fallbacks(schedule):
             # each try is a whole planning pass (seconds at large steps): say what runs
             log.info("%s; planning again with %s", plain.summary, variant.options[0])
             try:
                 res = plan_step(model, workload, algo, hardware, variant.schedule, **kw)
-            except ValueError:  # over budget too, or a graph this option cannot run
+            except PlanOverBudget as err:
+                tried.append(f"with {variant.options[0]}, {err.summary}")
+                continue
+            except ValueError as err:  # a graph this option cannot run
+                tried.append(f"with {variant.options[0]}, refused: {err}")
                 continue
             record(res.plan, res.graph, variant.options)
             res.plan.notes.insert(
@@ -47,4 +52,12 @@ def plan_with_options(
             )
             log.info("%s", res.plan.notes[0])
             return res
-        raise
+        if not tried:  # the schedule already holds one micro-batch's activations
+            raise
+        raise PlanOverBudget(
+            f"{plain.account} Planned again, holding one training micro-batch's activations "
+            f"at a time: {'; '.join(tried)}. Use more GPUs, a larger rollout TP or fewer "
+            "prompts per step.",
+            plain.summary,
+            plain.account,
+        ) from plain

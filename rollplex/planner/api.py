@@ -78,7 +78,7 @@ def plan_graph(
 
     plan = SCHEDULES[schedule.name](ctx, evaluate=fitted_time)
     caps = mark_engine_pools(plan, graph, model, workload)
-    settle_memory(plan, memory(plan), ctx.interference)
+    settle_memory(plan, memory(plan), ctx.interference, closest=True)
     # A pool off the peak (the training backward's saved inputs set it) leaves the
     # headroom where it was: grow again, a few rounds at most.
     for _ in range(POOL_ROUNDS):

@@ -56,11 +56,13 @@ def parkable(graph: Graph, value: str) -> bool:
 
 class PlanOverBudget(ValueError):
     """The plan cannot fit the HBM budget, even with offloads. `summary`: where, how much
-    and the budget, for a caller that reports the miss beside another plan."""
+    and the budget, for a caller that reports the miss beside another plan; `account`: the
+    summary with the miss and the residents at the peak, without the advice."""
 
-    def __init__(self, message: str, summary: str | None = None) -> None:
+    def __init__(self, message: str, summary: str | None = None, account: str = "") -> None:
         super().__init__(message)
         self.summary = summary or message
+        self.account = account or self.summary
 
 
 @dataclass(slots=True)
@@ -80,34 +82,92 @@ class Memory:
 COVERING_TRIES = 3
 
 
-def settle_memory(plan: Plan, mem: Memory, interference=None) -> Plan:
+def settle_memory(plan: Plan, mem: Memory, interference=None, closest: bool = False) -> Plan:
     """Fit `plan` in place. What moves is chosen tensor by tensor, by two rules: the
     largest one idle at the peak, and one that covers the overage alone, tried from the
     smallest up (cheaper copies, but an onload the next step's first op waits for can cost
     more than a larger one the decode hides). The fastest fitting result is kept; on a tie,
-    the first."""
+    the first. Only if none fits are the rules tried again with late onloads: an onload
+    that just in time would land before the peak waits until the peak has passed, exposing
+    its copy (verl's optimizer offload: AdamW's state comes back after the backward). If
+    still none fits, the plan kept is the one with the lower peak. The late rules run only
+    where they may fit (`_late_onloads_may_fit`: scoring a candidate needs no more), or
+    with `closest`, for a final plan whose error should name its closest miss."""
     start = _settle(plan, mem, interference, covering=False)
     if start is None:  # nothing moved: every rule's plan is this one
         return plan
-    best = plan
-    for first in range(COVERING_TRIES):
-        trial = start.clone()
-        if _settle(trial, mem, interference, covering=True, first=first) is None:
-            break  # no covering tensor left to start from
-        if trial.fits_budget and (
-            not best.fits_budget or trial.step_time_s < best.step_time_s * (1 - 1e-9)
-        ):
-            best = trial
+    best = _best_rule(plan, start, mem, interference, late_onloads=False)
+    if not best.fits_budget and (closest or _late_onloads_may_fit(plan, mem)):
+        late = start.clone()
+        _settle(late, mem, interference, covering=False, late_onloads=True)
+        if late.fits_budget:  # the covering rules only ever try to be faster than it
+            best = _best_rule(late, start, mem, interference, late_onloads=True)
+        elif late.peak_bytes_per_gpu < plan.peak_bytes_per_gpu:
+            best = late  # the closest miss: the error names what really stays at the peak
     if best is not plan:
         for f in fields(Plan):
             setattr(plan, f.name, getattr(best, f.name))
     return plan
 
 
-def _settle(plan: Plan, mem: Memory, interference, covering: bool, first: int = 0) -> Plan | None:
+def _late_onloads_may_fit(plan: Plan, mem: Memory) -> bool:
+    """Whether late onloads could fit `plan`: on each device over budget, the weights and
+    optimizer state resident at its peak but not read there add up to at least the miss,
+    and one of them came back (was onloaded) before the peak."""
+    for dev in plan.devices:
+        if dev.peak_bytes <= mem.budget_bytes:
+            continue
+        lives = _lifetimes(plan, dev, mem)
+        peak = peak_position([lf.record for lf in lives])
+        _, begin, until, _ = positions(dev)
+        read = {  # values a step spanning the peak reads
+            v
+            for s in dev.steps
+            if begin[s.index] <= peak <= until[s.index] and (op := mem.graph.ops.get(s.op))
+            for v in op.inputs.values()
+        }
+        onloaded = {s.op: begin[s.index] for s in dev.steps if s.kind == "onload"}
+        idle = [
+            lf
+            for lf in lives
+            if lf.record.first <= peak <= lf.record.last
+            and lf.kind in ("optimizer_state", "weights")
+            and lf.value not in read
+        ]
+        if sum(lf.record.size for lf in idle) < dev.peak_bytes - mem.budget_bytes:
+            return False
+        if not any(onloaded.get(lf.value) == lf.record.first for lf in idle):
+            return False
+    return True
+
+
+def _best_rule(plan: Plan, start: Plan, mem: Memory, interference, late_onloads: bool) -> Plan:
+    """`plan` (settled by the largest-first rule) or the fastest fitting covering rule's
+    plan, each settled from `start`."""
+    best = plan
+    for first in range(COVERING_TRIES):
+        trial = start.clone()
+        if _settle(trial, mem, interference, True, first, late_onloads) is None:
+            break  # no covering tensor left to start from
+        if trial.fits_budget and (
+            not best.fits_budget or trial.step_time_s < best.step_time_s * (1 - 1e-9)
+        ):
+            best = trial
+    return best
+
+
+def _settle(
+    plan: Plan,
+    mem: Memory,
+    interference,
+    covering: bool,
+    first: int = 0,
+    late_onloads: bool = False,
+) -> Plan | None:
     """Fit `plan` in place under one rule, its first move on each device the rule's
     `first`-th choice (then its best); return a copy of it from before its first move (for
-    the other rules to start from), or None when nothing moved."""
+    the other rules to start from), or None when nothing moved. With `late_onloads`, a
+    moved tensor comes back only after the peak it was moved for."""
     replay(plan, interference)
     before: Plan | None = None
     for dev in plan.devices:
@@ -126,7 +186,7 @@ def _settle(plan: Plan, mem: Memory, interference, covering: bool, first: int = 
             if before is None:
                 before = plan.clone()
             tried.add(victim.value)
-            _offload(plan, dev, victim, mem)
+            _offload(plan, dev, victim, mem, _peak_end(dev, lives) if late_onloads else None)
             replay(plan, interference)
         _finish(dev, lives, result, mem)
     if before is not None:  # a later group's offloads may shift this one's times
@@ -138,14 +198,20 @@ def settled_time(plan: Plan, mem: Memory, interference=None) -> tuple[float, boo
     """(step time, fits the budget) as `settle_memory` would leave the plan, for scoring
     candidate plans cheaply: when each group's tensors fit the budget even unshared (no
     strategy packs worse than giving every tensor its own bytes), settling moves nothing,
-    so no offsets need assigning. Otherwise the plan is settled."""
+    so no offsets need assigning. Otherwise the plan is settled; one that misses is put
+    back as it was, so that a final `settle_memory(closest=True)` can find its closest miss."""
     replay(plan, interference)
     for dev in plan.devices:
         if _fits_unshared(dev, mem):
             continue  # no lifetimes needed: even the sum of everything fits
         if sum(lf.record.size for lf in _lifetimes(plan, dev, mem)) > mem.budget_bytes:
+            before = plan.clone()
             settle_memory(plan, mem, interference)
-            return plan.step_time_s, plan.fits_budget
+            seconds, fits = plan.step_time_s, plan.fits_budget
+            if not fits:
+                for f in fields(Plan):
+                    setattr(plan, f.name, getattr(before, f.name))
+            return seconds, fits
     return plan.step_time_s, True
 
 
@@ -197,15 +263,18 @@ def check_budget(plan: Plan) -> None:
             f"plan '{plan.schedule}' on '{dev.name}' needs {dev.peak_bytes / GIB:.1f} GiB per "
             f"GPU but the budget is {dev.budget_bytes / GIB:.1f} GiB"
         )
+        account = (
+            f"{summary}: it misses by {miss / GIB:.1f} GiB after offloading what could move. "
+            f"Largest residents at the peak: {resident}."
+        )
         raise PlanOverBudget(
-            f"{summary}: it misses by "
-            f"{miss / GIB:.1f} GiB after offloading what could move. Largest residents at "
-            f"the peak: {resident}. Use more GPUs, a larger rollout TP, fewer prompts per step, "
+            f"{account} Use more GPUs, a larger rollout TP, fewer prompts per step, "
             f"smaller train_micro_tokens (which bounds an op's scratch, not a training "
             f"forward's saved activations: every micro-batch's wait for the backward) or "
             f"schedule.train_micro_fused=true (forward and backward per micro-batch, as verl "
             f"runs them: one micro-batch's saved activations at a time).",
             summary,
+            account,
         )
 
 
@@ -292,7 +361,19 @@ def _offload_order(
     return covering or pool
 
 
-def _offload(plan: Plan, dev: DevicePlan, lf: Lifetime, mem: Memory) -> None:
+def _peak_end(dev: DevicePlan, lives: list[Lifetime]) -> float:
+    """The instant at which the position holding the most live bytes ends."""
+    times = sorted({t for s in dev.steps for t in (s.start_s, s.end_s)})
+    peak = peak_position([lf.record for lf in lives])
+    return times[min(peak + 1, len(times) - 1)]
+
+
+def _offload(
+    plan: Plan, dev: DevicePlan, lf: Lifetime, mem: Memory, after_s: float | None = None
+) -> None:
+    """Move `lf`'s value to host between its uses; its onload starts just in time, or,
+    where that is before `after_s` (a peak it must not be resident for), once a step has
+    ended at or after `after_s`."""
     g = mem.graph
     steps = sorted(dev.steps, key=lambda s: (s.start_s, s.index))
     users = [
@@ -313,9 +394,12 @@ def _offload(plan: Plan, dev: DevicePlan, lf: Lifetime, mem: Memory) -> None:
         if anchor is not None:  # write back right after it is made
             _copy_step(plan, dev, copy, "offload", lf.value, seconds, after=anchor)
         ready = [s for s in steps if s.end_s <= first_use.start_s - seconds and s.stream != copy]
-        on = _copy_step(
-            plan, dev, copy, "onload", lf.value, seconds, after=ready[-1] if ready else None
-        )
+        anchor = ready[-1] if ready else None
+        if after_s is not None and (anchor.end_s if anchor else 0.0) < after_s:
+            past = [s for s in steps if after_s <= s.end_s <= first_use.start_s]
+            past = [s for s in past if s.stream != copy]
+            anchor = min(past, key=lambda s: (s.end_s, s.index)) if past else anchor
+        on = _copy_step(plan, dev, copy, "onload", lf.value, seconds, after=anchor)
         _wait(plan, first_use, on)
         if persistent:
             # Frozen weights round-trip at one version: from the second step on, the host

@@ -57,7 +57,7 @@ def test_verl_like_takes_its_memory_options_before_it_is_called_infeasible() -> 
 
 def test_a_baseline_that_fits_under_no_option_has_no_ratio() -> None:
     m, w = MODEL_PRESETS["qwen2_5_vl_32b"], WORKLOAD_PRESETS["video"]
-    hw = _hw("h800x32", 32, hbm=30.0)
+    hw = _hw("h800x32", 32, hbm=20.0)
     base = plan_baselines(m, w, AlgoSpec(), hw, ScheduleSpec())
     assert not base["serial"].fits
     fields = speedup_fields(base, 1.0)

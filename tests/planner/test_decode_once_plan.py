@@ -128,24 +128,33 @@ def test_a_plan_that_would_offload_the_kept_outputs_is_not_taken(monkeypatch):
     assert any("offloading rollout.decode.kept" in n for n in r.plan.notes)
 
 
-def test_a_step_that_fits_only_with_decode_once_is_planned_not_refused():
-    """3B image GRPO at 16 prompts on an H100: the plan with its own training response
-    forward misses the budget by 1.2 GiB; decode once drops that forward's saved
-    activations and fits, so the planner tries the reuse before enforcing the budget."""
+@pytest.mark.parametrize("fraction", [0.75, 0.9, 1.0])
+def test_decode_once_never_narrows_what_fits(fraction):
+    """3B image GRPO at 8 prompts on one H100-like GPU, at fractions of the roomy peak
+    without decode once: wherever the step without it fits, the step with it fits too and
+    is no slower. (Until AdamW's state could wait on host through the backward, the plan
+    with its own response forward missed the H100 by 1.2 GiB at 16 prompts and only decode
+    once fitted: the planner tries the reuse before enforcing the budget.)"""
     from rollplex.jobs.pipeline import plan_step
     from rollplex.planner.residency import PlanOverBudget
     from rollplex.specs import MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec
 
-    args = (
-        MODEL_PRESETS["qwen2_5_vl_3b"],
-        WORKLOAD_PRESETS["image"].model_copy(update={"prompts_per_step": 16}),
-        AlgoSpec(name="grpo"),
-        HARDWARE_PRESETS["h100"],
-    )
+    w = WORKLOAD_PRESETS["image"].model_copy(update={"prompts_per_step": 8})
     caps = {"rollout": TORCH_ROLLOUT, "trainer": TORCH_SCORER}
-    with pytest.raises(PlanOverBudget, match="misses by"):
-        plan_step(*args, ScheduleSpec(name="rollplex", decode_once=False), **caps)
-    res = plan_step(*args, ScheduleSpec(name="rollplex"), **caps)
-    assert res.plan.fits_budget and _kept(res)
-    assert res.plan.notes[0].startswith("decode once: ")
-    assert "ms over the budget, holding" in res.plan.notes[0]
+
+    def plan(hbm_gib: float, decode_once: bool):
+        hw = HARDWARE_PRESETS["h100"].model_copy(update={"hbm_gib": hbm_gib, "hbm_reserve": 0})
+        sched = ScheduleSpec(name="rollplex", decode_once=decode_once)
+        try:
+            return plan_step(
+                MODEL_PRESETS["qwen2_5_vl_3b"], w, AlgoSpec(name="grpo"), hw, sched, **caps
+            )
+        except PlanOverBudget:
+            return None
+
+    roomy = plan(1000.0, False).plan.peak_bytes_per_gpu / 2**30
+    off, on = plan(fraction * roomy, False), plan(fraction * roomy, True)
+    assert off is not None  # every fraction here fits (0.75 and 0.9 by offloading)
+    assert on is not None and on.plan.step_time_s <= off.plan.step_time_s * (1 + 1e-9)
+    if fraction == 1.0:
+        assert _kept(on) and any(n.startswith("decode once: ") for n in on.plan.notes)

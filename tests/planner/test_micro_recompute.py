@@ -65,7 +65,7 @@ def test_the_plan_prices_one_micro_batch_at_a_time_and_a_forward_more(
 
 
 def test_a_step_refused_for_its_saved_inputs_fits_with_recompute():
-    w = WORKLOAD_PRESETS["image"].model_copy(update={"prompts_per_step": 64})
+    w = WORKLOAD_PRESETS["image"].model_copy(update={"prompts_per_step": 80})
     args = (MODEL_PRESETS["qwen2_5_vl_3b"], w, AlgoSpec(), HARDWARE_PRESETS["h200"])
     with pytest.raises(PlanOverBudget, match="train_micro_fused=true"):
         plan_step(*args, ScheduleSpec(name="serial"), rollout=TORCH_ROLLOUT)

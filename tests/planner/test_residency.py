@@ -305,3 +305,37 @@ def test_only_values_the_backend_can_move_may_wait_on_host(schedule) -> None:
     else:
         assert any(ports[name] == "saved" for name in fixed)
         assert any(parkable(graph, v.name) for v in boundary)  # the prefix K/V
+
+
+LATE_GRID = [
+    (model, workload, prompts, name)
+    for model in ("qwen2_5_vl_3b", "qwen2_5_vl_7b")
+    for workload in ("image", "video")
+    for prompts in (8, 32)
+    for name in ("serial", "rollplex")
+]
+
+
+@pytest.mark.parametrize(("model", "workload", "prompts", "name"), LATE_GRID)
+def test_a_budget_a_fifth_under_the_peak_fits_with_adamw_on_host_through_the_backward(
+    model, workload, prompts, name
+) -> None:
+    """verl's optimizer offload. Just in time, AdamW's state would come back during the
+    backward, the peak it was moved for, and no plan fit 20% under the roomy peak. Its
+    onload now waits for the backward to end, and the step pays at most its copies."""
+    wl = WORKLOAD_PRESETS[workload].model_copy(update={"prompts_per_step": prompts})
+
+    def plan(hbm_gib: float):
+        hw = HARDWARE_PRESETS["h200"].model_copy(update={"hbm_gib": hbm_gib, "hbm_reserve": 0})
+        return plan_step(MODEL_PRESETS[model], wl, AlgoSpec(), hw, ScheduleSpec(name=name))
+
+    roomy = plan(2000.0).plan
+    tight = plan(0.8 * roomy.peak_bytes_per_gpu / GIB).plan
+    assert tight.fits_budget
+    dev = tight.devices[0]
+    assert dev.peak_bytes <= dev.budget_bytes
+    backward = next(s for s in dev.steps if s.kind == "backward")
+    onload = next(s for s in dev.steps if s.kind == "onload" and s.op == "policy.adam")
+    assert onload.start_s >= backward.end_s
+    copies = sum(s.end_s - s.start_s for s in dev.steps if s.kind in ("offload", "onload"))
+    assert roomy.step_time_s <= tight.step_time_s <= roomy.step_time_s + copies + 1e-9

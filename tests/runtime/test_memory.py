@@ -19,10 +19,10 @@ SCHEDULES = [
 ]
 
 
-def _tight_cpu():
-    """A budget just under the unconstrained peak, so the planner must offload."""
+def _tight_cpu(share: float = 0.9):
+    """A budget `share` of the unconstrained peak, so the planner must offload."""
     peak = plan_step(MODEL, WORKLOAD, ALGO, CPU, ScheduleSpec(name="serial")).plan.devices[0]
-    return CPU.model_copy(update={"hbm_gib": 0.9 * peak.peak_bytes / GIB})
+    return CPU.model_copy(update={"hbm_gib": share * peak.peak_bytes / GIB})
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: f"{s.name}-{s.overlap}-{s.dedup}")
@@ -65,6 +65,21 @@ def test_offloads_move_weights_to_host_and_back_without_changing_results():
     )
     # Copies are exact: the same parameters as without any offload.
     a, b = free.params(), run.params()
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_adamw_state_onloaded_after_the_backward_runs_and_trains_the_same():
+    """At 70% of the peak the plan fits only with AdamW's state on host through the
+    backward (its onload waits for the backward to end): the run stays inside that plan's
+    peak and trains the same parameters as with room to spare."""
+    run = cached_run(ScheduleSpec(name="serial"), hardware=_tight_cpu(0.7))
+    dev = run.planned.plan.devices[0]
+    backward = next(s for s in dev.steps if s.kind == "backward")
+    onload = next(s for s in dev.steps if s.kind == "onload" and s.op == "policy.adam")
+    assert onload.start_s >= backward.end_s
+    assert max(m.resident_bytes for r in run.results for m in r.steps) <= dev.peak_bytes
+    assert dev.peak_bytes <= dev.budget_bytes
+    a, b = cached_run(ScheduleSpec(name="serial")).params(), run.params()
     assert all(torch.equal(a[n], b[n]) for n in a)
 
 
