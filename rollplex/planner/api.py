@@ -68,7 +68,10 @@ def plan_graph(
         )
 
     def fitted_time(p: Plan) -> float:
-        # Candidates are scored after residency: one that cannot fit is declined.
+        # Candidates are scored after residency: one that cannot fit is declined. Its
+        # engine pools are marked first, as on the final plan: a static KV workspace is
+        # held all step, not only across the decode.
+        mark_engine_pools(p, graph, model, workload)
         seconds, fits = settled_time(p, memory(p), ctx.interference)
         return seconds if fits else float("inf")
 

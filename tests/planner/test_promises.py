@@ -172,6 +172,41 @@ def test_never_slower_at_any_budget_where_serial_fits(
     assert held >= 3  # the grid reaches budgets that need offloads and ones that do not
 
 
+ONE_GPU = [  # (model, (workload, prompts, mean and max length), hardware)
+    ("qwen2_5_vl_3b", ("image", 16, 1024, 2048), "h100"),
+    ("qwen2_5_vl_7b", ("video", 16, 256, 1024), "h200"),
+]
+
+
+@pytest.mark.parametrize("model, shape, hardware", ONE_GPU, ids=lambda x: str(x))
+def test_one_gpu_never_slower_at_any_budget_where_serial_fits(model, shape, hardware) -> None:
+    """One GPU, the torch rollout and trainer. At 0.85 of the 3B's roomy peak, rollplex's
+    search once scored its candidates without the static KV workspace, which the final plan
+    holds all step: the winner missed the budget that serial fitted (and no budget between
+    0.65 and 0.85 did). Candidates are now scored with their engine pools marked."""
+    from rollplex.specs.roles import TORCH_ROLLOUT, TORCH_SCORER
+
+    name, prompts, mean, longest = shape
+    base = WORKLOAD_PRESETS[name]
+    lengths = base.response_length.model_copy(update={"mean": mean, "max": longest})
+    wl = base.model_copy(update={"prompts_per_step": prompts, "response_length": lengths})
+    caps = {"rollout": TORCH_ROLLOUT, "trainer": TORCH_SCORER}
+    roomy = plan(model, wl, hw(hardware, hbm_gib=1e6), "serial", **caps)
+    assert roomy is not None
+    peak = roomy.plan.peak_bytes_per_gpu / GIB
+    held = 0
+    for fraction in (0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95):
+        h = hw(hardware, hbm_gib=round(peak * fraction, 2))
+        serial = plan(model, wl, h, "serial", **caps)
+        if serial is None:
+            continue
+        r = plan(model, wl, h, "rollplex", **caps)
+        assert r is not None, f"serial fits {h.hbm_gib} GiB, rollplex does not"
+        assert step(r) <= step(serial) * (1 + 1e-9), h.hbm_gib
+        held += 1
+    assert held >= 3
+
+
 def test_planned_peak_within_five_percent_of_the_bound_on_every_preset_that_fits() -> None:
     worst, planned = 0.0, 0
     for model in MODEL_PRESETS:
