@@ -102,12 +102,34 @@ def settle_memory(plan: Plan, mem: Memory, interference=None, closest: bool = Fa
         _settle(late, mem, interference, covering=False, late_onloads=True)
         if late.fits_budget:  # the covering rules only ever try to be faster than it
             best = _best_rule(late, start, mem, interference, late_onloads=True)
+            best.notes.append(_late_note(best, mem))
         elif late.peak_bytes_per_gpu < plan.peak_bytes_per_gpu:
             best = late  # the closest miss: the error names what really stays at the peak
     if best is not plan:
         for f in fields(Plan):
             setattr(plan, f.name, getattr(best, f.name))
     return plan
+
+
+def _late_note(plan: Plan, mem: Memory) -> str:
+    """What a plan with late onloads waits for: each onload whose first reader starts as
+    it ends, and the copy seconds of those."""
+    waited: dict[str, float] = {}
+    for dev in plan.devices:
+        for on in (s for s in dev.steps if s.kind == "onload"):
+            readers = [
+                s
+                for s in dev.steps
+                if (op := mem.graph.ops.get(s.op)) and on.op in op.inputs.values()
+            ]
+            if readers and min(r.start_s for r in readers) <= on.end_s + 1e-9:
+                waited[on.op] = waited.get(on.op, 0.0) + on.end_s - on.start_s
+    names = ", ".join(f"{v} ({t:.2f} s)" for v, t in waited.items()) or "nothing"
+    return (
+        f"memory: no plan with just-in-time onloads fits {mem.budget_bytes / GIB:.1f} GiB; "
+        f"moved tensors come back after the peak they were moved for, and the step waits "
+        f"for the copies of {names}"
+    )
 
 
 def _late_onloads_may_fit(plan: Plan, mem: Memory) -> bool:
