@@ -133,9 +133,9 @@ def _late_note(plan: Plan, mem: Memory) -> str:
 
 
 def _late_onloads_may_fit(plan: Plan, mem: Memory) -> bool:
-    """Whether late onloads could fit `plan`: on each device over budget, the weights and
-    optimizer state resident at its peak but not read there add up to at least the miss,
-    and one of them came back (was onloaded) before the peak."""
+    """Whether late onloads could fit `plan`: on each device over budget, what may move
+    (`_offload_order`'s kinds) resident at its peak but not read there adds up to at least
+    the miss, and one of those came back (was onloaded) before the peak."""
     for dev in plan.devices:
         if dev.peak_bytes <= mem.budget_bytes:
             continue
@@ -153,7 +153,8 @@ def _late_onloads_may_fit(plan: Plan, mem: Memory) -> bool:
             lf
             for lf in lives
             if lf.record.first <= peak <= lf.record.last
-            and lf.kind in ("optimizer_state", "weights")
+            and lf.kind in ("optimizer_state", "weights", "boundary")
+            and (lf.kind != "boundary" or parkable(mem.graph, lf.value))
             and lf.value not in read
         ]
         if sum(lf.record.size for lf in idle) < dev.peak_bytes - mem.budget_bytes:
