@@ -126,7 +126,7 @@ def _late_note(plan: Plan, mem: Memory) -> str:
                 waited[on.op] = waited.get(on.op, 0.0) + on.end_s - on.start_s
     names = ", ".join(f"{v} ({t:.2f} s)" for v, t in waited.items()) or "nothing"
     return (
-        f"memory: no plan with just-in-time onloads fits {mem.budget_bytes / GIB:.1f} GiB; "
+        f"late onloads: no plan with just-in-time onloads fits {mem.budget_bytes / GIB:.1f} GiB; "
         f"moved tensors come back after the peak they were moved for, and the step waits "
         f"for the copies of {names}"
     )
