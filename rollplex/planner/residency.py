@@ -280,14 +280,14 @@ def check_budget(plan: Plan) -> None:
         if dev.peak_bytes <= dev.budget_bytes:
             continue
         miss = dev.peak_bytes - dev.budget_bytes
-        top = dev.live_at_peak()[:6]
-        resident = ", ".join(f"{s.value} {s.size / GIB:.1f} GiB" for s in top)
+        top = [s for s in dev.live_at_peak() if s.size][:6]
+        resident = ", ".join(f"{s.value} {_size(s.size)}" for s in top)
         summary = (
-            f"plan '{plan.schedule}' on '{dev.name}' needs {dev.peak_bytes / GIB:.1f} GiB per "
-            f"GPU but the budget is {dev.budget_bytes / GIB:.1f} GiB"
+            f"plan '{plan.schedule}' on '{dev.name}' needs {_size(dev.peak_bytes)} per "
+            f"GPU but the budget is {_size(dev.budget_bytes)}"
         )
         account = (
-            f"{summary}: it misses by {miss / GIB:.1f} GiB after offloading what could move. "
+            f"{summary}: it misses by {_size(miss)} after offloading what could move. "
             f"Largest residents at the peak: {resident}."
         )
         raise PlanOverBudget(
@@ -299,6 +299,15 @@ def check_budget(plan: Plan) -> None:
             summary,
             account,
         )
+
+
+def _size(nbytes: int) -> str:
+    """Bytes in GiB to one decimal, or in MiB or KiB where GiB would read 0.0 (a CPU
+    model's budget)."""
+    for unit, scale in (("GiB", GIB), ("MiB", 1 << 20)):
+        if nbytes >= scale * 0.05:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes / 1024:.1f} KiB"
 
 
 def _lifetimes(plan: Plan, dev: DevicePlan, mem: Memory) -> list[Lifetime]:

@@ -341,3 +341,18 @@ def test_a_budget_a_fifth_under_the_peak_fits_with_adamw_on_host_through_the_bac
     assert any("waits for the copies of policy.adam (" in n for n in tight.notes)
     copies = sum(s.end_s - s.start_s for s in dev.steps if s.kind in ("offload", "onload"))
     assert roomy.step_time_s <= tight.step_time_s <= roomy.step_time_s + copies + 1e-9
+
+
+def test_a_cpu_models_miss_is_told_in_units_that_show_it() -> None:
+    """A CPU model's budget and residents are a few MiB: in GiB to one decimal each would
+    read 0.0. Residents of no bytes (a view of the trainer's weights) are not listed."""
+    from tests.runtime.conftest import ALGO, CPU, MODEL, WORKLOAD
+
+    hw = CPU.model_copy(update={"hbm_gib": 1e-4})
+    with pytest.raises(PlanOverBudget) as err:
+        plan_step(MODEL, WORKLOAD, ALGO, hw, ScheduleSpec(name="serial"))
+    msg = str(err.value)
+    assert "but the budget is 0.1 MiB: it misses by " in msg and " MiB after offloading" in msg
+    residents = msg.split("Largest residents at the peak: ")[1].split(". ")[0].split(", ")
+    assert residents and all(r.endswith(("MiB", "KiB")) for r in residents)
+    assert not any(r.endswith(" 0.0 KiB") for r in residents)
