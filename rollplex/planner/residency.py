@@ -3,8 +3,9 @@
 While the arenas exceed the budget, a tensor with a long stretch without use moves to host
 over the copy stream for that stretch (optimizer state, frozen weights, boundaries made in
 the decode window), with its onload just in time: the largest, or the smallest that covers
-the overage, whichever settles faster. If nothing more can move, planning
-fails saying by how much it misses and what is resident at the peak.
+the overage, whichever settles faster. Where no such plan fits, onloads wait until the peak
+they were moved for has passed (late onloads). If nothing more can move, planning fails
+saying by how much its closest plan misses and what is resident at that plan's peak.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def _late_note(plan: Plan, mem: Memory) -> str:
                 waited[on.op] = waited.get(on.op, 0.0) + on.end_s - on.start_s
     names = ", ".join(f"{v} ({t:.2f} s)" for v, t in waited.items()) or "nothing"
     return (
-        f"late onloads: no plan with just-in-time onloads fits {mem.budget_bytes / GIB:.1f} GiB; "
+        f"late onloads: no plan with just-in-time onloads fits {_size(mem.budget_bytes)}; "
         f"moved tensors come back after the peak they were moved for, and the step waits "
         f"for the copies of {names}"
     )
