@@ -185,8 +185,8 @@ def test_the_offload_picked_is_idle_at_the_peak_not_the_largest() -> None:
     from rollplex.graph.ir import Graph, Op, Phase, Value, ValueKind
     from rollplex.planner.lifetimes import Lifetime
     from rollplex.planner.memory.records import UsageRecord
+    from rollplex.planner.offloads import offload_order
     from rollplex.planner.plan import DevicePlan, Step
-    from rollplex.planner.residency import _offload_order
 
     k = ValueKind.WEIGHTS
     values = [Value("big", (8,), "float32", k, external=True)]
@@ -211,9 +211,9 @@ def test_the_offload_picked_is_idle_at_the_peak_not_the_largest() -> None:
         Lifetime(UsageRecord(4, 0, 2, name="small"), "small", "weights", 0, 2),
         Lifetime(peak, "out2", "activation", 2, 2),
     ]
-    assert _offload_order(dev, lives, set(), graph, 0.0)[0].value == "small"
+    assert offload_order(dev, lives, set(), graph, 0.0)[0].value == "small"
     # with the small one tried already, the big one is still taken: nothing else can move
-    assert _offload_order(dev, lives, {"small"}, graph, 0.0)[0].value == "big"
+    assert offload_order(dev, lives, {"small"}, graph, 0.0)[0].value == "big"
 
 
 @pytest.mark.parametrize(
@@ -276,7 +276,7 @@ def test_only_values_the_backend_can_move_may_wait_on_host(schedule) -> None:
     """Autograd's saved tensors and the decode's kept outputs (engine workspace views) stay
     where they are made; weights, optimizer state, the prefill's export and prefix K/V may
     be parked. Run 15's plan parked an export the torch backend could not move then."""
-    from rollplex.planner.residency import UNPARKABLE_PORTS, parkable
+    from rollplex.planner.offloads import UNPARKABLE_PORTS, parkable
     from rollplex.specs.roles import TORCH_ROLLOUT, TORCH_SCORER
 
     planned = plan_step(
