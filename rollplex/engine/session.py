@@ -196,7 +196,7 @@ class DecodeEngine:
             float(top_p),
             int(pad_id),
             self.attention_for(prompts),
-            keep_outputs,
+            b * g if keep_outputs else 0,
         )
         if self.forward.fused is not None:
             self.forward.fused.refresh()  # the weights this decode reads (fused_qkv.py)

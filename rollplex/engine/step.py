@@ -45,8 +45,8 @@ def rotary_fn(attn: torch.nn.Module) -> Callable:
 def keep_column(kept: torch.Tensor, step: torch.Tensor, h: torch.Tensor) -> None:
     """`h` [B, G, H] into column `step` (a device tensor [1]) of `kept` [rows, W, H]: the
     index is read on the device, so the write is captured into a CUDA graph like the
-    cache's."""
-    kept.index_copy_(1, step, h.reshape(kept.shape[0], 1, -1))
+    cache's. Only the first `rows` (the real ones) are kept: padding rows come last."""
+    kept.index_copy_(1, step, h.reshape(-1, 1, h.shape[-1])[: kept.shape[0]])
 
 
 class DecodeStep:

@@ -87,6 +87,20 @@ def test_kept_outputs_equal_a_plain_forward_over_prompt_and_response(spec, rende
         plain.kept()
 
 
+def test_the_kept_buffer_holds_the_real_rows_not_the_engines_padded_bucket(spec, renderer):  # noqa: F811
+    """The engine pads rows to a bucket; the plan prices the kept outputs at the real rows.
+    The buffer must be that size (an H100 run at 192 rows in the 256 bucket held 4.5 GiB
+    more than planned), and the padding rows' outputs go nowhere."""
+    batch, trainer, feats = _setup(spec, renderer, "image")
+    n = batch.size * G
+    _, session = _start(trainer.model, batch, feats, True)
+    assert session.ws.shape.rows > n  # the bucket pads: the case this test is about
+    session.advance()
+    kept = session.ws.kept
+    assert kept is not None and kept.shape[1] == n
+    assert session.kept().layers().data_ptr() == kept.data_ptr()  # the export is the buffer
+
+
 def test_a_ridden_step_keeps_the_decode_rows_outputs(spec, renderer):  # noqa: F811
     batch, trainer, feats = _setup(spec, renderer, "image")
     model = trainer.model

@@ -20,11 +20,16 @@ from tests.runtime.conftest import ALGO, initial_params
 RLOO = AlgoSpec(name="rloo", lr=1e-3)
 ALGOS = {"grpo": ALGO, "rloo": RLOO, "ppo": PPO}
 # fp32: the replay's forward values are the decode's (test_decode_once.py: every gradient
-# within 1e-6 of its largest element). Adam divides each gradient element by its own
-# magnitude (+ eps 1e-8), so an element whose gradient is near eps turns a 1e-11 rounding
-# difference into ~1e-3 of its step: measured, 3 steps of lr 1e-3 differ by <= 5.8e-6
-# (0.6% of one step; prefill_once, whose forward is the same kernels, differs by 0).
-TOL = {"atol": 2e-5, "rtol": 0}
+# within 1e-6 of its largest element). Adam's first step is lr * g / (|g| + eps): an element
+# whose gradient is near eps (1e-8) turns a 1e-10 rounding difference into ~1e-5 of its
+# step, and how many such elements there are depends on the CPU's kernels (measured, 3
+# steps of lr 1e-3: at most 5.8e-6 apart on an AVX-512 machine, 5.4e-5 on an AVX2 one, at
+# one element of RLOO's o_proj). So each parameter is held as a whole, to 0.1% of how far
+# it moved (worst measured 2.1e-4), and each element to a tenth of one step.
+MOVED_SHARE, ELEMENT_ATOL = 1e-3, 1e-4
+# k_proj's bias adds q.b to every score of a query, which softmax ignores: its exact gradient
+# is 0, so Adam's step for it is the sign of rounding noise. It is left out.
+NOISE_ONLY = "self_attn.k_proj.bias"
 
 
 @pytest.fixture(autouse=True)
@@ -71,8 +76,10 @@ def test_k_steps_train_what_the_response_forward_trains(schedule, algo, monkeypa
         b = dict(getattr(once.backend, model).model.named_parameters())
         if model == "trainer":  # it trained, response layers included
             assert all(not torch.equal(a[n], start[n]) for n in a if "layers.1.mlp" in n)
-        for n in a:
-            torch.testing.assert_close(b[n], a[n], **TOL, msg=f"{model}.{n}")
+        for n in (n for n in a if not n.endswith(NOISE_ONLY)):
+            moved = float((a[n] - start[n]).norm()) if model == "trainer" else float(a[n].norm())
+            assert float((b[n] - a[n]).norm()) <= MOVED_SHARE * moved, f"{model}.{n}"
+            torch.testing.assert_close(b[n], a[n], atol=ELEMENT_ATOL, rtol=0, msg=f"{model}.{n}")
     for r_once, r_sep in zip(once.results, separate.results, strict=True):
         assert r_once.metrics.keys() == r_sep.metrics.keys()
         for k, v in r_sep.metrics.items():
