@@ -45,16 +45,25 @@ def _prefix(model, prompts: int, tokens: int) -> PrefixState:
     ("prompts", "group", "tokens", "cap"),
     [(1, 1, 5, 2), (2, 4, 40, 9), (3, 3, 64, 16), (4, 8, 65, 33), (40, 8, 17, 4), (5, 16, 120, 7)],
 )
-def test_formula_equals_what_the_engine_allocates(prompts, group, tokens, cap, attention):
+@pytest.mark.parametrize("keep", [False, True], ids=["plain", "decode_once"])
+def test_formula_equals_what_the_engine_allocates(prompts, group, tokens, cap, attention, keep):
+    """Decode once adds the kept layer outputs at the real rows, as the plan prices them
+    (the training forward's saved inputs, decode_once.py), never at the bucket's padded
+    rows: (3, 3) and (5, 16) run 9 and 80 rows in the 16 and 128 buckets."""
     model = build_model(TINY, seed=0)
     engine = DecodeEngine(model, keep_workspace=True, attention=attention)
-    engine.start(_prefix(model, prompts, tokens), group, cap, 0.0, 1.0, None, -1)
+    prefix = _prefix(model, prompts, tokens)
+    engine.start(prefix, group, cap, 0.0, 1.0, None, -1, keep_outputs=keep)
     held = sum(t.numel() * t.element_size() for t in engine.workspace.tensors())
     # every tensor counted once: none is a view of another
     assert len({t.untyped_storage().data_ptr() for t in engine.workspace.tensors()}) == len(
         engine.workspace.tensors()
     )
-    assert torch_engine_workspace(TINY, prompts, group, tokens, cap, attention=attention) == held
+    text = model.config.text_config
+    columns = max(cap - 1, 1)  # the last token is never fed
+    kept = text.num_hidden_layers * prompts * group * columns * text.hidden_size * 4  # fp32
+    formula = torch_engine_workspace(TINY, prompts, group, tokens, cap, attention=attention)
+    assert formula + (kept if keep else 0) == held
 
 
 def _pools(caps, **schedule) -> dict[str, int]:
