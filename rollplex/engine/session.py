@@ -49,10 +49,11 @@ class DecodeEngine:
     finished row (it emitted eos) rides along masked: its later tokens are pad, its
     logprobs 0, its length stops growing. Everything a step reads or writes lives in a
     `Workspace`, so on CUDA the step is captured once per (rows bucket, kv_len) as a CUDA
-    graph and replayed; on CPU it runs eagerly. Rows are padded to a bucket (8, 16, ... 256)
-    with dummy prompts, on which no row's tokens depend (sampling.py draws per row). Graphs
-    and buffers are kept for the next session of the same shape (one shape at a time) and
-    captured again once the model's weights are no longer the tensors they read.
+    graph and replayed; on CPU it runs eagerly. Rows are padded to a bucket (8, 16, 32, 64,
+    128, then every multiple of 64: ops/formulas/engines.py) with dummy prompts, on which
+    no row's tokens depend (sampling.py draws per row). Graphs and buffers are kept for the
+    next session of the same shape (one shape at a time) and captured again once the
+    model's weights are no longer the tensors they read.
 
     `use_graphs` defaults to True on CUDA. `attention`:
     - "sdpa": SDPA over the group's folded queries and a visibility mask;

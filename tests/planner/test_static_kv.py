@@ -13,7 +13,12 @@ from rollplex.backends.torch.model import build_model
 from rollplex.engine.prefix import PrefixState, fork_cache
 from rollplex.engine.session import DecodeEngine
 from rollplex.jobs.pipeline import plan_step
-from rollplex.ops.formulas import engine_kv_pool, torch_engine_fused_qkv, torch_engine_workspace
+from rollplex.ops.formulas import (
+    engine_kv_pool,
+    torch_engine_fused_qkv,
+    torch_engine_workspace,
+)
+from rollplex.ops.formulas.engines import engine_prompts
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
 from rollplex.specs.roles import FSDP_ROLLOUTS, TORCH_ROLLOUT, VLLM_ROLLOUT
 
@@ -99,3 +104,17 @@ def test_plans_hold_the_workspace_all_step_once(schedule):
     assert vllm == int(
         engine_kv_pool(TINY, workload, workload.prompts_per_step, workload.group_size)
     )
+
+
+def test_rows_past_128_pad_by_less_than_64():
+    """The buckets the engine and the plan share (engine_prompts): up to 128 rows a power
+    of two (at least 8, under twice the rows), past it less than 64 padding rows, then up
+    to whole groups. At
+    24 prompts x G = 8 the 192 rows were decoded and held as 256."""
+    assert engine_prompts(24, 8) == 24 and engine_prompts(48, 8) == 48
+    for group in (1, 2, 4, 5, 8, 16):
+        for prompts in range(1, 80):
+            rows, held = prompts * group, engine_prompts(prompts, group) * group
+            assert held >= rows
+            bound = rows + 64 if rows > 128 else max(8, 2 * rows)  # the bucket, at most
+            assert held < bound + group, (prompts, group)

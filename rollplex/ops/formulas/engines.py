@@ -13,7 +13,11 @@ from rollplex.specs.workload import WorkloadSpec
 # The torch decode engine's static workspace (rollplex/engine/): rows padded to a
 # bucket, the prefix capacity to ENGINE_PREFIX_ALIGN tokens, each buffer's length to
 # ENGINE_MASK_ALIGN. Torch-free here for the planner; the engine takes its defaults from here.
-ENGINE_ROW_BUCKETS = (8, 16, 32, 64, 128, 256)
+# Above 128 rows the buckets step by 64 (192, 256, then every multiple of 64): a power of
+# two there padded 192 rows (24 prompts x G = 8) to 256, a third more rows decoded and held
+# for nothing. Training decodes the same rows every step, so a finer step costs no captures.
+ENGINE_ROW_BUCKETS = (8, 16, 32, 64, 128, 192, 256)
+ENGINE_ROW_STEP = 64  # past the top bucket, rows pad to a multiple of this
 ENGINE_PREFIX_ALIGN = 64  # prompt lengths within 64 tokens share buffers and graphs
 ENGINE_MASK_ALIGN = 16  # SDPA's memory-efficient kernel wants the mask's rows 16-aligned
 ENGINE_FLEX_BLOCK = 128  # FlexAttention's KV block: the flex buffer's length is a multiple
@@ -50,9 +54,9 @@ def engine_prompts(
     prompts: int, group_size: int, buckets: tuple[int, ...] = ENGINE_ROW_BUCKETS
 ) -> int:
     """Prompts the engine's buffers hold: rows padded to the next bucket (past the top
-    one, to a multiple of it), in whole groups."""
+    one, to a multiple of ENGINE_ROW_STEP or of the top, the smaller), in whole groups."""
     rows, top = prompts * group_size, buckets[-1]
-    bucket = next((b for b in buckets if b >= rows), _round_up(rows, top))
+    bucket = next((b for b in buckets if b >= rows), _round_up(rows, min(top, ENGINE_ROW_STEP)))
     return max(prompts, -(-bucket // group_size))
 
 
