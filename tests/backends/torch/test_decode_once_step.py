@@ -69,15 +69,17 @@ def test_k_steps_train_what_the_response_forward_trains(schedule, algo, monkeypa
     assert kinds.keys() == {op.name for op in separate.planned.graph}
     assert separate.planned.graph.ops["train.logprob_response"].kind == "logprob_response"
     assert len(forwards) == 3
-    models = ("trainer", "critic") if algo == "ppo" else ("trainer",)
-    start = initial_params()
-    for model in models:
+    starts = {"trainer": initial_params()}
+    if algo == "ppo":  # the critic as built, before any step
+        fresh = _run(schedule, steps=0, algo=ALGOS[algo]).backend.critic.model
+        starts["critic"] = {n: p.detach().clone() for n, p in fresh.named_parameters()}
+    for model, start in starts.items():
         a = dict(getattr(separate.backend, model).model.named_parameters())
         b = dict(getattr(once.backend, model).model.named_parameters())
-        if model == "trainer":  # it trained, response layers included
-            assert all(not torch.equal(a[n], start[n]) for n in a if "layers.1.mlp" in n)
+        # it trained, response layers included
+        assert all(not torch.equal(a[n], start[n]) for n in a if "layers.1.mlp" in n)
         for n in (n for n in a if not n.endswith(NOISE_ONLY)):
-            moved = float((a[n] - start[n]).norm()) if model == "trainer" else float(a[n].norm())
+            moved = float((a[n] - start[n]).norm())
             assert float((b[n] - a[n]).norm()) <= MOVED_SHARE * moved, f"{model}.{n}"
             torch.testing.assert_close(b[n], a[n], atol=ELEMENT_ATOL, rtol=0, msg=f"{model}.{n}")
     for r_once, r_sep in zip(once.results, separate.results, strict=True):
