@@ -109,8 +109,7 @@ def test_plans_hold_the_workspace_all_step_once(schedule):
 def test_rows_past_128_pad_by_less_than_64():
     """The buckets the engine and the plan share (engine_prompts): up to 128 rows a power
     of two (at least 8, under twice the rows), past it less than 64 padding rows, then up
-    to whole groups. At
-    24 prompts x G = 8 the 192 rows were decoded and held as 256."""
+    to whole groups. At 24 prompts x G = 8 the 192 rows were decoded and held as 256."""
     assert engine_prompts(24, 8) == 24 and engine_prompts(48, 8) == 48
     for group in (1, 2, 4, 5, 8, 16):
         for prompts in range(1, 80):

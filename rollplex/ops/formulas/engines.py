@@ -13,11 +13,12 @@ from rollplex.specs.workload import WorkloadSpec
 # The torch decode engine's static workspace (rollplex/engine/): rows padded to a
 # bucket, the prefix capacity to ENGINE_PREFIX_ALIGN tokens, each buffer's length to
 # ENGINE_MASK_ALIGN. Torch-free here for the planner; the engine takes its defaults from here.
-# Above 128 rows the buckets step by 64 (192, 256, then every multiple of 64): a power of
-# two there padded 192 rows (24 prompts x G = 8) to 256, a third more rows decoded and held
-# for nothing. Training decodes the same rows every step, so a finer step costs no captures.
-ENGINE_ROW_BUCKETS = (8, 16, 32, 64, 128, 192, 256)
-ENGINE_ROW_STEP = 64  # past the top bucket, rows pad to a multiple of this
+# Past the top bucket rows pad to a multiple of ENGINE_ROW_STEP (192, 256, 320, ...): a
+# power of two there padded 192 rows (24 prompts x G = 8) to 256, a third more rows decoded
+# and held for nothing. Training decodes the same rows every step, so a finer step costs no
+# captures.
+ENGINE_ROW_BUCKETS = (8, 16, 32, 64, 128)
+ENGINE_ROW_STEP = 64
 ENGINE_PREFIX_ALIGN = 64  # prompt lengths within 64 tokens share buffers and graphs
 ENGINE_MASK_ALIGN = 16  # SDPA's memory-efficient kernel wants the mask's rows 16-aligned
 ENGINE_FLEX_BLOCK = 128  # FlexAttention's KV block: the flex buffer's length is a multiple
