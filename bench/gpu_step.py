@@ -11,6 +11,8 @@ Schedules (all colocated on one GPU, the torch rollout with the decode engine):
                 prefix op on a second stream, or riding the decode's steps;
 - rollplex_padded (not run by default): the response forwards on rows padded to their
                 longest, as before schedule.pack_responses;
+- rollplex_end_write_back (not run by default): an offloaded AdamW state written back
+                right after the update, as before schedule.write_back;
 - serial_dedup_forward (not run by default): serial + dedup with schedule.prefill_once=false,
                 its own training prefix forward (serial_dedup and rollplex reuse the
                 rollout's prefill where the planner takes it: `decisions`).
@@ -66,7 +68,12 @@ from ab import compare, paired_seconds, placement_hash, round_orders, round_skip
 
 SCHEDULES = {
     # verl's actor runs forward and backward per micro-batch (its memory option): fused
-    "verl": ["schedule=serial", "schedule.dedup=false", "schedule.train_micro_fused=true"],
+    "verl": [
+        "schedule=serial",
+        "schedule.dedup=false",
+        "schedule.train_micro_fused=true",
+        "schedule.write_back=step_end",
+    ],
     "serial_dedup": ["schedule=serial"],
     "rollplex": ["schedule=rollplex"],
     # ablations: every eligible prefix op on a second CUDA stream beside decode; every
@@ -75,6 +82,9 @@ SCHEDULES = {
     "rollplex_piggyback": ["schedule=rollplex", "schedule.overlap=piggyback"],
     # ablation: the response forwards on padded rows (before schedule.pack_responses)
     "rollplex_padded": ["schedule=rollplex", "schedule.pack_responses=false"],
+    # ablation: an offloaded AdamW state written back after the update, not at the next
+    # step's start (before schedule.write_back)
+    "rollplex_end_write_back": ["schedule=rollplex", "schedule.write_back=step_end"],
     # serial + dedup before issue 31: its own training prefix and response forwards (the
     # planner otherwise takes them from the rollout's prefill and decode where predicted faster)
     "serial_dedup_forward": [
@@ -85,7 +95,7 @@ SCHEDULES = {
 }
 
 
-BASELINES = ("serial_dedup", "verl", "serial_dedup_forward")
+BASELINES = ("serial_dedup", "verl", "serial_dedup_forward", "rollplex_end_write_back")
 
 
 def overrides(args, schedule: str) -> list[str]:
@@ -340,7 +350,9 @@ def summarize(args, runs: dict[str, list[dict]], wall: float) -> dict:
 
     paired = paired_seconds(runs, args.paired_from)
     # each rollplex run against the baselines; and prefill once's own share (31.1)
-    pairs = [(b, c) for c in runs if c.startswith("rollplex") for b in BASELINES]
+    pairs = [
+        (b, c) for c in runs if c.startswith("rollplex") and c not in BASELINES for b in BASELINES
+    ]
     pairs.append(("serial_dedup_forward", "serial_dedup"))
     pairs.append(("rollplex_padded", "rollplex"))  # packed response rows' own share
     ratios = {

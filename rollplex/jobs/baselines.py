@@ -52,7 +52,9 @@ class Baseline:
 
 def baseline_schedules(schedule: ScheduleSpec, num_gpus: int) -> dict[str, ScheduleSpec]:
     out = {
-        "serial": schedule.model_copy(update={"name": "serial", "dedup": False}),
+        "serial": schedule.model_copy(
+            update={"name": "serial", "dedup": False, "write_back": "step_end"}
+        ),
         "serial_dedup": schedule.model_copy(update={"name": "serial", "dedup": True}),
     }
     if num_gpus >= 2:

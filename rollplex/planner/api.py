@@ -65,6 +65,7 @@ def plan_graph(
             host_link_gbps=hardware.host_link_gbps,
             strategy=schedule.memory_strategy,
             budget_bytes=hardware.budget_bytes,
+            write_back=schedule.write_back,
         )
 
     def fitted_time(p: Plan) -> float:

@@ -3,7 +3,9 @@
 Which tensors may wait on host (`may_move`, `parkable`) and in what order a rule takes them
 (`offload_order`); an offload and its onload as copy steps with their events (`offload`,
 just in time, or after a given instant); and the lifetimes those moves leave
-(`apply_offloads`). Residency (residency.py) decides when to move and checks the budget.
+(`apply_offloads`); a trained value's write-back moved from the step's end to the next
+step's start (`end_write_backs`, `write_back_at_start`). Residency (residency.py) decides
+when to move and checks the budget.
 """
 
 from __future__ import annotations
@@ -168,6 +170,37 @@ def offload(
     _sort_copy_stream(dev, copy)
 
 
+def end_write_backs(dev: DevicePlan, graph: Graph) -> list[Step]:
+    """The offloads that write a trained value (AdamW's state, trained weights) back after
+    its last use, with copy time to pay: each is the value's last copy and the step's end
+    waits for it, where nothing else runs (0.67 s of a 9.3 s step at 3B on an H100)."""
+    last: dict[str, Step] = {}
+    for s in sorted(dev.steps, key=lambda s: (s.start_s, s.index)):
+        if s.kind in ("offload", "onload"):
+            last[s.op] = s
+    persistent = {k.value for k in PERSISTENT}
+    return [
+        s
+        for s in last.values()
+        if s.kind == "offload"
+        and s.solo_s > 0
+        and s.waits
+        and (v := graph.values.get(s.op)) is not None
+        and v.kind.value in persistent
+    ]
+
+
+def write_back_at_start(dev: DevicePlan, step: Step) -> None:
+    """Issue `step` (an end write-back) first, at the step's start, beside its first ops:
+    the value stays resident from its last use across the step boundary until the copy
+    ends. A step ends once every stream has (runtime/cuda.py `finish`), so the copy reads
+    the previous step's update; `apply_offloads` and the executor's `initial_host` take a
+    value whose first copy is an offload as resident at the start."""
+    step.waits = []
+    step.start_s = 0.0
+    _sort_copy_stream(dev, step.stream)
+
+
 def _copy_stream(dev: DevicePlan) -> int:
     return next(st.stream for st in dev.streams if st.name == "copy")
 
@@ -197,6 +230,11 @@ def _copy_step(
     dev.steps.append(step)
     dev.streams[stream].steps.append(index)
     return step
+
+
+def wait_for(plan: Plan, waiter: Step, on: Step) -> None:
+    """`waiter` starts once `on` has ended (an event `on` signals)."""
+    _wait(plan, waiter, on)
 
 
 def _wait(plan: Plan, waiter: Step, on: Step) -> None:

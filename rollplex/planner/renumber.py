@@ -29,7 +29,7 @@ def renumber_in_issue_order(plan: Plan) -> None:
     for i, deps in before.items():
         for j in deps:
             after[j].append(i)
-    key = _keys(steps, before, after)
+    key = _keys(steps, before)
     pending = {i: len(deps) for i, deps in before.items()}
     ready = [(key[i], i) for i, n in pending.items() if n == 0]
     heapq.heapify(ready)
@@ -62,24 +62,22 @@ def renumber_in_issue_order(plan: Plan) -> None:
         t.step = new[t.step]
 
 
-def _keys(steps, before, after) -> dict[int, float]:
+def _keys(steps, before) -> dict[int, float]:
     """Issue priority: the old index; a copy's, just after the step it waits for, where the
-    plan starts it, else just before the first step waiting for it. Issued on its own
-    stream a copy costs the host nothing, while a step the host drives to its end (the
-    decode) holds back every step numbered after it: an onload numbered just before its
-    reader, after the decode it was planned beside, ran after it instead
-    (bench/results/gpu_step/README.md)."""
+    plan starts it, else (it waits for nothing: planned at the step's start) before every
+    step. Issued on its own stream a copy costs the host nothing, while a step the host
+    drives to its end (the decode, the vision encode) holds back every step numbered after
+    it: an onload numbered just before its reader, after the decode it was planned beside,
+    ran after it instead (bench/results/gpu_step/README.md), and a write-back at the step's
+    start numbered just before the prefill that waits for it ran after the vision encode
+    (run 31)."""
     key: dict[int, float] = {}
     for i, s in steps.items():
-        if s.kind in ("offload", "onload"):
-            waiters = [j for j in after[i] if steps[j].stream != s.stream]
-            anchors = [j for j in before[i] if steps[j].stream != s.stream]
-            if anchors:
-                key[i] = max(anchors) + 0.5
-            elif waiters:
-                key[i] = min(waiters) - 0.5
-            else:
-                key[i] = float(i)
-        else:
+        anchors = [j for j in before[i] if steps[j].stream != s.stream]
+        if s.kind not in ("offload", "onload"):
             key[i] = float(i)
+        elif anchors:
+            key[i] = max(anchors) + 0.5
+        else:
+            key[i] = -0.5
     return key

@@ -26,11 +26,14 @@ from rollplex.planner.memory.nesting import assign_nested
 from rollplex.planner.memory.records import lower_bound, peak_position
 from rollplex.planner.offloads import (
     apply_offloads,
+    end_write_backs,
     idle_at_peak,
     may_move,
     offload,
     offload_order,
     peak_end,
+    wait_for,
+    write_back_at_start,
 )
 from rollplex.planner.plan import (
     DevicePlan,
@@ -38,11 +41,13 @@ from rollplex.planner.plan import (
     MemoryEffect,
     Plan,
     Slot,
+    Step,
 )
 from rollplex.planner.simulate import replay
 from rollplex.planner.sizing import DeviceSizer
 
 GIB = 1 << 30
+COPIES = ("offload", "onload", "transfer")
 
 
 class PlanOverBudget(ValueError):
@@ -67,6 +72,7 @@ class Memory:
     budget_bytes: int
     rollout_copies: bool = True
     allow_offload: bool = True
+    write_back: str = "auto"  # ScheduleSpec.write_back: "step_end" keeps verl's order
 
 
 # First moves the covering rule tries, smallest covering tensor first
@@ -96,9 +102,73 @@ def settle_memory(plan: Plan, mem: Memory, interference=None, closest: bool = Fa
             best.notes.append(_late_note(best, mem))
         elif late.peak_bytes_per_gpu < plan.peak_bytes_per_gpu:
             best = late  # the closest miss: the error names what really stays at the peak
+    if best.fits_budget and mem.write_back == "auto":
+        best = _write_backs_at_start(best, mem, interference)
     if best is not plan:
         _take(plan, best)
     return plan
+
+
+def _write_backs_at_start(plan: Plan, mem: Memory, interference) -> Plan:
+    """`plan` with each end write-back (`offloads.end_write_backs`) issued at the next
+    step's start instead, one at a time, where the plan still fits and gets faster: the
+    copy then runs beside the step's first ops, and the value stays resident over them.
+    Where the value and those ops together miss the budget, the op that starts at the
+    peak waits for the copy (`START_WAITS` times at most): the step then pays the rest of
+    the copy there, and still less than all of it at its end."""
+    best = plan
+    for d, dev in enumerate(plan.devices):
+        for step in end_write_backs(dev, mem.graph):
+            trial = best.clone()
+            tdev = trial.devices[d]
+            copy = next(s for s in tdev.steps if s.index == step.index)
+            write_back_at_start(tdev, copy)
+            waiters: list[str] = []
+            for _ in range(START_WAITS + 1):
+                replay(trial, interference)
+                peaks = [_fix_slots(trial, other, mem) for other in trial.devices]
+                waiter = None if trial.fits_budget else _starts_at(tdev, peaks[d], copy)
+                if waiter is None:
+                    break
+                wait_for(trial, waiter, copy)
+                waiters.append(waiter.name)
+            if trial.fits_budget and trial.step_time_s < best.step_time_s * (1 - 1e-9):
+                verb = "waits" if len(waiters) == 1 else "wait"
+                held = f"; {', '.join(waiters)} {verb} for it to fit" if waiters else ""
+                trial.notes.append(
+                    f"write-back at the next step's start: '{step.op}' ({copy.solo_s * 1e3:.1f} ms "
+                    f"of copy) goes to host beside the step's first ops, not after its last "
+                    f"use{held}"
+                )
+                best = trial
+    return best
+
+
+START_WAITS = 2  # ops a write-back at the step's start may hold back until it ends
+
+
+def _fix_slots(plan: Plan, dev: DevicePlan, mem: Memory) -> int:
+    """Settle `dev`'s slots as they are (no moves); its peak position."""
+    lives = _lifetimes(plan, dev, mem)
+    result, lives = _assign(dev, lives, mem)
+    _finish(dev, lives, result, mem)
+    return peak_position([lf.record for lf in lives])
+
+
+def _starts_at(dev: DevicePlan, peak: int, copy: Step) -> Step | None:
+    """The op (not a copy) that starts at position `peak` while `copy` still runs."""
+    steps, begin, _, _ = positions(dev)
+    return next(
+        (
+            s
+            for s in steps
+            if begin[s.index] == peak
+            and s.kind not in COPIES
+            and s.start_s < copy.end_s
+            and copy.signals not in s.waits
+        ),
+        None,
+    )
 
 
 def _take(plan: Plan, other: Plan) -> None:

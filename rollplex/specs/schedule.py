@@ -72,6 +72,13 @@ class ScheduleSpec(Spec):
         "later update). Not yet placed: the plan keeps one backward after the decode and "
         "says so in its notes.",
     )
+    write_back: Literal["auto", "step_end"] = Field(
+        "auto",
+        description="When an offloaded optimizer state (or trained weights) goes back to "
+        "host. auto: at the next step's start, beside its first ops, where the plan still "
+        "fits the budget and gets faster (the copy leaves the step's end); step_end: right "
+        "after the update, as verl's optimizer offload does (its baseline's setting).",
+    )
     overlap_min_gain: float = Field(
         0.01,
         ge=0.0,

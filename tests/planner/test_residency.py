@@ -356,3 +356,45 @@ def test_a_cpu_models_miss_is_told_in_units_that_show_it() -> None:
     residents = msg.split("Largest residents at the peak: ")[1].split(". ")[0].split(", ")
     assert residents and all(r.endswith(("MiB", "KiB")) for r in residents)
     assert not any(r.endswith(" 0.0 KiB") for r in residents)
+
+
+@pytest.mark.parametrize(("model", "workload", "prompts", "name"), LATE_GRID)
+def test_a_write_back_at_the_next_steps_start_fits_wherever_one_at_the_end_does_and_is_never_slower(
+    model, workload, prompts, name
+) -> None:
+    """Over budgets 10-40% under the roomy peak: with `write_back=auto` a plan fits
+    wherever one with the write-back at the step's end (verl's order) does, and is never
+    slower. Where one moved, the value's first copy is its write-back, issued before every
+    op and waiting for none, and its last copy an onload: it is resident when the step
+    ends."""
+    from rollplex.planner.residency import PlanOverBudget
+
+    wl = WORKLOAD_PRESETS[workload].model_copy(update={"prompts_per_step": prompts})
+
+    def plan(hbm_gib: float, write_back: str = "auto"):
+        hw = HARDWARE_PRESETS["h200"].model_copy(update={"hbm_gib": hbm_gib, "hbm_reserve": 0})
+        spec = ScheduleSpec(name=name, write_back=write_back)
+        try:
+            return plan_step(MODEL_PRESETS[model], wl, AlgoSpec(), hw, spec).plan
+        except PlanOverBudget:
+            return None
+
+    roomy = plan(2000.0).peak_bytes_per_gpu / GIB
+    moved = 0
+    for share in (0.9, 0.8, 0.7, 0.6):
+        auto, end = plan(share * roomy), plan(share * roomy, "step_end")
+        assert (auto is None) == (end is None)
+        if end is None:
+            continue
+        assert auto.step_time_s <= end.step_time_s * (1 + 1e-9)
+        notes = [n for n in auto.notes if n.startswith("write-back at the next step's start")]
+        steps = sorted(auto.all_steps(), key=lambda s: s.index)
+        for note in notes:
+            value = note.split("'")[2]  # after "step's"
+            copies = [s for s in steps if s.op == value and s.kind in ("offload", "onload")]
+            assert copies[0].kind == "offload" and not copies[0].waits
+            assert copies[-1].kind == "onload"
+            assert all(s.kind in ("offload", "onload") for s in steps[: copies[0].index])
+            assert auto.step_time_s < end.step_time_s
+        moved += bool(notes)
+    assert moved  # the grid's every point moves one somewhere

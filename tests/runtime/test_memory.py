@@ -83,6 +83,37 @@ def test_adamw_state_onloaded_after_the_backward_runs_and_trains_the_same():
     assert all(torch.equal(a[n], b[n]) for n in a)
 
 
+def test_adamw_written_back_at_the_next_steps_start_runs_and_trains_the_same():
+    """At 80% of the peak AdamW's state waits on host over the step. Its write-back is
+    issued first, at the next step's start, so the step ends with the state resident and
+    the plan is faster than with the write-back at its end. Over three steps the run stays
+    inside the plan's peak, the copies really move the state (each step from the second
+    starts with it on device and puts all of it on host), and it trains the same parameters
+    as with room to spare."""
+    hw = _tight_cpu(0.8)
+    run = cached_run(ScheduleSpec(name="serial"), hardware=hw)
+    plan, order = run.planned.plan, run.executor.order
+    copies = [s for s in order if s.kind in ("offload", "onload") and s.op == "policy.adam"]
+    assert [s.kind for s in copies] == ["offload", "onload"]
+    assert order[0] is copies[0] and not copies[0].waits
+    assert any(
+        n.startswith("write-back at the next step's start: 'policy.adam'") for n in plan.notes
+    )
+    end = plan_step(MODEL, WORKLOAD, ALGO, hw, ScheduleSpec(name="serial", write_back="step_end"))
+    assert end.plan.fits_budget and plan.step_time_s < end.plan.step_time_s
+    assert [s.kind for s in end.plan.all_steps() if s.op == "policy.adam"][-1] == "offload"
+    dev = plan.devices[0]
+    assert max(m.resident_bytes for r in run.results for m in r.steps) <= dev.peak_bytes
+    assert dev.peak_bytes <= dev.budget_bytes
+    moments = 2 * 4 * sum(p.numel() for p in run.backend.trainer.params)  # exp_avg, exp_avg_sq
+    for before, r in zip(run.results, run.results[1:], strict=False):
+        first = r.steps[0]
+        assert first.step.kind == "offload" and first.host_bytes >= moments
+        assert before.steps[-1].resident_after_free - first.resident_bytes >= moments
+    a, b = cached_run(ScheduleSpec(name="serial")).params(), run.params()
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+
 def test_only_values_a_copy_may_free_are_recorded_on_the_stream_that_reads_them():
     """CUDA's record_stream keeps a block from reuse while a stream may still read it. The
     weights and optimizer state no copy moves are never freed mid-run, so the executor
