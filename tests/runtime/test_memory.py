@@ -114,6 +114,41 @@ def test_adamw_written_back_at_the_next_steps_start_runs_and_trains_the_same():
     assert all(torch.equal(a[n], b[n]) for n in a)
 
 
+def test_a_run_resumed_between_write_backs_at_the_start_ends_where_the_straight_one_does(
+    tmp_path,
+):
+    """With AdamW's write-back at the next step's start, the state is on the device when a
+    step ends, which is when a checkpoint is taken. Saved after 2 steps and restored into a
+    fresh backend and executor, whose first step writes the restored state back to host,
+    the run ends its third step on the parameters and AdamW state of 3 straight steps."""
+    from rollplex.backends.step import StepConfig
+    from rollplex.backends.torch.data import TaskData
+    from rollplex.runtime import Executor
+    from rollplex.runtime.checkpoint import read_checkpoint, restore, save_checkpoint
+    from rollplex.runtime.compose import compose
+
+    hw, schedule = _tight_cpu(0.8), ScheduleSpec(name="serial")
+    torch.manual_seed(0)
+    straight = run_schedule(schedule, steps=3, hardware=hw)
+    torch.manual_seed(0)
+    first = run_schedule(schedule, steps=2, hardware=hw)
+    assert first.planned.plan.all_steps()[0].kind == "offload"  # the write-back at the start
+    save_checkpoint(tmp_path / "checkpoints", 2, first.backend.trainer, MODEL, seed=0)
+    backend = compose(StepConfig(MODEL, ALGO, seed=0, max_new_tokens=4, device="cpu"))
+    restore(backend.trainer, read_checkpoint(tmp_path, MODEL, seed=0))
+    backend.rollout.load_weights(backend.trainer.live_weights())  # as the train job resumes
+    executor = Executor(first.planned.plan, first.planned.graph, backend, [], device="cpu")
+    executor.run_step(2, TaskData(MODEL, WORKLOAD, seed=0).step(2))
+    a = straight.backend.trainer.model.state_dict()
+    b = backend.trainer.model.state_dict()
+    assert all(torch.equal(a[n], b[n]) for n in a)
+    sa = straight.backend.trainer.optimizer.state_dict()["state"]
+    sb = backend.trainer.optimizer.state_dict()["state"]
+    assert sa.keys() == sb.keys() and all(
+        torch.equal(sa[i][k], sb[i][k]) for i in sa for k in ("exp_avg", "exp_avg_sq")
+    )
+
+
 def test_only_values_a_copy_may_free_are_recorded_on_the_stream_that_reads_them():
     """CUDA's record_stream keeps a block from reuse while a stream may still read it. The
     weights and optimizer state no copy moves are never freed mid-run, so the executor
