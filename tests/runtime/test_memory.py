@@ -19,18 +19,30 @@ SCHEDULES = [
 ]
 
 
-def _tight_cpu(share: float = 0.9):
-    """A budget `share` of the unconstrained peak, so the planner must offload."""
-    peak = plan_step(MODEL, WORKLOAD, ALGO, CPU, ScheduleSpec(name="serial")).plan.devices[0]
+def _tight_cpu(share: float = 0.9, schedule: ScheduleSpec | None = None):
+    """A budget `share` of the unconstrained peak of `schedule` (default serial), so the
+    planner must offload."""
+    schedule = schedule or ScheduleSpec(name="serial")
+    peak = plan_step(MODEL, WORKLOAD, ALGO, CPU, schedule).plan.devices[0]
     return CPU.model_copy(update={"hbm_gib": share * peak.peak_bytes / GIB})
 
 
+@pytest.mark.parametrize("share", [None, 0.9, 0.8, 0.7], ids=lambda s: f"budget-{s or 'roomy'}")
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: f"{s.name}-{s.overlap}-{s.dedup}")
-def test_resident_bytes_stay_under_the_planned_peak(schedule):
-    run = cached_run(schedule)
+def test_resident_bytes_stay_under_the_planned_peak(schedule, share):
+    """Over schedules x budgets (roomy, then 90-70% of the schedule's roomy peak: offloads,
+    late onloads, write-backs at the step's start), every step stays inside its plan's
+    peak, and a tight budget trains the parameters the roomy one does."""
+    hardware = CPU if share is None else _tight_cpu(share, schedule)
+    run = cached_run(schedule, hardware)
     planned = run.planned.plan.devices[0].peak_bytes
+    assert planned <= run.planned.plan.devices[0].budget_bytes
     measured = [m.resident_bytes for r in run.results for m in r.steps]
     assert 0 < max(measured) <= planned
+    if share is not None:
+        assert any(s.kind == "offload" for s in run.planned.plan.all_steps())
+        a, b = cached_run(schedule).params(), run.params()
+        assert all(torch.equal(a[n], b[n]) for n in a)
     # The accounting sees work come and go: the step's largest residents are freed.
     last = run.results[-1].steps
     assert last[-1].resident_after_free < max(m.resident_bytes for m in last)
