@@ -127,6 +127,7 @@ def spec_of(run: RecordedRun) -> RunSpec:
     schedule.setdefault("prefill_once", False)
     schedule.setdefault("decode_once", False)
     schedule.setdefault("pack_responses", False)  # runs before packing scored padded rows
+    schedule.setdefault("write_back", "step_end")  # runs before it wrote back at the end
     return RunSpec.model_validate(cfg)
 
 
