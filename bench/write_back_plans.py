@@ -1,5 +1,9 @@
-"""Planned step time with an offloaded AdamW state written back at the step's end (verl's
+"""Planned step time where AdamW's state waits on host: moved whole or only the share the
+budget needs (`residency.partial_share`), and written back at the step's end (verl's
 order, `schedule.write_back=step_end`) or at the next step's start (`auto`), on CPU.
+
+"whole" is an ablation: `partial_share` patched to 1, the planner before partial moves.
+"whole, step_end" is the plan of 6ac7f0a, before both changes; "part, auto" today's.
 
 Plans only: nothing runs on a GPU, so these are the planner's predictions, not
 measurements. Two tables:
@@ -15,10 +19,14 @@ measurements. Two tables:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 from rollplex.jobs.pipeline import plan_step
 from rollplex.jobs.plan import plan_for
+from rollplex.planner import residency
 from rollplex.planner.residency import PlanOverBudget
 from rollplex.specs import (
     HARDWARE_PRESETS,
@@ -33,6 +41,32 @@ GIB = 1 << 30
 RUN_B = Path(
     "bench/results/gpu_profile/memory_peak_runs_h100_late_onload/runs/qwen2_5_vl_3b_rollplex"
 )
+VARIANTS = [(moves, wb) for moves in ("whole", "part") for wb in ("step_end", "auto")]
+
+
+@contextmanager
+def _moves(how: str) -> Iterator[None]:
+    if how == "part":
+        yield
+        return
+    with mock.patch.object(residency, "partial_share", lambda victim, need: 1.0):
+        yield
+
+
+def _times(plan: Callable[[str], object]) -> list[float | None]:
+    out = []
+    for moves, write_back in VARIANTS:
+        with _moves(moves):
+            p = plan(write_back)
+        out.append(None if p is None else p.step_time_s)
+    return out
+
+
+def _row(head: str, times: list[float | None]) -> str:
+    if any(t is None for t in times):
+        return f"{head} does not fit | | | | - |"
+    cells = " | ".join(f"{t:.3f}" for t in times)
+    return f"{head} {cells} | {times[0] / times[-1]:.3f}x |"
 
 
 def _plan(model: str, workload, name: str, gib: float, write_back: str = "auto"):
@@ -53,14 +87,11 @@ def grid_rows() -> list[str]:
                 for name in ("serial", "rollplex"):
                     roomy = _plan(model, wl, name, 2000.0).peak_bytes_per_gpu / GIB
                     for share in (0.9, 0.8, 0.7, 0.6):
-                        auto = _plan(model, wl, name, share * roomy)
-                        end = _plan(model, wl, name, share * roomy, "step_end")
-                        head = f"| {model} | {workload} | {prompts} | {name} | {share} |"
-                        if end is None or auto is None:
-                            rows.append(f"{head} does not fit | does not fit | - |")
-                            continue
-                        a, e = auto.step_time_s, end.step_time_s
-                        rows.append(f"{head} {e:.3f} | {a:.3f} | {e / a:.3f}x |")
+                        gib = share * roomy
+                        times = _times(lambda wb: _plan(model, wl, name, gib, wb))  # noqa: B023
+                        rows.append(
+                            _row(f"| {model} | {workload} | {prompts} | {name} | {share} |", times)
+                        )
     return rows
 
 
@@ -69,44 +100,45 @@ def run_b_rows() -> list[str]:
     cfg["model"]["path"] = None
     rows = []
     for reserve in (None, 0.15):
-        times = {}
-        for write_back in ("step_end", "auto"):
+
+        def plan(write_back: str, reserve: float | None = reserve):
             c = json.loads(json.dumps(cfg))
             c["schedule"]["write_back"] = write_back
             if reserve is None:
                 c["hardware"].pop("hbm_reserve")
             else:
                 c["hardware"]["hbm_reserve"] = reserve
-            plan = plan_for(RunSpec.model_validate(c)).plan
-            times[write_back] = plan.step_time_s
-            peak, budget = plan.devices[0].peak_bytes / GIB, plan.devices[0].budget_bytes / GIB
-        e, a = times["step_end"], times["auto"]
+            return plan_for(RunSpec.model_validate(c)).plan
+
         label = "default (0.05)" if reserve is None else str(reserve)
-        rows.append(f"| {label} | {budget:.2f} | {peak:.2f} | {e:.3f} | {a:.3f} | {e / a:.3f}x |")
+        rows.append(_row(f"| {label} |", _times(plan)))
     return rows
 
 
+HEAD = (
+    "whole, step_end s | whole, auto s | part, step_end s | part, auto s "
+    "| whole, step_end / part, auto |"
+)
+
+
 def main() -> None:
-    print("# AdamW's write-back at the step's end or the next step's start: planned step times\n")
+    print("# AdamW's state on host: moved whole or in part, written back at the end or the start\n")
     print("`python bench/write_back_plans.py` (plans on CPU, uncalibrated; not measured).\n")
     print("## One H200, budgets under each roomy plan's peak\n")
-    print("| model | workload | prompts | schedule | budget / roomy peak | step_end s | auto s "
-          "| step_end / auto |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"| model | workload | prompts | schedule | budget / roomy peak | {HEAD}")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(grid_rows()))
     print("\n## Stop 54's H100 memory run (3B, 24 video prompts x G=8, 512-token cap)\n")
-    print("| hbm_reserve | budget GiB | auto's peak GiB | step_end s | auto s | step_end / auto |")
+    print(f"| hbm_reserve | {HEAD}")
     print("|---|---|---|---|---|---|")
     print("\n".join(run_b_rows()))
     print(
-        "\nWhere the two are equal, no trained value waits on host with copy time to pay, or "
-        "its write-back at the start misses the budget even with the op at the peak waiting "
-        "for it. At hbm_reserve=0.15 decode once's kept outputs (13.5 GiB) are held all "
-        "step, so AdamW's state and the prefill's export miss the budget together: the "
-        "prefill waits for the copy, and the step saves what the copy ran beside the vision "
-        "encode. On a GPU: `SHAPE=qwen2_5_vl_3b bash bench/memory_peak.sh --schedule "
-        "rollplex --hardware h100 --frames 8 --prompts 24 --mean-length 128 --max-length 512 "
-        "--steps 3 hardware.hbm_reserve=0.15`."
+        "\n`whole, step_end` is the planner of 6ac7f0a; `part, auto` today's. Where they are "
+        "equal, nothing with copy time to pay waits on host. On a GPU: `SHAPE=qwen2_5_vl_3b "
+        "bash bench/gpu_step.sh --hardware h100 --frames 8 --prompts 24 --mean-length 128 "
+        "--max-length 512 --schedules rollplex_end_write_back,rollplex --steps 5 "
+        "--warmup-steps 0 --paired-from 3 --budget-s 450 hardware.hbm_reserve=0.15` (the "
+        "ablation schedule writes back at the end and moves in part)."
     )
 
 

@@ -312,8 +312,9 @@ class ValueOps(ABC):
         """Each row repeated `group_size` times, in place (row r -> rows r*G .. r*G+G-1)."""
 
     @abstractmethod
-    def move(self, value: Any, device: Any) -> Any:
-        """A copy of `value` on `device`; in-place holders (weights) move their tensors."""
+    def move(self, value: Any, device: Any, share: float = 1.0) -> Any:
+        """A copy of `value` on `device`; in-place holders (weights) move their tensors.
+        `share` < 1: optimizer state moves that share of its bytes, the rest stays."""
 
 
 # -- what the executor calls -------------------------------------------------------------
@@ -369,9 +370,10 @@ class Backend(ABC):
         """Finish the step; returns its metrics (reward, KL, loss...)."""
 
     @abstractmethod
-    def move(self, value: Any, to_host: bool) -> Any:
+    def move(self, value: Any, to_host: bool, share: float = 1.0) -> Any:
         """Copy `value` to host memory (offload) or back to the device (onload); returns the
-        moved value. In-place holders (weights, optimizer state) move their tensors."""
+        moved value. In-place holders (weights, optimizer state) move their tensors; with
+        `share` < 1 (the plan's copy step's), optimizer state moves that share of them."""
 
     def train_micro_batches(self, count: int, recompute: bool = False, fused: bool = False) -> None:
         """Apply the plan's training micro-batch count (`Plan.meta["train_micro_batches"]`):

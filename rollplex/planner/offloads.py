@@ -10,6 +10,8 @@ when to move and checks the budget.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rollplex.graph.ir import Graph
 from rollplex.planner.lifetimes import Lifetime, positions, trained_weights
 from rollplex.planner.memory.records import peak_position
@@ -42,16 +44,24 @@ def apply_offloads(dev: DevicePlan, lives: list[Lifetime]) -> list[Lifetime]:
         return lives
     times = sorted({t for s in dev.steps for t in (s.start_s, s.end_s)})
     at = {t: i for i, t in enumerate(times)}
-    out = []
+    out, kept = [], []
     for lf in lives:
         marks = sorted(moves.get(lf.value, []), key=lambda m: (m[0], m[2].index))
         if not marks:
             out.append(lf)
             continue
         r = lf.record
+        share = min(step.share for _, _, step in marks)
+        if share < 1:  # the part no copy moves stays resident all step
+            moved = round(share * r.size)
+            rest = replace(r, size=r.size - moved, name=f"{r.name}#kept")
+            kept.append(Lifetime(rest, lf.value, lf.kind, lf.first_step, lf.last_step))
+            r = replace(r, size=moved)
         persistent = lf.kind in {k.value for k in PERSISTENT}
         resident = not (persistent and marks[0][1] == "onload")
         start, start_step, segments = r.first, lf.first_step, []
+        if persistent and marks[0][1] == "offload":  # a write-back at the step's start:
+            start_step = marks[0][2].index  # its slot ends at the copy it begins beside
         for _, kind, step in marks:
             if kind == "offload" and resident:
                 stop = max(start, at[step.end_s] - 1)
@@ -64,7 +74,7 @@ def apply_offloads(dev: DevicePlan, lives: list[Lifetime]) -> list[Lifetime]:
         for i, (a, b, s0, s1) in enumerate(segments):
             rec = type(r)(size=r.size, first=a, last=max(a, b), lane=r.lane, name=f"{r.name}#{i}")
             out.append(Lifetime(rec, lf.value, lf.kind, s0, s1))
-    return out
+    return out + kept  # after the moved parts: a value's first slot sizes its copies
 
 
 def may_move(graph: Graph, lf: Lifetime) -> bool:
@@ -129,10 +139,11 @@ def offload(
     graph: Graph,
     host_link_gbps: float,
     after_s: float | None = None,
+    share: float = 1.0,
 ) -> None:
-    """Move `lf`'s value to host between its uses; its onload starts just in time, or,
-    where that is before `after_s` (a peak it must not be resident for), once a step has
-    ended at or after `after_s`."""
+    """Move `lf`'s value (optimizer state: `share` of its bytes) to host between its uses;
+    its onload starts just in time, or, where that is before `after_s` (a peak it must not
+    be resident for), once a step has ended at or after `after_s`."""
     g = graph
     steps = sorted(dev.steps, key=lambda s: (s.start_s, s.index))
     users = [
@@ -143,7 +154,7 @@ def offload(
     ]
     if not users or any(s.previous_step or s.stream == _copy_stream(dev) for s in users):
         return  # copies of copies would serialise on one stream
-    seconds = lf.record.size / (host_link_gbps * 1e9)
+    seconds = share * lf.record.size / (host_link_gbps * 1e9)
     copy = _copy_stream(dev)
     persistent = lf.kind in {k.value for k in PERSISTENT}
     # Resident stretch: from just-in-time onload before the first use to the last use.
@@ -151,14 +162,14 @@ def offload(
     if persistent or makers:
         anchor = makers[-1] if makers else None
         if anchor is not None:  # write back right after it is made
-            _copy_step(plan, dev, copy, "offload", lf.value, seconds, after=anchor)
+            _copy_step(plan, dev, copy, "offload", lf.value, seconds, anchor, share)
         ready = [s for s in steps if s.end_s <= first_use.start_s - seconds and s.stream != copy]
         anchor = ready[-1] if ready else None
         if after_s is not None and (anchor.end_s if anchor else 0.0) < after_s:
             past = [s for s in steps if after_s <= s.end_s <= first_use.start_s]
             past = [s for s in past if s.stream != copy]
             anchor = min(past, key=lambda s: (s.end_s, s.index)) if past else anchor
-        on = _copy_step(plan, dev, copy, "onload", lf.value, seconds, after=anchor)
+        on = _copy_step(plan, dev, copy, "onload", lf.value, seconds, anchor, share)
         _wait(plan, first_use, on)
         if persistent:
             # Frozen weights round-trip at one version: from the second step on, the host
@@ -166,7 +177,7 @@ def offload(
             # (backends/torch/host_memory.py), free of copy time. The first step pays it.
             frozen = lf.kind == "weights" and lf.value not in trained_weights(g)
             back = 0.0 if frozen else seconds
-            _copy_step(plan, dev, copy, "offload", lf.value, back, after=last_use)
+            _copy_step(plan, dev, copy, "offload", lf.value, back, last_use, share)
     _sort_copy_stream(dev, copy)
 
 
@@ -213,6 +224,7 @@ def _copy_step(
     value: str,
     seconds: float,
     after: Step | None,
+    share: float = 1.0,
 ) -> Step:
     index = 1 + max(s.index for d in plan.devices for s in d.steps)
     step = Step(
@@ -224,6 +236,7 @@ def _copy_step(
         solo_s=seconds,
         rate_class="copy",
         start_s=after.end_s if after else 0.0,
+        share=share,
     )
     if after is not None:
         _wait(plan, step, after)

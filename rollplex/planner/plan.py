@@ -52,6 +52,9 @@ class Step:
     # of scratch_bytes: a pool an engine allocates itself (vLLM's KV cache); the runtime
     # hands the engine this budget, and holds it all step when the engine cannot sleep
     pool_bytes: int = 0
+    # offload/onload of optimizer state: the share of its bytes the copy moves (the rest
+    # stays resident all step); 1 for every other step
+    share: float = 1.0
 
     @property
     def name(self) -> str:

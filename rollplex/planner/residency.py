@@ -10,6 +10,7 @@ saying by how much its closest plan misses and what is resident at that plan's p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 
 from rollplex.graph.ir import Graph
@@ -102,11 +103,16 @@ def settle_memory(plan: Plan, mem: Memory, interference=None, closest: bool = Fa
             best.notes.append(_late_note(best, mem))
         elif late.peak_bytes_per_gpu < plan.peak_bytes_per_gpu:
             best = late  # the closest miss: the error names what really stays at the peak
-    if best.fits_budget and mem.write_back == "auto":
-        best = _write_backs_at_start(best, mem, interference)
     if best is not plan:
         _take(plan, best)
     return plan
+
+
+def _with_write_backs(plan: Plan, mem: Memory, interference) -> Plan:
+    """`plan`, or (`write_back=auto`, a plan that fits) `_write_backs_at_start`'s."""
+    if mem.write_back != "auto" or not plan.fits_budget:
+        return plan
+    return _write_backs_at_start(plan, mem, interference)
 
 
 def _write_backs_at_start(plan: Plan, mem: Memory, interference) -> Plan:
@@ -220,17 +226,30 @@ def _late_onloads_may_fit(plan: Plan, mem: Memory) -> bool:
 
 def _best_rule(plan: Plan, start: Plan, mem: Memory, interference, late_onloads: bool) -> Plan:
     """`plan` (settled by the largest-first rule) or the fastest fitting covering rule's
-    plan, each settled from `start`."""
-    best = plan
+    plan, each settled from `start`, and each with its write-backs at the next step's
+    start where they fit (`_with_write_backs`): a rule that moves more can win by them."""
+    best = _with_write_backs(plan, mem, interference)
     for first in range(COVERING_TRIES):
         trial = start.clone()
         if _settle(trial, mem, interference, True, first, late_onloads) is None:
             break  # no covering tensor left to start from
-        if trial.fits_budget and (
-            not best.fits_budget or trial.step_time_s < best.step_time_s * (1 - 1e-9)
-        ):
+        trial = _with_write_backs(trial, mem, interference)
+        if trial.fits_budget and (not best.fits_budget or _faster(trial, best)):
             best = trial
     return best
+
+
+def _faster(a: Plan, b: Plan) -> bool:
+    """`a` is faster than `b`, or as fast with less copy time: a write-back beside the
+    step's first ops hides its copy, and of two plans that hide theirs, the one moving
+    fewer bytes over the host link each step wins."""
+    if a.step_time_s < b.step_time_s * (1 - 1e-9):
+        return True
+    return a.step_time_s <= b.step_time_s * (1 + 1e-9) and _copy_s(a) < _copy_s(b) * (1 - 1e-9)
+
+
+def _copy_s(plan: Plan) -> float:
+    return sum(s.solo_s for s in plan.all_steps() if s.kind in ("offload", "onload"))
 
 
 def _settle(
@@ -264,12 +283,26 @@ def _settle(
                 before = plan.clone()
             tried.add(victim.value)
             after_s = peak_end(dev, lives) if late_onloads else None
-            offload(plan, dev, victim, mem.graph, mem.host_link_gbps, after_s)
+            share = partial_share(victim, need)
+            offload(plan, dev, victim, mem.graph, mem.host_link_gbps, after_s, share)
             replay(plan, interference)
         _finish(dev, lives, result, mem)
     if before is not None:  # a later group's offloads may shift this one's times
         replay(plan, interference)
     return before
+
+
+PARTIAL_STEPS = 16  # optimizer state moves in sixteenths of its bytes
+
+
+def partial_share(victim: Lifetime, need: int | None) -> float:
+    """The share of `victim` a covering move takes: for optimizer state (thousands of
+    tensors, moved one by one), the sixteenths that cover `need` and one more (the offsets
+    pack the rest around it); any other value, or with no `need`, all of it."""
+    size = victim.record.size
+    if need is None or victim.kind != "optimizer_state" or size <= 0:
+        return 1.0
+    return min(1.0, (math.ceil(PARTIAL_STEPS * need / size) + 1) / PARTIAL_STEPS)
 
 
 def settled_time(plan: Plan, mem: Memory, interference=None) -> tuple[float, bool]:

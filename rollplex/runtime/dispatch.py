@@ -264,8 +264,8 @@ class RoleDispatch(Backend):
         return self.rollout_ops.generate(batch, max_new_tokens, temperature, samples)
 
     # -- memory -------------------------------------------------------------------------
-    def move(self, value: Any, to_host: bool) -> Any:
-        return self.values.move(value, "cpu" if to_host else self.device)
+    def move(self, value: Any, to_host: bool, share: float = 1.0) -> Any:
+        return self.values.move(value, "cpu" if to_host else self.device, share)
 
 
 def _detached(logprobs: Any) -> Any:

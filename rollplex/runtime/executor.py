@@ -93,6 +93,8 @@ class Executor:
         self._engine = engine_schedule(plan, self.order)
         self._owned = owned_values(plan, graph, self.order, self.dev_of)
         self._start_on_host = initial_host(graph, self.order)
+        # value -> the share of it the plan's copies move (optimizer state moved in part)
+        self._shares = {s.op: s.share for s in self.order if s.kind in ("offload", "onload")}
         self._persistent = persistent_values(graph)
         self._unmoved = unmoved_values(self._persistent, self.order)
         self._placed: dict[str, bool] = {}  # persistent value -> on host at the last step end
@@ -264,9 +266,12 @@ class Executor:
         for name, value in externals.items():
             want_host = name in self._start_on_host
             was_host = self._placed.get(name, self.graph.values[name].kind is ValueKind.HOST_DATA)
+            share = self._shares.get(name, 1.0)
             if want_host != was_host:  # e.g. the first step of a plan that offloads weights
-                value = self.backend.move(value, to_host=want_host)
+                value = self.backend.move(value, to_host=want_host, share=share)
             (env.host if want_host else env.device)[name] = value
+            if want_host and share < 1:
+                env.partial[name] = share
         for name, value in self._carried.items():
             env.device.setdefault(name, value)
 
@@ -279,12 +284,17 @@ class Executor:
     def _run(self, step: Step, env: Env) -> tuple[dict[str, str], str, str]:
         """(weights versions read, a note on the step, a deviation from the plan)."""
         if step.kind == "offload":
-            env.host[step.op] = self.backend.move(self._take(env, step, step.op), to_host=True)
+            value = self._take(env, step, step.op)
+            env.host[step.op] = self.backend.move(value, to_host=True, share=step.share)
+            if step.share < 1:
+                env.partial[step.op] = step.share
             return {}, "", ""
         if step.kind == "onload":
             if step.op not in env.host:
                 raise ExecutionError(f"'{step.name}' onloads '{step.op}', which is not on host")
-            env.device[step.op] = self.backend.move(env.host.pop(step.op), to_host=False)
+            value = env.host.pop(step.op)
+            env.device[step.op] = self.backend.move(value, to_host=False, share=step.share)
+            env.partial.pop(step.op, None)
             return {}, "", ""
         if self.pooled is not None and step.index in self.pooled.transfers:
             return (*self.pooled.run(step, env), "")
@@ -346,5 +356,6 @@ class Executor:
         }
         env.device.clear()
         env.host.clear()
+        env.partial.clear()
         env.carry.clear()
         env.kept.clear()

@@ -67,6 +67,9 @@ class Env:
     # Weights and optimizer state the plan freed: the step needs them no more, but the
     # backend's model and optimizer still hold them, so they stay resident in truth.
     kept: dict[str, Any] = field(default_factory=dict)
+    # Values in `host` that a copy moved only in part (optimizer state): name -> the share
+    # on host. The rest stays resident, and is counted so.
+    partial: dict[str, float] = field(default_factory=dict)
     # What `host` held when its storages were last walked (name, value), and their keys
     # and bytes: offloaded weights and AdamW state are thousands of tensors, and `host`
     # changes only at copies and loads, while accounting reads it after every plan step.
@@ -107,13 +110,25 @@ class Env:
                 seen.add(key)
                 total += nbytes
             out[name] = out.get(name, 0) + total
+        for name, stays in self._partly_resident().items():
+            if owned is None or name in owned:
+                out[name] = out.get(name, 0) + stays
         return out
 
     def resident_bytes(self, owned: set[str] | None = None) -> int:
         return sum(self.attribution(owned).values())
 
     def host_bytes(self) -> int:
-        return self._host_storages()[1]
+        return self._host_storages()[1] - sum(self._partly_resident().values())
+
+    def _partly_resident(self) -> dict[str, int]:
+        """Bytes of each value in `partial` that its copy left resident."""
+        out = {}
+        for name, share in self.partial.items():
+            if name in self.host:
+                total = sum(nbytes for _, nbytes in _storages(self.host[name]))
+                out[name] = round((1 - share) * total)
+        return out
 
 
 class AllocatorFeed(Protocol):

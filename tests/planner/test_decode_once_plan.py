@@ -82,18 +82,29 @@ def test_a_rollout_tp_other_than_the_trainers_is_not_planned():
 
 
 def test_the_held_bytes_are_traded_against_the_saved_forward():
-    """Under a budget between the two plans' peaks, holding the kept outputs does not fit
-    (or needs offloads that cost more than the forward saves): today's forward is kept,
-    and the plan says why. With the forward fused into each micro-batch's backward, the
-    forward holds one micro-batch's activations where decode once holds every row's."""
+    """Under budgets between the two plans' peaks: halfway, holding the kept outputs fits
+    by moving part of AdamW's state (idle at the peak) and is faster than the forward;
+    a tenth of the way up, it does not fit (or needs offloads that cost more than the
+    forward saves): today's forward is kept, and the plan says why. With the forward fused
+    into each micro-batch's backward, the forward holds one micro-batch's activations
+    where decode once holds every row's."""
     load = _workload("video").model_copy(update={"prompts_per_step": 8})
     model = "qwen2_5_vl_3b"
     schedule = ScheduleSpec(name="serial", prefill_once=False, train_micro_fused=True)
     off = _plan(model, load, schedule.model_copy(update={"decode_once": False}))
     on = _plan(model, load, schedule)
     assert _kept(on) and on.plan.peak_bytes_per_gpu > off.plan.peak_bytes_per_gpu
-    hbm = (on.plan.peak_bytes_per_gpu + off.plan.peak_bytes_per_gpu) / 2 / 2**30
-    tight = _plan(model, load, schedule, hw=H200.model_copy(update={"hbm_gib": hbm}))
+    gap = on.plan.peak_bytes_per_gpu - off.plan.peak_bytes_per_gpu
+
+    def under(share: float):
+        hbm = (off.plan.peak_bytes_per_gpu + share * gap) / 2**30
+        return _plan(model, load, schedule, hw=H200.model_copy(update={"hbm_gib": hbm}))
+
+    half = under(0.5)
+    assert _kept(half) and half.plan.step_time_s < off.plan.step_time_s
+    moved = [s for s in half.plan.all_steps() if s.kind == "offload" and s.op == "policy.adam"]
+    assert moved and 0 < moved[0].share < 1
+    tight = under(0.1)
     assert not _kept(tight)
     assert tight.plan.step_time_s == pytest.approx(off.plan.step_time_s)
     assert any(n.startswith("decode once not taken") for n in tight.plan.notes)

@@ -99,22 +99,20 @@ def test_a_rollout_tp_other_than_the_trainers_is_not_planned():
 
 @pytest.mark.parametrize("write_back", ["step_end", "auto"])
 def test_the_held_bytes_are_traded_against_the_saved_forward(write_back):
-    """Over budgets from the forward plan's peak down to where only it still fits (with
-    AdamW's write-back at the step's end): prefill once is taken only where its plan fits
-    and is faster than keeping the forward (moves included), and where it is not taken the
-    plan says why. With the write-back at the step's end, at the tightest budget the export
-    does not fit; with it at the next step's start (auto) it does there, a faster plan."""
+    """Over budgets from the forward plan's peak down to the last where it still fits
+    (23 GiB under, neither fits), with AdamW's write-back at the step's end or the next
+    step's start: prefill once is taken only where its plan fits and is faster than keeping
+    the forward (moves included), and where it is not taken the plan says why. At the
+    last budget it is taken, by moving part of AdamW's state: 6.6 GiB under was where the
+    export stopped fitting while AdamW's state moved only whole."""
     load = _workload("video").model_copy(update={"prompts_per_step": 8})
     # prefill once alone: decode once (on by default) would hold its own bytes in both plans
     model = "qwen2_5_vl_3b"
     schedule = ScheduleSpec(name="serial", decode_once=False, write_back=write_back)
     forward = schedule.model_copy(update={"prefill_once": False})
     peak = _plan(model, load, forward).plan.peak_bytes_per_gpu / 2**30
-    taken, seconds = [], []
-    # GiB under the forward plan's roomy peak; the last between where prefill once stops
-    # fitting at step_end (7.2-7.4) and where the forward does (7.6-7.8); 6.6 before the
-    # plan held the training prefix's K/V until the backward, as autograd does
-    for under in (0.0, 2.0, 4.0, 6.0, 7.5):
+    taken = []
+    for under in (0.0, 2.0, 4.0, 6.0, 7.5, 13.0, 21.0):  # GiB under the forward's roomy peak
         hw = H200.model_copy(update={"hbm_gib": peak - under, "hbm_reserve": 0.0})
         on, off = _plan(model, load, schedule, hw=hw), _plan(model, load, forward, hw=hw)
         assert on.plan.fits_budget and off.plan.fits_budget
@@ -124,12 +122,9 @@ def test_the_held_bytes_are_traded_against_the_saved_forward(write_back):
             assert on.plan.step_time_s == pytest.approx(off.plan.step_time_s)
             assert any(n.startswith("prefill once not taken") for n in on.plan.notes)
         taken.append(_attached(on))
-        seconds.append(on.plan.step_time_s)
-    assert taken[0] and taken[-1] == (write_back == "auto")
-    if write_back == "auto":
-        end = schedule.model_copy(update={"write_back": "step_end"})
-        hw = H200.model_copy(update={"hbm_gib": peak - 7.5, "hbm_reserve": 0.0})
-        assert seconds[-1] < _plan(model, load, end, hw=hw).plan.step_time_s
+    assert taken[0] and taken[-1]
+    moved = [s for s in on.plan.all_steps() if s.kind == "offload" and s.op == "policy.adam"]
+    assert moved and 0 < moved[0].share < 1
 
 
 def test_the_disaggregated_schedule_keeps_its_forward():

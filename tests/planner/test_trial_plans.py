@@ -108,4 +108,5 @@ def test_step_fields_in_the_order_builders_pass_them() -> None:
         "scratch_bytes",
         "previous_step",
         "pool_bytes",  # set after scheduling (api.mark_engine_pools), never positionally
+        "share",  # copy steps only (residency), by keyword
     ]

@@ -45,7 +45,7 @@ class Recorder(Backend):
     def end_step(self) -> dict[str, float]:
         return {}
 
-    def move(self, value: Any, to_host: bool) -> Any:
+    def move(self, value: Any, to_host: bool, share: float = 1.0) -> Any:
         return value
 
     def residency(self, action) -> None:

@@ -67,7 +67,7 @@ class Backend:
         self.seen.ops.setdefault(self.seen.now(), []).append((op.name, chunk.index))
         return self.inner.run_op(op, inputs, chunk, carry)
 
-    def move(self, value, to_host):
+    def move(self, value, to_host, share=1.0):
         self.seen.moves.setdefault(self.seen.now(), []).append(to_host)
         return self.inner.move(value, to_host)
 

@@ -201,14 +201,14 @@ class FsdpValues(TorchValues):
         self.trainer = trainer
         self.owners: list[Any] = [trainer]  # what holds sharded state: the critic joins
 
-    def move(self, value: Any, device: Any) -> Any:
+    def move(self, value: Any, device: Any, share: float = 1.0) -> Any:
         sharded = isinstance(value, ShardedWeightsHandle) or any(
             getattr(value, "optimizer", None) is o.optimizer
             or getattr(value, "params", None) is o.params
             for o in self.owners
         )
         if not sharded:
-            return super().move(value, device)
+            return super().move(value, device, share)
         if self.trainer.dist.device.type == "cpu":
             return value
         raise BackendError(

@@ -217,7 +217,11 @@ class TorchValues(ValueOps):
     def repeat(self, value: Any, group_size: int) -> Any:
         return repeat_rows(value, group_size)
 
-    def move(self, value: Any, device: Any) -> Any:
+    def move(self, value: Any, device: Any, share: float = 1.0) -> Any:
         if value is None:  # an output the role did not produce (e.g. engine logprobs)
             return None
+        if share < 1:  # optimizer state, moved in part (OptimizerHandle.move_to)
+            if not getattr(type(value), "MOVES_IN_PART", False):
+                raise BackendError(f"a {type(value).__name__} moves whole, not {share:.0%} of it")
+            return value.move_to(torch.device(device), share)
         return move_value(value, torch.device(device))

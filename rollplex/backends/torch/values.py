@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -353,21 +353,44 @@ class OptimizerHandle:
 
     optimizer: torch.optim.Optimizer
     masters: tuple[torch.Tensor, ...] = ()
+    MOVES_IN_PART: ClassVar[bool] = True  # move_to takes a share (rows.TorchValues.move)
 
     def tensors(self) -> Iterator[torch.Tensor]:
         yield from self.masters
         for st in self.optimizer.state.values():
             yield from (v for v in st.values() if isinstance(v, torch.Tensor))
 
-    def move_to(self, device: torch.device | str) -> OptimizerHandle:
+    def move_to(self, device: torch.device | str, share: float = 1.0) -> OptimizerHandle:
+        """Move the state to `device` in place; with `share` < 1 only its first tensors
+        (masters, then each parameter's moments, in the optimizer's order) that hold that
+        share of its bytes: an offload and its onload pick the same ones, since the
+        optimizer step, which makes AdamW's state, comes after both."""
+        parts = list(self._parts())
+        total, moved = sum(t.nbytes for t, _ in parts), 0
+        for t, put in parts:
+            if share < 1 and moved >= share * total:
+                break
+            moved += t.nbytes
+            put(t, device)
+        return self
+
+    def _parts(self) -> Iterator[tuple[torch.Tensor, Callable[[torch.Tensor, Any], None]]]:
+        """Each tensor of the state, and how to move it in place."""
         for m in self.masters:  # in place: the optimizer keys its state by these tensors
-            m.data = move(m.data, device, m)
+
+            def put_master(t: torch.Tensor, device: Any, m: torch.Tensor = m) -> None:
+                m.data = move(t, device, m)
+
+            yield m.data, put_master
         for param, st in self.optimizer.state.items():
             for k, v in st.items():
                 # Adam's `step` counter stays where torch keeps it (a scalar).
                 if isinstance(v, torch.Tensor) and v.dim() > 0:
-                    st[k] = move(v, device, param, k)
-        return self
+
+                    def put(t: torch.Tensor, device: Any, st=st, k=k, param=param) -> None:
+                        st[k] = move(t, device, param, k)
+
+                    yield v, put
 
 
 @dataclass(slots=True, eq=False)

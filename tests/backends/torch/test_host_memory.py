@@ -156,3 +156,61 @@ def test_the_trainers_weight_load_forgets_the_host_copies(spec, tmp_path):
     trainer.load_weights(tmp_path)
     weights.move_to("cpu")
     assert all(torch.equal(p, q) for p, q in zip(tower, vision_params(other), strict=True))
+
+
+@pytest.mark.parametrize("share", [0.1, 0.3, 0.5, 0.8, 1.0])
+def test_a_share_of_the_adamw_state_moves_its_first_tensors_and_comes_back_exact(share):
+    """A partial offload (a plan's copy step with share < 1) moves the state's first
+    tensors, masters then each parameter's moments in the optimizer's order, until they
+    hold `share` of its bytes, and no more; its onload picks the same ones and brings back
+    the same values, and AdamW steps on them."""
+    layers = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 8), nn.Linear(8, 4))
+    masters = tuple(p.detach().clone() for p in layers.parameters())
+    opt = torch.optim.AdamW(layers.parameters())
+    layers(torch.randn(3, 16)).sum().backward()
+    opt.step()
+    state = OptimizerHandle(opt, masters)
+    parts = [t for t, _ in state._parts()]
+    total = sum(t.nbytes for t in parts)
+    cumulative = [sum(t.nbytes for t in parts[: k + 1]) for k in range(len(parts))]
+    want = next(k + 1 for k, c in enumerate(cumulative) if c >= share * total)
+    before = [t.clone() for t in parts]
+    ptrs = [t.data_ptr() for t in parts]
+    state.move_to("cpu", share)
+    after = [t for t, _ in state._parts()]
+    moved = [i for i, (a, t) in enumerate(zip(ptrs, after, strict=True)) if t.data_ptr() != a]
+    assert moved == list(range(want))  # the first tensors, just enough to hold the share
+    state.move_to("cpu", share)  # the onload: the same tensors, the same values
+    assert all(torch.equal(t, b) for (t, _), b in zip(state._parts(), before, strict=True))
+    layers(torch.randn(3, 16)).sum().backward()
+    opt.step()
+
+
+def test_a_share_of_anything_but_optimizer_state_is_refused_by_name():
+    from rollplex.backends.base import BackendError
+    from rollplex.backends.torch.rows import TorchValues
+
+    layer = nn.Linear(4, 4)
+    weights = WeightsHandle("policy", layer, tuple(layer.parameters()), 0, VersionCounter())
+    with pytest.raises(BackendError, match="WeightsHandle moves whole, not 50% of it"):
+        TorchValues().move(weights, "cpu", share=0.5)
+
+
+@pytest.mark.gpu
+@cuda
+def test_on_cuda_a_share_of_the_adamw_state_is_on_host_and_the_rest_on_the_device():
+    layers = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64)).cuda()
+    opt = torch.optim.AdamW(layers.parameters(), fused=True)
+    layers(torch.randn(4, 64, device="cuda")).sum().backward()
+    opt.step()
+    state = OptimizerHandle(opt)
+    state.move_to("cpu", 0.5)
+    torch.cuda.synchronize()
+    where = [t.is_cuda for t, _ in state._parts()]
+    on_host = sum(t.nbytes for t, _ in state._parts() if not t.is_cuda)
+    total = sum(t.nbytes for t, _ in state._parts())
+    assert not where[0] and where[-1] and 0.5 * total <= on_host < total
+    state.move_to("cuda", 0.5)
+    assert all(t.is_cuda for t, _ in state._parts())
+    layers(torch.randn(4, 64, device="cuda")).sum().backward()
+    opt.step()
