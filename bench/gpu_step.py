@@ -13,6 +13,8 @@ Schedules (all colocated on one GPU, the torch rollout with the decode engine):
                 longest, as before schedule.pack_responses;
 - rollplex_end_write_back (not run by default): an offloaded AdamW state written back
                 right after the update, as before schedule.write_back;
+- rollplex_whole_offload (not run by default): that, with AdamW's state moved whole, as
+                before schedule.offload_in_part;
 - serial_dedup_forward (not run by default): serial + dedup with schedule.prefill_once=false,
                 its own training prefix forward (serial_dedup and rollplex reuse the
                 rollout's prefill where the planner takes it: `decisions`).
@@ -73,6 +75,7 @@ SCHEDULES = {
         "schedule.dedup=false",
         "schedule.train_micro_fused=true",
         "schedule.write_back=step_end",
+        "schedule.offload_in_part=false",
     ],
     "serial_dedup": ["schedule=serial"],
     "rollplex": ["schedule=rollplex"],
@@ -85,6 +88,12 @@ SCHEDULES = {
     # ablation: an offloaded AdamW state written back after the update, not at the next
     # step's start (before schedule.write_back)
     "rollplex_end_write_back": ["schedule=rollplex", "schedule.write_back=step_end"],
+    # ablation: the offloads of 6ac7f0a: AdamW's state moved whole, written back at the end
+    "rollplex_whole_offload": [
+        "schedule=rollplex",
+        "schedule.write_back=step_end",
+        "schedule.offload_in_part=false",
+    ],
     # serial + dedup before issue 31: its own training prefix and response forwards (the
     # planner otherwise takes them from the rollout's prefill and decode where predicted faster)
     "serial_dedup_forward": [
@@ -95,7 +104,13 @@ SCHEDULES = {
 }
 
 
-BASELINES = ("serial_dedup", "verl", "serial_dedup_forward", "rollplex_end_write_back")
+BASELINES = (
+    "serial_dedup",
+    "verl",
+    "serial_dedup_forward",
+    "rollplex_end_write_back",
+    "rollplex_whole_offload",
+)
 
 
 def overrides(args, schedule: str) -> list[str]:

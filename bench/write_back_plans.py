@@ -2,8 +2,8 @@
 budget needs (`residency.partial_share`), and written back at the step's end (verl's
 order, `schedule.write_back=step_end`) or at the next step's start (`auto`), on CPU.
 
-"whole" is an ablation: `partial_share` patched to 1, the planner before partial moves.
-"whole, step_end" is the plan of 6ac7f0a, before both changes; "part, auto" today's.
+"whole" is `schedule.offload_in_part=false`. "whole, step_end" is the plan of 6ac7f0a,
+before both changes (verl's baseline keeps it); "part, auto" today's default.
 
 Plans only: nothing runs on a GPU, so these are the planner's predictions, not
 measurements. Two tables:
@@ -19,14 +19,11 @@ measurements. Two tables:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from unittest import mock
 
 from rollplex.jobs.pipeline import plan_step
 from rollplex.jobs.plan import plan_for
-from rollplex.planner import residency
 from rollplex.planner.residency import PlanOverBudget
 from rollplex.specs import (
     HARDWARE_PRESETS,
@@ -44,20 +41,10 @@ RUN_B = Path(
 VARIANTS = [(moves, wb) for moves in ("whole", "part") for wb in ("step_end", "auto")]
 
 
-@contextmanager
-def _moves(how: str) -> Iterator[None]:
-    if how == "part":
-        yield
-        return
-    with mock.patch.object(residency, "partial_share", lambda victim, need: 1.0):
-        yield
-
-
-def _times(plan: Callable[[str], object]) -> list[float | None]:
+def _times(plan: Callable[[str, bool], object]) -> list[float | None]:
     out = []
     for moves, write_back in VARIANTS:
-        with _moves(moves):
-            p = plan(write_back)
+        p = plan(write_back, moves == "part")
         out.append(None if p is None else p.step_time_s)
     return out
 
@@ -69,9 +56,9 @@ def _row(head: str, times: list[float | None]) -> str:
     return f"{head} {cells} | {times[0] / times[-1]:.3f}x |"
 
 
-def _plan(model: str, workload, name: str, gib: float, write_back: str = "auto"):
+def _plan(model: str, workload, name: str, gib: float, write_back: str = "auto", part: bool = True):
     hw = HARDWARE_PRESETS["h200"].model_copy(update={"hbm_gib": gib, "hbm_reserve": 0})
-    spec = ScheduleSpec(name=name, write_back=write_back)
+    spec = ScheduleSpec(name=name, write_back=write_back, offload_in_part=part)
     try:
         return plan_step(MODEL_PRESETS[model], workload, AlgoSpec(), hw, spec).plan
     except PlanOverBudget:
@@ -88,7 +75,7 @@ def grid_rows() -> list[str]:
                     roomy = _plan(model, wl, name, 2000.0).peak_bytes_per_gpu / GIB
                     for share in (0.9, 0.8, 0.7, 0.6):
                         gib = share * roomy
-                        times = _times(lambda wb: _plan(model, wl, name, gib, wb))  # noqa: B023
+                        times = _times(lambda wb, part: _plan(model, wl, name, gib, wb, part))  # noqa: B023
                         rows.append(
                             _row(f"| {model} | {workload} | {prompts} | {name} | {share} |", times)
                         )
@@ -101,9 +88,9 @@ def run_b_rows() -> list[str]:
     rows = []
     for reserve in (None, 0.15):
 
-        def plan(write_back: str, reserve: float | None = reserve):
+        def plan(write_back: str, part: bool, reserve: float | None = reserve):
             c = json.loads(json.dumps(cfg))
-            c["schedule"]["write_back"] = write_back
+            c["schedule"].update(write_back=write_back, offload_in_part=part)
             if reserve is None:
                 c["hardware"].pop("hbm_reserve")
             else:

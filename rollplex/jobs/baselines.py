@@ -52,8 +52,13 @@ class Baseline:
 
 def baseline_schedules(schedule: ScheduleSpec, num_gpus: int) -> dict[str, ScheduleSpec]:
     out = {
-        "serial": schedule.model_copy(
-            update={"name": "serial", "dedup": False, "write_back": "step_end"}
+        "serial": schedule.model_copy(  # verl's optimizer offload: all of it, after the update
+            update={
+                "name": "serial",
+                "dedup": False,
+                "write_back": "step_end",
+                "offload_in_part": False,
+            }
         ),
         "serial_dedup": schedule.model_copy(update={"name": "serial", "dedup": True}),
     }

@@ -66,6 +66,7 @@ def plan_graph(
             strategy=schedule.memory_strategy,
             budget_bytes=hardware.budget_bytes,
             write_back=schedule.write_back,
+            offload_in_part=schedule.offload_in_part,
         )
 
     def fitted_time(p: Plan) -> float:

@@ -74,6 +74,7 @@ class Memory:
     rollout_copies: bool = True
     allow_offload: bool = True
     write_back: str = "auto"  # ScheduleSpec.write_back: "step_end" keeps verl's order
+    offload_in_part: bool = True  # ScheduleSpec.offload_in_part: false moves state whole
 
 
 # First moves the covering rule tries, smallest covering tensor first
@@ -283,7 +284,7 @@ def _settle(
                 before = plan.clone()
             tried.add(victim.value)
             after_s = peak_end(dev, lives) if late_onloads else None
-            share = partial_share(victim, need)
+            share = partial_share(victim, need) if mem.offload_in_part else 1.0
             offload(plan, dev, victim, mem.graph, mem.host_link_gbps, after_s, share)
             replay(plan, interference)
         _finish(dev, lives, result, mem)

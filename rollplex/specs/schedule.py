@@ -79,6 +79,12 @@ class ScheduleSpec(Spec):
         "fits the budget and gets faster (the copy leaves the step's end); step_end: right "
         "after the update, as verl's optimizer offload does (its baseline's setting).",
     )
+    offload_in_part: bool = Field(
+        True,
+        description="Where optimizer state must wait on host, move only the share of it "
+        "the budget needs (in sixteenths of its bytes); false: all of it, as verl's "
+        "optimizer offload does (an ablation).",
+    )
     overlap_min_gain: float = Field(
         0.01,
         ge=0.0,

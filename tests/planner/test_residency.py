@@ -420,22 +420,22 @@ def test_a_write_back_at_the_next_steps_start_fits_wherever_one_at_the_end_does_
 
 @pytest.mark.parametrize(("model", "workload", "prompts", "name"), LATE_GRID)
 def test_moving_part_of_adamws_state_fits_wherever_moving_all_of_it_does_and_is_never_slower(
-    model, workload, prompts, name, monkeypatch
+    model, workload, prompts, name
 ) -> None:
     """Over budgets 10-30% under the roomy peak: a plan may move only the sixteenths of
     AdamW's state that its budget needs. It fits wherever moving the whole state does, is
     never slower, and its copies take their share's time: each copy of a share s of the
     state takes s times the whole one's seconds, and the part left resident holds one slot
     past every copy."""
-    from rollplex.planner import residency
     from rollplex.planner.residency import PlanOverBudget
 
     wl = WORKLOAD_PRESETS[workload].model_copy(update={"prompts_per_step": prompts})
 
-    def plan(hbm_gib: float):
+    def plan(hbm_gib: float, part: bool = True):
         hw = HARDWARE_PRESETS["h200"].model_copy(update={"hbm_gib": hbm_gib, "hbm_reserve": 0})
+        spec = ScheduleSpec(name=name, offload_in_part=part)
         try:
-            return plan_step(MODEL_PRESETS[model], wl, AlgoSpec(), hw, ScheduleSpec(name=name))
+            return plan_step(MODEL_PRESETS[model], wl, AlgoSpec(), hw, spec)
         except PlanOverBudget:
             return None
 
@@ -445,10 +445,7 @@ def test_moving_part_of_adamws_state_fits_wherever_moving_all_of_it_does_and_is_
     parts = 0
     for share in (0.9, 0.8, 0.7):
         gib = share * roomy.plan.peak_bytes_per_gpu / GIB
-        part = plan(gib)
-        with monkeypatch.context() as m:
-            m.setattr(residency, "partial_share", lambda victim, need: 1.0)
-            whole = plan(gib)
+        part, whole = plan(gib), plan(gib, part=False)
         if whole is None:
             continue
         assert part is not None and part.plan.fits_budget
