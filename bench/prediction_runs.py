@@ -128,6 +128,7 @@ def spec_of(run: RecordedRun) -> RunSpec:
     schedule.setdefault("decode_once", False)
     schedule.setdefault("pack_responses", False)  # runs before packing scored padded rows
     schedule.setdefault("write_back", "step_end")  # runs before it wrote back at the end
+    schedule.setdefault("offload_in_part", False)  # and moved optimizer state whole
     return RunSpec.model_validate(cfg)
 
 
