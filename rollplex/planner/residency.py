@@ -105,8 +105,26 @@ def settle_memory(plan: Plan, mem: Memory, interference=None, closest: bool = Fa
         elif late.peak_bytes_per_gpu < plan.peak_bytes_per_gpu:
             best = late  # the closest miss: the error names what really stays at the peak
     if best is not plan:
+        _note_parts(best)
         _take(plan, best)
     return plan
+
+
+def _note_parts(plan: Plan) -> None:
+    """A note for each value whose copies move only part of it (`partial_share`)."""
+    for dev in plan.devices:
+        for s in dev.steps:
+            if s.kind != "offload" or s.share >= 1:
+                continue
+            note = f"offload in part: '{s.op}' moves {round(s.share * PARTIAL_STEPS)}/"
+            if any(n.startswith(note) for n in plan.notes):
+                continue
+            sizes = [sl.size for sl in dev.slots if sl.value == s.op]  # moved parts, then kept
+            moved, size = sizes[0], sizes[0] + sizes[-1]
+            plan.notes.append(
+                f"{note}{PARTIAL_STEPS} of its {_size(size)} to host ({_size(moved)}), the "
+                "rest stays resident: what the budget needs (schedule.offload_in_part)"
+            )
 
 
 def _with_write_backs(plan: Plan, mem: Memory, interference) -> Plan:

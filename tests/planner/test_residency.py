@@ -459,5 +459,8 @@ def test_moving_part_of_adamws_state_fits_wherever_moving_all_of_it_does_and_is_
         for s in (s for s in copies if s.share < 1):  # the unmoved part: one slot, past
             rest = adam.nbytes - round(s.share * adam.nbytes)  # every copy
             assert any(sl.size == rest and sl.first <= sl.last >= last_copy for sl in slots)
+        for s in (s for s in copies if s.share < 1 and s.kind == "offload"):
+            said = f"offload in part: 'policy.adam' moves {round(s.share * 16)}/16 of its"
+            assert any(n.startswith(said) for n in part.plan.notes)
         parts += any(s.share < 1 for s in copies)
     assert parts  # every grid point moves a part of the state somewhere
