@@ -1,5 +1,5 @@
 """Planned step time where AdamW's state waits on host: moved whole or only the share the
-budget needs (`residency.partial_share`), and written back at the step's end (verl's
+budget needs (`offloads.partial_share`), and written back at the step's end (verl's
 order, `schedule.write_back=step_end`) or at the next step's start (`auto`), on CPU.
 
 "whole" is `schedule.offload_in_part=false`. "whole, step_end" is the plan of 6ac7f0a,

@@ -3,13 +3,14 @@
 Which tensors may wait on host (`may_move`, `parkable`) and in what order a rule takes them
 (`offload_order`); an offload and its onload as copy steps with their events (`offload`,
 just in time, or after a given instant); and the lifetimes those moves leave
-(`apply_offloads`); a trained value's write-back moved from the step's end to the next
-step's start (`end_write_backs`, `write_back_at_start`). Residency (residency.py) decides
-when to move and checks the budget.
+(`apply_offloads`); how much of optimizer state a move takes (`partial_share`); a write-back
+moved to the next step's start (`write_back_at_start`, chosen by write_backs.py).
+Residency (residency.py) decides when to move and checks the budget.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from rollplex.graph.ir import Graph
@@ -75,6 +76,19 @@ def apply_offloads(dev: DevicePlan, lives: list[Lifetime]) -> list[Lifetime]:
             rec = type(r)(size=r.size, first=a, last=max(a, b), lane=r.lane, name=f"{r.name}#{i}")
             out.append(Lifetime(rec, lf.value, lf.kind, s0, s1))
     return out + kept  # after the moved parts: a value's first slot sizes its copies
+
+
+PARTIAL_STEPS = 16  # optimizer state moves in sixteenths of its bytes
+
+
+def partial_share(victim: Lifetime, need: int | None) -> float:
+    """The share of `victim` a covering move takes: for optimizer state (thousands of
+    tensors, moved one by one), the sixteenths that cover `need` and one more (the offsets
+    pack the rest around it); any other value, or with no `need`, all of it."""
+    size = victim.record.size
+    if need is None or victim.kind != "optimizer_state" or size <= 0:
+        return 1.0
+    return min(1.0, (math.ceil(PARTIAL_STEPS * need / size) + 1) / PARTIAL_STEPS)
 
 
 def may_move(graph: Graph, lf: Lifetime) -> bool:
@@ -179,26 +193,6 @@ def offload(
             back = 0.0 if frozen else seconds
             _copy_step(plan, dev, copy, "offload", lf.value, back, last_use, share)
     _sort_copy_stream(dev, copy)
-
-
-def end_write_backs(dev: DevicePlan, graph: Graph) -> list[Step]:
-    """The offloads that write a trained value (AdamW's state, trained weights) back after
-    its last use, with copy time to pay: each is the value's last copy and the step's end
-    waits for it, where nothing else runs (0.67 s of a 9.3 s step at 3B on an H100)."""
-    last: dict[str, Step] = {}
-    for s in sorted(dev.steps, key=lambda s: (s.start_s, s.index)):
-        if s.kind in ("offload", "onload"):
-            last[s.op] = s
-    persistent = {k.value for k in PERSISTENT}
-    return [
-        s
-        for s in last.values()
-        if s.kind == "offload"
-        and s.solo_s > 0
-        and s.waits
-        and (v := graph.values.get(s.op)) is not None
-        and v.kind.value in persistent
-    ]
 
 
 def write_back_at_start(dev: DevicePlan, step: Step) -> None:

@@ -4,13 +4,14 @@ While the arenas exceed the budget, a tensor with a long stretch without use mov
 over the copy stream for that stretch (optimizer state, frozen weights, boundaries made in
 the decode window), with its onload just in time: the largest, or the smallest that covers
 the overage, whichever settles faster. Where no such plan fits, onloads wait until the peak
-they were moved for has passed (late onloads). If nothing more can move, planning fails
-saying by how much its closest plan misses and what is resident at that plan's peak.
+they were moved for has passed (late onloads). Optimizer state moves only in the share the
+overage needs, and each plan compared gets its write-backs at the next step's start where
+they fit (write_backs.py). If nothing more can move, planning fails saying by how much its
+closest plan misses and what is resident at that plan's peak.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields, replace
 
 from rollplex.graph.ir import Graph
@@ -26,15 +27,14 @@ from rollplex.planner.memory import MemoryAssignment, assign
 from rollplex.planner.memory.nesting import assign_nested
 from rollplex.planner.memory.records import lower_bound, peak_position
 from rollplex.planner.offloads import (
+    PARTIAL_STEPS,
     apply_offloads,
-    end_write_backs,
     idle_at_peak,
     may_move,
     offload,
     offload_order,
+    partial_share,
     peak_end,
-    wait_for,
-    write_back_at_start,
 )
 from rollplex.planner.plan import (
     DevicePlan,
@@ -42,13 +42,12 @@ from rollplex.planner.plan import (
     MemoryEffect,
     Plan,
     Slot,
-    Step,
 )
 from rollplex.planner.simulate import replay
 from rollplex.planner.sizing import DeviceSizer
+from rollplex.planner.write_backs import write_backs_at_start
 
 GIB = 1 << 30
-COPIES = ("offload", "onload", "transfer")
 
 
 class PlanOverBudget(ValueError):
@@ -128,48 +127,11 @@ def _note_parts(plan: Plan) -> None:
 
 
 def _with_write_backs(plan: Plan, mem: Memory, interference) -> Plan:
-    """`plan`, or (`write_back=auto`, a plan that fits) `_write_backs_at_start`'s."""
+    """`plan`, or (`write_back=auto`, a plan that fits) with its write-backs at the next
+    step's start where that fits and is faster (write_backs.py)."""
     if mem.write_back != "auto" or not plan.fits_budget:
         return plan
-    return _write_backs_at_start(plan, mem, interference)
-
-
-def _write_backs_at_start(plan: Plan, mem: Memory, interference) -> Plan:
-    """`plan` with each end write-back (`offloads.end_write_backs`) issued at the next
-    step's start instead, one at a time, where the plan still fits and gets faster: the
-    copy then runs beside the step's first ops, and the value stays resident over them.
-    Where the value and those ops together miss the budget, the op that starts at the
-    peak waits for the copy (`START_WAITS` times at most): the step then pays the rest of
-    the copy there, and still less than all of it at its end."""
-    best = plan
-    for d, dev in enumerate(plan.devices):
-        for step in end_write_backs(dev, mem.graph):
-            trial = best.clone()
-            tdev = trial.devices[d]
-            copy = next(s for s in tdev.steps if s.index == step.index)
-            write_back_at_start(tdev, copy)
-            waiters: list[str] = []
-            for _ in range(START_WAITS + 1):
-                replay(trial, interference)
-                peaks = [_fix_slots(trial, other, mem) for other in trial.devices]
-                waiter = None if trial.fits_budget else _starts_at(tdev, peaks[d], copy)
-                if waiter is None:
-                    break
-                wait_for(trial, waiter, copy)
-                waiters.append(waiter.name)
-            if trial.fits_budget and trial.step_time_s < best.step_time_s * (1 - 1e-9):
-                verb = "waits" if len(waiters) == 1 else "wait"
-                held = f"; {', '.join(waiters)} {verb} for it to fit" if waiters else ""
-                trial.notes.append(
-                    f"write-back at the next step's start: '{step.op}' ({copy.solo_s * 1e3:.1f} ms "
-                    f"of copy) goes to host beside the step's first ops, not after its last "
-                    f"use{held}"
-                )
-                best = trial
-    return best
-
-
-START_WAITS = 2  # ops a write-back at the step's start may hold back until it ends
+    return write_backs_at_start(plan, mem.graph, interference, lambda p, d: _fix_slots(p, d, mem))
 
 
 def _fix_slots(plan: Plan, dev: DevicePlan, mem: Memory) -> int:
@@ -178,22 +140,6 @@ def _fix_slots(plan: Plan, dev: DevicePlan, mem: Memory) -> int:
     result, lives = _assign(dev, lives, mem)
     _finish(dev, lives, result, mem)
     return peak_position([lf.record for lf in lives])
-
-
-def _starts_at(dev: DevicePlan, peak: int, copy: Step) -> Step | None:
-    """The op (not a copy) that starts at position `peak` while `copy` still runs."""
-    steps, begin, _, _ = positions(dev)
-    return next(
-        (
-            s
-            for s in steps
-            if begin[s.index] == peak
-            and s.kind not in COPIES
-            and s.start_s < copy.end_s
-            and copy.signals not in s.waits
-        ),
-        None,
-    )
 
 
 def _take(plan: Plan, other: Plan) -> None:
@@ -309,19 +255,6 @@ def _settle(
     if before is not None:  # a later group's offloads may shift this one's times
         replay(plan, interference)
     return before
-
-
-PARTIAL_STEPS = 16  # optimizer state moves in sixteenths of its bytes
-
-
-def partial_share(victim: Lifetime, need: int | None) -> float:
-    """The share of `victim` a covering move takes: for optimizer state (thousands of
-    tensors, moved one by one), the sixteenths that cover `need` and one more (the offsets
-    pack the rest around it); any other value, or with no `need`, all of it."""
-    size = victim.record.size
-    if need is None or victim.kind != "optimizer_state" or size <= 0:
-        return 1.0
-    return min(1.0, (math.ceil(PARTIAL_STEPS * need / size) + 1) / PARTIAL_STEPS)
 
 
 def settled_time(plan: Plan, mem: Memory, interference=None) -> tuple[float, bool]:

@@ -147,7 +147,7 @@ class Executor:
             raise ExecutionError("the executor is closed (its green contexts are retired)")
         with record_function(f"ProfilerStep#{rl_step}"):  # a step of the measured trace
             start = self._now()
-            env = Env()
+            env = Env(shares=self._shares)
             self._place(env, self.backend.begin_step(rl_step, inputs))
             if self.cuda is not None:
                 self.cuda.begin(start)
@@ -270,8 +270,6 @@ class Executor:
             if want_host != was_host:  # e.g. the first step of a plan that offloads weights
                 value = self.backend.move(value, to_host=want_host, share=share)
             (env.host if want_host else env.device)[name] = value
-            if want_host and share < 1:
-                env.partial[name] = share
         for name, value in self._carried.items():
             env.device.setdefault(name, value)
 
@@ -286,15 +284,12 @@ class Executor:
         if step.kind == "offload":
             value = self._take(env, step, step.op)
             env.host[step.op] = self.backend.move(value, to_host=True, share=step.share)
-            if step.share < 1:
-                env.partial[step.op] = step.share
             return {}, "", ""
         if step.kind == "onload":
             if step.op not in env.host:
                 raise ExecutionError(f"'{step.name}' onloads '{step.op}', which is not on host")
             value = env.host.pop(step.op)
             env.device[step.op] = self.backend.move(value, to_host=False, share=step.share)
-            env.partial.pop(step.op, None)
             return {}, "", ""
         if self.pooled is not None and step.index in self.pooled.transfers:
             return (*self.pooled.run(step, env), "")
@@ -356,6 +351,5 @@ class Executor:
         }
         env.device.clear()
         env.host.clear()
-        env.partial.clear()
         env.carry.clear()
         env.kept.clear()

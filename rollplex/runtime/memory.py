@@ -67,15 +67,16 @@ class Env:
     # Weights and optimizer state the plan freed: the step needs them no more, but the
     # backend's model and optimizer still hold them, so they stay resident in truth.
     kept: dict[str, Any] = field(default_factory=dict)
-    # Values in `host` that a copy moved only in part (optimizer state): name -> the share
-    # on host. The rest stays resident, and is counted so.
-    partial: dict[str, float] = field(default_factory=dict)
+    # The plan's copies that move only part of a value (optimizer state): name -> the
+    # share on host while it is in `host`. The rest stays resident, and is counted so.
+    shares: dict[str, float] = field(default_factory=dict)
     # What `host` held when its storages were last walked (name, value), and their keys
-    # and bytes: offloaded weights and AdamW state are thousands of tensors, and `host`
-    # changes only at copies and loads, while accounting reads it after every plan step.
+    # and bytes, per value: offloaded weights and AdamW state are thousands of tensors, and
+    # `host` changes only at copies and loads, while accounting reads it after every step.
     _host_seen: tuple[tuple[str, Any], ...] = field(default=(), init=False, repr=False)
     _host_keys: frozenset[tuple[int, int]] = field(default=frozenset(), init=False, repr=False)
     _host_total: int = field(default=0, init=False, repr=False)
+    _partly_resident: dict[str, int] = field(default_factory=dict, init=False, repr=False)
 
     def _host_storages(self) -> tuple[frozenset[tuple[int, int]], int]:
         items = tuple(self.host.items())
@@ -83,9 +84,17 @@ class Env:
         if len(items) != len(seen) or any(
             a != c or b is not d for (a, b), (c, d) in zip(items, seen, strict=True)
         ):
-            storages = dict(s for _, v in items for s in _storages(v))
+            storages: dict[tuple[int, int], int] = {}
+            self._partly_resident = {}
+            for name, value in items:
+                own = dict(_storages(value))
+                storages.update(own)
+                share = self.shares.get(name, 1.0)
+                if share < 1:  # moved in part: the rest of its bytes are still resident
+                    self._partly_resident[name] = round((1 - share) * sum(own.values()))
+            stays = sum(self._partly_resident.values())
             self._host_seen = items
-            self._host_keys, self._host_total = frozenset(storages), sum(storages.values())
+            self._host_keys, self._host_total = frozenset(storages), sum(storages.values()) - stays
         return self._host_keys, self._host_total
 
     def resident(self) -> Iterable[tuple[str, Any]]:
@@ -110,7 +119,7 @@ class Env:
                 seen.add(key)
                 total += nbytes
             out[name] = out.get(name, 0) + total
-        for name, stays in self._partly_resident().items():
+        for name, stays in self._partly_resident.items():
             if owned is None or name in owned:
                 out[name] = out.get(name, 0) + stays
         return out
@@ -119,16 +128,7 @@ class Env:
         return sum(self.attribution(owned).values())
 
     def host_bytes(self) -> int:
-        return self._host_storages()[1] - sum(self._partly_resident().values())
-
-    def _partly_resident(self) -> dict[str, int]:
-        """Bytes of each value in `partial` that its copy left resident."""
-        out = {}
-        for name, share in self.partial.items():
-            if name in self.host:
-                total = sum(nbytes for _, nbytes in _storages(self.host[name]))
-                out[name] = round((1 - share) * total)
-        return out
+        return self._host_storages()[1]
 
 
 class AllocatorFeed(Protocol):

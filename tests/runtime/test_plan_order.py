@@ -86,8 +86,8 @@ class Steps(Callback):
 def _watched_run(monkeypatch, plan: Plan, graph, steps: int = 1):
     seen, envs = Seen(), []
 
-    def env() -> Env:
-        e = Env(device=Store(seen))
+    def env(**kw) -> Env:
+        e = Env(device=Store(seen), **kw)
         envs.append(e)
         return e
 
