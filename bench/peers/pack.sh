@@ -15,10 +15,16 @@ PLAT="--only-binary=:all: --python-version $PYVER --implementation cp --platform
 get() { $PIP download -q --no-deps $PLAT -d "$1" "${@:2}"; }
 rm -rf .gpu_peers_base .gpu_peers_verl* /tmp/peers_pack && mkdir -p /tmp/peers_pack
 # rollplex (FACTS.md: the GPU machine lacks these) and TRL 1.16 (its METADATA's needs)
-get .gpu_peers_base pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.8.0 \
+# (pydantic as in ../shared/gpu/vllm/pack.sh's part: both unpack into one site)
+get .gpu_peers_base pydantic==2.12.5 pydantic-core==2.41.5 annotated-types==0.8.0 \
   typing-inspection==0.4.5 hydra-core==1.3.8 omegaconf==2.3.0 \
   torch-tb-profiler==0.4.3 datasets==5.2.0 multiprocess==0.70.19 dill==0.4.1 easy-vqa==1.0 \
   math-verify==0.9.0 latex2sympy2-extended==1.10.2 trl==1.16.0
+# omegaconf 2.3 needs antlr4 4.9.*, which PyPI has as a source archive only: build its
+# (pure-Python) wheel here
+$PIP wheel -q --no-deps -w .gpu_peers_base antlr4-python3-runtime==4.9.3
+# VERL=0: TRL's part only (verl's three calls of carry are the slow part of a device session)
+[ "${VERL:-1}" = 0 ] && { du -sh .gpu_peers_base; exit 0; }
 # verl 0.9.1's closure as `pip install --dry-run --report` resolved it on 2026-12-05 against
 # the dev venv (transformers < 5.11 -> 5.10.4), plus what ray[default] and wandb need that the
 # dev venv had and the GPU machine's package list lacks (opentelemetry, jsonschema, gitpython,
@@ -38,9 +44,7 @@ get /tmp/peers_pack/verl verl==0.9.1 transformers==5.10.4 tokenizers==0.22.2 \
   qwen-vl-utils==0.0.14 av==18.1.0 hydra-core==1.3.8 omegaconf==2.3.0 \
   pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.8.0 \
   typing-inspection==0.4.5 datasets==5.2.0 multiprocess==0.70.19 dill==0.4.1
-# omegaconf 2.3 needs antlr4 4.9.*, which PyPI has as a source archive only: build its
-# (pure-Python) wheel here, for both sites.
-$PIP wheel -q --no-deps -w .gpu_peers_base antlr4-python3-runtime==4.9.3
+# antlr4's wheel (built above: PyPI has it as a source archive only) for verl's site too
 cp .gpu_peers_base/antlr4_python3_runtime-4.9.3-*.whl /tmp/peers_pack/verl/
 # The verl site is ~165 MB of wheels (ray's alone ~79 MB; wheels are compressed already):
 # a tar split into three calls' worth.

@@ -38,7 +38,7 @@ def main() -> None:
     PeerSettings.add_arguments(ap)
     args = ap.parse_args()
     s = PeerSettings.from_arguments(args)
-    run = args.out.parent / f"rollplex_{args.shape}_{args.workload}_{args.schedule}"
+    run = args.out.with_suffix("")  # beside its row, one folder per run (rounds repeat)
     frames = json.loads(args.data.read_text().splitlines()[0]).get("videos")
     cmd = [
         sys.executable, "-m", "rollplex.cli", "train", "model=hub", f"model.path={args.model}",

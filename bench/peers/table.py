@@ -2,48 +2,79 @@
 
     python bench/peers/table.py --rows <dir with *.json rows> --out bench/results/peers
 
-The markdown puts each workload's frameworks side by side: step time (median of steps 2+),
-generated tokens/s, peaks (torch's allocator and the device's in-use memory), each
-framework's own phase timings, and rollplex's speedup over each peer that ran.
+The rows' file names number them in the order they ran (run.sh), so the k-th run of each
+framework and schedule is its round k. The markdown puts each workload's runs side by side:
+step time per round (median of steps 2+), generated tokens/s, peaks (torch's allocator and
+the device's in-use memory), each framework's own phase timings, and each peer's step over
+rollplex's, paired round by round: the mean over rounds with its half-width.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+from collections import defaultdict
 from pathlib import Path
 
 from peer_row import write  # bench/peers/ is on sys.path as the script's folder
+
+BASE = ("rollplex", "rollplex")  # the ratios' denominator: `rollplex train`, rollplex schedule
 
 
 def _gib(n: float | None) -> str:
     return f"{n / 2**30:.1f}" if n else "-"
 
 
+def by_run(rows: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    """(framework, schedule) -> its rows in run order (round 0, 1, ...)."""
+    runs: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in rows:
+        runs[(r["framework"], r["schedule"])].append(r)
+    return runs
+
+
+def ratio(peer: list[dict], base: list[dict]) -> str:
+    """Peer step over rollplex's, round by round where both ran: mean +- half-width."""
+    pairs = [
+        p["step_time_s"] / b["step_time_s"]
+        for p, b in zip(peer, base, strict=False)
+        if p["step_time_s"] and b["step_time_s"]
+    ]
+    if not pairs:
+        return "-"
+    mean = statistics.fmean(pairs)
+    if len(pairs) == 1:
+        return f"{mean:.2f}x (one round)"
+    return f"{mean:.2f}x +- {(max(pairs) - min(pairs)) / 2:.2f}"
+
+
 def markdown(rows: list[dict], command: str) -> str:
     out = ["# Peers side by side", "", f"Command: `{command}`", ""]
     for key in sorted({(r["shape"], r["workload"]) for r in rows}):
-        group = [r for r in rows if (r["shape"], r["workload"]) == key]
-        best = min(
-            (r["step_time_s"] for r in group if r["framework"] == "rollplex" and r["step_time_s"]),
-            default=None,
-        )
-        out += [f"## {key[0]}, {key[1]} ({group[0]['device_name']})", ""]
-        out += ["| framework | schedule | step s | tokens/s | peak alloc GiB | peak device GiB "
-                "| rollplex speedup over it | phases (s) | error |",
+        runs = by_run([r for r in rows if (r["shape"], r["workload"]) == key])
+        devices = sorted({r["device_name"] for rs in runs.values() for r in rs})
+        out += [f"## {key[0]}, {key[1]} ({', '.join(devices)})", ""]
+        out += ["| framework | schedule | step s per round | tokens/s | peak alloc GiB "
+                "| peak device GiB | step / rollplex's | phases (s) | error |",
                 "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-        for r in group:
-            step = r["step_time_s"]
-            ratio = f"{step / best:.2f}x" if step and best else "-"
-            phases = ", ".join(f"{k} {v:.2f}" for k, v in r.get("phases", {}).items() if v)
-            out.append(
-                f"| {r['framework']} | {r['schedule']} | {step:.3f} | {r['tokens_per_s']:.0f} "
-                if step
-                else f"| {r['framework']} | {r['schedule']} | - | - "
+        for (framework, schedule), rs in runs.items():
+            steps = [r["step_time_s"] for r in rs if r["step_time_s"]]
+            per_round = ", ".join(f"{s:.3f}" for s in steps) or "-"
+            tokens = (
+                f"{statistics.fmean(r['tokens_per_s'] for r in rs if r['tokens_per_s']):.0f}"
+                if steps
+                else "-"
             )
-            out[-1] += (
-                f"| {_gib(r['peak_bytes'])} | {_gib(r.get('peak_device_bytes'))} | {ratio} "
-                f"| {phases or '-'} | {r.get('error') or ''} |"
+            last = rs[-1]
+            phases = ", ".join(f"{k} {v:.2f}" for k, v in last.get("phases", {}).items() if v)
+            errors = "; ".join(sorted({r["error"] for r in rs if r.get("error")}))
+            same = (framework, schedule) == BASE
+            out.append(
+                f"| {framework} | {schedule} | {per_round} | {tokens} "
+                f"| {_gib(max((r['peak_bytes'] or 0) for r in rs))} "
+                f"| {_gib(max((r.get('peak_device_bytes') or 0) for r in rs))} "
+                f"| {'1' if same else ratio(rs, runs.get(BASE, []))} | {phases or '-'} | {errors} |"
             )
         out.append("")
     return "\n".join(out)
