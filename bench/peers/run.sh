@@ -8,7 +8,8 @@
 #   call 1: STAGE=setup    carry .gpu_peers_base .gpu .gpu1  (wheels, vLLM part 1, folders, prompts)
 #   then, back to back, in mirrored order (A B | B A):
 #           STAGE=rollplex                 (SCHEDULES, default rollplex: one process each)
-#           STAGE=trl      carry .gpu2     (vLLM part 2 the first time; MODES, default vllm)
+#           STAGE=trl      carry .gpu2     (vLLM part 2 the first time; MODES, default vllm;
+#                                           TRL_ARGS, e.g. "--micro-batch 64")
 #   verl:   STAGE=carry carry .gpu_peers_verl1, then .gpu_peers_verl2 (a tar's pieces);
 #           STAGE=verl carry .gpu_peers_verl3 (verl's site assembled; verl runs)
 #   here:   python bench/peers/table.py --rows <the returned rows> --out bench/results/peers
@@ -64,7 +65,7 @@ trl)
   for s in $SHAPES; do for w in $WORKLOADS; do for mode in $MODES; do
     flag=$([ "$mode" = vllm ] && echo --vllm)
     $PY bench/peers/trl_grpo.py --model $W/models/$s --data $W/data/$w/train.jsonl --shape "$s" \
-      --workload "$w" $flag "${ROWS[@]}" --out "$W/rows/$(next)-trl-$s-$w-$mode.json" 2>&1 \
+      --workload "$w" $flag "${ROWS[@]}" ${TRL_ARGS:-} --out "$W/rows/$(next)-trl-$s-$w-$mode.json" 2>&1 \
       | grep -E "^trl step|step_time_s|Error|error" | tail -12
   done; done; done
   ;;

@@ -2,11 +2,11 @@
 
     python bench/peers/table.py --rows <dir with *.json rows> --out bench/results/peers
 
-The rows' file names number them in the order they ran (run.sh), so the k-th run of each
-framework and schedule is its round k. The markdown puts each workload's runs side by side:
-step time per round (median of steps 2+), generated tokens/s, peaks (torch's allocator and
-the device's in-use memory), each framework's own phase timings, and each peer's step over
-rollplex's, paired round by round: the mean over rounds with its half-width.
+The rows' file names number them in the order they ran (run.sh). The markdown puts each
+workload's runs side by side: step time per run (median of steps 2+), generated tokens/s,
+peaks (torch's allocator and the device's in-use memory), each framework's own phase
+timings, and each peer's step over that of the rollplex run beside it in run order: the
+mean over the peer's runs with its half-width.
 """
 
 from __future__ import annotations
@@ -34,18 +34,25 @@ def by_run(rows: list[dict]) -> dict[tuple[str, str], list[dict]]:
     return runs
 
 
+def nearest(row: dict, base: list[dict]) -> dict | None:
+    """The rollplex run next to `row` in run order (the earlier one on a tie)."""
+    ran = [b for b in base if b["step_time_s"]]
+    return min(ran, key=lambda b: (abs(b["order"] - row["order"]), b["order"]), default=None)
+
+
 def ratio(peer: list[dict], base: list[dict]) -> str:
-    """Peer step over rollplex's, round by round where both ran: mean +- half-width."""
+    """Peer step over the rollplex run beside it in run order, per peer run: the mean over
+    runs with its half-width (an alternating session pairs each run with its neighbour)."""
     pairs = [
         p["step_time_s"] / b["step_time_s"]
-        for p, b in zip(peer, base, strict=False)
-        if p["step_time_s"] and b["step_time_s"]
+        for p in peer
+        if p["step_time_s"] and (b := nearest(p, base)) is not None
     ]
     if not pairs:
         return "-"
     mean = statistics.fmean(pairs)
     if len(pairs) == 1:
-        return f"{mean:.2f}x (one round)"
+        return f"{mean:.2f}x (one run)"
     return f"{mean:.2f}x +- {(max(pairs) - min(pairs)) / 2:.2f}"
 
 
@@ -55,7 +62,7 @@ def markdown(rows: list[dict], command: str) -> str:
         runs = by_run([r for r in rows if (r["shape"], r["workload"]) == key])
         devices = sorted({r["device_name"] for rs in runs.values() for r in rs})
         out += [f"## {key[0]}, {key[1]} ({', '.join(devices)})", ""]
-        out += ["| framework | schedule | step s per round | tokens/s | peak alloc GiB "
+        out += ["| framework | schedule | step s per run | tokens/s | peak alloc GiB "
                 "| peak device GiB | step / rollplex's | phases (s) | error |",
                 "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for (framework, schedule), rs in runs.items():
@@ -86,7 +93,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--command", default="bash bench/peers/run.sh")
     args = ap.parse_args()
-    rows = [json.loads(p.read_text()) for p in sorted(args.rows.glob("*.json"))]
+    rows = []
+    for i, path in enumerate(sorted(args.rows.glob("*.json"))):
+        prefix = path.name.split("-")[0]  # run.sh numbers its rows in run order
+        rows.append(
+            {**json.loads(path.read_text()), "order": int(prefix) if prefix.isdigit() else i}
+        )
     write(args.out / "peers.json", {"rows": rows, "command": args.command})
     (args.out / "peers.md").write_text(markdown(rows, args.command))
     print((args.out / "peers.md").read_text())

@@ -101,8 +101,13 @@ def greedy_accuracy(model, processor, rows, base: Path, max_new_tokens: int) -> 
     return correct / len(rows)
 
 
+def schedule_name(args: argparse.Namespace, micro: int) -> str:
+    """How TRL generated, and its micro-batch (completions per forward and backward)."""
+    return f"{'trl+vllm colocate' if args.vllm else 'trl generate'}, micro-batch {micro}"
+
+
 def run(args: argparse.Namespace, s: PeerSettings) -> dict[str, Any]:
-    from transformers import AutoProcessor, TrainerCallback
+    from transformers import AutoConfig, AutoProcessor, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
     from trl.extras import profiling
 
@@ -119,15 +124,21 @@ def run(args: argparse.Namespace, s: PeerSettings) -> dict[str, Any]:
     dataset = as_trl_dataset(rows, args.data.parent)
     eval_rows = load_rows(args.eval_data) if args.eval_data else []
     processor = AutoProcessor.from_pretrained(args.model)
+    model_config = AutoConfig.from_pretrained(args.model)
     batch = s.prompts_per_step * s.group_size
     micro = min(batch, args.micro_batch)
     # Throughput runs ignore EOS so every framework generates the same tokens; accuracy runs
     # keep it (a model that never learns to stop would be scored differently from training).
-    ignore_eos = (
+    gen_kwargs: dict[str, Any] = (
         ({"ignore_eos": True} if args.vllm else {"min_new_tokens": s.max_new_tokens})
         if args.ignore_eos
         else {}
     )
+    if args.vllm:  # as TRL's transformers path suppresses the image pad (see greedy_accuracy):
+        # a sampled pad token makes the training forward count one more image token than
+        # the image has features, and the step fails (random weights sample it in 3 steps)
+        pads = [getattr(model_config, k) for k in ("image_token_id", "video_token_id")]
+        gen_kwargs["logit_bias"] = {int(i): -100.0 for i in pads if i is not None}
     config = GRPOConfig(
         output_dir=str(args.out.parent / "trl_output"),
         max_steps=s.steps,
@@ -135,7 +146,7 @@ def run(args: argparse.Namespace, s: PeerSettings) -> dict[str, Any]:
         gradient_accumulation_steps=batch // micro,  # one optimizer step per generation
         num_generations=s.group_size,
         max_completion_length=s.max_new_tokens,
-        generation_kwargs=ignore_eos,
+        generation_kwargs=gen_kwargs,
         temperature=s.temperature,
         top_p=1.0,
         top_k=0,
@@ -210,7 +221,7 @@ def run(args: argparse.Namespace, s: PeerSettings) -> dict[str, Any]:
     mean_len = logged[-1]["completions/mean_length"] if logged else None
     return row(
         "trl",
-        "trl+vllm colocate" if args.vllm else "trl generate",
+        schedule_name(args, micro),
         args.shape,
         args.workload,
         step_times,
@@ -246,7 +257,8 @@ def main() -> None:
         result = run(args, settings)
     except Exception as err:  # the table records why a peer could not run
         traceback.print_exc()
-        result = row("trl", "trl+vllm colocate" if args.vllm else "trl generate", args.shape,
+        micro = min(settings.prompts_per_step * settings.group_size, args.micro_batch)
+        result = row("trl", schedule_name(args, micro), args.shape,
                      args.workload, [], 0, error=f"{type(err).__name__}: {err}"[:500])  # fmt: skip
     write(args.out, result)
     print(json.dumps({k: result[k] for k in ("step_time_s", "tokens_per_s", "error")}))
