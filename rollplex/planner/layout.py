@@ -134,6 +134,11 @@ class OpTimer:
             scratch_bytes=cost.transient_bytes * share,
         )
 
+    def eager_decode_step_s(self) -> float:
+        """One decode step's layers launched one kernel at a time: what a step that
+        piggybacked rows ride costs the host, since it leaves the engine's graph."""
+        return self.model.num_layers * FORWARD_KERNELS_PER_LAYER * self.cost_model.launch_s
+
     def op_micro_batches(self, op: Op, chunks: int = 1) -> int:
         """The micro-batches the runtime cuts a forward outside the trainer's into
         (ops/micro_batches.py `op_micro_batches`; `Plan.meta["op_micro_batches"]`), 1 for

@@ -42,7 +42,7 @@ def plans_7b() -> dict[str, PlanResult]:
         "disaggregated": plan_7b("disaggregated"),
         "rollplex": plan_7b("rollplex"),
         # every eligible prefix op riding the decode: auto keeps serial+dedup at this
-        # workload (overlap is predicted to save under overlap_min_gain)
+        # workload (the ride is priced to cost more than it saves)
         "rollplex_piggyback": plan_7b("rollplex", overlap="piggyback"),
     }
 

@@ -151,6 +151,9 @@ def random_schedules(rng: random.Random, gpus: int) -> list[ScheduleSpec]:
     ]
     for overlap in ("auto", "piggyback", "streams", "sm_partition"):
         out.append(ScheduleSpec(name="rollplex", overlap=overlap, overlap_min_gain=0.0, **knobs()))
+    # the ride again without prefill once, which leaves it a prefix forward to ride (auto
+    # seldom rides: a ride pays its launches and an eager decode step)
+    out.append(ScheduleSpec(name="rollplex", overlap="piggyback", prefill_once=False, **knobs()))
     if gpus > 1:
         out.append(ScheduleSpec(name="disaggregated", **knobs()))
     return out

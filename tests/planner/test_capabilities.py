@@ -30,11 +30,20 @@ def _steps(caps, overlap: str, hardware=CPU, name: str = "rollplex"):
     return planned, [s for d in planned.plan.devices for s in d.steps]
 
 
-@pytest.mark.parametrize("overlap", ["piggyback", "auto"])
-def test_torch_rollout_may_host_piggybacked_rows_and_prefills_apart(overlap):
-    _, steps = _steps(TORCH, overlap)
+def test_torch_rollout_may_host_piggybacked_rows_and_prefills_apart():
+    _, steps = _steps(TORCH, "piggyback")
     assert any(s.kind == "prefix_prefill" and s.phase == "rollout" for s in steps)
     assert any(s.corun.value == "piggyback" for s in steps)
+
+
+def test_auto_tries_the_ride_and_keeps_it_only_where_it_is_faster():
+    """The tiny step's ride costs its launches and an eager decode step, more than the
+    prefix forward it hides: auto tries it and runs the prefix where it is read."""
+    forced, _ = _steps(TORCH, "piggyback")
+    auto, steps = _steps(TORCH, "auto")
+    assert any(n.startswith("train.logprob_prefix: serial") for n in auto.plan.notes)
+    assert not any(s.corun.value == "piggyback" for s in steps)
+    assert auto.plan.step_time_s < forced.plan.step_time_s
 
 
 @pytest.mark.parametrize("overlap", ["piggyback", "streams", "auto"])

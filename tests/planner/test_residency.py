@@ -61,27 +61,27 @@ def test_naive_strategy_costs_more() -> None:
     assert naive.plan.peak_bytes_per_gpu > greedy.plan.peak_bytes_per_gpu
 
 
-def test_overlap_that_cannot_fit_is_declined() -> None:
-    """With room, the actor prefix rides the decode (its boundary waits for backward). At
-    the serial placement's own peak the ride still fits, by moving a fifth of AdamW's
-    state (idle there) beside the step; at 95% of it, where the ride does not fit even with
-    what could move, the prefix is computed where it is consumed. Either way the step is
-    no slower than serial's at that budget. (Any predicted gain is taken here,
-    overlap_min_gain 0: the ride saves under 1%.)"""
+def test_a_forced_ride_fits_by_moving_part_of_adamw_and_auto_never_loses_to_serial() -> None:
+    """The actor prefix riding the decode (the `piggyback` ablation) holds its boundary
+    until the backward. At the serial placement's own peak the ride still fits, by moving
+    part of AdamW's state (idle there) beside the step, and at 95% of it too. Priced with
+    its kernel launches and the eager decode step it rides (bench/results/peers/
+    h100_3b_easyvqa), the ride costs more than it saves here, so auto keeps the serial
+    placement at every budget, and no plan is slower than serial's at that budget."""
     from .conftest import VIDEO_16
 
-    def plan(hbm: float):
+    def plan(hbm: float, overlap: str = "auto"):
         hw = HARDWARE_PRESETS["h200x8"].model_copy(update={"hbm_gib": hbm, "hbm_reserve": 0.0})
         return plan_step(
             MODEL_PRESETS["qwen2_5_vl_7b"],
             VIDEO_16,
             AlgoSpec(),
             hw,
-            ScheduleSpec(name="rollplex", parallel={"rollout_tp": 1}, overlap_min_gain=0.0),
+            ScheduleSpec(
+                name="rollplex", parallel={"rollout_tp": 1}, overlap=overlap, overlap_min_gain=0.0
+            ),
         )
 
-    roomy = plan(139.8)
-    assert any(s.corun.value == "piggyback" for s in roomy.plan.all_steps())
     serial = plan_step(
         MODEL_PRESETS["qwen2_5_vl_7b"],
         VIDEO_16,
@@ -89,26 +89,30 @@ def test_overlap_that_cannot_fit_is_declined() -> None:
         HARDWARE_PRESETS["h200x8"],
         ScheduleSpec(name="serial", parallel={"rollout_tp": 1}),
     )
-    at_peak = plan(serial.plan.peak_bytes_per_gpu / GIB * (1 + 1e-9))
-    assert at_peak.plan.fits_budget
-    assert any(s.corun.value == "piggyback" for s in at_peak.plan.all_steps())
-    moved = [s for s in at_peak.plan.all_steps() if s.kind == "offload" and s.op == "policy.adam"]
-    assert moved and 0 < moved[0].share < 1
-    assert at_peak.plan.step_time_s <= serial.plan.step_time_s * (1 + 1e-9)
-    tight = plan(serial.plan.peak_bytes_per_gpu / GIB * 0.95)
-    assert tight.plan.fits_budget
-    assert all(s.corun.value == "none" for s in tight.plan.all_steps())
-    hw = HARDWARE_PRESETS["h200x8"].model_copy(
-        update={"hbm_gib": serial.plan.peak_bytes_per_gpu / GIB * 0.95, "hbm_reserve": 0.0}
-    )
-    serial_tight = plan_step(
-        MODEL_PRESETS["qwen2_5_vl_7b"],
-        VIDEO_16,
-        AlgoSpec(),
-        hw,
-        ScheduleSpec(name="serial", parallel={"rollout_tp": 1}),
-    )
-    assert tight.plan.step_time_s <= serial_tight.plan.step_time_s * (1 + 1e-9)
+    peak = serial.plan.peak_bytes_per_gpu / GIB
+    roomy = plan(139.8, "piggyback")
+    assert any(s.corun.value == "piggyback" for s in roomy.plan.all_steps())
+    assert roomy.plan.step_time_s > serial.plan.step_time_s  # why auto declines it
+    for hbm in (peak * (1 + 1e-9), peak * 0.95):
+        forced = plan(hbm, "piggyback")
+        assert forced.plan.fits_budget
+        assert any(s.corun.value == "piggyback" for s in forced.plan.all_steps())
+        moved = [
+            s for s in forced.plan.all_steps() if s.kind == "offload" and s.op == "policy.adam"
+        ]
+        assert moved and 0 < moved[0].share < 1
+    for hbm in (139.8, peak * (1 + 1e-9), peak * 0.95):
+        auto = plan(hbm)
+        assert auto.plan.fits_budget
+        assert all(s.corun.value == "none" for s in auto.plan.all_steps())
+        at_budget = plan_step(
+            MODEL_PRESETS["qwen2_5_vl_7b"],
+            VIDEO_16,
+            AlgoSpec(),
+            HARDWARE_PRESETS["h200x8"].model_copy(update={"hbm_gib": hbm, "hbm_reserve": 0.0}),
+            ScheduleSpec(name="serial", parallel={"rollout_tp": 1}),
+        )
+        assert auto.plan.step_time_s <= at_budget.plan.step_time_s * (1 + 1e-9)
 
 
 def test_over_budget_names_the_residents_at_the_peak_not_the_largest_overall() -> None:
