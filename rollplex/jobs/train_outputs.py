@@ -130,6 +130,7 @@ def export_traces(
     out: Path, tb: Path, writer, spec: RunSpec, plan, graph, recent: list, prof=None
 ) -> None:
     """Planned and measured timelines into one TensorBoard run, and the calibration file."""
+    from rollplex.jobs.pricing import UNCALIBRATED, device_name, pricing_for, provenance
     from rollplex.ops.costs import CostContext, op_cost
     from rollplex.runtime import write_measured_calibration
     from rollplex.runtime.profile import TABLE, comparison_image, export_run
@@ -138,9 +139,10 @@ def export_traces(
     device = spec.train.device
     export_run(tb, plan, recent, prof, device_name=device, planned_device_name=spec.hardware.gpu)
     write_text(writer, "timeline/planned_vs_measured", (tb / TABLE).read_text())
+    priced_by = pricing_for(spec).source  # the panel's header: what priced the plan
     png = comparison_image(  # the Images tab's planned-vs-measured panel
-        plan, recent, calibrated=spec.calibration, device_name=device,
-        planned_device_name=spec.hardware.gpu,
+        plan, recent, calibrated=None if priced_by == UNCALIBRATED else priced_by,
+        device_name=device, planned_device_name=spec.hardware.gpu,
     )  # fmt: skip
     (tb / "planned_vs_measured.png").write_bytes(png)
     write_image(writer, "timeline/planned_vs_measured", png)
@@ -151,8 +153,6 @@ def export_traces(
         ctx = CostContext(spec.model, spec.workload, dp=step.chunks, micro_batches=micro)
         c = op_cost(graph, op, ctx)
         return c.flops, c.bytes
-
-    from rollplex.jobs.pricing import device_name, provenance
 
     # with where it was measured: the device's name, the model shape, the software
     name = device_name(device)

@@ -11,6 +11,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from rollplex.jobs.pricing import UNCALIBRATED
 from rollplex.ops.calibration import load_calibration
@@ -58,6 +59,12 @@ def test_a_run_records_provenance_and_the_next_one_is_priced_by_it(runs):
     load_calibration(file)  # valid, every kind known
     assert second["priced_by"] == str(file)
     assert f"plan priced by: {file}" in second["log"]
+    # the planned-vs-measured panel's header says the same: dark red for an uncalibrated
+    # plan only (it printed the calibration spec's repr as "calibrated with ...")
+    for run, uncalibrated in ((first, True), (second, False)):
+        panel = Image.open(run["run"] / "tb" / "planned_vs_measured.png").convert("RGB")
+        red = any(r > 100 and g < 40 and b < 40 for r, g, b in set(panel.getdata()))
+        assert red == uncalibrated
 
 
 def test_each_run_logs_its_phases_and_its_prediction(runs):
