@@ -1,6 +1,7 @@
 """Screenshots of a train run's TensorBoard, taken offline in headless Chromium.
 
-    python bench/tensorboard_screenshots.py [--run <run folder>] [--out bench/results/tensorboard]
+    python bench/tensorboard_screenshots.py [--run <run folder> --prefix <name>]
+        [--out bench/results/tensorboard]
 
 Without `--run` it first trains the CPU demo for a few steps (`rollplex train
 train.steps=6 ...`, ~10 s). It then serves the run with TensorBoard on loopback and opens,
@@ -82,7 +83,7 @@ def _choose(page, label: str, option: str) -> None:
     page.locator(f"li[role='option']:has-text('{option}')").first.click()
 
 
-def screenshots(run: Path, out: Path, webcomponents: Path) -> list[Path]:
+def screenshots(run: Path, out: Path, webcomponents: Path, prefix: str = "cpu") -> list[Path]:
     from playwright.sync_api import sync_playwright
 
     out.mkdir(parents=True, exist_ok=True)
@@ -109,14 +110,14 @@ def screenshots(run: Path, out: Path, webcomponents: Path) -> list[Path]:
                 frame.locator("tr-ui-timeline-view, #trace-viewer").first.wait_for(timeout=120_000)
                 time.sleep(20)
             time.sleep(3)
-            path = out / f"cpu_{view.lower()}_measured0.png"
+            path = out / f"{prefix}_{view.lower()}_measured0.png"
             page.screenshot(path=str(path), full_page=True)
             shots.append(path)
         page.goto(f"{srv.url}/#images")
         page.wait_for_selector("text=planned_vs_measured", timeout=120_000)
         page.locator("text=Show actual image size").click()  # the panel at full size
         time.sleep(3)
-        path = out / "cpu_planned_vs_measured.png"
+        path = out / f"{prefix}_planned_vs_measured.png"
         page.screenshot(path=str(path), full_page=True)
         shots.append(path)
         browser.close()
@@ -129,6 +130,7 @@ def main() -> None:
     ap.add_argument("--run", type=Path, help="a train run folder (default: train the demo)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "tensorboard")
     ap.add_argument("--webcomponents", type=Path, help="webcomponents.min.js 0.7.24")
+    ap.add_argument("--prefix", default="cpu", help="the screenshots' names start with it")
     args = ap.parse_args()
     webcomponents = find_webcomponents(args.webcomponents)
     with tempfile.TemporaryDirectory() as tmp:
@@ -136,7 +138,7 @@ def main() -> None:
         if run is None:
             run = Path(tmp) / "demo"
             train_demo(run)
-        for path in screenshots(run, args.out, webcomponents):
+        for path in screenshots(run, args.out, webcomponents, args.prefix):
             print(path)
 
 
