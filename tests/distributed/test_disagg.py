@@ -195,13 +195,15 @@ def test_pools_must_cover_the_world_and_split_the_prompts():
     assert pools_for(plan, 3, 4, 12).name == "train"
 
 
-def test_cli_refuses_a_world_the_plan_was_not_made_for():
+def test_cli_refuses_a_world_the_plan_was_not_made_for(tmp_path):
     """One rank of a 2-rank launch: the process torchrun would start, with the variables it
     sets (each rank refuses on its own, before any process group forms; a launch of both
-    costs two more processes' imports for the same check)."""
+    costs two more processes' imports for the same check). Its run folder goes to
+    tmp_path, not the checkout's outputs/."""
     import subprocess
 
-    args = ["train", *TRAIN, "schedule=disaggregated", "hardware.num_gpus=4", "train.steps=1"]
+    args = ["train", *TRAIN, "schedule=disaggregated", "hardware.num_gpus=4", "train.steps=1",
+            f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
     rank = env() | {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
     p = subprocess.run(command(1, "rollplex.cli", args), cwd=ROOT, env=rank,
                        capture_output=True, text=True, timeout=120)  # fmt: skip
