@@ -101,9 +101,15 @@ def greedy_accuracy(model, processor, rows, base: Path, max_new_tokens: int) -> 
     return correct / len(rows)
 
 
-def schedule_name(args: argparse.Namespace, micro: int) -> str:
-    """How TRL generated, and its micro-batch (completions per forward and backward)."""
-    return f"{'trl+vllm colocate' if args.vllm else 'trl generate'}, micro-batch {micro}"
+def micro_batch(args: argparse.Namespace, s: PeerSettings) -> int:
+    """Completions per forward and backward: at most the step's."""
+    return min(s.prompts_per_step * s.group_size, args.micro_batch)
+
+
+def schedule_name(args: argparse.Namespace, s: PeerSettings) -> str:
+    """How TRL generated, and its micro-batch."""
+    mode = "trl+vllm colocate" if args.vllm else "trl generate"
+    return f"{mode}, micro-batch {micro_batch(args, s)}"
 
 
 def run(args: argparse.Namespace, s: PeerSettings) -> dict[str, Any]:
@@ -126,7 +132,7 @@ def run(args: argparse.Namespace, s: PeerSettings) -> dict[str, Any]:
     processor = AutoProcessor.from_pretrained(args.model)
     model_config = AutoConfig.from_pretrained(args.model)
     batch = s.prompts_per_step * s.group_size
-    micro = min(batch, args.micro_batch)
+    micro = micro_batch(args, s)
     # Throughput runs ignore EOS so every framework generates the same tokens; accuracy runs
     # keep it (a model that never learns to stop would be scored differently from training).
     gen_kwargs: dict[str, Any] = (
@@ -221,7 +227,7 @@ def run(args: argparse.Namespace, s: PeerSettings) -> dict[str, Any]:
     mean_len = logged[-1]["completions/mean_length"] if logged else None
     return row(
         "trl",
-        schedule_name(args, micro),
+        schedule_name(args, s),
         args.shape,
         args.workload,
         step_times,
@@ -257,8 +263,7 @@ def main() -> None:
         result = run(args, settings)
     except Exception as err:  # the table records why a peer could not run
         traceback.print_exc()
-        micro = min(settings.prompts_per_step * settings.group_size, args.micro_batch)
-        result = row("trl", schedule_name(args, micro), args.shape,
+        result = row("trl", schedule_name(args, settings), args.shape,
                      args.workload, [], 0, error=f"{type(err).__name__}: {err}"[:500])  # fmt: skip
     write(args.out, result)
     print(json.dumps({k: result[k] for k in ("step_time_s", "tokens_per_s", "error")}))

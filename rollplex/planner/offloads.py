@@ -184,7 +184,7 @@ def offload(
             past = [s for s in past if s.stream != copy]
             anchor = min(past, key=lambda s: (s.end_s, s.index)) if past else anchor
         on = _copy_step(plan, dev, copy, "onload", lf.value, seconds, anchor, share)
-        _wait(plan, first_use, on)
+        wait_for(plan, first_use, on)
         if persistent:
             # Frozen weights round-trip at one version: from the second step on, the host
             # holds their values already and the write-back is a drop of the device copy
@@ -233,7 +233,7 @@ def _copy_step(
         share=share,
     )
     if after is not None:
-        _wait(plan, step, after)
+        wait_for(plan, step, after)
     dev.steps.append(step)
     dev.streams[stream].steps.append(index)
     return step
@@ -241,10 +241,6 @@ def _copy_step(
 
 def wait_for(plan: Plan, waiter: Step, on: Step) -> None:
     """`waiter` starts once `on` has ended (an event `on` signals)."""
-    _wait(plan, waiter, on)
-
-
-def _wait(plan: Plan, waiter: Step, on: Step) -> None:
     if on.signals is None:
         dev = next(d for d in plan.devices if on in d.steps)
         ev = Event(len(plan.events), on.index, dev.name, on.stream)

@@ -105,9 +105,6 @@ class CachedTimer:
             self._packed[key] = pair
         return pair
 
-    def eager_decode_step_s(self) -> float:
-        return self.inner.eager_decode_step_s()
-
     @property
     def rollout(self) -> RoleLayout:
         return self.inner.rollout

@@ -270,6 +270,7 @@ def _window(
     seg_s = t_dec.seconds / segments
     # a chunk rides one decode step: its compute against that one step's time
     step_s = t_dec.seconds / max(1, ctx.graph.values[decode.outputs["responses"]].shape[1])
+    eager_step_s = timer.inner.eager_decode_step_s()  # a ridden step leaves its graph
     out: list[Piece] = []
     for k in range(segments):
         out.append(
@@ -288,7 +289,7 @@ def _window(
         if k < len(pieces):
             op, i, c = pieces[k]
             t = timer(op, c)
-            extra = _ride_s(ctx, t, step_s) + timer.eager_decode_step_s()
+            extra = _ride_s(ctx, t, step_s) + eager_step_s
             out.append(
                 (op, DECODE, extra, "bandwidth", i, c, CoRun.PIGGYBACK, t.scratch_bytes, False)
             )
