@@ -196,6 +196,10 @@ def run_schedule(args, schedule: str, root: Path, calibration: Path | None) -> d
         "plan_step_time_s": summary["plan_step_time_s"],
         "plan_peak_bytes": summary["plan_peak_bytes"],
         "cuda_max_memory_allocated": summary["cuda_max_memory_allocated"],
+        # each step's own allocator peak (the run's maximum above also holds the compiles)
+        "cuda_step_peak_bytes": [
+            int(r["cuda_step_peak_bytes"]) for r in rows if r.get("cuda_step_peak_bytes")
+        ],
         "executor_peak_resident_bytes": summary["measured_peak_resident_bytes"],
         "decisions": summary.get("decisions"),
         "run_folder": str(out),

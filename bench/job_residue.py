@@ -96,14 +96,14 @@ def main() -> None:
             torch.cuda.reset_peak_memory_stats()
         if by_op:
             torch.cuda.memory._record_memory_history(max_entries=args.max_entries, context=None)
-        run_job(spec, out / "residue_runs" / f"job{job}")
+        summary = run_job(spec, out / "residue_runs" / f"job{job}")
         if by_op:
             peaks.append(peak_by_op(torch))
         gc.collect()
         tensors = reachable_cuda_tensors()
         seen = sum(b for b, _ in tensors.values())
         allocated = torch.cuda.memory_allocated() if cuda else 0
-        peak = torch.cuda.max_memory_allocated() if cuda else 0
+        peak = summary["cuda_max_memory_allocated"] if cuda else 0  # the executor's windows too
         rows.append((job, allocated, seen, peak))
         print(
             f"after job {job}: allocated {allocated / GiB:.3f} GiB, reachable CUDA tensors "

@@ -33,6 +33,7 @@ CSV_FIELDS = (
     "eval_accuracy",
     "step_time_s",
     "peak_resident_bytes",
+    "cuda_step_peak_bytes",  # the CUDA allocator's peak in the step (else empty)
     "engine_sleep_s",  # an engine rollout's plan-driven sleep and wake-ups (else empty)
     "engine_wake_s",
     "train_micro_batches",  # the training micro-batches run (the plan's count, see executor)
@@ -50,16 +51,22 @@ class Scalars(Callback):
         values |= {VERL_NAMES[k]: v for k, v in result.metrics.items() if k in VERL_NAMES}
         values["train/step_time_s"] = result.seconds
         values["memory/peak_resident_gib"] = max(result.peak_resident_bytes.values()) / 2**30
+        if result.allocator_step_peak is not None:
+            values["memory/cuda_step_peak_gib"] = result.allocator_step_peak / 2**30
         write_scalars(self.writer, values, step=result.rl_step + 1)
 
 
-def cuda_peak(device: str) -> int | None:
-    """What the CUDA caching allocator held at most (None on CPU)."""
+def cuda_peak(device: str, recent: list) -> int | None:
+    """What the CUDA caching allocator held at most in the run (None on CPU): the RL
+    steps' windows up to the last one's end (`StepResult.allocator_run_peak`), and torch's
+    own peak, which holds what came after the last window opened."""
     import torch
 
     if not device.startswith("cuda") or not torch.cuda.is_available():
         return None
-    return int(torch.cuda.max_memory_allocated(torch.device(device)))
+    since_last = int(torch.cuda.max_memory_allocated(torch.device(device)))
+    windows = recent[-1].allocator_run_peak if recent else None
+    return max(since_last, windows or 0)
 
 
 def eval_summary(evals: list[tuple[int, Any]]) -> dict[str, Any]:
@@ -104,6 +111,7 @@ def metrics_row(res) -> dict[str, Any]:
         eval_accuracy="",
         step_time_s=res.seconds,
         peak_resident_bytes=max(res.peak_resident_bytes.values()),
+        cuda_step_peak_bytes="" if res.allocator_step_peak is None else res.allocator_step_peak,
     )
     return row
 
@@ -114,6 +122,8 @@ def step_line(row: dict[str, Any]) -> str:
     parts = [f"{k} {row[k]:.4g}" for k in keys if isinstance(row.get(k), float)]
     parts.append(f"{row['step_time_s']:.2f} s")
     parts.append(f"peak resident {row['peak_resident_bytes'] / 2**30:.2f} GiB")
+    if isinstance(row.get("cuda_step_peak_bytes"), int):
+        parts.append(f"allocator peak {row['cuda_step_peak_bytes'] / 2**30:.2f} GiB")
     if isinstance(row.get("train_micro_batches"), float):
         parts.append(f"{row['train_micro_batches']:.0f} micro-batches")
     return ", ".join(parts)
@@ -179,7 +189,7 @@ def run_summary(spec: RunSpec, plan, rows, start, ckpt, ckpt_root, last_ckpt, re
         "median_step_time_s": statistics.median(r["step_time_s"] for r in rows) if rows else None,
         "plan_peak_bytes": plan.peak_bytes_per_gpu,
         "plan_step_time_s": plan.step_time_s,
-        "cuda_max_memory_allocated": cuda_peak(spec.train.device),
+        "cuda_max_memory_allocated": cuda_peak(spec.train.device, recent),
         "measured_peak_resident_bytes": measured_peak,
         "decisions": plan.notes,
     }

@@ -25,9 +25,9 @@ class MemoryLedger:
     value's own name (`resident`), never charged to the step's first op, and the curve
     never falls back to 0 between steps. The totals are the allocator's (`feed`, CUDA)
     or, on CPU, the sum of what the values hold. Where the allocator peaked above every
-    total shown so far (workspace, activations no value holds), an op's events end with
-    a transient allocation up to that peak and its release, so the curve's maximum is
-    the allocator's `max_memory_allocated`."""
+    total shown so far in the RL step (workspace, activations no value holds), an op's
+    events end with a transient allocation up to that peak and its release, so each
+    step's curve peaks at the allocator's `max_memory_allocated` over that step."""
 
     TRANSIENT = "(transient)"  # name suffix of the peak's allocation inside an op
 
@@ -40,10 +40,23 @@ class MemoryLedger:
     def resident(self, env: Env, owned: set[str], dev: int, t: float) -> list[MemoryEvent]:
         """At an RL step's start: what the values hold before any op, each event named
         for its value (the plan value that owns the bytes); then a peak the allocator
-        reached outside every plan step (loading, a held-out evaluation), named so."""
-        return self._changes(env.attribution(owned), dev, t, None) + self._peak(
-            dev, t, OUTSIDE_STEPS
-        )
+        reached outside every plan step (loading, a held-out evaluation), named so. Then
+        the allocator's window opens on this step: its ops' transients rise to the step's
+        own peak, so the curve of any steps shown peaks where the allocator did in them."""
+        events = self._changes(env.attribution(owned), dev, t, None)
+        events += self._peak(dev, t, OUTSIDE_STEPS)
+        if self.feed is not None:
+            self.feed.new_window()
+            self.shown_peak[dev] = self.feed.allocated()
+        return events
+
+    def step_peak(self) -> int | None:
+        """The allocator's peak in the current RL step (None without an allocator)."""
+        return None if self.feed is None else self.feed.max_allocated()
+
+    def run_peak(self) -> int | None:
+        """The allocator's peak since the ledger's first step (None without an allocator)."""
+        return None if self.feed is None else self.feed.run_peak()
 
     def events(self, now: dict[str, int], dev: int, t: float, name: str) -> list[MemoryEvent]:
         """Events (named `name`, the op) for every value whose resident bytes changed

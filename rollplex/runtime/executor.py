@@ -177,8 +177,10 @@ class Executor:
         for m in measured:
             peak[m.device] = max(peak.get(m.device, 0), m.resident_bytes)
         result = StepResult(
-            rl_step, start, self._now(), metrics, measured, memory, peak, list(self.notes)
-        )
+            rl_step, start, self._now(), metrics, measured, memory, peak, list(self.notes),
+            allocator_step_peak=self._ledger.step_peak(),
+            allocator_run_peak=self._ledger.run_peak(),
+        )  # fmt: skip
         self.callbacks.on_rl_step_end(result)
         return result
 

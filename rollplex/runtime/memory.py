@@ -133,8 +133,10 @@ class Env:
 
 class AllocatorFeed(Protocol):
     """What a device's allocator says: bytes allocated and reserved now, and the most
-    allocated since the process started. The measured memory curve takes its totals from
-    here; the per-value deltas come from `Env.attribution`. Tests pass a fake."""
+    allocated in the current window. The executor opens a window at each RL step's start
+    (`new_window`), so `max_allocated` is that step's own peak, and `run_peak` keeps the
+    most allocated since the feed was made. The measured memory curve takes its totals
+    from here; the per-value deltas come from `Env.attribution`. Tests pass a fake."""
 
     def allocated(self) -> int: ...
 
@@ -142,12 +144,18 @@ class AllocatorFeed(Protocol):
 
     def max_allocated(self) -> int: ...
 
+    def new_window(self) -> None: ...
+
+    def run_peak(self) -> int: ...
+
 
 class CudaAllocator:
-    """`AllocatorFeed` of torch's CUDA caching allocator on one device."""
+    """`AllocatorFeed` of torch's CUDA caching allocator on one device. A window is
+    torch's peak statistic reset; the peaks of the windows closed fold into `run_peak`."""
 
     def __init__(self, device: str | torch.device) -> None:
         self.device = torch.device(device)
+        self._closed_peak = 0  # the most allocated in the windows before the current one
 
     def allocated(self) -> int:
         return int(torch.cuda.memory_allocated(self.device))
@@ -157,6 +165,13 @@ class CudaAllocator:
 
     def max_allocated(self) -> int:
         return int(torch.cuda.max_memory_allocated(self.device))
+
+    def new_window(self) -> None:
+        self._closed_peak = self.run_peak()
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def run_peak(self) -> int:
+        return max(self._closed_peak, self.max_allocated())
 
 
 def allocator_feed(device: str | torch.device) -> AllocatorFeed | None:

@@ -53,6 +53,10 @@ class StepResult:
     memory: list[MemoryEvent]
     peak_resident_bytes: dict[int, int]  # device group -> max over its steps
     notes: list[str] = field(default_factory=list)
+    # the allocator's (CUDA) peak in this RL step, and since the executor's first step;
+    # None without one (CPU, or a plan of several device groups in one process)
+    allocator_step_peak: int | None = None
+    allocator_run_peak: int | None = None
 
     @property
     def seconds(self) -> float:

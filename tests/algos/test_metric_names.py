@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import csv
 
-from rollplex.jobs.train_outputs import CSV_FIELDS, VERL_NAMES, Scalars, metrics_row, write_csv
+from rollplex.jobs.train_outputs import (
+    CSV_FIELDS,
+    VERL_NAMES,
+    Scalars,
+    metrics_row,
+    step_line,
+    write_csv,
+)
 from rollplex.runtime.record import StepResult
 
 METRICS = {
@@ -33,6 +40,7 @@ def test_csv_carries_the_kl_split_and_the_clip_fractions(tmp_path):
     for k in ("reward_kl", "loss_kl", "clip_frac", "clip_frac_lower", "kl"):
         assert row[k] == METRICS[k], k
     assert row["train_micro_batches"] == 2.0 and row["eval_accuracy"] == ""
+    assert row["cuda_step_peak_bytes"] == ""  # no allocator (CPU)
     write_csv(tmp_path / "m.csv", [row])
     (back,) = list(csv.DictReader((tmp_path / "m.csv").open()))
     assert list(back) == list(CSV_FIELDS) and float(back["reward_kl"]) == 0.043
@@ -68,3 +76,14 @@ def test_the_step_line_shows_the_reward_kl_only_where_there_is_one():
     del res.metrics["reward_kl"]
     line = step_line(metrics_row(res))
     assert "reward_kl" not in line and "kl 0" in line
+
+
+def test_a_cuda_step_carries_its_allocator_peak_to_csv_log_and_tensorboard():
+    res = _result()
+    res.allocator_step_peak, res.allocator_run_peak = 3 * 2**30, 5 * 2**30
+    row = metrics_row(res)
+    assert row["cuda_step_peak_bytes"] == 3 * 2**30
+    assert "allocator peak 3.00 GiB" in step_line(row)
+    writer = _Writer()
+    Scalars(writer).on_rl_step_end(res)
+    assert writer.tags["memory/cuda_step_peak_gib"] == 3.0

@@ -88,3 +88,16 @@ def test_profiled_cuda_steps_hold_kernels_and_memory_named_by_plan_step(tmp_path
     total = sum(e["args"]["Bytes"] for e in allocs)
     assert total > 0
     assert sum(e["args"]["Bytes"] for e in allocs if e["tid"] == PLAN_TID) >= 0.9 * total
+
+
+def test_each_step_records_its_allocator_peak_and_its_curve_reaches_it():
+    """The allocator's window opens at each RL step's start: a step's memory events rise
+    to that step's own `max_memory_allocated` (a later step's curve is not capped by an
+    earlier step's compile peak), and the run's peak is the highest window's."""
+    run = run_schedule(ScheduleSpec(name="serial"), device="cuda")
+    peaks = [r.allocator_step_peak for r in run.results]
+    assert all(p is not None and p > 0 for p in peaks)
+    for r in run.results:
+        assert max(e.total_allocated for e in r.memory) == r.allocator_step_peak
+    runs = [r.allocator_run_peak for r in run.results]
+    assert runs == sorted(runs) and runs[-1] == max(peaks)

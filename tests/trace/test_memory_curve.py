@@ -2,7 +2,9 @@
 (weights, optimizer state) is on it from the step's start under its value's name, it never
 falls below the step's resident weights, Reserved is the reserved figure, and the peak the
 Memory view shows is the recorded maximum (`max_memory_allocated` on CUDA; the
-executor's own count on CPU, checked here on a real tiny run and with a fake allocator)."""
+executor's own count on CPU, checked here on a real tiny run and with a fake allocator).
+On CUDA each RL step's curve peaks at that step's own allocator peak, so the steps a trace
+exports show theirs even where an earlier step (compiling) peaked higher."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ class FakeAllocator(AllocatorFeed):
     peak reached inside an op that no value holds afterwards."""
 
     def __init__(self) -> None:
-        self.now, self.cached, self.peak = 0, 0, 0
+        self.now, self.cached, self.peak, self.closed = 0, 0, 0, 0
 
     def set(self, now: int, peak_inside: int = 0) -> None:
         self.now = now
@@ -46,6 +48,12 @@ class FakeAllocator(AllocatorFeed):
 
     def max_allocated(self) -> int:
         return self.peak
+
+    def new_window(self) -> None:  # as torch's reset_peak_memory_stats: the peak is now's
+        self.closed, self.peak = self.run_peak(), self.now
+
+    def run_peak(self) -> int:
+        return max(self.closed, self.peak)
 
 
 def _profile(timeline):
@@ -138,3 +146,32 @@ def test_host_bytes_follow_every_change_of_the_host_store():
     # on CPU a host storage is not counted as resident too
     env.host["w"] = env.device["w"]
     assert env.attribution()["w"] == 0
+
+
+def test_each_step_shows_its_own_peak_and_the_run_keeps_the_highest():
+    """Step 1 peaks at 9000 (a compile's workspace); step 2 only at 5000. Step 2's events
+    still rise to 5000, the peak the allocator reached in it, and the run's peak stays
+    9000: a trace of step 2 alone peaks where the allocator did in step 2."""
+    feed = FakeAllocator()
+    ledger, owned = MemoryLedger(1, feed), {"w", "op"}
+    env = Env(device={"w": _value(3000)})
+    feed.set(3000)
+    assert [e.name for e in ledger.resident(env, owned, 0, 0.0)] == ["w"]
+    feed.set(3000, peak_inside=9000)
+    one = ledger.events(env.attribution(owned), 0, 1.0, "op")
+    assert max(e.total_allocated for e in one) == 9000 == ledger.step_peak()
+    assert ledger.resident(env, owned, 0, 2.0) == []  # nothing changed, no peak outside
+    assert ledger.step_peak() == 3000  # step 2's window opened at what is allocated
+    feed.set(3000, peak_inside=5000)
+    two = ledger.events(env.attribution(owned), 0, 3.0, "op")
+    assert [e.delta_bytes for e in two] == [2000, -2000]
+    assert max(e.total_allocated for e in two) == 5000 == ledger.step_peak()
+    assert ledger.run_peak() == 9000
+    feed.set(3000)
+    assert ledger.events(env.attribution(owned), 0, 4.0, "op") == []  # no rise: no transient
+
+
+def test_without_an_allocator_there_is_no_allocator_peak():
+    ledger = MemoryLedger(1)
+    ledger.resident(Env(device={"w": _value(10)}), {"w"}, 0, 0.0)
+    assert ledger.step_peak() is None and ledger.run_peak() is None
