@@ -112,6 +112,8 @@ def _plan(spec: RunSpec, prepared):
     )
     if note := group_of_one_note(spec.algo.name, spec.workload.group_size):
         log.warning("%s", note)
+    if not spec.algo.use_reference:
+        log.info("no reference model: no KL term reads it (algo.kl_coef=%g)", spec.algo.kl_coef)
     return result
 
 

@@ -5,7 +5,7 @@ so a verl or TRL user can carry their numbers over."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -23,7 +23,13 @@ class AlgoSpec(Spec):
     """An RL algorithm and its knobs. The builder in `rollplex.algos` reads these."""
 
     name: Literal["grpo", "ppo", "rloo"] = Field("grpo", description="Graph builder to use.")
-    use_reference: bool = Field(True, description="Score with a frozen reference model (KL).")
+    use_reference: bool | None = Field(
+        None,
+        description="Score with a frozen reference model. null (auto): exactly when a KL "
+        "term reads it (kl_coef > 0), as verl builds its reference worker only for "
+        "use_kl_loss or use_kl_in_reward; so kl_coef=0 drops the reference's forwards and "
+        "weights. true with kl_coef=0 keeps it for the logged KL alone.",
+    )
     kl_coef: float = Field(
         0.04,
         ge=0,
@@ -178,6 +184,18 @@ class AlgoSpec(Spec):
         if v not in KL_ESTIMATORS:
             raise ValueError(f"{info.field_name}={v!r}: expected one of {KL_ESTIMATORS}")
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reference_when_read(cls, data: Any) -> Any:
+        """use_reference=null resolves here, so every reader sees a bool."""
+        if not isinstance(data, dict) or data.get("use_reference") is not None:
+            return data
+        try:
+            coef = float(data.get("kl_coef", cls.model_fields["kl_coef"].default))
+        except (TypeError, ValueError):
+            return data  # kl_coef's own check names what is wrong with it
+        return {**data, "use_reference": coef > 0}
 
     @model_validator(mode="after")
     def _check(self) -> AlgoSpec:
