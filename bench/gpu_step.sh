@@ -18,6 +18,8 @@ source bench/gpu_env.sh  # wheels, tokenizer, $FOLDER, $PY
 mkdir -p "$OUT"
 $PY bench/gpu_step.py --shape "$SHAPE" --folder "$FOLDER" --out "$OUT" "$@" 2>&1 \
   | grep -v -E "UserWarning|warnings\.warn\(|^\s*$" | tee "$OUT/gpu_step_$SHAPE.log" | tail -40
+# DECODE=0 skips the decode engine's bench (a call short of device time)
+if [ "${DECODE:-1}" != 0 ]; then
 ROWS=$($PY -c "import json; w=json.load(open('$OUT/gpu_step_$SHAPE.json'))['workload']; print(w['prompts']*w['group'])")
 $PY bench/gpu_decode.py --models "$SHAPE" --batches "$ROWS" --repeats 2 --compare "" \
   --eager-max-batch 0 --out "$OUT/gpu_decode_$SHAPE.json" 2>&1 | grep -v -E "UserWarning|warnings\.warn\(" | tail -4
@@ -30,5 +32,6 @@ step["decode_bench"] = {k: row.get(k) for k in ("batch", "engine_ms_per_step", "
 json.dump(step, open(sys.argv[1], "w"), indent=1)
 print("decode_bw_efficiency", step["decode_bw_efficiency"])
 PYEOF
+fi
 # the run folders (traces, metrics, plans) in one archive: the device tool returns <= 8 files
 tar -czf "$OUT/runs_$SHAPE.tgz" -C "$OUT" "runs_$SHAPE" && rm -rf "${OUT:?}/runs_$SHAPE"
