@@ -16,6 +16,7 @@ from rollplex.data import PromptSource, build_source
 from rollplex.data.media_checks import MediaChecks
 from rollplex.data.render import PromptRenderer
 from rollplex.data.rewards import Reward, build_reward
+from rollplex.data.rewards.overlong import OverlongPenalty
 from rollplex.data.steps import MeasuredShape, StepData, measure_shape, measured_workload
 from rollplex.models import ModelFolder, ensure_demo_folder, open_model_folder
 from rollplex.runtime.compile_cache import cache_root
@@ -77,6 +78,14 @@ def media_checks() -> MediaChecks:
     return MediaChecks.load(cache_root() / "media_checks.json")
 
 
+def overlong_penalty(spec: RunSpec) -> OverlongPenalty | None:
+    """reward.overlong_buffer's penalty at this run's response cap (None: off)."""
+    r = spec.reward
+    if r.overlong_buffer == 0:
+        return None
+    return OverlongPenalty(spec.train.max_new_tokens, r.overlong_buffer, r.overlong_penalty)
+
+
 def prepare(spec: RunSpec, eval_split: bool = True, folder: ModelFolder | None = None) -> Prepared:
     folder = folder or model_folder(spec)
     frames = spec.workload.frames
@@ -108,7 +117,7 @@ def prepare(spec: RunSpec, eval_split: bool = True, folder: ModelFolder | None =
         shape.frames,
         shape.prompts_seen,
     )
-    scorer = ResponseScorer(renderer.tokenizer, reward)
+    scorer = ResponseScorer(renderer.tokenizer, reward, overlong_penalty(spec))
     return Prepared(
         folder, folder.spec, workload, shape, renderer, data, eval_source, reward, scorer
     )

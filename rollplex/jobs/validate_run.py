@@ -32,6 +32,7 @@ ORDER = (
     "response cap",  # train.max_new_tokens within the plan's response length
     "mini-batches",  # a PPO mini-batch no larger than the step's batch
     "adaptive KL",  # a reward-KL horizon long enough that the coefficient stays positive
+    "overlong buffer",  # reward.overlong_buffer inside the response cap
 )
 
 
@@ -127,6 +128,12 @@ def check_combination(
         )
     mini_batches(w.prompts_per_step, spec.algo)  # a PPO mini-batch larger than the batch
     _adaptive_kl(spec)
+    if spec.reward.overlong_buffer >= t.max_new_tokens:
+        raise ValueError(
+            f"reward.overlong_buffer={spec.reward.overlong_buffer} must be less than "
+            f"train.max_new_tokens={t.max_new_tokens}: the penalty ramps over the last "
+            "overlong_buffer tokens before the cap"
+        )
 
 
 def _adaptive_kl(spec: RunSpec) -> None:

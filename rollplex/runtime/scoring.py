@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollplex.data.rewards import Reward
+from rollplex.data.rewards.overlong import OverlongPenalty
 from rollplex.data.sample import Sample
 
 
@@ -27,6 +28,7 @@ class Scored:
 class ResponseScorer:
     tokenizer: Any  # a transformers tokenizer: batch_decode
     reward: Reward
+    overlong: OverlongPenalty | None = None  # added to each total by its token count
 
     def decode(self, tokens: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[str]:
         rows = [list(t[:n]) for t, n in zip(tokens, lengths, strict=True)]
@@ -47,4 +49,9 @@ class ResponseScorer:
         metrics = {
             f"reward/{name}": statistics.fmean(values) for name, values in result.components.items()
         }
-        return Scored(list(result.total), metrics, texts)
+        total = list(result.total)
+        if self.overlong is not None:
+            penalties = self.overlong(lengths)
+            total = [r + p for r, p in zip(total, penalties, strict=True)]
+            metrics["reward/overlong"] = statistics.fmean(penalties)
+        return Scored(total, metrics, texts)

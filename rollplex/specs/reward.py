@@ -35,6 +35,21 @@ class RewardSpec(Spec):
         description="Components; the reward is sum(weight * score). Each is logged alone.",
     )
 
+    overlong_buffer: int = Field(
+        0,
+        ge=0,
+        description="DAPO's soft overlong punishment [reward_model.overlong_buffer.len]: a "
+        "response longer than train.max_new_tokens minus this many tokens loses "
+        "overlong_penalty x (its excess / this), so one at the cap loses overlong_penalty; "
+        "logged as reward/overlong. 0: off.",
+    )
+    overlong_penalty: float = Field(
+        1.0,
+        ge=0,
+        description="What a response at the cap loses with overlong_buffer "
+        "[reward_model.overlong_buffer.penalty_factor].",
+    )
+
     @field_validator("components")
     @classmethod
     def _unique(cls, v: tuple[RewardComponentSpec, ...]) -> tuple[RewardComponentSpec, ...]:

@@ -122,6 +122,9 @@ BAD = [
     ("adaptive KL horizon under a step's rows",
      {**KL_IN_REWARD, "algo.kl_ctrl": "adaptive", "algo.kl_horizon": 12}, facts(),
      "algo.kl_horizon=12 with 64 rows per step", {"algo.kl_horizon": 13}),
+    ("overlong buffer over the cap", {"reward.overlong_buffer": 1}, facts(),
+     "reward.overlong_buffer=1 must be less than train.max_new_tokens=1",
+     {"reward.overlong_buffer": 0}),
     ("hardware that is not the device", {"train.device": "cuda", "hardware": H200_PRESET},
      facts(gpu=H100, keys=frozenset({"hardware"})), "hardware=h200 does not match the device",
      {}, facts(gpu=H100, keys=frozenset())),  # unset: read from the device
