@@ -25,6 +25,7 @@ from rollplex.models.files import (
     read_config,
     spec_of,
 )
+from rollplex.specs.hub_repo import looks_like_repo_id, repo_folder, repo_name
 from rollplex.specs.model import ModelSpec
 
 _TOKEN_TEXT = {
@@ -106,8 +107,17 @@ def open_model_folder(path: str | Path, preset: ModelSpec | None = None) -> Mode
     """Validate a Hub-format Qwen2.5-VL folder (or a training checkpoint, meaning its
     `model/`) and read its spec; loads no weights.
 
+    `path` may be a Hub repo id ("org/name", no such folder here): its files are fetched
+    into huggingface_hub's cache first (specs/hub_repo.py), and the spec is named for the repo.
+
     Raises ModelFolderError (a ValueError) naming the folder and the missing file, the
     unreadable file, the tensor, or the field where config.json and `preset` disagree."""
+    name = None
+    if looks_like_repo_id(path):
+        try:
+            name, path = repo_name(str(path)), repo_folder(str(path))
+        except ValueError as e:
+            raise ModelFolderError(str(e)) from e
     folder = Path(path).expanduser().resolve()
     if (folder / "trainer_state.json").is_file() and (folder / "model").is_dir():
         folder = folder / "model"  # a training checkpoint: its model folder
@@ -115,7 +125,7 @@ def open_model_folder(path: str | Path, preset: ModelSpec | None = None) -> Mode
         raise ModelFolderError(f"model folder {folder}: no such folder")
     config = read_config(folder)
     if preset is None:
-        spec = spec_of(folder, config, name=folder.name)
+        spec = spec_of(folder, config, name=name or folder.name)
     else:
         spec = spec_of(
             folder,

@@ -129,12 +129,17 @@ class ModelSpec(Spec):
         import json
         from pathlib import Path
 
+        from rollplex.specs.hub_repo import looks_like_repo_id, repo_config, repo_name
+
         if not data.get("path"):
             raise ValueError("model=hub needs model.path=<a Hub-format model folder>")
-        folder = Path(data["path"]).expanduser()
-        if (folder / "trainer_state.json").is_file() and (folder / "model").is_dir():
-            folder = folder / "model"
-        config = folder / "config.json"
+        path, folder = data["path"], Path(data["path"]).expanduser()
+        if looks_like_repo_id(path):  # a Hub repo id: the spec keeps it as its path
+            config, name = repo_config(path), repo_name(path)
+        else:
+            if (folder / "trainer_state.json").is_file() and (folder / "model").is_dir():
+                folder = folder / "model"
+            config, name, path = folder / "config.json", folder.name, str(folder)
         try:
             raw = json.loads(config.read_text())
         except (OSError, ValueError) as err:
@@ -143,7 +148,7 @@ class ModelSpec(Spec):
             kind = type(raw).__name__
             raise ValueError(f"model.path: {config} holds a JSON {kind}, not an object")
         keep = {k: data[k] for k in ("dtype", "trainable_vision") if k in data}
-        return cls.from_hf_config(raw, name=folder.name, path=str(folder), **keep).model_dump()
+        return cls.from_hf_config(raw, name=name, path=path, **keep).model_dump()
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
