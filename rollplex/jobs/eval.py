@@ -144,9 +144,18 @@ def run_eval(spec: RunSpec, out: Path) -> dict[str, Any]:
     from rollplex.data.rewards import accuracy_scorer
 
     score = accuracy_scorer(spec.reward)  # the run's own reward; exact match beside it
-    res = evaluate(backend, source, renderer, e.prompts, e.max_new_tokens, score=score)
+    res = evaluate(
+        backend, source, renderer, e.prompts, e.max_new_tokens, score=score,
+        n=e.samples, temperature=e.temperature, top_p=e.top_p,
+    )  # fmt: skip
+    sampled = (
+        f" over {e.samples} answers a prompt at temperature {e.temperature:g} (mean@"
+        f"{e.samples}; pass@{e.samples} {res.pass_at_n:.3f})"
+        if e.samples > 1
+        else ""
+    )
     print(
-        f"accuracy {res.accuracy:.3f} by {res.scored_by} (exact match "
+        f"accuracy {res.accuracy:.3f} by {res.scored_by}{sampled} (exact match "
         f"{res.exact_match_accuracy:.3f}) on {res.prompts} {e.split} prompts of "
         f"'{source.name}' (always '{res.majority_answer}': {res.majority_accuracy:.3f}); "
         f"folder {folder.path}"
@@ -158,6 +167,9 @@ def run_eval(spec: RunSpec, out: Path) -> dict[str, Any]:
         "accuracy": res.accuracy,
         "scored_by": res.scored_by,
         "exact_match_accuracy": res.exact_match_accuracy,
+        "samples": e.samples,
+        "temperature": e.temperature,
+        "pass_at_n": res.pass_at_n,
         "prompts": res.prompts,
         "max_new_tokens": e.max_new_tokens,
         "settings_from": str(run_config) if run_config is not None else None,

@@ -259,9 +259,9 @@ class RoleDispatch(Backend):
         return rewards(self, responses, answers, group_size)  # tests may patch this hook
 
     def generate(self, batch: PromptBatch, max_new_tokens: int, temperature: float = 0.0,
-                 samples: Any = None):  # fmt: skip
-        """One response per prompt outside any plan (evaluation): rollout_ops.generate."""
-        return self.rollout_ops.generate(batch, max_new_tokens, temperature, samples)
+                 samples: Any = None, n: int = 1, top_p: float = 1.0):  # fmt: skip
+        """`n` responses per prompt outside any plan (evaluation): rollout_ops.generate."""
+        return self.rollout_ops.generate(batch, max_new_tokens, temperature, samples, n, top_p)
 
     # -- memory -------------------------------------------------------------------------
     def move(self, value: Any, to_host: bool, share: float = 1.0) -> Any:

@@ -185,12 +185,15 @@ class RolloutOps:
         max_new_tokens: int,
         temperature: float = 0.0,
         samples: Any = None,
+        n: int = 1,
+        top_p: float = 1.0,
     ):
-        """One response per prompt from the rollout's current weights, outside any plan
-        (evaluation): greedy by default. An engine rollout reads `samples`' raw media."""
+        """`n` responses per prompt (rows grouped per prompt) from the rollout's current
+        weights, outside any plan (evaluation): greedy by default. An engine rollout reads
+        `samples`' raw media."""
         d = self.d
         st = d.config.model.special_tokens
-        sampling = Sampling(max_new_tokens, temperature, 1.0, st.eos_token_id, st.pad_token_id)
+        sampling = Sampling(max_new_tokens, temperature, top_p, st.eos_token_id, st.pad_token_id)
         if self.rollout.capabilities.fused_prefix:
             if samples is None:
                 raise BackendError(
@@ -204,7 +207,7 @@ class RolloutOps:
             features = self.rollout.vision_encode(d.roles.externals.pixels(batch))
             prefix = self.rollout.prefix_prefill(features, batch.text_only())
             generator = None
-        session = self.rollout.start_decode(prefix, 1, sampling, generator)
+        session = self.rollout.start_decode(prefix, n, sampling, generator)
         session.advance(None)
         responses, _ = session.result()
         return responses

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rollplex.specs.algo import AlgoSpec
 from rollplex.specs.backend import BackendSpec
@@ -111,6 +111,27 @@ class EvalSpec(Spec):
         "train.max_new_tokens, else 8.",
     )
     device: str = Field("cpu", description="torch device: cpu or cuda.")
+    samples: int = Field(
+        1,
+        ge=1,
+        description="Answers per prompt [val_kwargs.n]: accuracy is their mean (mean@n), "
+        "pass_at_n the share of prompts with one scoring 1.",
+    )
+    temperature: float = Field(
+        0.0,
+        ge=0,
+        description="Sampling temperature of the answers [val_kwargs.temperature]; 0: greedy.",
+    )
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus of the answers [val_kwargs.top_p].")
+
+    @model_validator(mode="after")
+    def _sampled(self) -> EvalSpec:
+        if self.samples > 1 and self.temperature == 0:
+            raise ValueError(
+                f"eval.samples={self.samples} with eval.temperature=0: greedy answers are all "
+                "the same; set eval.temperature > 0 (verl's val_kwargs use 0.6-1.0)"
+            )
+        return self
 
 
 class RunSpec(Spec):

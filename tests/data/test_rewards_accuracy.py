@@ -34,10 +34,11 @@ class _Backend:
     def __init__(self) -> None:
         self.seen = 0
 
-    def generate(self, encoded, max_new_tokens, samples):
+    def generate(self, encoded, max_new_tokens, samples, n=1, **_):
         ids = torch.arange(self.seen, self.seen + len(samples))[:, None]
         self.seen += len(samples)
-        return SimpleNamespace(tokens=ids, lengths=torch.ones(len(samples), dtype=torch.long))
+        ids = ids.repeat_interleave(n, 0)  # n answers a prompt, grouped per prompt
+        return SimpleNamespace(tokens=ids, lengths=torch.ones(len(ids), dtype=torch.long))
 
 
 _RENDERER = SimpleNamespace(
@@ -79,3 +80,34 @@ def test_several_correctness_components_average_by_weight():
     assert scorer(RESPONSES[0], SAMPLES[0]) == pytest.approx(0.75)  # math 1, exact 0
     assert scorer(RESPONSES[2], SAMPLES[2]) == 1.0
     assert _eval(spec).accuracy == pytest.approx((0.75 + 0 + 1 + 1) / 4)
+
+
+class _Alternating(_Backend):
+    """n answers a prompt: its own response at even rows, a wrong one ("zzz") at odd."""
+
+    def generate(self, encoded, max_new_tokens, samples, n=1, **_):
+        own = super().generate(encoded, max_new_tokens, samples, n).tokens
+        odd = torch.arange(len(own))[:, None] % 2 == 1
+        return SimpleNamespace(
+            tokens=torch.where(odd, len(RESPONSES), own),
+            lengths=torch.ones(len(own), dtype=torch.long),
+        )
+
+
+def test_n_answers_a_prompt_give_mean_at_n_and_pass_at_n():
+    renderer = SimpleNamespace(
+        encode_batch=lambda samples: samples,
+        tokenizer=SimpleNamespace(
+            batch_decode=lambda rows, **_: [[*RESPONSES, "zzz"][r[0]] for r in rows]
+        ),
+    )
+    score = accuracy_scorer(REWARD_PRESETS["math"])
+    one = evaluate(_Backend(), _Source(), renderer, 4, 8, batch_size=3, score=score)
+    four = evaluate(
+        _Alternating(), _Source(), renderer, 4, 8, batch_size=3, score=score, n=4, temperature=1.0
+    )
+    assert (one.samples, one.prompts) == (1, 4) and (four.samples, four.prompts) == (4, 4)
+    assert one.accuracy == pytest.approx(3 / 4) == one.pass_at_n  # one answer a prompt
+    assert four.accuracy == pytest.approx(3 / 4 / 2)  # half of each prompt's answers are wrong
+    assert four.pass_at_n == pytest.approx(3 / 4)  # a prompt passes on its right answer
+    assert four.exact_match_accuracy == pytest.approx(2 / 4 / 2)

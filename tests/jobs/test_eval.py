@@ -108,3 +108,21 @@ def test_the_run_logs_the_baseline_beside_accuracy_and_memory_in_gib(demo_run):
     assert last == pytest.approx(demo_run["majority_accuracy"])
     peaks = [e.value for e in events.Scalars("memory/peak_resident_gib")]
     assert len(peaks) == STEPS and 0 < min(peaks) <= max(peaks) < 1  # the tiny model: MiB
+
+
+@pytest.mark.slow
+def test_sampled_answers_give_mean_and_pass_at_n_of_the_trained_checkpoint(
+    demo_run, eval_here, tmp_path
+):
+    """eval.samples=8 at temperature 1: eight answers a prompt from the engine; pass@8 is
+    at least mean@8, and the prompts are the greedy evaluation's 48."""
+    out = tmp_path / "eval"
+    done = eval_here(
+        out, f"model.path={demo_run['last_checkpoint']}", "eval.samples=8", "eval.temperature=1.0"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    scored = json.loads((out / "summary.json").read_text())
+    assert (scored["samples"], scored["temperature"], scored["prompts"]) == (8, 1.0, 48)
+    assert 0 < scored["accuracy"] <= scored["pass_at_n"] <= 1
+    assert scored["pass_at_n"] > scored["accuracy"]  # answers differ: some prompts half right
+    assert "mean@8; pass@8" in done.stdout
