@@ -94,11 +94,22 @@ def measure_shape(data: StepData, model: ModelSpec, batches: int = 2) -> Measure
 def _measure_rows(
     renderer: PromptRenderer, rows: Iterable[tuple[str, str, RowMedia]], frames: int
 ) -> MeasuredShape:
+    most_visual = most_text = seen = 0
+    has_video = False
+    for _, media, visual, text in prompt_lengths(renderer, rows, frames):
+        most_visual, most_text = max(most_visual, visual), max(most_text, text)
+        has_video |= media.video_frames > 0
+        seen += 1
+    return MeasuredShape(most_visual, most_text, frames if has_video else 1, seen)
+
+
+def prompt_lengths(
+    renderer: PromptRenderer, rows: Iterable[tuple[str, str, RowMedia]], frames: int
+) -> Iterator[tuple[str, RowMedia, int, int]]:
+    """(uid, media, visual tokens, text tokens) of each rendered prompt, no pixels decoded."""
     # Rows repeat questions and image sizes (easy-vqa: 38,575 rows, ~4,000 images of one size).
     text_of: dict[tuple[str, int, bool], int] = {}
     visual_of: dict[tuple[object, ...], int] = {}
-    most_visual = most_text = seen = 0
-    has_video = False
     for uid, problem, media in rows:
         video = media.video_frames > 0
         key = (problem, len(media.image_sizes), video)
@@ -107,11 +118,7 @@ def _measure_rows(
         sizes = (media.image_sizes, media.video_size)
         if sizes not in visual_of:
             visual_of[sizes] = renderer.visual_tokens(media, frames)
-        most_visual = max(most_visual, visual_of[sizes])
-        most_text = max(most_text, text_of[key])
-        has_video |= video
-        seen += 1
-    return MeasuredShape(most_visual, most_text, frames if has_video else 1, seen)
+        yield uid, media, visual_of[sizes], text_of[key]
 
 
 def measured_workload(workload: WorkloadSpec, shape: MeasuredShape) -> WorkloadSpec:

@@ -106,7 +106,7 @@ def settings_from_run(spec: RunSpec, run_config: Path | None, keys: set[str]) ->
 
 def run_eval(spec: RunSpec, out: Path) -> dict[str, Any]:
     from rollplex.data import build_source
-    from rollplex.jobs.prepare import media_checks, model_folder, renderer_for
+    from rollplex.jobs.prepare import media_checks, model_folder, renderer_for, within_prompt_cap
 
     run_config = training_run_config(spec.model.path)
     spec = settings_from_run(spec, run_config, command_line_keys())
@@ -126,6 +126,7 @@ def run_eval(spec: RunSpec, out: Path) -> dict[str, Any]:
     frames = spec.workload.frames
     source = build_source(spec.data, e.split, spec.seed, frames=frames, checks=media_checks())
     renderer = renderer_for(spec, folder, spec.workload)
+    source = within_prompt_cap(spec, source, renderer)  # the prompts the run evaluated
 
     import torch
 

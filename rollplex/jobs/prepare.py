@@ -14,6 +14,8 @@ from pathlib import Path
 
 from rollplex.data import PromptSource, build_source
 from rollplex.data.media_checks import MediaChecks
+from rollplex.data.order import IndexedSource
+from rollplex.data.prompt_filter import keep_prompts_within
 from rollplex.data.render import PromptRenderer
 from rollplex.data.rewards import Reward, build_reward
 from rollplex.data.rewards.overlong import OverlongPenalty
@@ -86,6 +88,14 @@ def overlong_penalty(spec: RunSpec) -> OverlongPenalty | None:
     return OverlongPenalty(spec.train.max_new_tokens, r.overlong_buffer, r.overlong_penalty)
 
 
+def within_prompt_cap(
+    spec: RunSpec, source: IndexedSource, renderer: PromptRenderer
+) -> IndexedSource:
+    """`source` less the rows over data.max_prompt_tokens (as it is where that is unset)."""
+    cap = spec.data.max_prompt_tokens
+    return source if cap is None else keep_prompts_within(source, renderer, cap)
+
+
 def prepare(spec: RunSpec, eval_split: bool = True, folder: ModelFolder | None = None) -> Prepared:
     folder = folder or model_folder(spec)
     frames = spec.workload.frames
@@ -103,6 +113,9 @@ def prepare(spec: RunSpec, eval_split: bool = True, folder: ModelFolder | None =
     )
     reward = build_reward(spec.reward)
     renderer = renderer_for(spec, folder, spec.workload)
+    train_source = within_prompt_cap(spec, train_source, renderer)
+    if eval_source is not None:
+        eval_source = within_prompt_cap(spec, eval_source, renderer)
     data = StepData(train_source, renderer, spec.workload.prompts_per_step)
     shape = measure_shape(data, folder.spec)
     data.limits = shape  # a row longer than the plan's sizing is refused by name

@@ -58,6 +58,14 @@ class DataSpec(Spec):
         description="Use only the first N rows of the train split (file order, before "
         "shuffling); the synthetic sources' train split has 1,000,000 rows otherwise.",
     )
+    max_prompt_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Drop the rows whose rendered prompt (visual and text tokens) is longer "
+        "[data.max_prompt_length with filter_overlong_prompts], in both splits, so that a "
+        "few outliers do not size every step's plan; the log says how many went. None: "
+        "keep every row.",
+    )
     eval_max_rows: int | None = Field(
         None,
         ge=1,
