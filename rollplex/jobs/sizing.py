@@ -107,7 +107,26 @@ def size_train(
             _gpu_defaults(raw, keys, gpu_defaults() if defaults is None else defaults, notes)
         _hardware(raw, spec.hardware, keys, device, notes)
     _response_cap(raw, keys, notes)
+    _cosine_span(raw, spec, notes)
     return Sized(RunSpec.model_validate(raw), notes)
+
+
+def _cosine_span(raw: dict[str, Any], spec: RunSpec, notes: list[str]) -> None:
+    """algo.lr_schedule=cosine spans the run's updates unless algo.lr_total_updates says."""
+    from rollplex.algos.updates import mini_batches
+
+    algo = spec.algo
+    if algo.lr_schedule != "cosine" or algo.lr_total_updates is not None:
+        return
+    try:
+        per_step = len(mini_batches(spec.workload.prompts_per_step, algo))
+    except ValueError:
+        return  # validate_run names the mini-batch that does not fit
+    raw["algo"]["lr_total_updates"] = spec.train.steps * per_step
+    notes.append(
+        f"algo.lr_total_updates={spec.train.steps * per_step} (train.steps x {per_step} "
+        "updates a step): the cosine's span"
+    )
 
 
 def _gpu_defaults(

@@ -30,6 +30,7 @@ CSV_FIELDS = (
     "entropy",  # the policy's per-token entropy, aggregated as the loss is (verl's actor/entropy)
     "ppo_updates",  # policy optimizer steps this RL step (algo.ppo_mini_batch_size, ppo_epochs)
     "response_length",
+    "lr",  # the policy's learning rate at the step's last update
     "eval_accuracy",
     "step_time_s",
     "peak_resident_bytes",
@@ -100,6 +101,7 @@ VERL_NAMES = {
     "vf_clip_frac": "critic/vf_clipfrac",
     "reward": "critic/score/mean",
     "response_length": "response_length/mean",
+    "lr": "actor/lr",
 }
 
 

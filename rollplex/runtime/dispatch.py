@@ -246,6 +246,8 @@ class RoleDispatch(Backend):
         if k == "optimizer_step":
             owner = self.critic if critic else self.trainer
             owner.optimizer_step(x["grads"])
+            if not critic and hasattr(owner, "lr"):  # the policy's (algos/lr_schedule.py)
+                self.metrics["lr"] = torch.tensor(owner.lr)
             return {"weights": owner.handle(), "state": x["state"]}
         if k == "attach_prefix":
             return {"kv": self.forwards.attach_prefix(op, self.role(op), x)}

@@ -134,7 +134,27 @@ class AlgoSpec(Spec):
     kl_horizon: int = Field(
         10000, gt=0, description="Adaptive KL: samples over which it adapts [kl_ctrl.horizon]."
     )
-    lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate (the peak of lr_schedule).")
+    lr_warmup_steps: int = Field(
+        0,
+        ge=0,
+        description="Policy updates over which the learning rate rises linearly from 0 to "
+        "lr [actor.optim.lr_warmup_steps]; 0: none.",
+    )
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant",
+        description="After warm-up: lr throughout, or a cosine decay to min_lr_ratio x lr "
+        "at the run's last update [actor.optim.warmup_style].",
+    )
+    min_lr_ratio: float = Field(
+        0.0, ge=0, le=1, description="The cosine's floor, as a share of lr [min_lr_ratio]."
+    )
+    lr_total_updates: int | None = Field(
+        None,
+        ge=1,
+        description="The updates the cosine spans; None: the train job's train.steps x "
+        "updates a step (PPO mini-batches x epochs), recorded in config.json.",
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from rollplex.algos.lr_schedule import lr_at
 from rollplex.backends.base import BackendError, LiveWeights, Trainer
 from rollplex.backends.torch.decoded_response import decoded_response_logprobs
 from rollplex.backends.torch.exported_prefix import ExportedPrefix
@@ -79,6 +80,7 @@ class TorchTrainer(Trainer):
             self.named, lr=algo.lr, betas=tuple(algo.adam_betas), weight_decay=algo.weight_decay
         )
         self.counter = VersionCounter(version)
+        self.lr = algo.lr  # the last update's (algos/lr_schedule.py)
         self._scorer: PolicyScorer | None = None
 
     def master_tensors(self) -> tuple[torch.Tensor, ...]:
@@ -266,6 +268,9 @@ class TorchTrainer(Trainer):
     def optimizer_step(self, grads: GradsHandle) -> int:
         if grads.params is not self.params:
             raise BackendError("optimizer_step got gradients of other parameters")
+        self.lr = lr_at(self.algo, self.counter.n)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
         clipped_step(self.optimizer, self.masters, self.params, self.algo.max_grad_norm)
         self.counter.n += 1
         return self.counter.n
