@@ -207,6 +207,7 @@ class Trainer(ABC):
     micro_fused: bool = False  # `["train_micro_fused"]`: forward inside the backward
     fused_micro_batches: ClassVar[bool] = True  # whether it can run `micro_fused`
     packed_responses: bool = True  # `["pack_responses"]`: response forwards on real tokens
+    lr: float | None = None  # the last optimizer step's learning rate, where it tracks one
 
     def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
         """See RolloutRole.merge_rows."""

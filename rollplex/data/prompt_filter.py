@@ -31,7 +31,7 @@ class KeptRows(IndexedSource):
 
     def prompt_rows(self) -> Iterator[tuple[str, str, RowMedia]]:
         wanted = set(self.kept)
-        for i, row in enumerate(self.inner.prompt_rows()):  # type: ignore[attr-defined]
+        for i, row in enumerate(self.inner.prompt_rows()):
             if i in wanted:
                 yield row
 

@@ -246,7 +246,7 @@ class RoleDispatch(Backend):
         if k == "optimizer_step":
             owner = self.critic if critic else self.trainer
             owner.optimizer_step(x["grads"])
-            if not critic and hasattr(owner, "lr"):  # the policy's (algos/lr_schedule.py)
+            if not critic and owner.lr is not None:  # the policy's (algos/lr_schedule.py)
                 self.metrics["lr"] = torch.tensor(owner.lr)
             return {"weights": owner.handle(), "state": x["state"]}
         if k == "attach_prefix":

@@ -61,13 +61,14 @@ def evaluate(
         rows = [t[:k] for t, k in zip(gen.tokens.tolist(), gen.lengths.tolist(), strict=True)]
         texts = renderer.tokenizer.batch_decode(rows, skip_special_tokens=True)
         for i, s in enumerate(samples):  # rows i*n .. i*n+n-1 answer prompt i
-            mine = [judge(text, s) for text in texts[i * n : (i + 1) * n]]
+            own = texts[i * n : (i + 1) * n]
+            mine = [judge(text, s) for text in own]
             scores += mine
-            exact_scores += [exact(text, s) for text in texts[i * n : (i + 1) * n]]
+            exact_scores += [exact(text, s) for text in own]
             passed.append(max(mine) >= 1.0)
             answers.append(s.answer)
             if len(examples) < 5:
-                examples.append((s.problem, s.answer, texts[i * n]))
+                examples.append((s.problem, s.answer, own[0]))
     majority = max(set(answers), key=lambda a: (answers.count(a), a)) if answers else ""
     majority_acc = statistics.fmean(judge(majority, s) for s in chosen) if chosen else 0.0
     return EvalResult(

@@ -6,18 +6,25 @@ path; the config validator reads only config.json, the model folder fetches the 
 from __future__ import annotations
 
 import functools
-import re
 from pathlib import Path
 
 # what a Hub-format Qwen2.5-VL folder holds that a run reads (no .bin, no README images)
 FILES = ("*.json", "*.safetensors", "*.jinja", "*.txt", "*.model")
-_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 def looks_like_repo_id(path: str | Path) -> bool:
-    """'org/name', with no folder of that name here."""
+    """'org/name' as huggingface_hub validates ids, with no folder of that name here (a
+    bare 'name' is a relative folder)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
     text = str(path)
-    return bool(_REPO_ID.fullmatch(text)) and ".." not in text and not Path(text).exists()
+    if text.count("/") != 1 or Path(text).exists():
+        return False
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        return False
+    return True
 
 
 def repo_name(repo_id: str) -> str:
