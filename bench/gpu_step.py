@@ -15,6 +15,9 @@ Schedules (all colocated on one GPU, the torch rollout with the decode engine):
                 right after the update, as before schedule.write_back;
 - rollplex_whole_offload (not run by default): that, with AdamW's state moved whole, as
                 before schedule.offload_in_part;
+- rollplex_every_row (not run by default): rollplex with algo.skip_zero_advantage=false,
+                every row trained (with algo.kl_coef=0 and a reward leaving groups dead,
+                bench/dead_groups.py, the timing of the skip);
 - serial_dedup_forward (not run by default): serial + dedup with schedule.prefill_once=false,
                 its own training prefix forward (serial_dedup and rollplex reuse the
                 rollout's prefill where the planner takes it: `decisions`).
@@ -94,6 +97,10 @@ SCHEDULES = {
         "schedule.write_back=step_end",
         "schedule.offload_in_part=false",
     ],
+    # ablation: every row trains (rollplex skips the rows of groups whose advantages are
+    # all 0 where no KL or entropy term reads them: algo.skip_zero_advantage; pass
+    # algo.kl_coef=0 and a reward with dead groups, bench/dead_groups.py)
+    "rollplex_every_row": ["schedule=rollplex", "algo.skip_zero_advantage=false"],
     # serial + dedup before issue 31: its own training prefix and response forwards (the
     # planner otherwise takes them from the rollout's prefill and decode where predicted faster)
     "serial_dedup_forward": [
@@ -110,6 +117,7 @@ BASELINES = (
     "serial_dedup_forward",
     "rollplex_end_write_back",
     "rollplex_whole_offload",
+    "rollplex_every_row",
 )
 
 
@@ -210,6 +218,8 @@ def run_schedule(args, schedule: str, root: Path, calibration: Path | None) -> d
         entry["step_time_median_s"] / entry["plan_step_time_s"]
     )
     entry["micro_batches"] = [r.get("train_micro_batches") for r in rows][-1:]
+    # algo.skip_zero_advantage: the rows each step trained (empty where every row did)
+    entry["trained_rows"] = [r.get("trained_rows", "") for r in rows]
     entry["placement_hash"] = placement_hash(json.loads((out / "plan.json").read_text()))
     del summary
     gc.collect()

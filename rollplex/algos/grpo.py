@@ -36,14 +36,16 @@ def build_grpo(
         old = old_logprob_forward(b, prompts, responses, policy, g)
         last = policy_updates(
             b, updates, prompts, responses, policy, adam, g, old, advantages, ref_logprobs,
-            clip_eps=algo.clip_eps, kl_coef=algo.kl_coef, entropy_coeff=algo.entropy_coeff,
+            skip_zero_advantage=bool(algo.skip_zero_advantage), clip_eps=algo.clip_eps,
+            kl_coef=algo.kl_coef, entropy_coeff=algo.entropy_coeff,
         )  # fmt: skip
         with b.phase(Phase.UPDATE):
             b.weight_sync(last)
         return b.build()
 
     with b.phase(Phase.TRAIN):
-        actor = b.per_sample_logprob(prompts, responses, policy, g, train=True)
+        live = advantages if algo.skip_zero_advantage else None
+        actor = b.per_sample_logprob(prompts, responses, policy, g, train=True, live=live)
         loss = b.policy_loss(
             actor["logprobs"],
             old_logprobs,

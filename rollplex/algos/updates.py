@@ -61,22 +61,28 @@ def policy_updates(
     old: str,
     advantages: str,
     ref_logprobs: str | None,
+    skip_zero_advantage: bool = False,
     **loss_attrs: float,
 ) -> str:
     """The policy's updates, one per mini-batch; returns the last version's weights.
 
     Data-parallel ranks each take the same share of every mini-batch (`select_rows`), as
     verl's workers do, so runs on different rank counts match only with one update. Logged
-    loss metrics are the mean over the step's updates."""
+    loss metrics are the mean over the step's updates. `skip_zero_advantage`: each training
+    forward reads its mini-batch's advantages, to skip the rows of all-0 groups."""
     weights, state = policy, adam
     for k, mb in enumerate(updates):
         with b.phase(Phase.TRAIN):
             part, take = _rows(b, prompts, mb, g, f"mini_batch_{k}")
-            actor = b.per_sample_logprob(part, take(responses, "responses"), weights, g, True)
+            adv = take(advantages, "advantages")
+            live = adv if skip_zero_advantage else None
+            actor = b.per_sample_logprob(
+                part, take(responses, "responses"), weights, g, True, live=live
+            )
             loss = b.policy_loss(
                 actor["logprobs"],
                 take(old, "old_logprobs"),
-                take(advantages, "advantages"),
+                adv,
                 take(ref_logprobs, "ref_logprobs") if ref_logprobs else None,
                 **loss_attrs,
             )

@@ -225,11 +225,17 @@ class Trainer(ABC):
         """(prefix with grad, activations kept for backward)."""
 
     @abstractmethod
-    def logprob_response(self, prefix: Any, responses: Any, group_size: int) -> tuple[Any, Any]:
-        """(logprobs with grad, activations kept for backward)."""
+    def logprob_response(
+        self, prefix: Any, responses: Any, group_size: int, advantages: Any = None
+    ) -> tuple[Any, Any]:
+        """(logprobs with grad, activations kept for backward). `advantages` (a tensor
+        [rows], where the graph gives it: algo.skip_zero_advantage): the rows of groups whose
+        advantages are all 0 may go untrained, their gradient being exactly 0."""
 
     @abstractmethod
-    def logprob(self, features: Any, text: Any, responses: Any) -> tuple[Any, Any]: ...
+    def logprob(
+        self, features: Any, text: Any, responses: Any, advantages: Any = None
+    ) -> tuple[Any, Any]: ...
 
     def ride_rows(self, features: Any, text: Any) -> Any:
         """`logprob_prefix`'s rows, prepared to ride a decode step (DecodeSession.ride);
@@ -250,7 +256,7 @@ class Trainer(ABC):
         raise BackendError(f"{type(self).__name__} cannot take an exported prefill")
 
     def attach_decoded(
-        self, prefix: Any, responses: Any, group_size: int, kept: Any
+        self, prefix: Any, responses: Any, group_size: int, kept: Any, advantages: Any = None
     ) -> tuple[Any, Any]:
         """What `logprob_response` returns, from the decode that drew `responses`
         (`DecodeSession.kept`) at this trainer's weights version; only trainers declaring
@@ -340,6 +346,9 @@ class OpResult:
     outputs: dict[str, Any] = field(default_factory=dict)
     reads: dict[str, str] = field(default_factory=dict)  # port -> "<model>@<version>"
     deviation: str = ""  # where the backend could not run the step as planned, and why
+    # what the step did that its plan did not price (rows a training op skipped): the trace
+    # shows it, and calibration leaves the step out
+    note: str = ""
 
 
 class Backend(ABC):

@@ -188,9 +188,12 @@ class StepBuilder:
         train: bool = False,
         head: str = "lm",
         name: str | None = None,
+        live: str | None = None,
     ) -> dict[str, str]:
         """Score responses as verl does: each prompt repeated per sample, then vision and a
-        full logprob. The dedup passes turn the repeats into one prefix per prompt."""
+        full logprob. The dedup passes turn the repeats into one prefix per prompt. `live`
+        (a training forward's advantages): rows whose group's are all 0 are not trained
+        (algo.skip_zero_advantage)."""
         pixels = self.expand(
             prompts.pixels, group_size, self._unique(f"{self._phase}.expand_pixels")
         )
@@ -198,7 +201,9 @@ class StepBuilder:
         feats = self.vision_encode(
             pixels, self.vision_weights(weights), f"{name}_vision_encode" if name else None
         )
-        return self.logprob(feats, text, responses, weights, train=train, name=name, head=head)
+        return self.logprob(
+            feats, text, responses, weights, train=train, name=name, head=head, live=live
+        )
 
     def vision_encode(self, pixels: str, weights: str, name: str | None = None) -> str:
         out = self._act(self.rows(pixels), self.visual_tokens, self.model.hidden_size)
@@ -240,14 +245,20 @@ class StepBuilder:
         train: bool = False,
         name: str | None = None,
         head: str = "lm",
+        live: str | None = None,
     ) -> dict[str, str]:
         s = self.rows(responses)
         outs = {"logprobs": ((s, self.max_response), "float32", K.ACTIVATION)}
         if train:  # kept for backward: the whole sequence, prefix included
             outs["saved"] = self._saved(s, self.prefix_tokens + self.max_response, K.ACTIVATION)
+        ins = {"features": features, "text": text, "responses": responses, "weights": weights}
+        if live is not None:
+            if not train:
+                raise ValueError("only a training forward skips rows (`live` without train)")
+            ins["advantages"] = live
         return self.op(
             "logprob",
-            {"features": features, "text": text, "responses": responses, "weights": weights},
+            ins,
             outs,
             name,
             head=head,

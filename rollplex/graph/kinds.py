@@ -9,6 +9,9 @@ from rollplex.graph.schema import FLOAT, INT, OpKind, port, register
 _DATA = (K.HOST_DATA, K.ACTIVATION)
 _ROWS3 = ("B", None, None)
 _KV = (None, None, "B", None, None)  # (layers, 2, rows, tokens, kv_dim)
+# a training forward's advantages (algo.skip_zero_advantage): it skips the rows of groups
+# whose advantages are all 0
+_LIVE_ROWS = port(K.ACTIVATION, dtype=FLOAT, dims=("S",), optional=True)
 
 
 def _grouped(rows: str, samples: str = "S"):
@@ -110,6 +113,7 @@ register(
             "text": port(*_DATA, dtype=INT, dims=("S", None)),
             "responses": port(K.ACTIVATION, dtype=INT, dims=("S", None)),
             "weights": port(K.WEIGHTS),
+            "advantages": _LIVE_ROWS,
         },
         outputs={
             "logprobs": port(K.ACTIVATION, dtype=FLOAT, dims=("S", None)),
@@ -167,6 +171,7 @@ register(
             "responses": port(K.ACTIVATION, dtype=INT, dims=("S", None)),
             "kept": port(K.BOUNDARY, dims=(None, "S")),
             "weights": port(K.WEIGHTS),
+            "advantages": _LIVE_ROWS,
         },
         outputs={"logprobs": port(K.ACTIVATION, dtype=FLOAT, dims=("S", None))},
         check=_grouped("B"),
@@ -181,6 +186,7 @@ register(
             "kv": port(K.KV_CACHE, K.BOUNDARY, dtype=FLOAT, dims=_KV),
             "responses": port(K.ACTIVATION, dtype=INT, dims=("S", None)),
             "weights": port(K.WEIGHTS),
+            "advantages": _LIVE_ROWS,
         },
         outputs={
             "logprobs": port(K.ACTIVATION, dtype=FLOAT, dims=("S", None)),

@@ -38,6 +38,7 @@ CSV_FIELDS = (
     "engine_sleep_s",  # an engine rollout's plan-driven sleep and wake-ups (else empty)
     "engine_wake_s",
     "train_micro_batches",  # the training micro-batches run (the plan's count, see executor)
+    "trained_rows",  # algo.skip_zero_advantage: rows trained, not skipped (else empty)
 )
 
 
@@ -122,12 +123,16 @@ def step_line(row: dict[str, Any]) -> str:
     """One step's metrics for the run log (reward, KL, loss, time, peak)."""
     keys = ("reward", "kl", "reward_kl", "loss")  # reward_kl: only a kl_in_reward run's
     parts = [f"{k} {row[k]:.4g}" for k in keys if isinstance(row.get(k), float)]
+    # a step that trained no row (skip_zero_advantage) has no KL of trained rows to show
+    parts = [p for p in parts if not (p.startswith("kl ") and p.endswith("nan"))]
     parts.append(f"{row['step_time_s']:.2f} s")
     parts.append(f"peak resident {row['peak_resident_bytes'] / 2**30:.2f} GiB")
     if isinstance(row.get("cuda_step_peak_bytes"), int):
         parts.append(f"allocator peak {row['cuda_step_peak_bytes'] / 2**30:.2f} GiB")
     if isinstance(row.get("train_micro_batches"), float):
         parts.append(f"{row['train_micro_batches']:.0f} micro-batches")
+    if isinstance(row.get("trained_rows"), float):
+        parts.append(f"{row['trained_rows']:.0f} rows trained")
     return ", ".join(parts)
 
 

@@ -102,6 +102,11 @@ def plan_graph(
     plan.meta["train_micro_recompute"] = schedule.train_micro_recompute
     plan.meta["train_micro_fused"] = schedule.train_micro_fused
     plan.meta["pack_responses"] = schedule.pack_responses
+    # a training forward that reads the advantages skips the rows whose are all 0: work the
+    # plan prices but the runtime may not run (algo.skip_zero_advantage)
+    plan.meta["skip_zero_advantage"] = any(
+        "advantages" in op.inputs for op in graph if op.kind in SKIPPING_FORWARDS
+    )
     renumber_in_issue_order(plan)
     if enforce_budget:
         check_budget(plan)
@@ -109,6 +114,7 @@ def plan_graph(
     return plan
 
 
+SKIPPING_FORWARDS = ("logprob", "logprob_response", "attach_response")
 POOL_ROUNDS = 3  # rounds of `grow_engine_pools`: each grows by the headroom left
 
 

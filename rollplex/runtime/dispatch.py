@@ -202,7 +202,8 @@ class RoleDispatch(Backend):
             return OpResult(self.rollout_ops.weight_sync(op, inputs), reads)
         if op.kind in ROLE_FREE_KINDS:
             return OpResult(self.role_free.run(op, inputs), reads)
-        return OpResult(self._role_op(op, inputs), reads)
+        out = self._role_op(op, inputs)
+        return OpResult(out, reads, note=_trained_note(op, inputs, out))
 
     def update_metrics(self, kind: str, metrics: dict[str, torch.Tensor]) -> None:
         """One update's loss metrics, folded into their mean over the step's updates."""
@@ -268,6 +269,18 @@ class RoleDispatch(Backend):
     # -- memory -------------------------------------------------------------------------
     def move(self, value: Any, to_host: bool, share: float = 1.0) -> Any:
         return self.values.move(value, "cpu" if to_host else self.device, share)
+
+
+def _trained_note(op: Op, inputs: dict[str, Any], outputs: dict[str, Any]) -> str:
+    """Where a training forward or backward skipped rows (algo.skip_zero_advantage), how
+    many it trained: the plan priced every row, so the step's time is not its price."""
+    value = inputs.get("loss") if op.kind == "backward" else outputs.get("logprobs")
+    micro = getattr(value, "micro", None)
+    if micro is None or all(micro.trained):
+        return ""
+    rows = [hi - lo for lo, hi in micro.rows]
+    trained = sum(n for n, t in zip(rows, micro.trained, strict=True) if t)
+    return f"trained {trained} of {sum(rows)} rows (the others' advantages are 0)"
 
 
 def _detached(logprobs: Any) -> Any:

@@ -89,6 +89,12 @@ class Executor:
             if fused
             else "",
         )
+        if plan.meta.get("skip_zero_advantage"):
+            log.info(
+                "executor: groups whose advantages are all 0 run no training forward or "
+                "backward (algo.skip_zero_advantage; the plan prices every row); metric "
+                "trained_rows is the rows trained"
+            )
         self._allocs, self._frees = self._effects()
         self._engine = engine_schedule(plan, self.order)
         self._owned = owned_values(plan, graph, self.order, self.dev_of)
@@ -316,7 +322,7 @@ class Executor:
                 raise ExecutionError(f"'{step.name}': backend returned no {sorted(missing)}")
             for port, v in op.outputs.items():
                 env.device[v] = result.outputs[port]
-        return result.reads, "", result.deviation
+        return result.reads, result.note, result.deviation
 
     def _get(self, env: Env, step: Step, value: str) -> Any:
         if value in env.device:

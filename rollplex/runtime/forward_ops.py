@@ -139,15 +139,22 @@ class ForwardOps:
                 "decode_once needs the version the rollout decoded with"
             )
         out, _ = role.attach_decoded(
-            x["kv"], x["responses"], op.attrs.get("group_size", 1), x["kept"]
+            x["kv"], x["responses"], op.attrs.get("group_size", 1), x["kept"], **_live(x)
         )
         return out
 
 
 def _score(role: Any, op: Op, x: dict[str, Any]) -> Any:
     if op.kind == "logprob_response":
-        return role.logprob_response(x["kv"], x["responses"], op.attrs.get("group_size", 1))
-    return role.logprob(x["features"], x["text"], x["responses"])
+        g = op.attrs.get("group_size", 1)
+        return role.logprob_response(x["kv"], x["responses"], g, **_live(x))
+    return role.logprob(x["features"], x["text"], x["responses"], **_live(x))
+
+
+def _live(x: dict[str, Any]) -> dict[str, Any]:
+    """A training forward's advantages, where the graph gave it them: the trainer skips
+    the rows of groups whose advantages are all 0 (algo.skip_zero_advantage)."""
+    return {"advantages": x["advantages"]} if "advantages" in x else {}
 
 
 __all__ = ["ForwardOps"]

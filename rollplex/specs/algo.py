@@ -30,6 +30,16 @@ class AlgoSpec(Spec):
         "use_kl_loss or use_kl_in_reward; so kl_coef=0 drops the reference's forwards and "
         "weights. true with kl_coef=0 keeps it for the logged KL alone.",
     )
+    skip_zero_advantage: bool | None = Field(
+        None,
+        description="Train only the groups with a nonzero advantage: a group whose rewards "
+        "are all equal has advantage exactly 0 on every row (grpo, rloo), so with no KL or "
+        "entropy term in the loss its rows add exactly 0 to the gradient, and their training "
+        "forward and backward are skipped; the loss value is unchanged and the loss metrics "
+        "(entropy, ratio, clip fractions) are the trained rows'. null (auto): on exactly when "
+        "nothing reads those rows (grpo or rloo, entropy_coeff=0, no reference). The plan is "
+        "priced and sized as if every group trains.",
+    )
     kl_coef: float = Field(
         0.04,
         ge=0,
@@ -218,18 +228,36 @@ class AlgoSpec(Spec):
         return {**data, "use_reference": coef > 0}
 
     @model_validator(mode="after")
+    def _skip_when_unread(self) -> AlgoSpec:
+        """skip_zero_advantage=null resolves here, after use_reference has (the spec is
+        frozen, and this is its own validation)."""
+        if self.skip_zero_advantage is None:
+            unread = self.name != "ppo" and self.entropy_coeff == 0 and not self.use_reference
+            object.__setattr__(self, "skip_zero_advantage", unread)
+        return self
+
+    @model_validator(mode="after")
     def _check(self) -> AlgoSpec:
         if self.kl_coef > 0 and not self.use_reference:
             raise ValueError("kl_coef > 0 needs use_reference=true (set kl_coef=0 to drop it)")
         if self.kl_in_reward and self.name != "ppo":
             raise ValueError(f"kl_in_reward is PPO's (GAE over token rewards), not {self.name}'s")
         self._check_kl_options()
+        self._check_skip()
         if self.loss_scale_factor is not None and self.loss_agg_mode != "seq-mean-token-sum-norm":
             raise ValueError(
                 "loss_scale_factor divides seq-mean-token-sum-norm's sum; loss_agg_mode is "
                 f"{self.loss_agg_mode!r}"
             )
         return self
+
+    def _check_skip(self) -> None:
+        """skip_zero_advantage=true where a skipped row would change the gradient is refused."""
+        if not self.skip_zero_advantage:
+            return
+        why = skip_refusal(self)
+        if why:
+            raise ValueError(f"skip_zero_advantage=true: {why}")
 
     def _check_kl_options(self) -> None:
         """The reward-KL options need kl_in_reward; each one set without it is refused."""
@@ -252,3 +280,14 @@ class AlgoSpec(Spec):
                     raise ValueError(f"{name} steers kl_ctrl=adaptive; kl_ctrl is fixed")
         if self.kl_in_reward and not self.use_reference:
             raise ValueError("kl_in_reward needs use_reference=true (the KL is to the reference)")
+
+
+def skip_refusal(algo: AlgoSpec) -> str | None:
+    """Why a zero-advantage row's gradient may be nonzero under `algo`'s loss, or None."""
+    if algo.name == "ppo":
+        return "ppo's GAE advantages are per token and whitened: no row's is exactly 0"
+    if algo.entropy_coeff:
+        return f"entropy_coeff={algo.entropy_coeff} gives every row a gradient"
+    if algo.kl_coef and algo.use_reference:
+        return f"kl_coef={algo.kl_coef} gives every row a gradient (the KL to the reference)"
+    return None

@@ -159,6 +159,8 @@ RUNS: dict[int, dict[str, tuple[str, ...]]] = {
         # only there: each rank's loss is rescaled to the global batch's after the backward
         "micro-fused": ("train.steps=2", MICRO, "schedule.train_micro_fused=true"),
         "sum-norm": ("train.steps=2", *SUM_NORM),
+        # algo.skip_zero_advantage resolves on; FSDP trains every row (test_skip_under_fsdp)
+        "no-kl": ("train.steps=2", "algo.kl_coef=0"),
         "pooled": pooled(2, 1, 2, *EVAL),
         # from the pooled job's step-2 checkpoint, to step 4; the launch's second pooled job
         # (one that left the process group destroyed made this one's ranks wait forever)

@@ -86,7 +86,7 @@ def test_the_planned_count_is_the_count_the_trainer_runs(
     inner = torch_micro.forward_micro_batches
 
     def recorded(model, ranges, rows_per_unit, *args, **kwargs):
-        runs.append([(hi - lo) * rows_per_unit for lo, hi in ranges])
+        runs.append([(hi - lo) * rows_per_unit for lo, hi, trains in ranges if trains])
         return inner(model, ranges, rows_per_unit, *args, **kwargs)
 
     monkeypatch.setattr(torch_micro, "forward_micro_batches", recorded)

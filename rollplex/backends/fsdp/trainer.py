@@ -8,6 +8,8 @@ full parameters where a whole model is needed.
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -41,6 +43,7 @@ from rollplex.specs import AlgoSpec, ModelSpec
 from rollplex.specs.fsdp import FsdpSpec
 from rollplex.specs.roles import FSDP_TRAINER, RoleCapabilities
 
+log = logging.getLogger(__name__)
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 # aggregated by loss_agg_mode (global_batch.py)
 AGGREGATED = frozenset({"loss", "pg_loss", "kl", "loss_kl", "entropy"})
@@ -98,10 +101,12 @@ class FsdpTrainer(TorchTrainer):
     def logprob_prefix(self, features, text, head: bool = True):
         return self.root(super().logprob_prefix, features, text, head)
 
-    def logprob_response(self, prefix, responses, group_size: int):
+    def logprob_response(self, prefix, responses, group_size: int, advantages=None):
+        _every_row_trains(advantages)
         return self.root(super().logprob_response, prefix, responses, group_size)
 
-    def logprob(self, features, text, responses):
+    def logprob(self, features, text, responses, advantages=None):
+        _every_row_trains(advantages)
         return self.root(super().logprob, features, text, responses)
 
     def backward(self, loss: Loss) -> GradsHandle:
@@ -212,6 +217,22 @@ class RootedScorer:
 
     def logprob(self, features, text, responses):
         return self.owner.root(self.inner.logprob, features, text, responses)
+
+
+def _every_row_trains(advantages: Any) -> None:
+    """Ranks skipping different rows would run different numbers of forwards, and FSDP2's
+    per-layer gathers would wait on each other: under FSDP every row trains (the gradient is
+    the same; only the work is not saved). The run log says so once."""
+    if advantages is not None:
+        _note_every_row_trains()
+
+
+@functools.cache
+def _note_every_row_trains() -> None:
+    log.info(
+        "algo.skip_zero_advantage: every row trains under FSDP (each rank's forwards must "
+        "match the others' for FSDP2's per-layer gathers)"
+    )
 
 
 def _unsharded_copy(spec: ModelSpec, sd: Mapping[str, torch.Tensor]) -> Model:

@@ -50,36 +50,88 @@ def planned_ranges(units: int, count: int, what: str) -> list[tuple[int, int]]:
     return micro_ranges(units, count)
 
 
+def live_units(advantages: torch.Tensor | None, units: int, rows_per_unit: int) -> list[bool]:
+    """Per unit (a prompt's group of rows, or one sample): whether any of its rows has a
+    nonzero advantage. A unit whose rows' are all exactly 0 adds exactly 0 to a gradient
+    with no KL or entropy term (AlgoSpec.skip_zero_advantage says when that holds)."""
+    if advantages is None:
+        return [True] * units
+    if advantages.shape[0] != units * rows_per_unit:
+        raise ValueError(
+            f"{tuple(advantages.shape)} advantages for {units} units of {rows_per_unit} rows"
+        )
+    return (advantages.detach().reshape(units, -1) != 0).any(dim=1).tolist()
+
+
+def skipping_ranges(
+    units: int, count: int, live: list[bool], what: str = GROUPS
+) -> list[tuple[int, int, bool]]:
+    """(lo, hi, trained) ranges covering units [0, units) in order: the live units cut as
+    `planned_ranges` cuts a batch of them (so no micro-batch is larger than the plan's),
+    each split where dead units interrupt it (micro-batches stay contiguous rows, their
+    prefix K/V uncopied); the dead units between, as untrained ranges."""
+    alive = [u for u in range(units) if live[u]]
+    trained: list[tuple[int, int]] = []
+    for a, b in planned_ranges(len(alive), count, what) if alive else []:
+        start = prev = alive[a]
+        for u in alive[a + 1 : b]:
+            if u != prev + 1:
+                trained.append((start, prev + 1))
+                start = u
+            prev = u
+        trained.append((start, prev + 1))
+    out, at = [], 0
+    for lo, hi in trained:
+        if lo > at:
+            out.append((at, lo, False))
+        out.append((lo, hi, True))
+        at = hi
+    if at < units:
+        out.append((at, units, False))
+    return out
+
+
 def forward_micro_batches(
     model: Model,
-    ranges: list[tuple[int, int]],
+    ranges: list[tuple[int, int, bool]],
     rows_per_unit: int,
     forward: Callable[[int, int, Boundary], Scored],
     recompute: bool = False,
     fused: Responses | None = None,
     entropy: bool = False,
+    width: int = 0,
+    skips: bool = False,
 ) -> MicroBatches:
-    """`forward(lo, hi, boundary)` with grad over each range of units (prompts or samples),
-    every decoder layer checkpointed; it returns the [rows, R] outputs of units [lo, hi),
-    which are sample rows [lo * rows_per_unit, hi * rows_per_unit). With `recompute` it
-    runs without grad here, keeping nothing, and again with grad inside the backward, one
-    micro-batch at a time (`MicroBatches.redo`). `fused` (the responses, in fused mode):
-    nothing runs here; each micro-batch's values are zeros until its redo in the backward.
-    `entropy`: `forward` returns (logprobs, entropy) (fused mode needs to know beforehand)."""
-    micro = MicroBatches(fused=fused is not None)
+    """`forward(lo, hi, boundary)` with grad over each trained range (lo, hi, True) of units
+    (prompts or samples), every decoder layer checkpointed; it returns the [rows, R]
+    outputs of units [lo, hi), which are sample rows [lo * rows_per_unit, hi *
+    rows_per_unit). An untrained range runs nothing, here or in the backward: its values
+    are zeros of `width` columns. With `recompute` it runs without grad here, keeping
+    nothing, and again with grad inside the backward, one micro-batch at a time
+    (`MicroBatches.redo`). `fused` (the responses, in fused mode): nothing runs here; each
+    micro-batch's values are zeros until its redo in the backward. `entropy`: `forward`
+    returns (logprobs, entropy) (fused mode needs to know beforehand). `skips`: the ranges
+    came from the advantages (the loss logs how many rows trained)."""
+    micro = MicroBatches(fused=fused is not None, skips=skips)
 
     def run(k: int) -> tuple[Scored, SavedActivations]:
-        lo, hi = ranges[k]
+        lo, hi, _ = ranges[k]
         saved = SavedActivations()
         with torch.enable_grad(), capture_saved(saved), checkpointed_layers(model, saved):
             return forward(lo, hi, micro.boundary), saved
 
-    for k, (lo, hi) in enumerate(ranges):
+    def zeros(n: int, device: torch.device) -> Scored:
+        empty = torch.zeros(n, width, dtype=torch.float32, device=device)
+        return (empty, empty.clone()) if entropy else empty
+
+    for k, (lo, hi, trains) in enumerate(ranges):
         rows = (lo * rows_per_unit, hi * rows_per_unit)
+        if not trains:
+            device = fused.tokens.device if fused is not None else _device(model)
+            micro.add(rows, zeros(rows[1] - rows[0], device), SavedActivations(), trained=False)
+            continue
         if fused is not None:
-            width, device = fused.tokens.shape[1], fused.tokens.device
-            empty = torch.zeros(rows[1] - rows[0], width, dtype=torch.float32, device=device)
-            micro.add(rows, (empty, empty.clone()) if entropy else empty, SavedActivations())
+            micro.add(rows, zeros(rows[1] - rows[0], fused.tokens.device), SavedActivations())
             continue
         if not recompute:
             micro.add(rows, *run(k))
@@ -100,6 +152,10 @@ def forward_micro_batches(
 
     micro.redo = redo if recompute or fused is not None else None
     return micro
+
+
+def _device(model: Model) -> torch.device:
+    return next(model.parameters()).device
 
 
 def micro_logprobs(
@@ -125,12 +181,14 @@ def response_micro_batches(
     recompute: bool = False,
     fused: bool = False,
     entropy: bool = False,
+    advantages: torch.Tensor | None = None,
 ) -> tuple[MicroLogprobs, SavedActivations]:
     """The training forward over responses on a group-shared prefix, in `count`
     micro-batches of whole prompts' groups: `score(state, tokens, lengths, rows)` gives the
     [rows, R] outputs of sample rows `rows` on `state`, their prompts' prefix rows (one per
     prompt: the group's G responses share its K/V, never repeated). With `entropy`, `score`
-    returns (logprobs, entropy) and the value carries the entropy too."""
+    returns (logprobs, entropy) and the value carries the entropy too. `advantages` [S]:
+    prompts whose rows' are all 0 are not trained (`skipping_ranges`)."""
 
     def forward(lo: int, hi: int, boundary: Boundary) -> Scored:
         rows = slice(lo * group_size, hi * group_size)
@@ -138,9 +196,18 @@ def response_micro_batches(
         tokens, lengths = responses.tokens[rows], responses.lengths[rows]
         return trimmed(lambda t: score(state, t, lengths, rows), tokens, lengths)
 
-    ranges = planned_ranges(prefix.rows, count, GROUPS)
+    live = live_units(advantages, prefix.rows, group_size)
+    ranges = skipping_ranges(prefix.rows, count, live)
     micro = forward_micro_batches(
-        model, ranges, group_size, forward, recompute, responses if fused else None, entropy
+        model,
+        ranges,
+        group_size,
+        forward,
+        recompute,
+        responses if fused else None,
+        entropy,
+        responses.tokens.shape[1],
+        advantages is not None,
     )
     return micro_logprobs(micro, responses)
 
@@ -155,11 +222,13 @@ def sample_micro_batches(
     recompute: bool = False,
     fused: bool = False,
     entropy: bool = False,
+    advantages: torch.Tensor | None = None,
 ) -> tuple[MicroLogprobs, SavedActivations]:
     """The per-sample (verl's) training forward in `count` micro-batches of whole samples:
     `score(text, visual, tokens, lengths, rows)` gives the [rows, R] outputs of samples
     `rows` from their prompts and visual features (`features`: Features); `entropy` as in
-    response_micro_batches."""
+    response_micro_batches. `advantages` [S]: samples whose advantage is 0 are not
+    trained."""
 
     def forward(lo: int, hi: int, boundary: Boundary) -> Scored:
         a, b = sum(features.tokens[:lo]), sum(features.tokens[:hi])
@@ -170,8 +239,17 @@ def sample_micro_batches(
             lambda t: score(text.select(lo, hi), visual, t, lengths, rows), tokens, lengths
         )
 
-    ranges = planned_ranges(features.rows, count, "samples")
+    live = live_units(advantages, features.rows, 1)
+    ranges = skipping_ranges(features.rows, count, live, "samples")
     micro = forward_micro_batches(
-        model, ranges, 1, forward, recompute, responses if fused else None, entropy
+        model,
+        ranges,
+        1,
+        forward,
+        recompute,
+        responses if fused else None,
+        entropy,
+        responses.tokens.shape[1],
+        advantages is not None,
     )
     return micro_logprobs(micro, responses)

@@ -19,6 +19,8 @@ def backward_micro_batches(terms: list[Any], micro: MicroBatches) -> None:
     next; then once through the forward they share. Gradients accumulate in `.grad`. A
     term may be a callable that makes it (recompute mode: its forward runs right here)."""
     for k, term in enumerate(terms):
+        if not micro.trained[k]:  # its rows' gradient is exactly 0: nothing runs
+            continue
         if term is None:
             raise RuntimeError(f"micro-batch {k}'s loss was already backpropagated")
         terms[k] = None
@@ -53,21 +55,22 @@ def micro_loss(run: LossFn, values: Any, mode: str) -> Loss:
         with torch.enable_grad():
             return Loss(*run(values.values, slice(None), **whole))
     with torch.no_grad():
-        value, metrics = run(values.values, slice(None), **whole)
+        value, metrics = _whole_batch(run, values, micro)
     weights = micro_batch_weights(values.mask, micro.rows, mode)
     if micro.redo is not None:  # each term is made in the backward, after its forward
         terms: list[Any] = [
-            partial(_recomputed_term, run, micro, k, w) for k, w in enumerate(weights)
+            partial(_recomputed_term, run, micro, k, w) if micro.trained[k] else None
+            for k, w in enumerate(weights)
         ]
     else:
         with torch.enable_grad():
             terms = [
-                run(v, slice(lo, hi), **_entropy_kw(micro, k))[0] * w
-                for k, ((lo, hi), v, w) in enumerate(
-                    zip(micro.rows, micro.logprobs, weights, strict=True)
+                run(v, slice(lo, hi), **_entropy_kw(micro, k))[0] * w if t else None
+                for k, ((lo, hi), v, w, t) in enumerate(
+                    zip(micro.rows, micro.logprobs, weights, micro.trained, strict=True)
                 )
             ]
-    metrics["train_micro_batches"] = torch.tensor(float(len(micro.rows)))
+    metrics["train_micro_batches"] = torch.tensor(float(sum(micro.trained)))
     loss = Loss(value, metrics, terms, micro)
     if micro.fused:  # the value and metrics above are of zeros: filled after the backward
         loss.finish = partial(_fill_in, run, values, value, metrics)
@@ -78,10 +81,37 @@ def _fill_in(run: LossFn, values: Any, value: torch.Tensor, metrics: dict) -> No
     """Fused mode: the whole batch's loss value and metrics, in place, from the values the
     backward's forwards wrote (whoever holds these tensors sees the real ones)."""
     with torch.no_grad():
-        real, real_metrics = run(values.values, slice(None), **_entropy_kw(values.entropy))
+        real, real_metrics = _whole_batch(run, values, values.micro)
         value.copy_(real)
         for k, v in real_metrics.items():
             metrics[k].copy_(v)
+
+
+# the loss's own numbers: over every row (an untrained row adds exactly 0 to each)
+WHOLE_BATCH = ("loss", "pg_loss", "tokens")
+
+
+def _whole_batch(
+    run: LossFn, values: Any, micro: MicroBatches
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The batch's loss value and metrics, without grad. Where rows went untrained
+    (skip_zero_advantage), their logprobs are placeholders: the loss value is still exact
+    (their advantage is 0, so is their term), but the other metrics (entropy, ratio, clip
+    fractions, KL) are the trained rows' (NaN when none trained); `trained_rows` counts them."""
+    value, metrics = run(values.values, slice(None), **_entropy_kw(values.entropy))
+    trained = micro.trained_rows()
+    if trained is not None:
+        rows = trained.nonzero().squeeze(1)
+        entropy = None if values.entropy is None else values.entropy[rows]
+        if rows.numel():
+            _, own = run(values.values[rows], rows, **_entropy_kw(entropy))
+        else:
+            own = {k: torch.full_like(v, float("nan")) for k, v in metrics.items()}
+        metrics |= {k: v for k, v in own.items() if k not in WHOLE_BATCH}
+    if micro.skips:
+        n = values.values.shape[0] if trained is None else trained.sum()
+        metrics["trained_rows"] = torch.as_tensor(n, dtype=torch.float32)
+    return value, metrics
 
 
 def _recomputed_term(run: LossFn, micro: MicroBatches, k: int, weight: Any) -> torch.Tensor:

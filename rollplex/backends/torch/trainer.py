@@ -150,14 +150,24 @@ class TorchTrainer(Trainer):
         return self.attach_ridden(exported.ridden, features, head)
 
     def logprob_response(
-        self, prefix: PrefixState, responses: Responses, group_size: int
+        self,
+        prefix: PrefixState,
+        responses: Responses,
+        group_size: int,
+        advantages: torch.Tensor | None = None,
     ) -> tuple[TokenLogprobs, SavedActivations]:
         """Response logprobs in micro-batches of whole prompts' groups, with the policy's
-        entropy beside them (with grad only when the loss has an entropy term)."""
-        return self._response(prefix, responses, group_size, None)
+        entropy beside them (with grad only when the loss has an entropy term); with
+        `advantages`, the groups whose advantages are all 0 run nothing (micro.py)."""
+        return self._response(prefix, responses, group_size, None, advantages)
 
     def attach_decoded(
-        self, prefix: PrefixState, responses: Responses, group_size: int, kept: DecodedOutputs
+        self,
+        prefix: PrefixState,
+        responses: Responses,
+        group_size: int,
+        kept: DecodedOutputs,
+        advantages: torch.Tensor | None = None,
     ) -> tuple[TokenLogprobs, SavedActivations]:
         """`logprob_response`'s result from the decode that drew `responses`, its kept layer
         outputs in place of the response forward (decode once, decoded_response.py); the
@@ -170,7 +180,7 @@ class TorchTrainer(Trainer):
             raise BackendError(
                 f"the decode kept {layers.shape[1]} rows for {responses.tokens.shape[0]} responses"
             )
-        return self._response(prefix, responses, group_size, layers)
+        return self._response(prefix, responses, group_size, layers, advantages)
 
     def _response(
         self,
@@ -178,6 +188,7 @@ class TorchTrainer(Trainer):
         responses: Responses,
         group_size: int,
         kept: torch.Tensor | None,
+        advantages: torch.Tensor | None,
     ) -> tuple[TokenLogprobs, SavedActivations]:
         ent, t = entropy_mode(self.algo.entropy_coeff), self.algo.temperature
         packed = self.packed_responses
@@ -202,13 +213,19 @@ class TorchTrainer(Trainer):
             self.micro_recompute,
             self.micro_fused,
             entropy=True,
+            advantages=advantages,
         )
 
     def logprob(
-        self, features: Features, text: PromptBatch, responses: Responses
+        self,
+        features: Features,
+        text: PromptBatch,
+        responses: Responses,
+        advantages: torch.Tensor | None = None,
     ) -> tuple[TokenLogprobs, SavedActivations]:
         """The per-sample forward (verl's) in micro-batches of whole samples, with the
-        policy's entropy as in logprob_response."""
+        policy's entropy as in logprob_response; with `advantages`, the samples whose
+        advantage is 0 run nothing."""
         ent = entropy_mode(self.algo.entropy_coeff)
 
         def score(text, visual, tokens, lengths, _rows: slice):
@@ -225,6 +242,7 @@ class TorchTrainer(Trainer):
             self.micro_recompute,
             self.micro_fused,
             entropy=True,
+            advantages=advantages,
         )
 
     def loss(
@@ -263,6 +281,13 @@ class TorchTrainer(Trainer):
     def backward(self, loss: Loss) -> GradsHandle:
         clear_grads(self.optimizer, self.masters, self.params)
         backward_loss(loss)
+        if loss.micro is not None and not all(loss.micro.trained):
+            # rows went untrained (their gradient is 0): where none trained, no backward
+            # reached a parameter, and AdamW skips a None grad, but would step a 0 one
+            # (moments, weight decay) as the full batch's backward gives it
+            for p in self.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
         return GradsHandle(self.params)
 
     def optimizer_step(self, grads: GradsHandle) -> int:

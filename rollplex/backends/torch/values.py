@@ -220,11 +220,11 @@ class Boundary:
 
     `cut` hands out rows of a source as a detached leaf; each micro-batch's backward stops
     there and leaves its gradient on the leaf. `backward` then joins the leaves' gradients
-    (in row order: the cuts of one source must cover it in order) and backpropagates them
-    once through the shared forward."""
+    (in row order; rows no leaf covers, or whose leaf got none, a skipped micro-batch's,
+    take 0) and backpropagates them once through the shared forward."""
 
     sources: list[torch.Tensor] = field(default_factory=list)
-    leaves: list[list[torch.Tensor]] = field(default_factory=list)
+    leaves: list[list[tuple[int, torch.Tensor]]] = field(default_factory=list)  # (lo, leaf)
 
     def cut(self, source: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
         if not source.requires_grad:
@@ -232,25 +232,42 @@ class Boundary:
         leaf = source[lo:hi].detach().requires_grad_()
         for i, s in enumerate(self.sources):
             if s is source:
-                self.leaves[i].append(leaf)
+                self.leaves[i].append((lo, leaf))
                 return leaf
         self.sources.append(source)
-        self.leaves.append([leaf])
+        self.leaves.append([(lo, leaf)])
         return leaf
 
     def backward(self) -> None:
         sources, grads = [], []
         for source, leaves in zip(self.sources, self.leaves, strict=True):
-            if all(leaf.grad is None for leaf in leaves):
+            got = [(lo, x.grad) for lo, x in leaves if x.grad is not None]
+            if not got:
                 continue
-            grad = torch.cat([torch.zeros_like(x) if x.grad is None else x.grad for x in leaves])
-            if grad.shape != source.shape:
-                raise RuntimeError(f"micro-batch leaves cover {grad.shape} of {source.shape}")
             sources.append(source)
-            grads.append(grad)
+            grads.append(_rows_grad(source, got))
         self.sources, self.leaves = [], []
         if sources:
             torch.autograd.backward(sources, grads)
+
+
+def _rows_grad(source: torch.Tensor, got: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+    """The gradient of `source` from its leaves' (first row, grad): each in its rows, 0 in
+    rows no leaf covers. Leaves covering it whole, in order, are joined without a copy of
+    zeros (every micro-batch trained)."""
+    got.sort(key=lambda x: x[0])
+    at = 0
+    for lo, g in got:
+        if lo != at:
+            break
+        at += g.shape[0]
+    else:
+        if at == source.shape[0]:
+            return torch.cat([g for _, g in got]) if len(got) > 1 else got[0][1]
+    grad = torch.zeros_like(source)
+    for lo, g in got:
+        grad[lo : lo + g.shape[0]] = g
+    return grad
 
 
 @dataclass(slots=True, eq=False)
@@ -272,14 +289,32 @@ class MicroBatches:
     # loss has an entropy term. Fused mode fills `entropy_sink` as it does `sink`.
     entropy: list[torch.Tensor] = field(default_factory=list)
     entropy_sink: torch.Tensor | None = None
+    # False for rows that no forward or backward ran (algo.skip_zero_advantage): every row's
+    # advantage is 0, so their gradient is; their logprobs and entropy hold 0. `skips`: the
+    # forward was given the advantages (the loss then logs `trained_rows`)
+    trained: list[bool] = field(default_factory=list)
+    skips: bool = False
 
-    def add(self, rows: tuple[int, int], out: Scored, saved: SavedActivations):
+    def add(self, rows: tuple[int, int], out: Scored, saved: SavedActivations, trained=True):
         self.rows.append(rows)
         logprobs, entropy = out if isinstance(out, tuple) else (out, None)
         self.logprobs.append(logprobs)
         if entropy is not None:
             self.entropy.append(entropy)
         self.saved.append(saved)
+        self.trained.append(trained)
+
+    def trained_rows(self) -> torch.Tensor | None:
+        """[S] bool: the rows whose forward and backward run; None where every row's does."""
+        if all(self.trained):
+            return None
+        device = self.logprobs[0].device
+        return torch.cat(
+            [
+                torch.full((hi - lo,), t, dtype=torch.bool, device=device)
+                for (lo, hi), t in zip(self.rows, self.trained, strict=True)
+            ]
+        )
 
     def set(self, k: int, out: Scored) -> None:
         """Micro-batch `k`'s outputs from its forward run again (recompute, fused)."""

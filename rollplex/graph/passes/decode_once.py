@@ -66,7 +66,8 @@ def _rewrite(graph: Graph, decode: Op, train: Op) -> None:
             "responses": train.inputs["responses"],
             "kept": kept.name,
             "weights": train.inputs["weights"],
-        },
+        }
+        | {p: v for p, v in train.inputs.items() if p == "advantages"},
         {"logprobs": train.outputs["logprobs"]},
         dict(train.attrs),
         {**train.meta, "decode_once": decode.name},

@@ -69,11 +69,14 @@ def _split(graph: Graph, op: Op) -> None:
         dict(attrs),
         {"split_from": op.name},
     )
+    post_in = {"kv": kv.name, "responses": resp.name, "weights": op.inputs["weights"]}
+    if "advantages" in op.inputs:  # rows the response part skips (skip_zero_advantage)
+        post_in["advantages"] = op.inputs["advantages"]
     post = Op(
         resp_name,
         "logprob_response",
         op.phase,
-        {"kv": kv.name, "responses": resp.name, "weights": op.inputs["weights"]},
+        post_in,
         resp_out,
         {**attrs, "group_size": 1},
         {"split_from": op.name},
