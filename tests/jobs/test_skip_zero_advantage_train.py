@@ -6,7 +6,6 @@ plan priced every row)."""
 
 from __future__ import annotations
 
-import csv
 import json
 from collections import Counter
 from pathlib import Path
@@ -16,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.jobs.cli_run import rollplex_here, torch_settings_kept
+from tests.jobs.test_decode_once_train import _metrics
 from tests.jobs.test_train import BASE
 
 STEPS = 4
@@ -36,11 +36,6 @@ def _run(monkeypatch, capsys, root: Path, skip: bool) -> Path:
         )  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
     return run
-
-
-def _metrics(run: Path) -> list[dict[str, str]]:
-    with (run / "metrics.csv").open() as f:
-        return list(csv.DictReader(f))
 
 
 def _calibrated(run: Path) -> Counter[str]:

@@ -196,20 +196,10 @@ def response_micro_batches(
         tokens, lengths = responses.tokens[rows], responses.lengths[rows]
         return trimmed(lambda t: score(state, t, lengths, rows), tokens, lengths)
 
-    live = live_units(advantages, prefix.rows, group_size)
-    ranges = skipping_ranges(prefix.rows, count, live)
-    micro = forward_micro_batches(
-        model,
-        ranges,
-        group_size,
-        forward,
-        recompute,
-        responses if fused else None,
-        entropy,
-        responses.tokens.shape[1],
-        advantages is not None,
+    units = (prefix.rows, group_size, GROUPS)
+    return _scored_units(
+        model, units, count, forward, responses, recompute, fused, entropy, advantages
     )
-    return micro_logprobs(micro, responses)
 
 
 def sample_micro_batches(
@@ -239,12 +229,31 @@ def sample_micro_batches(
             lambda t: score(text.select(lo, hi), visual, t, lengths, rows), tokens, lengths
         )
 
-    live = live_units(advantages, features.rows, 1)
-    ranges = skipping_ranges(features.rows, count, live, "samples")
+    units = (features.rows, 1, "samples")
+    return _scored_units(
+        model, units, count, forward, responses, recompute, fused, entropy, advantages
+    )
+
+
+def _scored_units(
+    model: Model,
+    units: tuple[int, int, str],
+    count: int,
+    forward: Callable[[int, int, Boundary], Scored],
+    responses: Responses,
+    recompute: bool,
+    fused: bool,
+    entropy: bool,
+    advantages: torch.Tensor | None,
+) -> tuple[MicroLogprobs, SavedActivations]:
+    """`forward` over `units` (count, rows each, what they are) in the plan's `count`
+    micro-batches, the dead ones (all-0 `advantages`) skipped, as the graph's value."""
+    n, rows_per_unit, what = units
+    ranges = skipping_ranges(n, count, live_units(advantages, n, rows_per_unit), what)
     micro = forward_micro_batches(
         model,
         ranges,
-        1,
+        rows_per_unit,
         forward,
         recompute,
         responses if fused else None,
