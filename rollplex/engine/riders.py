@@ -191,7 +191,9 @@ class _Replayed(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         if ctx.pieces is None:
             return (None, None, _layer_backward(ctx.run, x, grads), *(None for _ in grads))
-        grad_x = torch.empty_like(x)
+        covered = sum(hi - lo for lo, hi in ctx.pieces) == x.shape[0]
+        # rows no piece covers (prompts whose groups did not train) get no gradient
+        grad_x = torch.empty_like(x) if covered else torch.zeros_like(x)
         for lo, hi in ctx.pieces:
             part = [None if g is None else g[lo:hi] for g in grads]
             run = partial(ctx.run, lo=lo, hi=hi)

@@ -10,7 +10,7 @@ _DATA = (K.HOST_DATA, K.ACTIVATION)
 _ROWS3 = ("B", None, None)
 _KV = (None, None, "B", None, None)  # (layers, 2, rows, tokens, kv_dim)
 # a training forward's advantages (algo.skip_zero_advantage): it skips the rows of groups
-# whose advantages are all 0
+# whose advantages are all 0 (an attached prefix: their prompts' replay)
 _LIVE_ROWS = port(K.ACTIVATION, dtype=FLOAT, dims=("S",), optional=True)
 
 
@@ -154,6 +154,7 @@ register(
             "text": port(*_DATA, dtype=INT, dims=("B", None)),
             "exported": port(K.BOUNDARY, dims=(None, "B")),
             "weights": port(K.WEIGHTS),
+            "advantages": _LIVE_ROWS,
         },
         outputs={"kv": port(K.BOUNDARY, dtype=FLOAT, dims=_KV)},
         attrs={"head": "lm"},

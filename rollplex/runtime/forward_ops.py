@@ -126,7 +126,7 @@ class ForwardOps:
                 f"'{op.name}' would attach a prefill of {made} to weights {reads}: "
                 "prefill_once needs the version the rollout prefilled with"
             )
-        state, _ = role.attach_exported(x["exported"], x["features"])
+        state, _ = role.attach_exported(x["exported"], x["features"], **_live(x))
         return state
 
     def attach_response(self, op: Op, role: Any, x: dict[str, Any]) -> Any:

@@ -32,7 +32,11 @@ from rollplex.backends.torch.masters import (
     clipped_step,
     own_masters,
 )
-from rollplex.backends.torch.micro import response_micro_batches, sample_micro_batches
+from rollplex.backends.torch.micro import (
+    live_units,
+    response_micro_batches,
+    sample_micro_batches,
+)
 from rollplex.backends.torch.micro_loss import backward_loss, micro_loss
 from rollplex.backends.torch.model import load_model, save_model
 from rollplex.backends.torch.roles import (
@@ -141,13 +145,28 @@ class TorchTrainer(Trainer):
         return attached_with_grad(self.model, ridden, features.values, head, count)
 
     def attach_exported(
-        self, exported: ExportedPrefix, features: Features, head: bool = True
+        self,
+        exported: ExportedPrefix,
+        features: Features,
+        head: bool = True,
+        advantages: torch.Tensor | None = None,
     ) -> tuple[PrefixState, SavedActivations]:
         """`logprob_prefix`'s result from the rollout's exported prefill (prefill_once);
-        the caller has checked it was computed with this trainer's weights version."""
+        the caller has checked it was computed with this trainer's weights version. With
+        `advantages`, the backward replays only the prompts whose groups train (micro.py)."""
         if exported.ridden is None:
             raise BackendError("the exported prefill was already released")
-        return self.attach_ridden(exported.ridden, features, head)
+        if advantages is None:
+            return self.attach_ridden(exported.ridden, features, head)
+        rows = exported.ridden.rows.batch.size
+        return attached_with_grad(
+            self.model,
+            exported.ridden,
+            features.values,
+            head,
+            self.micro_batches,
+            live_units(advantages, rows, advantages.shape[0] // rows),
+        )
 
     def logprob_response(
         self,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from rollplex.backends.torch.checkpointing import checkpointed_layers
+from rollplex.backends.torch.micro import skipping_ranges
 from rollplex.backends.torch.prefix_pieces import as_pieces, cut_features
 from rollplex.backends.torch.roles import capture_saved
 from rollplex.backends.torch.values import SavedActivations
@@ -29,13 +30,24 @@ def prefix_with_grad(
 
 
 def attached_with_grad(
-    model: Model, ridden: RiddenPrefix, features: torch.Tensor, head: bool, micro_batches: int
+    model: Model,
+    ridden: RiddenPrefix,
+    features: torch.Tensor,
+    head: bool,
+    micro_batches: int,
+    live: list[bool] | None = None,
 ) -> tuple[PrefixState, SavedActivations]:
     """`prefix_with_grad`'s result from a ride or an export: its backward recomputes each
-    layer from the input the ride kept, in `micro_batches` ranges of its rows."""
+    layer from the input the ride kept, in `micro_batches` ranges of its rows; with `live`
+    (per prompt), only the live prompts', cut as the response micro-batches cut them
+    (`skipping_ranges`): a dead prompt's rows get no gradient, so nothing replays them."""
     rotary = rotary_fn(model.model.language_model.layers[0].self_attn)
     visual, upstream = cut_features(features)
-    pieces = micro_ranges(ridden.rows.batch.size, micro_batches)
+    rows = ridden.rows.batch.size
+    if live is None:
+        pieces = micro_ranges(rows, micro_batches)
+    else:
+        pieces = [(lo, hi) for lo, hi, t in skipping_ranges(rows, micro_batches, live) if t]
     with capture_saved() as saved:  # the layer inputs the replay keeps, and the rest
         state = attach(model, rotary, ridden, visual, head, pieces)
     return as_pieces(state, upstream), saved

@@ -63,6 +63,13 @@ def _rewrite(graph: Graph, prefill: Op, train: Op) -> None:
         graph.values[prefill.inputs["weights"]].version,
     )
     hand_over(graph, prefill, "exported", exported, saved)  # one export serves every prefix
+    # the rows its response part skips (skip_zero_advantage): their prefix is not replayed
+    reads = [
+        c.inputs["advantages"]
+        for c in graph.consumers(train.outputs["kv"])
+        if "advantages" in c.inputs
+    ]
+    live = {"advantages": reads[0]} if reads else {}
     attach = Op(
         train.name,  # the same name: plans, traces and tests keep finding the training prefix
         "attach_prefix",
@@ -72,7 +79,8 @@ def _rewrite(graph: Graph, prefill: Op, train: Op) -> None:
             "text": train.inputs["text"],
             "exported": exported.name,
             "weights": train.inputs["weights"],
-        },
+        }
+        | live,
         {"kv": train.outputs["kv"]},
         {"head": train.attrs.get("head", "lm")},
         {**train.meta, "prefill_once": prefill.name},

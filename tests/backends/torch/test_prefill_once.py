@@ -122,3 +122,44 @@ def test_an_export_parked_on_host_trains_as_the_one_kept(spec, renderer, kind): 
     for n, g in kept[3].items():
         torch.testing.assert_close(parked[3][n], g, atol=0, rtol=0, msg=n)
     assert ridden.inputs  # the original is untouched by its copies
+
+
+@pytest.mark.parametrize("kind", ["image", "mixed"])
+def test_an_attach_replays_only_live_prompts(spec, renderer, kind, monkeypatch):  # noqa: F811
+    """algo.skip_zero_advantage on the attached prefix: the backward replays no layer of a
+    prompt whose group's advantages are all 0, and every gradient is the full replay's."""
+    from rollplex.engine import riders
+
+    batch, trainer, feats = _setup(spec, renderer, kind)
+    _, exported = prefill_exported(trainer.model, feats.values, batch.text_only(), "policy@0")
+    session = _decode(trainer.model, batch, feats, seed=3)
+    session.advance()
+    tokens, _, lengths = session.result()
+    responses = Responses(tokens, lengths)
+    adv = torch.linspace(-1.0, 1.0, responses.tokens.shape[0])
+    adv[:G] = 0.0  # the first prompt's group is dead
+    replayed: list[int] = []
+    real = riders._layer_backward
+
+    def counting(run, x, grads):
+        replayed.append(x.shape[0])
+        return real(run, x, grads)
+
+    monkeypatch.setattr(riders, "_layer_backward", counting)
+    layers = len(trainer.model.model.language_model.layers)
+    grads = {}
+    for skip in (False, True):
+        replayed.clear()
+        trainer.model.zero_grad(set_to_none=True)
+        live = {"advantages": adv} if skip else {}
+        state, _ = trainer.attach_exported(exported, feats, **live)
+        lp, _ = trainer.logprob_response(state, responses, G, **live)
+        old = TokenLogprobs(lp.values.detach() - 0.05, lp.mask)
+        trainer.backward(trainer.loss(lp, old, adv, None, 0.2, 0.0))
+        params = trainer.model.named_parameters()
+        grads[skip] = {n: p.grad.clone() for n, p in params if p.grad is not None}
+        assert sum(replayed) == layers * (batch.size - skip), (skip, replayed)
+    assert grads[True].keys() == grads[False].keys()
+    assert any("layers.0." in n for n in grads[False])  # the prefix's layers really trained
+    for n, g in grads[False].items():
+        torch.testing.assert_close(grads[True][n], g, **TOL, msg=n)
