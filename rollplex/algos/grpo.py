@@ -33,7 +33,8 @@ def build_grpo(
             ref_logprobs = b.per_sample_logprob(prompts, responses, ref, g)["logprobs"]
 
     if len(updates) > 1:  # PPO mini-batches and epochs (updates.py)
-        old = old_logprob_forward(b, prompts, responses, policy, g)
+        live = advantages if algo.skip_zero_advantage else None
+        old = old_logprob_forward(b, prompts, responses, policy, g, live)
         last = policy_updates(
             b, updates, prompts, responses, policy, adam, g, old, advantages, ref_logprobs,
             skip_zero_advantage=bool(algo.skip_zero_advantage), clip_eps=algo.clip_eps,

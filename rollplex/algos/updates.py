@@ -42,11 +42,13 @@ def mini_batches(prompts: int, algo: AlgoSpec) -> list[MiniBatch]:
 
 
 def old_logprob_forward(
-    b: StepBuilder, prompts: Prompts, responses: str, policy: str, g: int
+    b: StepBuilder, prompts: Prompts, responses: str, policy: str, g: int, live: str | None = None
 ) -> str:
-    """One detached forward at the rollout's version: the old logprobs of every update."""
+    """One detached forward at the rollout's version: the old logprobs of every update.
+    `live` (the advantages, skip_zero_advantage): rows no update trains are not scored."""
     with b.phase(Phase.REFERENCE):
-        out = b.per_sample_logprob(prompts, responses, policy, g, name="reference.old_logprob")
+        name = "reference.old_logprob"
+        out = b.per_sample_logprob(prompts, responses, policy, g, name=name, live=live)
     return out["logprobs"]
 
 

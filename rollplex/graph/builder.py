@@ -192,7 +192,7 @@ class StepBuilder:
     ) -> dict[str, str]:
         """Score responses as verl does: each prompt repeated per sample, then vision and a
         full logprob. The dedup passes turn the repeats into one prefix per prompt. `live`
-        (a training forward's advantages): rows whose group's are all 0 are not trained
+        (its advantages): rows whose group's are all 0 are not trained, or not scored
         (algo.skip_zero_advantage)."""
         pixels = self.expand(
             prompts.pixels, group_size, self._unique(f"{self._phase}.expand_pixels")
@@ -253,8 +253,6 @@ class StepBuilder:
             outs["saved"] = self._saved(s, self.prefix_tokens + self.max_response, K.ACTIVATION)
         ins = {"features": features, "text": text, "responses": responses, "weights": weights}
         if live is not None:
-            if not train:
-                raise ValueError("only a training forward skips rows (`live` without train)")
             ins["advantages"] = live
         return self.op(
             "logprob",

@@ -108,10 +108,12 @@ class ForwardOps:
         else:
             units = values.rows(x)
         parts = []
+        per_sample = ("responses", "advantages")  # sample rows: g to a unit
         for lo, hi in micro_ranges(units, count):
-            rows = {p: values.select(v, lo, hi) for p, v in x.items() if p != "responses"}
-            if "responses" in x:
-                rows["responses"] = values.select(x["responses"], lo * g, hi * g)
+            rows = {p: values.select(v, lo, hi) for p, v in x.items() if p not in per_sample}
+            for p in per_sample:
+                if p in x:
+                    rows[p] = values.select(x[p], lo * g, hi * g)
             parts.append(run(op, rows, False))
         return self.d.role(op).merge_rows(parts)
 

@@ -1,7 +1,8 @@
 """algo.skip_zero_advantage in the spec and the plan: when it resolves on and what refuses
 it, the training forwards that read the advantages (through the dedup, prefill-once and
 decode-once rewrites, and each PPO-style mini-batch), and a plan that prices every row, so
-that turning it on changes neither the planned time nor the planned peak."""
+that turning it on changes neither the planned time nor the planned peak; the old-logprob
+forward of PPO-style updates reads them too (its dead rows are never read)."""
 
 from __future__ import annotations
 
@@ -87,3 +88,8 @@ def test_each_mini_batch_forward_reads_its_own_advantages():
     for f, loss in zip(forwards, losses, strict=True):
         assert f.inputs["advantages"] == loss.inputs["advantages"]
         assert made[f.inputs["advantages"]].kind == "select_rows"
+    # the old-logprob forward (no grad, every row once) reads the whole batch's
+    (adv,) = [op.outputs["advantages"] for op in r.graph if op.kind == "advantage"]
+    (old,) = [op for op in r.graph if op.name.startswith("reference.old_logprob")
+              and op.kind in FORWARDS]  # fmt: skip
+    assert old.inputs["advantages"] == adv

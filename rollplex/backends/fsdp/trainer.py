@@ -212,10 +212,12 @@ class RootedScorer:
     def logprob_prefix(self, features, text, head: bool = True):
         return self.owner.root(self.inner.logprob_prefix, features, text, head)
 
-    def logprob_response(self, prefix, responses, group_size: int):
+    def logprob_response(self, prefix, responses, group_size: int, advantages=None):
+        _every_row_trains(advantages)
         return self.owner.root(self.inner.logprob_response, prefix, responses, group_size)
 
-    def logprob(self, features, text, responses):
+    def logprob(self, features, text, responses, advantages=None):
+        _every_row_trains(advantages)
         return self.owner.root(self.inner.logprob, features, text, responses)
 
 

@@ -8,7 +8,6 @@ modes: docs/architecture.md (Training).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +15,7 @@ import torch
 
 from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.roles import capture_saved, masked_logprobs
+from rollplex.backends.torch.row_ranges import GROUPS, live_units, skipping_ranges
 from rollplex.backends.torch.rows import prefix_rows
 from rollplex.backends.torch.trim import trimmed
 from rollplex.backends.torch.values import (
@@ -27,68 +27,6 @@ from rollplex.backends.torch.values import (
     Scored,
 )
 from rollplex.engine.prefix import Model, PrefixState
-from rollplex.ops.micro_batches import micro_ranges
-
-log = logging.getLogger(__name__)
-_WARNED: set[tuple[int, int, str]] = set()
-GROUPS = "prompts (a group shares its prefix)"
-
-
-def planned_ranges(units: int, count: int, what: str) -> list[tuple[int, int]]:
-    """`micro_ranges`, saying once in the run log when the plan's count exceeds the units
-    (a micro-batch holds at least one of `what`; the plan counts at most its units per
-    rank, so a plan made for another split or batch can exceed them)."""
-    if count > units and (units, count, what) not in _WARNED:
-        _WARNED.add((units, count, what))
-        log.warning(
-            "the plan's %d training micro-batches exceed this step's %d %s: running %d",
-            count,
-            units,
-            what,
-            units,
-        )
-    return micro_ranges(units, count)
-
-
-def live_units(advantages: torch.Tensor | None, units: int, rows_per_unit: int) -> list[bool]:
-    """Per unit (a prompt's group of rows, or one sample): whether any of its rows has a
-    nonzero advantage. A unit whose rows' are all exactly 0 adds exactly 0 to a gradient
-    with no KL or entropy term (AlgoSpec.skip_zero_advantage says when that holds)."""
-    if advantages is None:
-        return [True] * units
-    if advantages.shape[0] != units * rows_per_unit:
-        raise ValueError(
-            f"{tuple(advantages.shape)} advantages for {units} units of {rows_per_unit} rows"
-        )
-    return (advantages.detach().reshape(units, -1) != 0).any(dim=1).tolist()
-
-
-def skipping_ranges(
-    units: int, count: int, live: list[bool], what: str = GROUPS
-) -> list[tuple[int, int, bool]]:
-    """(lo, hi, trained) ranges covering units [0, units) in order: the live units cut as
-    `planned_ranges` cuts a batch of them (so no micro-batch is larger than the plan's),
-    each split where dead units interrupt it (micro-batches stay contiguous rows, their
-    prefix K/V uncopied); the dead units between, as untrained ranges."""
-    alive = [u for u in range(units) if live[u]]
-    trained: list[tuple[int, int]] = []
-    for a, b in planned_ranges(len(alive), count, what) if alive else []:
-        start = prev = alive[a]
-        for u in alive[a + 1 : b]:
-            if u != prev + 1:
-                trained.append((start, prev + 1))
-                start = u
-            prev = u
-        trained.append((start, prev + 1))
-    out, at = [], 0
-    for lo, hi in trained:
-        if lo > at:
-            out.append((at, lo, False))
-        out.append((lo, hi, True))
-        at = hi
-    if at < units:
-        out.append((at, units, False))
-    return out
 
 
 def forward_micro_batches(

@@ -30,7 +30,8 @@ from rollplex.backends.torch.exported_prefix import ExportedPrefix, prefill_expo
 from rollplex.backends.torch.full_forward import features_full_logprobs
 from rollplex.backends.torch.logprob import response_logprobs, response_mask
 from rollplex.backends.torch.model import load_model
-from rollplex.backends.torch.rows import merge_chunks
+from rollplex.backends.torch.row_ranges import live_units, scored_live_runs
+from rollplex.backends.torch.rows import merge_chunks, select_rows
 from rollplex.backends.torch.trim import trimmed
 from rollplex.backends.torch.values import (
     Features,
@@ -273,8 +274,22 @@ class TorchReference(ReferenceScorer):
         return prefix_forward(self.model, text, features.values, grad=False, head=head)
 
     def logprob_response(
-        self, prefix: PrefixState, responses: Responses, group_size: int
+        self,
+        prefix: PrefixState,
+        responses: Responses,
+        group_size: int,
+        advantages: torch.Tensor | None = None,
     ) -> TokenLogprobs:
+        """With `advantages` (the old-logprob forward, skip_zero_advantage): the prompts
+        whose groups' are all 0 are not scored; their rows hold 0."""
+        if advantages is not None:
+            live = live_units(advantages, prefix.rows, group_size)
+
+            def part(lo: int, hi: int) -> TokenLogprobs:
+                rows = select_rows(responses, lo * group_size, hi * group_size)
+                return self.logprob_response(select_rows(prefix, lo, hi), rows, group_size)
+
+            return scored_live_runs(live, group_size, responses, part)
         lengths, t, packed = responses.lengths, self.temperature, self.packed_responses
 
         def score(tokens: torch.Tensor) -> torch.Tensor:
@@ -286,7 +301,22 @@ class TorchReference(ReferenceScorer):
             lp = trimmed(score, responses.tokens, lengths)  # to the rows' longest, not the cap
         return masked_logprobs(lp, responses)
 
-    def logprob(self, features: Features, text: PromptBatch, responses: Responses) -> TokenLogprobs:
+    def logprob(
+        self,
+        features: Features,
+        text: PromptBatch,
+        responses: Responses,
+        advantages: torch.Tensor | None = None,
+    ) -> TokenLogprobs:
+        """With `advantages`: the samples whose advantage is 0 are not scored (0 there)."""
+        if advantages is not None:
+            live = live_units(advantages, features.rows, 1)
+
+            def part(lo: int, hi: int) -> TokenLogprobs:
+                rows = select_rows(responses, lo, hi)
+                return self.logprob(features.select(lo, hi), text.select(lo, hi), rows)
+
+            return scored_live_runs(live, 1, responses, part)
         lengths, t, packed = responses.lengths, self.temperature, self.packed_responses
 
         def score(tokens: torch.Tensor) -> torch.Tensor:

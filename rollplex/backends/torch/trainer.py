@@ -32,11 +32,7 @@ from rollplex.backends.torch.masters import (
     clipped_step,
     own_masters,
 )
-from rollplex.backends.torch.micro import (
-    live_units,
-    response_micro_batches,
-    sample_micro_batches,
-)
+from rollplex.backends.torch.micro import response_micro_batches, sample_micro_batches
 from rollplex.backends.torch.micro_loss import backward_loss, micro_loss
 from rollplex.backends.torch.model import load_model, save_model
 from rollplex.backends.torch.roles import (
@@ -45,6 +41,7 @@ from rollplex.backends.torch.roles import (
     freeze_for_graph,
     weights_params,
 )
+from rollplex.backends.torch.row_ranges import live_units
 from rollplex.backends.torch.rows import merge_chunks
 from rollplex.backends.torch.training_prefix import attached_with_grad, prefix_with_grad
 from rollplex.backends.torch.values import (

@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 
 from rollplex.backends.torch.checkpointing import checkpointed_layers
-from rollplex.backends.torch.micro import skipping_ranges
 from rollplex.backends.torch.prefix_pieces import as_pieces, cut_features
 from rollplex.backends.torch.roles import capture_saved
+from rollplex.backends.torch.row_ranges import skipping_ranges
 from rollplex.backends.torch.values import SavedActivations
 from rollplex.data.prompts import PromptBatch
 from rollplex.engine.prefix import Model, PrefixState, prefix_forward

@@ -15,8 +15,8 @@ import torch
 
 from rollplex.backends.torch import trainer as trainer_module
 from rollplex.backends.torch.loss import policy_loss
-from rollplex.backends.torch.micro import live_units, skipping_ranges
 from rollplex.backends.torch.model import build_model
+from rollplex.backends.torch.row_ranges import live_units, skipping_ranges
 from rollplex.backends.torch.trainer import TorchTrainer
 from rollplex.backends.torch.values import GradsHandle, Pixels, TokenLogprobs
 from rollplex.specs import AlgoSpec
@@ -183,3 +183,47 @@ def test_live_units_read_exact_zeros_only():
     assert live_units(None, 4, 2) == [True] * 4
     with pytest.raises(ValueError, match="advantages"):
         live_units(adv, 2, 2)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_old_logprob_scorer_skips_dead_rows_and_scores_the_rest_as_before(
+    spec, prompts, shared, monkeypatch
+):
+    """PPO-style updates' old-logprob forward (the trained model scored without grad):
+    given the advantages, it scores only live rows, each as scoring every row does; dead
+    rows hold 0 (no update trains them, so nothing reads them)."""
+    from rollplex.backends.torch import roles
+
+    responses, _, adv0, _ = _rollout(spec, "grpo")
+    adv = _advantages(adv0, DEAD["some"], row=not shared)
+    prompt_rows = torch.tensor(live_units(adv, PROMPTS, G)).repeat_interleave(G)
+    rows = prompt_rows if shared else adv != 0  # shared: a prompt's G rows go together
+    t = _trainer(spec, AlgoSpec(kl_coef=0), 1, False, False)
+    scorer = t.scorer()
+    feats, text = scorer.vision_encode(Pixels.of(prompts)), prompts.text_only()
+    scored: list[int] = []
+    real = roles.response_logprobs if shared else roles.features_full_logprobs
+
+    def counting(model, a, b, tokens, *rest, **kw):
+        scored.append(tokens.shape[0])
+        return real(model, a, b, tokens, *rest, **kw)
+
+    name = "response_logprobs" if shared else "features_full_logprobs"
+    monkeypatch.setattr(roles, name, counting)
+    out = {}
+    for live in (None, adv):
+        scored.clear()
+        if shared:
+            state = scorer.logprob_prefix(feats, text)
+            out[live is None] = scorer.logprob_response(state, responses, G, advantages=live)
+        else:
+            args = (feats.repeat(G), text.repeat(G), responses)
+            out[live is None] = scorer.logprob(*args, advantages=live)
+        assert sum(scored) == (G * PROMPTS if live is None else int(rows.sum())), scored
+    full, skipped = out[True], out[False]
+    rows = (
+        adv != 0 if not shared else torch.tensor(live_units(adv, PROMPTS, G)).repeat_interleave(G)
+    )
+    assert torch.equal(skipped.mask, full.mask)
+    torch.testing.assert_close(skipped.values[rows], full.values[rows], rtol=1e-5, atol=1e-6)
+    assert not skipped.values[~rows].any()
