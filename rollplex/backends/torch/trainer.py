@@ -150,7 +150,7 @@ class TorchTrainer(Trainer):
     ) -> tuple[PrefixState, SavedActivations]:
         """`logprob_prefix`'s result from the rollout's exported prefill (prefill_once);
         the caller has checked it was computed with this trainer's weights version. With
-        `advantages`, the backward replays only the prompts whose groups train (micro.py)."""
+        `advantages`, the backward replays only the prompts whose groups train (row_ranges.py)."""
         if exported.ridden is None:
             raise BackendError("the exported prefill was already released")
         if advantages is None:
@@ -174,7 +174,7 @@ class TorchTrainer(Trainer):
     ) -> tuple[TokenLogprobs, SavedActivations]:
         """Response logprobs in micro-batches of whole prompts' groups, with the policy's
         entropy beside them (with grad only when the loss has an entropy term); with
-        `advantages`, the groups whose advantages are all 0 run nothing (micro.py)."""
+        `advantages`, the groups whose advantages are all 0 run nothing (row_ranges.py)."""
         return self._response(prefix, responses, group_size, None, advantages)
 
     def attach_decoded(
