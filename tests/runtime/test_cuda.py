@@ -32,7 +32,13 @@ def test_streams_and_events_train_what_serial_trains():
     for overlap in ("piggyback", "streams"):
         rp = run_schedule(ScheduleSpec(name="rollplex", overlap=overlap), device="cuda")
         assert _equal(serial, rp), overlap
-        assert [r.metrics for r in rp.results] == [r.metrics for r in serial.results]
+        # the rollout's logprobs (the old ones) come from decode GEMMs whose shapes differ
+        # by plan (riding rows, a second stream), which round differently on CUDA: the
+        # metrics read from them agree to that rounding (measured on an H100: 1.2e-4)
+        for got, want in zip(rp.results, serial.results, strict=True):
+            assert got.metrics.keys() == want.metrics.keys()
+            for k, v in want.metrics.items():
+                assert got.metrics[k] == pytest.approx(v, rel=1e-3, abs=1e-3), (overlap, k)
         for r in rp.results:  # times come from CUDA events, in step order per stream
             for m in r.steps:
                 assert r.start_s <= m.start_s <= m.end_s <= r.end_s
