@@ -56,8 +56,14 @@ def skipping_ranges(
     each split where dead units interrupt it (micro-batches stay contiguous rows, their
     prefix K/V uncopied); the dead units between, as untrained ranges."""
     alive = [u for u in range(units) if live[u]]
+    # fewer live units than the plan's count is the skip, not a plan made for another batch:
+    # only the whole batch may warn (planned_ranges)
+    if len(alive) == units:
+        cuts = planned_ranges(units, count, what)
+    else:
+        cuts = micro_ranges(len(alive), count) if alive else []
     trained: list[tuple[int, int]] = []
-    for a, b in planned_ranges(len(alive), count, what) if alive else []:
+    for a, b in cuts:
         start = prev = alive[a]
         for u in alive[a + 1 : b]:
             if u != prev + 1:

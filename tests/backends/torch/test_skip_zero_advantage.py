@@ -227,3 +227,13 @@ def test_the_old_logprob_scorer_skips_dead_rows_and_scores_the_rest_as_before(
     assert torch.equal(skipped.mask, full.mask)
     torch.testing.assert_close(skipped.values[rows], full.values[rows], rtol=1e-5, atol=1e-6)
     assert not skipped.values[~rows].any()
+
+
+def test_only_a_whole_batch_under_the_plans_count_is_warned_of(caplog):
+    """More planned micro-batches than units says the plan was made for another batch; more
+    than the live units is only the skip."""
+    with caplog.at_level("WARNING", logger="rollplex.backends.torch.row_ranges"):
+        skipping_ranges(5, 4, [True, False, False, True, False], "prompts (skip check)")
+        assert not caplog.records
+        skipping_ranges(3, 4, [True] * 3, "prompts (skip check)")
+        assert ["exceed this step's 3" in r.getMessage() for r in caplog.records] == [True]
