@@ -295,7 +295,9 @@ class MicroBatches:
     trained: list[bool] = field(default_factory=list)
     skips: bool = False
 
-    def add(self, rows: tuple[int, int], out: Scored, saved: SavedActivations, trained=True):
+    def add(
+        self, rows: tuple[int, int], out: Scored, saved: SavedActivations, trained: bool = True
+    ) -> None:
         self.rows.append(rows)
         logprobs, entropy = out if isinstance(out, tuple) else (out, None)
         self.logprobs.append(logprobs)
