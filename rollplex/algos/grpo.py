@@ -26,6 +26,8 @@ def build_grpo(
         responses, old_logprobs = b.rollout(prompts, policy, g)
         rewards = b.reward(responses, prompts.answers, group_size=g)
         advantages = b.advantage(rewards, estimator, group_size=g)
+    # what the training forwards read to skip all-0 groups (algo.skip_zero_advantage)
+    live = advantages if algo.skip_zero_advantage else None
 
     ref_logprobs = None
     if ref is not None:
@@ -33,11 +35,10 @@ def build_grpo(
             ref_logprobs = b.per_sample_logprob(prompts, responses, ref, g)["logprobs"]
 
     if len(updates) > 1:  # PPO mini-batches and epochs (updates.py)
-        live = advantages if algo.skip_zero_advantage else None
         old = old_logprob_forward(b, prompts, responses, policy, g, live)
         last = policy_updates(
             b, updates, prompts, responses, policy, adam, g, old, advantages, ref_logprobs,
-            skip_zero_advantage=bool(algo.skip_zero_advantage), clip_eps=algo.clip_eps,
+            skip_zero_advantage=live is not None, clip_eps=algo.clip_eps,
             kl_coef=algo.kl_coef, entropy_coeff=algo.entropy_coeff,
         )  # fmt: skip
         with b.phase(Phase.UPDATE):
@@ -45,7 +46,6 @@ def build_grpo(
         return b.build()
 
     with b.phase(Phase.TRAIN):
-        live = advantages if algo.skip_zero_advantage else None
         actor = b.per_sample_logprob(prompts, responses, policy, g, train=True, live=live)
         loss = b.policy_loss(
             actor["logprobs"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rollplex.graph.ir import Op
 from rollplex.graph.ir import ValueKind as K
-from rollplex.graph.schema import FLOAT, INT, OpKind, port, register
+from rollplex.graph.schema import FLOAT, INT, OpKind, get_kind, port, register
 
 _DATA = (K.HOST_DATA, K.ACTIVATION)
 _ROWS3 = ("B", None, None)
@@ -338,3 +338,9 @@ register(
         attrs={"mode": "alias"},
     )
 )
+
+
+def skips_rows(op: Op) -> bool:
+    """`op` is a forward given its rows' advantages (algo.skip_zero_advantage), to skip the
+    rows of groups whose advantages are all 0."""
+    return "advantages" in op.inputs and get_kind(op.kind).inputs.get("advantages") is _LIVE_ROWS

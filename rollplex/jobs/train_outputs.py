@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import statistics
+from math import isnan
 from pathlib import Path
 from typing import Any
 
@@ -122,9 +123,9 @@ def metrics_row(res) -> dict[str, Any]:
 def step_line(row: dict[str, Any]) -> str:
     """One step's metrics for the run log (reward, KL, loss, time, peak)."""
     keys = ("reward", "kl", "reward_kl", "loss")  # reward_kl: only a kl_in_reward run's
-    parts = [f"{k} {row[k]:.4g}" for k in keys if isinstance(row.get(k), float)]
-    # a step that trained no row (skip_zero_advantage) has no KL of trained rows to show
-    parts = [p for p in parts if not (p.startswith("kl ") and p.endswith("nan"))]
+    # (a step that trained no row, skip_zero_advantage, has no KL of trained rows: NaN)
+    shown = [k for k in keys if isinstance(row.get(k), float) and not (k == "kl" and isnan(row[k]))]
+    parts = [f"{k} {row[k]:.4g}" for k in shown]
     parts.append(f"{row['step_time_s']:.2f} s")
     parts.append(f"peak resident {row['peak_resident_bytes'] / 2**30:.2f} GiB")
     if isinstance(row.get("cuda_step_peak_bytes"), int):

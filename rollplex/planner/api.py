@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from rollplex.graph.invariants import lint
 from rollplex.graph.ir import Graph
+from rollplex.graph.kinds import skips_rows
 from rollplex.ops.costs import CostContext
 from rollplex.ops.rollout_costs import engine_kv_pool, static_kv
 from rollplex.planner.cost_model import CostModel
@@ -104,9 +105,7 @@ def plan_graph(
     plan.meta["pack_responses"] = schedule.pack_responses
     # a training forward that reads the advantages skips the rows whose are all 0: work the
     # plan prices but the runtime may not run (algo.skip_zero_advantage)
-    plan.meta["skip_zero_advantage"] = any(
-        "advantages" in op.inputs for op in graph if op.kind in SKIPPING_FORWARDS
-    )
+    plan.meta["skip_zero_advantage"] = any(skips_rows(op) for op in graph)
     renumber_in_issue_order(plan)
     if enforce_budget:
         check_budget(plan)
@@ -114,7 +113,6 @@ def plan_graph(
     return plan
 
 
-SKIPPING_FORWARDS = ("logprob", "logprob_response", "attach_response")
 POOL_ROUNDS = 3  # rounds of `grow_engine_pools`: each grows by the headroom left
 
 

@@ -278,9 +278,8 @@ def _trained_note(op: Op, inputs: dict[str, Any], outputs: dict[str, Any]) -> st
     micro = getattr(value, "micro", None)
     if micro is None or all(micro.trained):
         return ""
-    rows = [hi - lo for lo, hi in micro.rows]
-    trained = sum(n for n, t in zip(rows, micro.trained, strict=True) if t)
-    return f"trained {trained} of {sum(rows)} rows (the others' advantages are 0)"
+    trained, rows = micro.trained_count()
+    return f"trained {trained} of {rows} rows (the others' advantages are 0)"
 
 
 def _detached(logprobs: Any) -> Any:

@@ -109,8 +109,7 @@ def _whole_batch(
             own = {k: torch.full_like(v, float("nan")) for k, v in metrics.items()}
         metrics |= {k: v for k, v in own.items() if k not in WHOLE_BATCH}
     if micro.skips:
-        n = values.values.shape[0] if trained is None else trained.sum()
-        metrics["trained_rows"] = torch.as_tensor(n, dtype=torch.float32)
+        metrics["trained_rows"] = torch.tensor(float(micro.trained_count()[0]))
     return value, metrics
 
 

@@ -134,12 +134,14 @@ class TorchTrainer(Trainer):
         features: Features,
         head: bool = True,
         micro_batches: int | None = None,
+        live: list[bool] | None = None,
     ) -> tuple[PrefixState, SavedActivations]:
         """`logprob_prefix`'s result from a ride: its backward recomputes each layer from
         the input the ride kept, as `logprob_prefix`'s checkpointed layers do, in
-        `micro_batches` ranges of its rows (None: the trainer's count; a row chunk is one)."""
+        `micro_batches` ranges of its rows (None: the trainer's count; a row chunk is one);
+        with `live` (per prompt), only the live prompts' (training_prefix.py)."""
         count = self.micro_batches if micro_batches is None else micro_batches
-        return attached_with_grad(self.model, ridden, features.values, head, count)
+        return attached_with_grad(self.model, ridden, features.values, head, count, live)
 
     def attach_exported(
         self,
@@ -153,17 +155,11 @@ class TorchTrainer(Trainer):
         `advantages`, the backward replays only the prompts whose groups train (row_ranges.py)."""
         if exported.ridden is None:
             raise BackendError("the exported prefill was already released")
-        if advantages is None:
-            return self.attach_ridden(exported.ridden, features, head)
-        rows = exported.ridden.rows.batch.size
-        return attached_with_grad(
-            self.model,
-            exported.ridden,
-            features.values,
-            head,
-            self.micro_batches,
-            live_units(advantages, rows, advantages.shape[0] // rows),
-        )
+        live = None
+        if advantages is not None:
+            rows = exported.ridden.rows.batch.size
+            live = live_units(advantages, rows, advantages.shape[0] // rows)
+        return self.attach_ridden(exported.ridden, features, head, live=live)
 
     def logprob_response(
         self,

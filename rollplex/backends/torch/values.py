@@ -306,6 +306,11 @@ class MicroBatches:
         self.saved.append(saved)
         self.trained.append(trained)
 
+    def trained_count(self) -> tuple[int, int]:
+        """(rows trained, rows) of this forward."""
+        sizes = [hi - lo for lo, hi in self.rows]
+        return sum(n for n, t in zip(sizes, self.trained, strict=True) if t), sum(sizes)
+
     def trained_rows(self) -> torch.Tensor | None:
         """[S] bool: the rows whose forward and backward run; None where every row's does."""
         if all(self.trained):
