@@ -58,7 +58,9 @@ def peak_blocks(
 
     The end state (`segments`) is exact; walking the trace backwards, an alloc had not
     happened yet and a completed free still held its block. A free whose alloc fell before
-    the ring buffer keeps the free's frames."""
+    the ring buffer keeps the free's frames. A block live at the end takes the op of its
+    alloc in the trace: torch 2.11's segments carry no `user_metadata`, so the weights,
+    AdamW's state and every buffer a job keeps would otherwise all read "(untagged)"."""
     live = {
         addr: Block(b["size"], b.get("frames", []), _op(b))
         for seg in snapshot["segments"]
@@ -74,6 +76,10 @@ def peak_blocks(
             allocs[e["addr"]] = Block(e["size"], e.get("frames", []), _op(e))
         elif e["action"] == "free_completed":
             freed_from[i] = allocs.pop(e["addr"], Block(e["size"], e.get("frames", []), _op(e)))
+    for addr, b in live.items():
+        traced = allocs.get(addr)
+        if not b.op and traced is not None and traced.size == b.size:
+            b.op = traced.op
     total = sum(b.size for b in live.values())
     best, best_at = total, len(trace)
     for i in range(len(trace) - 1, -1, -1):
