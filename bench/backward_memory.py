@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cpu_memory import cpu_peak_bytes
 
+from rollplex.backends import rollout_capabilities, trainer_capabilities
 from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.graph.ir import Phase
@@ -27,6 +28,7 @@ from rollplex.planner.plan import MemAction, Plan
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, AlgoSpec, ScheduleSpec, WorkloadSpec
+from rollplex.specs.backend import BackendSpec
 from rollplex.specs.workload import ResponseLengthSpec
 
 TINY = MODEL_PRESETS["tiny"]
@@ -41,10 +43,15 @@ MODEL = TINY.model_copy(
         "vision": TINY.vision.model_copy(update={"out_hidden_size": 256}),
     }
 )
+# Planned with the torch roles' capabilities, as `rollplex train` plans (jobs/plan.py):
+# the default path takes the rollout's prefill and decode as the training forwards, so the
+# ablations that reach the backward another way turn those off.
+SEPARATE = {"prefill_once": False, "decode_once": False}
 SCHEDULES = {
-    "separate-prefix": ScheduleSpec(name="serial", prefill_once=False, decode_once=False),
-    "verl-like": ScheduleSpec(name="serial", dedup=False, train_micro_fused=True),
-    "riding": ScheduleSpec(name="rollplex", overlap="piggyback"),
+    "separate-prefix": ScheduleSpec(name="serial", **SEPARATE),
+    "verl-like": ScheduleSpec(name="serial", dedup=False, train_micro_fused=True, **SEPARATE),
+    "riding": ScheduleSpec(name="rollplex", overlap="piggyback", **SEPARATE),
+    "prefill-decode-once": ScheduleSpec(name="serial"),  # the default
 }
 POINTS = [  # (image side: 256 visual tokens at 448, prompts, group, train_micro_tokens)
     (448, 8, 8, 4096),  # 5 micro-batches of 8 prompts: 1 or 2 each
@@ -70,7 +77,10 @@ def backward_peak(
     )
     algo = AlgoSpec(lr=1e-3)
     schedule = schedule.model_copy(update={"train_micro_tokens": micro})
-    planned = plan_step(MODEL, workload, algo, HARDWARE_PRESETS["cpu"], schedule)
+    planned = plan_step(
+        MODEL, workload, algo, HARDWARE_PRESETS["cpu"], schedule,
+        rollout=rollout_capabilities(BackendSpec()), trainer=trainer_capabilities(BackendSpec()),
+    )  # fmt: skip
     dev = planned.plan.devices[0]
     priced = sum(
         e.bytes

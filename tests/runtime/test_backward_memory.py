@@ -3,13 +3,17 @@ allocator, above what was live before it) lies within [0.7, 1.05] x the bytes th
 allocates for it (the gradients and its scratch), over long and short prefixes, groups,
 micro-batch counts that divide the prompts and counts that do not, and the schedules that
 reach it by different paths: the separate prefix forward in pieces, verl's per-sample
-forward, and prefixes that ride the decode (attached, recomputed in pieces). The grid and
-the run: bench/backward_memory.py, which records the ratios.
+forward, prefixes that ride the decode (attached, recomputed in pieces), and the default:
+the rollout's prefill and decode as the training forwards (prefill once + decode once).
+The grid and the run: bench/backward_memory.py, which records the ratios.
 
 Before the prefix's backward ran a piece at a time (backends/torch/prefix_pieces.py) the
 first point held 2.9x (a second copy of every gradient, and one layer recomputed over every
 prefix); pricing a run's scratch at the average micro-batch, not the largest, left 1.2x; a
-ride's chunk, cut again into the trainer's count of pieces, held as little as 0.64x."""
+ride's chunk, cut again into the trainer's count of pieces, held as little as 0.64x. The
+default path was not in the grid (its plans were made without the torch roles'
+capabilities, so neither reuse was taken) and held 1.06x: its prefix replays layer by
+layer over every prompt, holding two gradients of all rows' hidden states."""
 
 from __future__ import annotations
 
@@ -40,4 +44,8 @@ def test_the_backward_holds_what_the_plan_prices(point, name):
     assert len(peak) == 1 and priced > 0
     if name == "riding":  # the prefix really rode, and was attached
         assert any(s.corun is CoRun.PIGGYBACK for s in plan.all_steps())
+    once = {n.split(":")[0] for n in plan.notes if n.startswith(("prefill once:", "decode once:"))}
+    # the default path takes both (the rollout's prefill and decode as the training
+    # forwards); the ablations take neither
+    assert once == ({"prefill once", "decode once"} if name == "prefill-decode-once" else set())
     assert 0.7 * priced <= peak[0] <= 1.05 * priced, (peak[0] / priced, plan.meta)

@@ -45,6 +45,7 @@ def backward(
     shards: int = 1,
     run_share: float = 1.0,
     entropy_grad: bool = False,
+    layer_major: bool = False,
 ) -> Cost:
     """Backward of the actor's `logprob(..., grad=True)` forward with the same arguments.
 
@@ -54,7 +55,10 @@ def backward(
     buffer, which the planner should count once. Scratch: one layer's full activations (the
     recomputed layer), one layer's unsharded gradients, and the forward's own scratch, its
     head's the backward's (`head_scratch`: in runs of `run_share` of the rows, with the
-    entropy's gradient where the loss has an entropy term).
+    entropy's gradient where the loss has an entropy term). `layer_major`: a prefix whose
+    forward ran in the rollout (prefill once) replays layer by layer over every row, so its
+    backward also holds the gradients at a layer's output and at its input over all rows
+    (engine/riders.py `_Replayed`), not one micro-batch's.
     """
     _check_shards(shards)
     new, context, rows, keep_kv = logprob_shape(part, prefix_tokens, response_tokens)
@@ -83,6 +87,8 @@ def backward(
     # the run's share (the planner scales scratch by it, as `head_scratch`'s cap is)
     layer_grads = model.llm_layer_params() * model.dtype_bytes / tp / run_share
     scratch = max(layers.transient_bytes, head_bwd) + layer_acts + layer_grads
+    if layer_major:  # whole in every run, as layer_grads
+        scratch += 2 * tokens * model.hidden_size * model.dtype_bytes / run_share
     return Cost(
         flops=2 * (layers.flops + head.flops) + recompute,
         bytes_read=weights + saved,
