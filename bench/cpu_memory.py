@@ -2,7 +2,8 @@
 live before it: read from torch.profiler's memory events (each allocation and free it
 reports) as a running sum of their sizes. Their `Total Allocated` is a process-wide count
 that a block allocated inside an earlier profile and freed outside it leaves raised, so it
-is not read. Used by bench/fused_head.py and the CPU memory tests."""
+is not read; `cpu_live_within` reads the same running sum before and inside a marked block. Used by
+bench/fused_head.py, bench/backward_memory.py and the CPU memory tests."""
 
 from __future__ import annotations
 
@@ -14,17 +15,40 @@ from pathlib import Path
 import torch
 
 
-def cpu_peak_bytes(run: Callable[[], object]) -> int:
+def _profiled(run: Callable[[], object]) -> list[dict]:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                 profile_memory=True) as prof:  # fmt: skip
         run()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text())["traceEvents"]
-    memory = sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"])
+        return json.loads(path.read_text())["traceEvents"]
+
+
+def _memory(events: list[dict]) -> list[dict]:
+    return sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"])
+
+
+def cpu_peak_bytes(run: Callable[[], object]) -> int:
     live = peak = 0
-    for e in memory:
+    for e in _memory(_profiled(run)):
         live += e["args"]["Bytes"]
         peak = max(peak, live)
     return peak
+
+
+def cpu_live_within(run: Callable[[], object], mark: str) -> tuple[int, int]:
+    """(the bytes allocated while `run` runs and still held when it first enters a
+    `torch.profiler.record_function(mark)`, the most held at once before that block ends)."""
+    events = _profiled(run)
+    block = min((e for e in events if e.get("name") == mark), key=lambda e: e["ts"])
+    start, end = block["ts"], block["ts"] + block["dur"]
+    live = before = peak = 0
+    for e in _memory(events):
+        if e["ts"] > end:
+            break
+        live += e["args"]["Bytes"]
+        if e["ts"] < start:
+            before = live
+        peak = max(peak, live)
+    return before, max(peak, before)

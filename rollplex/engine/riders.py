@@ -58,10 +58,14 @@ class Decoding:
     attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def rider_rows(model: Model, batch: PromptBatch, features: torch.Tensor) -> RiderRows:
-    """The decoder inputs of `batch`'s prefixes, as `prefix_forward` builds them."""
+def rider_rows(
+    model: Model, batch: PromptBatch, features: torch.Tensor, embeds: torch.Tensor | None = None
+) -> RiderRows:
+    """The decoder inputs of `batch`'s prefixes, as `prefix_forward` builds them; `embeds`:
+    those a prefill already built (its first layer's input), not built again."""
     with torch.no_grad():
-        embeds = prefix_embeds(model, batch, features)
+        if embeds is None:
+            embeds = prefix_embeds(model, batch, features)
         positions, following = prefix_positions(model, batch)
         rope = model.model.language_model.rotary_emb(embeds, positions)
     return RiderRows(batch, embeds, rope, following)

@@ -159,10 +159,14 @@ def device_lifetimes(
 def _held_to_backward(graph: Graph, used: dict[str, list[Step]]) -> dict[str, list[Step]]:
     """The prefix K/V a training forward with grad reads, and the backward steps that hold
     them: a response micro-batch's graph keeps its prefix rows' K/V (it attends to them)
-    until its backward, and recompute and fused modes run that forward again there."""
+    until its backward, and recompute and fused modes run that forward again there. A
+    decode-once `attach_response` keeps no `saved` (the backward reads the decode's `kept`),
+    but its replayed layers attend to the same K/V in that backward."""
     out: dict[str, list[Step]] = {}
     for op in graph.ops.values():
         kv, saved = op.inputs.get("kv"), op.outputs.get("saved")
+        if op.kind == "attach_response":
+            saved = op.inputs.get("kept")
         if op.phase is Phase.TRAIN and kv in used and saved in used:
             backward = [s for s in used[saved] if s.kind == "backward"]
             if backward:

@@ -65,12 +65,13 @@ def test_the_first_update_reads_the_rollouts_prefill(model, workload, algo):
         ]
         assert "exported" not in ref.outputs  # the frozen reference trains nothing
     assert not attaches
-    # every layer's input and K/V over every prompt's prefix
+    # every layer's input and K/V over every prompt's prefix, and one slot more: the last
+    # layer's output and the rotary the replay reads (ExportedPrefix.tensors)
     saved = before.values[before.ops["train.logprob_prefix"].outputs["saved"]]
     kv = before.values[prefill.outputs["kv"]]
     layers, rows, prefix, width = saved.shape
-    assert exported.shape == (layers, rows, prefix, width + 2 * kv.shape[4])
-    assert exported.nbytes == saved.nbytes + kv.nbytes
+    assert exported.shape == (layers + 1, rows, prefix, width + 2 * kv.shape[4])
+    assert exported.nbytes == (saved.nbytes + kv.nbytes) * (layers + 1) // layers
     # the backward reads the export in place of the forward's saved activations
     (policy_backward,) = [op for op in _ops(after, "backward") if op.name == "train.backward"]
     assert exported.name in policy_backward.inputs.values()

@@ -91,6 +91,8 @@ def prefill_exported(
             h.remove()
     if len(inputs) != len(lm.layers) or len(last) != 1:
         raise RuntimeError(f"prefill saw {len(inputs)} layer inputs, {len(last)} final norms")
-    rows = rider_rows(model, batch, features.detach())  # rotary and mask for the recompute
+    # rotary and mask for the recompute; the embeddings are the first layer's input (one
+    # tensor: a second [prompts, prefix, hidden] copy would live until the backward)
+    rows = rider_rows(model, batch, features.detach(), embeds=inputs[0])
     ridden = RiddenPrefix(rows, inputs, list(cache_kv(state.cache)), last[0])
     return state, ExportedPrefix(ridden, version)

@@ -54,10 +54,12 @@ def _rewrite(graph: Graph, prefill: Op, train: Op) -> None:
     kv_dim = kv.shape[4]
     # each layer's input [rows, prefix, width] and its K and V [rows, prefix, kv_dim]; the
     # torch export's K/V are the rollout cache's own tensors, so while that cache lives the
-    # plan counts them twice (conservative by one prefix K/V, during the rollout only)
+    # plan counts them twice (conservative by one prefix K/V, during the rollout only). One
+    # slot more holds the last layer's output (width) and the rotary cos and sin the replay
+    # reads (2 x head_dim <= 2 x kv_dim): ExportedPrefix.tensors
     exported = Value(
         f"{prefill.name}.exported",
-        (layers, rows, prefix, width + 2 * kv_dim),
+        (layers + 1, rows, prefix, width + 2 * kv_dim),
         saved.dtype,
         ValueKind.BOUNDARY,
         graph.values[prefill.inputs["weights"]].version,

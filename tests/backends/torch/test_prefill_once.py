@@ -57,6 +57,17 @@ def test_exported_prefill_trains_as_the_separate_forward(spec, renderer, kind): 
     assert all(x.shape == ridden.hidden.shape for x in ridden.inputs)
     for (k, v), (ek, ev) in zip(cache_kv(state.cache), ridden.kv, strict=True):
         assert k.data_ptr() == ek.data_ptr() and v.data_ptr() == ev.data_ptr()
+    # the rows' embeddings are the first layer's input, not a second copy (it lives to the
+    # backward), and what the export holds is what the plan's `exported` value counts
+    assert ridden.rows.embeds is ridden.inputs[0]
+    held = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in exported.tensors()
+    }
+    rows, prefix, width = ridden.hidden.shape
+    kv_width = sum(k.shape[1] * k.shape[3] for k in ridden.kv[0])  # K and V: heads x dim
+    layers = len(ridden.inputs)
+    counted = (layers + 1) * rows * prefix * (width + kv_width) * ridden.hidden.element_size()
+    assert sum(held.values()) <= counted
     session = _decode(model, batch, feats, seed=3)
     session.advance()
     tokens, _, lengths = session.result()
