@@ -17,13 +17,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_memory import cpu_live_within, cpu_peak_bytes
+from cpu_memory import cpu_live_at, cpu_peak_bytes
 
 from rollplex.backends import rollout_capabilities, trainer_capabilities
 from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.graph.ir import Phase
-from rollplex.jobs.pipeline import plan_step
+from rollplex.jobs.pipeline import PlanResult, plan_step
 from rollplex.planner.plan import MemAction, Plan
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
@@ -116,12 +116,15 @@ def handed_to_backward(
             return inner(op, inputs, chunk, carry)
 
     backend.run_op = run_op
-    handed, _ = cpu_live_within(run, BACKWARD)
-    return handed, slots, planned.plan
+    return cpu_live_at(run, BACKWARD), slots, planned.plan
 
 
-def _planned_step(side: int, prompts: int, group: int, micro: int, schedule: ScheduleSpec):
-    """(the plan, the backend, a callable that runs one step of it)."""
+def planned_for(
+    side: int, prompts: int, group: int, micro: int, schedule: ScheduleSpec
+) -> tuple[PlanResult, WorkloadSpec, AlgoSpec]:
+    """The plan of one step of `schedule` on MODEL for a workload of `prompts` x `group`
+    images of side x side, made as `rollplex train` makes it (the torch roles'
+    capabilities), with that workload and algo."""
     lengths = ResponseLengthSpec(distribution="uniform", mean=8, min=1, max=16)
     workload = WorkloadSpec(
         prompts_per_step=prompts,
@@ -137,6 +140,12 @@ def _planned_step(side: int, prompts: int, group: int, micro: int, schedule: Sch
         MODEL, workload, algo, HARDWARE_PRESETS["cpu"], schedule,
         rollout=rollout_capabilities(BackendSpec()), trainer=trainer_capabilities(BackendSpec()),
     )  # fmt: skip
+    return planned, workload, algo
+
+
+def _planned_step(side: int, prompts: int, group: int, micro: int, schedule: ScheduleSpec):
+    """(the plan, the backend, a callable that runs one step of it)."""
+    planned, workload, algo = planned_for(side, prompts, group, micro, schedule)
     backend = compose(StepConfig(MODEL, algo, seed=0, max_new_tokens=16))
     executor = Executor(planned.plan, planned.graph, backend, [], device="cpu")
     batch = TaskData(MODEL, workload, seed=0).step(0)

@@ -2,7 +2,7 @@
 live before it: read from torch.profiler's memory events (each allocation and free it
 reports) as a running sum of their sizes. Their `Total Allocated` is a process-wide count
 that a block allocated inside an earlier profile and freed outside it leaves raised, so it
-is not read; `cpu_live_within` reads the same running sum before and inside a marked block. Used by
+is not read; `cpu_live_at` reads the same running sum at a marked moment. Used by
 bench/fused_head.py, bench/backward_memory.py and the CPU memory tests."""
 
 from __future__ import annotations
@@ -37,18 +37,9 @@ def cpu_peak_bytes(run: Callable[[], object]) -> int:
     return peak
 
 
-def cpu_live_within(run: Callable[[], object], mark: str) -> tuple[int, int]:
-    """(the bytes allocated while `run` runs and still held when it first enters a
-    `torch.profiler.record_function(mark)`, the most held at once before that block ends)."""
+def cpu_live_at(run: Callable[[], object], mark: str) -> int:
+    """The bytes allocated while `run` runs and still held when it first enters a
+    `torch.profiler.record_function(mark)`."""
     events = _profiled(run)
-    block = min((e for e in events if e.get("name") == mark), key=lambda e: e["ts"])
-    start, end = block["ts"], block["ts"] + block["dur"]
-    live = before = peak = 0
-    for e in _memory(events):
-        if e["ts"] > end:
-            break
-        live += e["args"]["Bytes"]
-        if e["ts"] < start:
-            before = live
-        peak = max(peak, live)
-    return before, max(peak, before)
+    at = min(e["ts"] for e in events if e.get("name") == mark)
+    return sum(e["args"]["Bytes"] for e in _memory(events) if e["ts"] < at)

@@ -239,7 +239,7 @@ def _backward(g: Graph, op: Op, ctx: CostContext, prefix_only: bool = False) -> 
             shards=ctx.shards,
             run_share=ctx.run_share,
             entropy_grad=entropy_grad,
-            layer_major=fwd.kind == "prefix_prefill",
+            layer_major="exported" in fwd.outputs,  # its saved inputs are an export
         )
         again = ctx.recompute_forward or ctx.fused_forward
         if again and part != "prefix" and fwd.kind != "attach_response":  # decode once: none

@@ -27,13 +27,7 @@ from rollplex.planner.plan import CoRun
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from backward_memory import MODEL, POINTS, SCHEDULES, backward_peak
-
-from rollplex.backends import rollout_capabilities, trainer_capabilities
-from rollplex.jobs.pipeline import plan_step
-from rollplex.specs import HARDWARE_PRESETS, AlgoSpec, WorkloadSpec
-from rollplex.specs.backend import BackendSpec
-from rollplex.specs.workload import ResponseLengthSpec
+from backward_memory import POINTS, SCHEDULES, backward_peak, planned_for
 
 # verl's per-sample forward at the 64-sample point was 18 of the grid's 45 s on a loaded
 # 2-core machine; its path has no prefix pieces, and the other three points cover it
@@ -61,16 +55,7 @@ def test_a_decode_once_plan_holds_the_prefix_kv_to_the_backward():
     """decode once's attach_response keeps no `saved` value, but its replayed layers attend
     to the training prefix's K/V in the backward: the plan holds them until then (it freed
     them after the attach, and the step held 9% of its peak more than planned there)."""
-    lengths = ResponseLengthSpec(distribution="uniform", mean=8, min=1, max=16)
-    workload = WorkloadSpec(
-        prompts_per_step=8, group_size=8, height=448, width=448, text_tokens=16,
-        response_length=lengths,
-    )  # fmt: skip
-    planned = plan_step(
-        MODEL, workload, AlgoSpec(lr=1e-3), HARDWARE_PRESETS["cpu"],
-        SCHEDULES["prefill-decode-once"],
-        rollout=rollout_capabilities(BackendSpec()), trainer=trainer_capabilities(BackendSpec()),
-    )  # fmt: skip
+    planned, _, _ = planned_for(*POINTS[0], SCHEDULES["prefill-decode-once"])
     kinds = {op.kind for op in planned.graph}
     assert {"attach_prefix", "attach_response"} <= kinds
     dev = planned.plan.devices[0]

@@ -56,7 +56,7 @@ def backward(
     recomputed layer), one layer's unsharded gradients, and the forward's own scratch, its
     head's the backward's (`head_scratch`: in runs of `run_share` of the rows, with the
     entropy's gradient where the loss has an entropy term). `layer_major`: a prefix whose
-    forward ran in the rollout (prefill once) replays layer by layer over every row, so its
+    forward was exported (prefill once; PPO's critic) replays layer by layer over every row, so its
     backward also holds the gradients at a layer's output and at its input over all rows
     (engine/riders.py `_Replayed`), not one micro-batch's.
     """
