@@ -58,8 +58,13 @@ def compose(
         else RoleRuntime(config, TorchValues(), StepHooks())
     )
     config = run.config
-    build_reference = entry.builder_fn("reference_builder")
-    reference = (build_reference or role_entry("reference", "torch").builder_fn())(config, trainer)
+    # No graph of a run without a KL term reads a reference: building one anyway held a
+    # whole unplanned model copy on the device (5.7 GiB at 3B, bench/results/gpu_profile/).
+    reference = None
+    if config.algo.use_reference:
+        build_reference = entry.builder_fn("reference_builder")
+        build_reference = build_reference or role_entry("reference", "torch").builder_fn()
+        reference = build_reference(config, trainer)
     if rollout is None:
         build = entry.builder_fn("rollout_builder") if spec.rollout == "torch" else None
         build = build or role_entry("rollout", spec.rollout).builder_fn()

@@ -199,7 +199,7 @@ def build_pool_roles(config: StepConfig, spec: BackendSpec, pools: Pools) -> Poo
         policy = model_for(config.model, config.seed, info.device, torch.float32)
         trainer = FsdpTrainer(policy, config.model, config.algo, mesh, fsdp, config.device)
         trainer.dist = _pool_info(info, pools)
-        reference = build_reference(config, trainer)
+        reference = build_reference(config, trainer) if config.algo.use_reference else None
         roles = Roles(None, reference, trainer, FsdpValues(trainer),  # type: ignore[arg-type]
                       TorchExternals(trainer, reference), None, hooks)  # fmt: skip
     else:
