@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from rollplex.backends.torch.masters import own_masters
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 MiB = 2**20
@@ -45,15 +47,23 @@ def _storages(tensors) -> dict[int, int]:
     return out
 
 
+def _moments(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [v for state in optimizer.state.values() for v in state.values()]
+
+
 def owners(dispatch) -> dict[str, dict[int, int]]:
     """Storages by who keeps them, first owner wins: the rollout aliases the policy."""
-    trainer = dispatch.trainer
+    trainer, critic, reference = dispatch.trainer, dispatch.critic, dispatch.reference
     named = {
         "policy weights": trainer.model.parameters(),
         "rollout weights": dispatch.rollout.model.parameters(),
-        "reference weights": dispatch.reference.model.parameters() if dispatch.reference else (),
+        "reference weights": reference.model.parameters() if reference else (),
         "policy masters": trainer.master_tensors(),
-        "AdamW moments": (v for s in trainer.optimizer.state.values() for v in s.values()),
+        "AdamW moments": _moments(trainer.optimizer),
+        "critic weights": critic.model.parameters() if critic else (),
+        "critic masters and moments": (
+            [*own_masters(critic.masters), *_moments(critic.optimizer)] if critic else ()
+        ),
     }
     out, seen = {}, set()
     for name, tensors in named.items():
