@@ -20,6 +20,7 @@ from rollplex.data.render import PromptRenderer
 from rollplex.data.rewards import Reward, build_reward
 from rollplex.data.rewards.overlong import OverlongPenalty
 from rollplex.data.steps import MeasuredShape, StepData, measure_shape, measured_workload
+from rollplex.jobs.model_dtype import as_held
 from rollplex.models import ModelFolder, ensure_demo_folder, open_model_folder
 from rollplex.runtime.compile_cache import cache_root
 from rollplex.runtime.scoring import ResponseScorer
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class Prepared:
     folder: ModelFolder
-    model: ModelSpec  # as config.json describes it
+    model: ModelSpec  # as config.json describes it, in the dtype the run holds it in
     workload: WorkloadSpec  # visual and text lengths measured from the data
     shape: MeasuredShape
     renderer: PromptRenderer
@@ -131,6 +132,7 @@ def prepare(spec: RunSpec, eval_split: bool = True, folder: ModelFolder | None =
         shape.prompts_seen,
     )
     scorer = ResponseScorer(renderer.tokenizer, reward, overlong_penalty(spec))
-    return Prepared(
-        folder, folder.spec, workload, shape, renderer, data, eval_source, reward, scorer
-    )
+    model, note = as_held(folder.spec, spec)
+    if note:
+        log.info("%s", note)
+    return Prepared(folder, model, workload, shape, renderer, data, eval_source, reward, scorer)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from rollplex.algos.updates import mini_batches
 from rollplex.backends.base import BackendUnavailable
+from rollplex.jobs.model_dtype import dtype_refusal
 from rollplex.specs.hardware import DeviceInfo
 from rollplex.specs.role_needs import RoleNeeds, chosen_needs, field_value
 from rollplex.specs.run import RunSpec
@@ -26,6 +27,7 @@ ORDER = (
     "world",  # WORLD_SIZE and RANK, the spec planned for that world (torchrun roles)
     "role refusals",  # each chosen role's declared refusals and TP degrees
     "roles available",  # each chosen role installed and importable here
+    "model dtype",  # a command-line model.dtype the torch roles would not hold (model_dtype.py)
     "role world",  # a torchrun role's layout against the world (prompts, sync, widths, pools)
     "TP degrees",  # schedule.parallel against the GPUs and the model's heads (specs/schedule.py)
     "engine knobs",  # knobs whose Triton kernels cannot run on this device
@@ -115,6 +117,8 @@ def check_combination(
     for n in needs:
         if n.where in facts.unavailable:
             raise BackendUnavailable(facts.unavailable[n.where])
+    if why := dtype_refusal(spec, facts.keys):
+        raise ValueError(why)
     for n in needs:
         if n.world_check:
             _hook(n.world_check)(spec, world)

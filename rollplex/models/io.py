@@ -17,7 +17,14 @@ DEFAULT_SHARD_SIZE = "5GB"  # the Hub's usual shard size
 
 
 def default_dtype(device: str | torch.device) -> torch.dtype:
-    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    """The dtype the torch roles load a model in on `device` (jobs/model_dtype.py)."""
+    return getattr(torch, default_dtype_name(torch.device(device).type))
+
+
+def default_dtype_name(device_type: str) -> str:
+    """bfloat16 on CUDA (AdamW steps float32 masters: backends/torch/masters.py), else
+    float32."""
+    return "bfloat16" if device_type == "cuda" else "float32"
 
 
 def save_hub_folder(

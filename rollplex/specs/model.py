@@ -110,7 +110,10 @@ class ModelSpec(Spec):
     max_position_embeddings: int = Field(128_000, ge=1, description="Longest position.")
     rms_norm_eps: float = Field(1e-6, gt=0, description="RMSNorm epsilon.")
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
-        "bfloat16", description="Parameter dtype for rollout and reference."
+        "bfloat16",
+        description="Parameter dtype the plan prices. The torch roles hold the device's "
+        "(bfloat16 on CUDA, float32 on CPU): a torch-trained run plans that and refuses a "
+        "command-line value they would not hold (jobs/model_dtype.py).",
     )
     vision: VisionSpec = Field(..., description="The vision tower.")
     trainable_vision: bool = Field(
