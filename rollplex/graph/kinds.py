@@ -130,6 +130,8 @@ register(
             "features": port(K.ACTIVATION, dtype=FLOAT, dims=_ROWS3),
             "text": port(*_DATA, dtype=INT, dims=("B", None)),
             "weights": port(K.WEIGHTS),
+            # the trainer's own forward skips dead groups' prompts (passes/skip_dead_prefix)
+            "advantages": _LIVE_ROWS,
         },
         outputs={
             "kv": port(K.KV_CACHE, K.BOUNDARY, dtype=FLOAT, dims=_KV),

@@ -20,6 +20,7 @@ from rollplex.graph.passes import (
     PassRecord,
     eliminate_dead_ops,
     run_passes,
+    skip_dead_prefix,
 )
 from rollplex.graph.passes.early_backward import algo_refusal, early_backward_refusal
 from rollplex.jobs.reuse_forwards import DECODE_ONCE, PREFILL_ONCE, REUSES, plan_reuse
@@ -52,9 +53,12 @@ class PlanResult:
 def passes_for(schedule: ScheduleSpec) -> tuple[PassFn, ...]:
     """verl's serial step runs the raw graph; rollplex needs the prefix split even without
     dedup; dedup=true applies every deduplicating pass."""
-    if schedule.dedup:
-        return DEDUP_PASSES
-    return SPLIT_ONLY if schedule.name == "rollplex" else (eliminate_dead_ops,)
+    if not schedule.dedup and schedule.name != "rollplex":
+        return (eliminate_dead_ops,)
+    chosen = DEDUP_PASSES if schedule.dedup else SPLIT_ONLY
+    if schedule.name == "disaggregated":  # the trainer's GPUs may run its prefix early
+        chosen = tuple(p for p in chosen if p is not skip_dead_prefix)
+    return chosen
 
 
 def rollout_tp_options(model: ModelSpec, hardware: HardwareSpec) -> list[int]:

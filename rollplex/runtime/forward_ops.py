@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rollplex.backends.base import BackendError, Chunk, OpResult
+from rollplex.backends.torch.row_ranges import live_units
 from rollplex.backends.torch.rows import row_ranges
 from rollplex.graph.ir import Op, Phase
 from rollplex.ops.micro_batches import micro_ranges
@@ -38,9 +39,10 @@ class ForwardOps:
         """A prefix op, or its row chunk (the LM head deferred to the merge); riding the
         live decode's next step when the plan says so and both roles can."""
         d, head = self.d, chunk.count == 1
+        note = _prefixes_trained(x, d.values.rows(x))
         if not head:
             lo, hi = row_ranges(d.values.rows(x), chunk.count)[chunk.index]
-            x = {p: d.values.select(v, lo, hi) for p, v in x.items()}
+            x = _unit_rows(d.values, x, lo, hi, _samples_per_row(d.values, x))
         # a ride's backward recomputes its rows in the plan's micro-batches: a row chunk is
         # one already (planner/schedules/rollplex.py cuts none coarser)
         count = self.micro.get(op.name, 1) if head else 1
@@ -50,11 +52,11 @@ class ForwardOps:
         elif out is None:
             out = self._prefix(op, x, False)
         if head:
-            return OpResult(out, reads, deviation)
+            return OpResult(out, reads, deviation, note)
         carry.setdefault("parts", []).append(out)
         if not chunk.last:
-            return OpResult({}, reads, deviation)
-        return OpResult(d.role(op).merge_rows(carry.pop("parts")), reads, deviation)
+            return OpResult({}, reads, deviation, note)
+        return OpResult(d.role(op).merge_rows(carry.pop("parts")), reads, deviation, note)
 
     def _prefix(self, op: Op, x: dict[str, Any], head: bool = True) -> dict[str, Any]:
         """`head=False` (row chunks): leave the LM head to the merge of all chunks."""
@@ -75,7 +77,7 @@ class ForwardOps:
                 raise BackendError(f"'{op.name}' exports its activations: not in chunks")
             state, exported = role.logprob_prefix_exported(x["features"], x["text"])
             return {"kv": state, "exported": exported}
-        out = role.logprob_prefix(x["features"], x["text"], **kw)
+        out = role.logprob_prefix(x["features"], x["text"], **kw, **_live(x))
         if op.phase is Phase.TRAIN:
             return {"kv": out[0], "saved": out[1]} if "saved" in op.outputs else {"kv": out[0]}
         return {"kv": out}
@@ -101,20 +103,15 @@ class ForwardOps:
         values, count = self.d.values, self.micro.get(op.name, 1)
         if count == 1:
             return run(op, x, True)
-        g = 1
         if "kv" in x:  # logprob_response: whole prompts' groups on their prefix K/V
             units = values.row_count(x["kv"])
             g = values.row_count(x["responses"]) // units
         else:
-            units = values.rows(x)
-        parts = []
-        per_sample = ("responses", "advantages")  # sample rows: g to a unit
-        for lo, hi in micro_ranges(units, count):
-            rows = {p: values.select(v, lo, hi) for p, v in x.items() if p not in per_sample}
-            for p in per_sample:
-                if p in x:
-                    rows[p] = values.select(x[p], lo * g, hi * g)
-            parts.append(run(op, rows, False))
+            units, g = values.rows(x), _samples_per_row(values, x)
+        parts = [
+            run(op, _unit_rows(values, x, lo, hi, g), False)
+            for lo, hi in micro_ranges(units, count)
+        ]
         return self.d.role(op).merge_rows(parts)
 
     # -- attaches -----------------------------------------------------------------------
@@ -151,6 +148,36 @@ def _score(role: Any, op: Op, x: dict[str, Any]) -> Any:
         g = op.attrs.get("group_size", 1)
         return role.logprob_response(x["kv"], x["responses"], g, **_live(x))
     return role.logprob(x["features"], x["text"], x["responses"], **_live(x))
+
+
+PER_SAMPLE = ("responses", "advantages")  # ports with a row per sample, g to a unit
+
+
+def _unit_rows(values: Any, x: dict[str, Any], lo: int, hi: int, g: int) -> dict[str, Any]:
+    """`x`'s rows of units lo..hi (prompts, or verl's samples): g rows a unit of the
+    per-sample ports."""
+    rows = {p: values.select(v, lo, hi) for p, v in x.items() if p not in PER_SAMPLE}
+    for p in PER_SAMPLE:
+        if p in x:
+            rows[p] = values.select(x[p], lo * g, hi * g)
+    return rows
+
+
+def _samples_per_row(values: Any, x: dict[str, Any]) -> int:
+    """A prefix op's samples a row: its advantages' rows over its prompts (1 without)."""
+    return values.row_count(x["advantages"]) // values.rows(x) if "advantages" in x else 1
+
+
+def _prefixes_trained(x: dict[str, Any], prompts: int) -> str:
+    """Where a training prefix skipped prompts, how many it ran: the plan priced them all,
+    so the step is left out of the calibration (as `_trained_note`'s in dispatch.py)."""
+    if "advantages" not in x:
+        return ""
+    adv = x["advantages"]
+    live = live_units(adv, prompts, adv.shape[0] // prompts)
+    if all(live):
+        return ""
+    return f"ran {sum(live)} of {prompts} prompts' prefixes (the others' advantages are 0)"
 
 
 def _live(x: dict[str, Any]) -> dict[str, Any]:

@@ -11,10 +11,12 @@ import itertools
 import pytest
 from pydantic import ValidationError
 
-from rollplex.jobs.pipeline import PlanResult, plan_step
+from rollplex.graph.ir import Phase
+from rollplex.graph.passes import skip_dead_prefix
+from rollplex.jobs.pipeline import PlanResult, passes_for, plan_step
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, AlgoSpec, ScheduleSpec
 from rollplex.specs.algo import skip_refusal
-from rollplex.specs.roles import TORCH_ROLLOUT, TORCH_SCORER
+from rollplex.specs.roles import TORCH_ROLLOUT, TORCH_SCORER, VLLM_ROLLOUT
 from tests.planner.test_prefill_once_plan import _workload
 
 FORWARDS = ("logprob", "logprob_response", "attach_response")
@@ -76,6 +78,39 @@ def test_each_training_forward_reads_the_advantages_and_the_plan_is_unchanged(
     # priced and sized as if every group trains: the read changes no price and no lifetime
     assert on.plan.step_time_s == off.plan.step_time_s
     assert [d.peak_bytes for d in on.plan.devices] == [d.peak_bytes for d in off.plan.devices]
+
+
+def _own_training_prefixes(r: PlanResult) -> list:
+    return [op for op in r.graph if op.kind == "logprob_prefix" and op.phase is Phase.TRAIN]
+
+
+@pytest.mark.parametrize("schedule", ["serial", "rollplex", "rollplex_alone"])
+@pytest.mark.parametrize("workload", ["image", "video", "dense_video"])
+@pytest.mark.parametrize("model", ["qwen2_5_vl_3b", "qwen2_5_vl_7b"])
+def test_a_trainers_own_prefix_skips_dead_prompts_where_no_rollout_can_carry_it(
+    model, workload, schedule
+):
+    """graph/passes/skip_dead_prefix.py: behind a vLLM rollout (no rows ride its steps, no
+    prefill to export) the trainer's own prefix forward reads the advantages too; behind
+    the torch engine it keeps its ride or prefill-once choice (a disaggregated step, whose
+    trainer GPUs idle through the rollout, too: pipeline.passes_for). The plan is unchanged."""
+
+    def plan(rollout, skip: bool) -> PlanResult:
+        algo = AlgoSpec(kl_coef=0, skip_zero_advantage=skip)
+        hw, load = HARDWARE_PRESETS["h200"], _workload(workload)
+        return plan_step(MODEL_PRESETS[model], load, algo, hw, SCHEDULES[schedule],
+                         rollout=rollout, trainer=TORCH_SCORER)  # fmt: skip
+
+    on, off = plan(VLLM_ROLLOUT, True), plan(VLLM_ROLLOUT, False)
+    (adv,) = [op.outputs["advantages"] for op in on.graph if op.kind == "advantage"]
+    prefixes = _own_training_prefixes(on)
+    assert prefixes and all(p.inputs.get("advantages") == adv for p in prefixes)
+    assert not any("advantages" in p.inputs for p in _own_training_prefixes(off))
+    assert on.plan.step_time_s == off.plan.step_time_s
+    assert [d.peak_bytes for d in on.plan.devices] == [d.peak_bytes for d in off.plan.devices]
+    torch_rollout = plan(TORCH_ROLLOUT, True)
+    assert not any("advantages" in p.inputs for p in _own_training_prefixes(torch_rollout))
+    assert skip_dead_prefix not in passes_for(ScheduleSpec(name="disaggregated"))
 
 
 def test_each_mini_batch_forward_reads_its_own_advantages():

@@ -98,7 +98,8 @@ class FsdpTrainer(TorchTrainer):
         own forward, which a ride's direct submodule calls would skip."""
         return None
 
-    def logprob_prefix(self, features, text, head: bool = True):
+    def logprob_prefix(self, features, text, head: bool = True, advantages=None):
+        _every_row_trains(advantages)
         return self.root(super().logprob_prefix, features, text, head)
 
     def logprob_response(self, prefix, responses, group_size: int, advantages=None):
@@ -209,7 +210,8 @@ class RootedScorer:
     def vision_encode(self, pixels):
         return self.owner.root(self.inner.vision_encode, pixels)
 
-    def logprob_prefix(self, features, text, head: bool = True):
+    def logprob_prefix(self, features, text, head: bool = True, advantages=None):
+        _every_row_trains(advantages)
         return self.owner.root(self.inner.logprob_prefix, features, text, head)
 
     def logprob_response(self, prefix, responses, group_size: int, advantages=None):

@@ -43,7 +43,11 @@ from rollplex.backends.torch.roles import (
 )
 from rollplex.backends.torch.row_ranges import live_units
 from rollplex.backends.torch.rows import merge_chunks
-from rollplex.backends.torch.training_prefix import attached_with_grad, prefix_with_grad
+from rollplex.backends.torch.training_prefix import (
+    attached_with_grad,
+    live_prefix_with_grad,
+    prefix_with_grad,
+)
 from rollplex.backends.torch.values import (
     Features,
     GradsHandle,
@@ -109,12 +113,20 @@ class TorchTrainer(Trainer):
             return features_of(self.model, pixels)
 
     def logprob_prefix(
-        self, features: Features, text: PromptBatch, head: bool = True
+        self,
+        features: Features,
+        text: PromptBatch,
+        head: bool = True,
+        advantages: torch.Tensor | None = None,
     ) -> tuple[PrefixState, SavedActivations]:
         """The prefix forward with grad, each decoder layer checkpointed, as one piece
         (prefix_pieces.py: its micro-batches read it through leaves; the plan's
-        micro-batches of this op are its pieces)."""
-        return prefix_with_grad(self.model, features.values, text, head)
+        micro-batches of this op are its pieces). With `advantages`, only the prompts whose
+        groups train run it (graph/passes/skip_dead_prefix.py; training_prefix.py)."""
+        if advantages is None:
+            return prefix_with_grad(self.model, features.values, text, head)
+        live = live_units(advantages, text.size, advantages.shape[0] // text.size)
+        return live_prefix_with_grad(self.model, features, text, head, live)
 
     def scorer(self) -> PolicyScorer:
         """This model scored without grad (its live weights, the rollout's temperature):

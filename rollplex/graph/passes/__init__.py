@@ -5,15 +5,17 @@ from rollplex.graph.passes.decompose_prefix import decompose_prefix
 from rollplex.graph.passes.eliminate_dead_ops import eliminate_dead_ops
 from rollplex.graph.passes.reuse_across_phases import reuse_across_phases
 from rollplex.graph.passes.share_group_prefix import share_group_prefix
+from rollplex.graph.passes.skip_dead_prefix import skip_dead_prefix
 
 #: decompose_prefix alone keeps verl's per-sample work; the rest deduplicate it.
 DEDUP_PASSES: tuple[PassFn, ...] = (
     decompose_prefix,
     share_group_prefix,
     reuse_across_phases,
+    skip_dead_prefix,
     eliminate_dead_ops,
 )
-SPLIT_ONLY: tuple[PassFn, ...] = (decompose_prefix, eliminate_dead_ops)
+SPLIT_ONLY: tuple[PassFn, ...] = (decompose_prefix, skip_dead_prefix, eliminate_dead_ops)
 
 __all__ = [
     "DEDUP_PASSES",
@@ -25,4 +27,5 @@ __all__ = [
     "reuse_across_phases",
     "run_passes",
     "share_group_prefix",
+    "skip_dead_prefix",
 ]

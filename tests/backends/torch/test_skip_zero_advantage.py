@@ -36,12 +36,15 @@ DEAD = {
 # (micro-batches, recompute, fused)
 MODES = [(1, False, False), (2, False, False), (3, True, False), (2, False, True)]
 CASES = [
-    # (shared prefix, loss aggregation, trainable vision)
-    (True, "token-mean", False),
-    (False, "seq-mean-token-mean", False),
-    (True, "seq-mean-token-sum", True),
-    (True, "seq-mean-token-sum-norm", False),
-    (False, "token-mean", True),
+    # (shared prefix, loss aggregation, trainable vision, the prefix's own forward skips too)
+    (True, "token-mean", False, False),
+    (False, "seq-mean-token-mean", False, False),
+    (True, "seq-mean-token-sum", True, False),
+    (True, "seq-mean-token-sum-norm", False, False),
+    (False, "token-mean", True, False),
+    # graph/passes/skip_dead_prefix.py: the dead prompts' prefix forward is not run either
+    (True, "token-mean", False, True),
+    (True, "seq-mean-token-sum", True, True),
 ]
 
 
@@ -62,12 +65,15 @@ def _trainer(spec, algo, micro: int, recompute: bool, fused: bool) -> TorchTrain
     return t
 
 
-def _step(t: TorchTrainer, batch, responses, adv, old, mask, shared: bool, skip: bool):
-    """One RL step's training: (loss value, metrics, {name: grad})."""
+def _step(
+    t: TorchTrainer, batch, responses, adv, old, mask, shared: bool, skip: bool, prefix=False
+):
+    """One RL step's training: (loss value, metrics, {name: grad}); `prefix`: the prefix
+    forward is given the advantages too."""
     feats, text = t.vision_encode(Pixels.of(batch)), batch.text_only()
     live = adv if skip else None
     if shared:
-        state, _ = t.logprob_prefix(feats, text)
+        state, _ = t.logprob_prefix(feats, text, advantages=live if prefix else None)
         lp, _ = t.logprob_response(state, responses, G, advantages=live)
     else:
         lp, _ = t.logprob(feats.repeat(G), text.repeat(G), responses, advantages=live)
@@ -78,9 +84,9 @@ def _step(t: TorchTrainer, batch, responses, adv, old, mask, shared: bool, skip:
     return out.value.detach(), out.metrics, grads
 
 
-@pytest.mark.parametrize(("shared", "agg", "vision"), CASES)
+@pytest.mark.parametrize(("shared", "agg", "vision", "prefix"), CASES)
 def test_skipping_zero_advantage_rows_trains_what_every_row_trains(
-    spec, prompts, shared, agg, vision
+    spec, prompts, shared, agg, vision, prefix
 ):
     spec = spec.model_copy(update={"trainable_vision": vision})
     algo = AlgoSpec(lr=1e-2, loss_agg_mode=agg, kl_coef=0, weight_decay=0.1)
@@ -94,7 +100,7 @@ def test_skipping_zero_advantage_rows_trains_what_every_row_trains(
         want = [_step(base, prompts, responses, a, old, mask, shared, False) for a in steps]
         for micro, recompute, fused in MODES:
             t = _trainer(spec, algo, micro, recompute, fused)
-            got = [_step(t, prompts, responses, a, old, mask, shared, True) for a in steps]
+            got = [_step(t, prompts, responses, a, old, mask, shared, True, prefix) for a in steps]
             at = (pattern, micro, recompute, fused)
             for (loss, _, grads), (w_loss, _, w_grads) in zip(got, want, strict=True):
                 torch.testing.assert_close(loss, w_loss, rtol=1e-5, atol=1e-7, msg=str(at))
