@@ -68,11 +68,11 @@ class PromptBatch:
 
     def select(self, lo: int, hi: int) -> PromptBatch:
         """Prompts lo..hi-1 (pixels included; empty pixels stay empty)."""
-        return self._take(list(range(lo, hi)))
+        return self.take(list(range(lo, hi)))
 
     def repeat(self, g: int) -> PromptBatch:
         """Each prompt g times in a row (prompt b -> rows b*g .. b*g+g-1), pixels included."""
-        return self._take([b for b in range(self.size) for _ in range(g)])
+        return self.take([b for b in range(self.size) for _ in range(g)])
 
     def text_only(self) -> PromptBatch:
         """The same prompts without pixels (grids and counts kept: positions need them)."""
@@ -102,7 +102,8 @@ class PromptBatch:
             grids += [ig, vg]
         return torch.cat(values), torch.cat(grids), counts
 
-    def _take(self, rows: list[int]) -> PromptBatch:
+    def take(self, rows: list[int]) -> PromptBatch:
+        """Prompts `rows`, in that order (pixels included)."""
         idx = torch.tensor(rows, dtype=torch.long, device=self.input_ids.device)
         pix, igrid = _take_visuals(self.pixel_values, self.image_grid_thw, self.image_counts, rows)
         vid, vgrid = _take_visuals(

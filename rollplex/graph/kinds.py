@@ -46,6 +46,8 @@ register(
         inputs={
             "pixels": port(*_DATA, dtype=FLOAT, dims=("B", None, None, None, None)),
             "weights": port(K.WEIGHTS),
+            # the trainer's own encode for a skipping prefix (passes/skip_dead_prefix)
+            "advantages": _LIVE_ROWS,
         },
         outputs={"features": port(K.ACTIVATION, dtype=FLOAT, dims=_ROWS3)},
         prefix=True,

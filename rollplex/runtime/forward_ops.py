@@ -63,7 +63,7 @@ class ForwardOps:
         role = self.d.role(op)
         kw = {} if head else {"head": False}
         if op.kind == "vision_encode":
-            return {"features": role.vision_encode(x["pixels"])}
+            return {"features": role.vision_encode(x["pixels"], **_live(x))}
         if op.kind == "prefix_prefill":
             self.d.rollout_ops.check_weights(op, x["weights"])
             if "exported" in op.outputs:  # prefill_once: the training prefix forward too
@@ -169,7 +169,7 @@ def _samples_per_row(values: Any, x: dict[str, Any]) -> int:
 
 
 def _prefixes_trained(x: dict[str, Any], prompts: int) -> str:
-    """Where a training prefix skipped prompts, how many it ran: the plan priced them all,
+    """Where a training prefix op skipped prompts, how many it ran: the plan priced them all,
     so the step is left out of the calibration (as `_trained_note`'s in dispatch.py)."""
     if "advantages" not in x:
         return ""
@@ -177,7 +177,7 @@ def _prefixes_trained(x: dict[str, Any], prompts: int) -> str:
     live = live_units(adv, prompts, adv.shape[0] // prompts)
     if all(live):
         return ""
-    return f"ran {sum(live)} of {prompts} prompts' prefixes (the others' advantages are 0)"
+    return f"ran {sum(live)} of {prompts} prompts (the others' advantages are 0)"
 
 
 def _live(x: dict[str, Any]) -> dict[str, Any]:

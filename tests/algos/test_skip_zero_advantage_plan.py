@@ -81,7 +81,9 @@ def test_each_training_forward_reads_the_advantages_and_the_plan_is_unchanged(
 
 
 def _own_training_prefixes(r: PlanResult) -> list:
-    return [op for op in r.graph if op.kind == "logprob_prefix" and op.phase is Phase.TRAIN]
+    """The trainer's own prefix forwards and vision encodes."""
+    kinds = ("logprob_prefix", "vision_encode")
+    return [op for op in r.graph if op.kind in kinds and op.phase is Phase.TRAIN]
 
 
 @pytest.mark.parametrize("schedule", ["serial", "rollplex", "rollplex_alone"])
@@ -91,7 +93,8 @@ def test_a_trainers_own_prefix_skips_dead_prompts_where_no_rollout_can_carry_it(
     model, workload, schedule
 ):
     """graph/passes/skip_dead_prefix.py: behind a vLLM rollout (no rows ride its steps, no
-    prefill to export) the trainer's own prefix forward reads the advantages too; behind
+    prefill to export) the trainer's own prefix forward and vision encode read the
+    advantages too; behind
     the torch engine it keeps its ride or prefill-once choice (a disaggregated step, whose
     trainer GPUs idle through the rollout, too: pipeline.passes_for). The plan is unchanged."""
 
@@ -104,7 +107,8 @@ def test_a_trainers_own_prefix_skips_dead_prompts_where_no_rollout_can_carry_it(
     on, off = plan(VLLM_ROLLOUT, True), plan(VLLM_ROLLOUT, False)
     (adv,) = [op.outputs["advantages"] for op in on.graph if op.kind == "advantage"]
     prefixes = _own_training_prefixes(on)
-    assert prefixes and all(p.inputs.get("advantages") == adv for p in prefixes)
+    assert {p.kind for p in prefixes} == {"logprob_prefix", "vision_encode"}
+    assert all(p.inputs.get("advantages") == adv for p in prefixes)
     assert not any("advantages" in p.inputs for p in _own_training_prefixes(off))
     assert on.plan.step_time_s == off.plan.step_time_s
     assert [d.peak_bytes for d in on.plan.devices] == [d.peak_bytes for d in off.plan.devices]

@@ -1,7 +1,8 @@
 """Behind a rollout no rows can ride and no prefill can be taken from (a vLLM engine's
-capabilities, here over the torch roles), the trainer's own prefix forward skips the prompts
-whose groups train no row (graph/passes/skip_dead_prefix.py): the step trains what training
-every row trains, its trace says how many prefixes ran, and none of the dead ones did."""
+capabilities, here over the torch roles), the trainer's own prefix forward, and the vision
+encode only it reads, skip the prompts whose groups train no row
+(graph/passes/skip_dead_prefix.py): the step trains what training every row trains, its
+trace says how many prompts ran, and none of the dead ones did."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ from rollplex.specs.roles import TORCH_ROLLOUT, TORCH_SCORER
 from tests.runtime.conftest import CPU, MODEL, WORKLOAD
 
 NO_RIDE_NO_EXPORT = replace(TORCH_ROLLOUT, piggyback_rows=False, activation_export=False)
+ROLLOUTS = {
+    "unfused": NO_RIDE_NO_EXPORT,  # the trainer reuses the rollout's vision features
+    "fused": replace(NO_RIDE_NO_EXPORT, fused_prefix=True),  # as vLLM: it encodes its own
+}
 STEPS = 2
 # the prefix in one forward, and in the plan's micro-batches (4: one prompt each, so some
 # are all dead; 2)
@@ -41,12 +46,12 @@ def _even_prompts_dead(self, responses, answers, group_size: int) -> torch.Tenso
     return torch.where((rows // group_size) % 2 == 0, 1.0, (rows % 2).float())
 
 
-def _run(schedule: ScheduleSpec, skip: bool) -> tuple:
+def _run(rollout: str, schedule: ScheduleSpec, skip: bool) -> tuple:
     """(plan, step results, trained parameters) of STEPS steps."""
     algo = AlgoSpec(lr=1e-3, kl_coef=0.0, skip_zero_advantage=skip)
     planned = plan_step(
         MODEL, WORKLOAD, algo, CPU, schedule,
-        rollout=NO_RIDE_NO_EXPORT, trainer=TORCH_SCORER,
+        rollout=ROLLOUTS[rollout], trainer=TORCH_SCORER,
     )  # fmt: skip
     dispatch = compose(StepConfig(MODEL, algo, seed=0, max_new_tokens=4))
     executor = Executor(planned.plan, planned.graph, dispatch, [], device="cpu")
@@ -56,8 +61,13 @@ def _run(schedule: ScheduleSpec, skip: bool) -> tuple:
     return planned, results, params
 
 
-@pytest.mark.parametrize("name", list(SCHEDULES))
-def test_the_dead_prompts_prefix_is_skipped_and_the_step_trains_the_same(name: str, monkeypatch):
+CASES = [("unfused", name) for name in SCHEDULES] + [("fused", "serial"), ("fused", "rollplex")]
+
+
+@pytest.mark.parametrize(("rollout", "name"), CASES)
+def test_the_dead_prompts_prefix_is_skipped_and_the_step_trains_the_same(
+    rollout: str, name: str, monkeypatch
+):
     schedule = SCHEDULES[name]
     monkeypatch.setattr(RoleDispatch, "_reward", _even_prompts_dead)
     ran: list[int] = []
@@ -67,13 +77,13 @@ def test_the_dead_prompts_prefix_is_skipped_and_the_step_trains_the_same(name: s
         return prefix_forward(model, batch, *args, **kwargs)
 
     monkeypatch.setattr(training_prefix, "prefix_forward", counted)
-    planned, results, params = _run(schedule, True)
+    planned, results, params = _run(rollout, schedule, True)
     rows_on = sum(ran)
     (prefix,) = [op for op in planned.graph if op.kind == "logprob_prefix"]
     assert "advantages" in prefix.inputs
     micro = planned.plan.meta["op_micro_batches"].get(prefix.name, 1)
     assert micro == {"serial_4_micro": 4, "rollplex_2_micro": 2}.get(name, 1)
-    every = _run(schedule, False)[2]
+    every = _run(rollout, schedule, False)[2]
     rows_off = sum(ran) - rows_on
     # Adam's steps on near-0 gradients (the loss is ~1e-8 here) round apart by ~1e-5 where
     # the two runs' sums differ in order, as in tests/jobs/test_skip_zero_advantage_train.py
@@ -81,8 +91,11 @@ def test_the_dead_prompts_prefix_is_skipped_and_the_step_trains_the_same(name: s
         torch.testing.assert_close(params[n], w, atol=1e-4, rtol=0, msg=n)
         assert (params[n] - w).abs().mean() < 1e-6, n
     prompts = WORKLOAD.prompts_per_step
-    notes = [m.note for r in results for m in r.steps if m.step.name == prefix.name]
-    said = f"ran {prompts // 2} of {prompts} prompts' prefixes (the others' advantages are 0)"
-    assert notes == [said] * STEPS
+    skipping = {op.name for op in planned.graph if op.kind in ("vision_encode", "logprob_prefix")
+                and "advantages" in op.inputs}  # fmt: skip
+    assert skipping == {prefix.name} | ({"train.vision_encode"} if rollout == "fused" else set())
+    notes = [m.note for r in results for m in r.steps if m.step.name in skipping]
+    said = f"ran {prompts // 2} of {prompts} prompts (the others' advantages are 0)"
+    assert notes == [said] * STEPS * len(skipping)
     # the training prefix forward ran the live prompts alone
     assert (rows_on, rows_off) == (STEPS * prompts // 2, STEPS * prompts)

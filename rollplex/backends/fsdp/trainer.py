@@ -86,7 +86,8 @@ class FsdpTrainer(TorchTrainer):
         super().__init__(model, spec, algo, version)
 
     # -- forwards run inside the sharded root ---------------------------------------------
-    def vision_encode(self, pixels):
+    def vision_encode(self, pixels, advantages=None):
+        _every_row_trains(advantages)
         return self.root(super().vision_encode, pixels)
 
     def scorer(self) -> RootedScorer:
@@ -207,7 +208,8 @@ class RootedScorer:
     def merge_rows(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
         return merge_chunks(parts, self.owner.head)
 
-    def vision_encode(self, pixels):
+    def vision_encode(self, pixels, advantages=None):
+        _every_row_trains(advantages)
         return self.owner.root(self.inner.vision_encode, pixels)
 
     def logprob_prefix(self, features, text, head: bool = True, advantages=None):

@@ -92,10 +92,13 @@ def capture_saved(saved: SavedActivations | None = None) -> Iterator[SavedActiva
 def features_of(model: Model, pixels: Pixels) -> Features:
     """Merged features of every prompt's visuals in one tower call; images and video
     frames alike (a grid with t > 1 is a video)."""
+    return Features(encode(model, pixels.values, pixels.grid), feature_tokens(model, pixels))
+
+
+def feature_tokens(model: Model, pixels: Pixels) -> list[int]:
+    """Each prompt's merged visual tokens: its patches over the merger's window."""
     merge = model.config.vision_config.spatial_merge_size**2
-    values = encode(model, pixels.values, pixels.grid)
-    per_visual = (pixels.grid.prod(-1) // merge).split(pixels.counts)
-    return Features(values, [int(n.sum()) for n in per_visual])
+    return [int(n.sum()) for n in (pixels.grid.prod(-1) // merge).split(pixels.counts)]
 
 
 def masked_logprobs(values: torch.Tensor, responses: Responses) -> TokenLogprobs:

@@ -45,6 +45,7 @@ from rollplex.backends.torch.row_ranges import live_units
 from rollplex.backends.torch.rows import merge_chunks
 from rollplex.backends.torch.training_prefix import (
     attached_with_grad,
+    live_features,
     live_prefix_with_grad,
     prefix_with_grad,
 )
@@ -108,9 +109,14 @@ class TorchTrainer(Trainer):
     def live_weights(self) -> LiveWeights:
         return LiveWeights(self.handle(), "policy", self.counter.n)
 
-    def vision_encode(self, pixels: Pixels) -> Features:
+    def vision_encode(self, pixels: Pixels, advantages: torch.Tensor | None = None) -> Features:
+        """The prompts' visual features; with `advantages`, only those of the prompts
+        whose groups train (their prefix alone reads them: graph/passes/skip_dead_prefix.py)."""
         with torch.set_grad_enabled(self.spec.trainable_vision):
-            return features_of(self.model, pixels)
+            if advantages is None:
+                return features_of(self.model, pixels)
+            live = live_units(advantages, pixels.rows, advantages.shape[0] // pixels.rows)
+            return live_features(self.model, pixels, live)
 
     def logprob_prefix(
         self,

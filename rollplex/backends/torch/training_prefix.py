@@ -5,17 +5,20 @@ critic both train theirs so."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from rollplex.backends.torch.checkpointing import checkpointed_layers
-from rollplex.backends.torch.prefix_pieces import as_pieces, cut_features, join_pieces
-from rollplex.backends.torch.roles import capture_saved
+from rollplex.backends.torch.prefix_pieces import as_pieces, cut_features
+from rollplex.backends.torch.roles import capture_saved, feature_tokens, features_of
 from rollplex.backends.torch.row_ranges import skipping_ranges
-from rollplex.backends.torch.values import Features, SavedActivations
+from rollplex.backends.torch.values import Features, Pixels, SavedActivations
 from rollplex.data.prompts import PromptBatch
 from rollplex.engine.prefix import (
     Model,
     PrefixState,
+    cache_kv,
     fork_cache,
     prefix_forward,
     prefix_positions,
@@ -40,21 +43,61 @@ def prefix_with_grad(
 def live_prefix_with_grad(
     model: Model, features: Features, text: PromptBatch, head: bool, live: list[bool]
 ) -> tuple[PrefixState, SavedActivations]:
-    """`prefix_with_grad` over the prompts `live` marks, each contiguous run of them a
-    piece of its own; the others' rows are `unread_prefix` (no forward, no graph, nothing
-    saved), joined in row order."""
+    """`prefix_with_grad` over the prompts `live` marks, in one forward, its outputs
+    scattered into their rows of the whole batch's (`_ScatterRows`); the other rows hold
+    zeros that nothing reads and no graph (`unread_prefix`)."""
     if all(live):
         return prefix_with_grad(model, features.values, text, head)
-    parts, saved = [], []
-    for lo, hi, trained in skipping_ranges(text.size, 1, live):
-        rows = text.select(lo, hi)
-        if trained:
-            state, kept = prefix_with_grad(model, features.select(lo, hi).values, rows, head)
-            parts.append(state)
-            saved.append(kept)
-        else:
-            parts.append(as_pieces(unread_prefix(model, rows, head)))
-    return join_pieces(parts), SavedActivations.merge(saved)
+    rows = [i for i, alive in enumerate(live) if alive]
+    if not rows:
+        return as_pieces(unread_prefix(model, text, head)), SavedActivations()
+    saved = SavedActivations()
+    visual, upstream = cut_features(features.take(rows).values)
+    with capture_saved(saved), checkpointed_layers(model, saved):
+        state = prefix_forward(model, text.take(rows), visual, grad=True, head=head)
+    index = torch.tensor(rows, device=visual.device)
+
+    def scatter(t: torch.Tensor) -> torch.Tensor:
+        return _ScatterRows.apply(t, index, text.size)
+
+    kv = [(scatter(k), scatter(v)) for k, v in cache_kv(state.cache)]
+    last = scatter(state.last_logits if head else state.last_hidden)
+    logits, hidden = (last, None) if head else (None, last)
+    _, following = prefix_positions(model, text)
+    whole = prefix_state(text, fork_cache(kv), following, hidden, logits)
+    return as_pieces(whole, upstream), saved
+
+
+def live_features(model: Model, pixels: Pixels, live: list[bool]) -> Features:
+    """`features_of` over the prompts `live` marks, in one tower call, scattered into their
+    rows of the whole batch's; the others' are zeros that nothing reads (their prefix does
+    not run: `live_prefix_with_grad`)."""
+    if all(live):
+        return features_of(model, pixels)
+    tokens = feature_tokens(model, pixels)
+    rows = [i for i, alive in enumerate(live) if alive]
+    if not rows:
+        width = model.config.vision_config.out_hidden_size
+        return Features(model.lm_head.weight.new_zeros(sum(tokens), width), tokens)
+    encoded = features_of(model, pixels.take(rows)).values
+    spans = [(sum(tokens[:r]), sum(tokens[: r + 1])) for r in rows]
+    index = torch.cat([torch.arange(a, b, device=encoded.device) for a, b in spans])
+    return Features(_ScatterRows.apply(encoded, index, sum(tokens)), tokens)
+
+
+class _ScatterRows(torch.autograd.Function):
+    """`x`'s rows at `index` of `rows` zero rows, whose backward keeps the index alone
+    (autograd's index_copy keeps its source too: a copy of the live prompts' K/V)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, index: torch.Tensor, rows: int) -> torch.Tensor:
+        ctx.save_for_backward(index)
+        return x.new_zeros((rows, *x.shape[1:])).index_copy_(0, index, x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        (index,) = ctx.saved_tensors
+        return grad.index_select(0, index), None, None
 
 
 def unread_prefix(model: Model, batch: PromptBatch, head: bool) -> PrefixState:

@@ -48,6 +48,15 @@ class Pixels:
         va, vb = sum(visuals[:lo]), sum(visuals[:hi])
         return Pixels(self.values[a:b], self.grid[va:vb], visuals[lo:hi])
 
+    def take(self, rows: list[int]) -> Pixels:
+        """Prompts `rows`' visuals, in that order."""
+        parts, grids = self.values.split(self._spans()), self._grids()
+        return Pixels(
+            torch.cat([parts[r] for r in rows]),
+            torch.cat([grids[r] for r in rows]),
+            [self.counts[r] for r in rows],
+        )
+
     def repeat(self, g: int) -> Pixels:
         parts, grids = self.values.split(self._spans()), self._grids()
         return Pixels(
@@ -77,6 +86,11 @@ class Features:
     def select(self, lo: int, hi: int) -> Features:
         a, b = sum(self.tokens[:lo]), sum(self.tokens[:hi])
         return Features(self.values[a:b], self.tokens[lo:hi])
+
+    def take(self, rows: list[int]) -> Features:
+        """Prompts `rows`' features, in that order."""
+        parts = self.values.split(self.tokens)
+        return Features(torch.cat([parts[r] for r in rows]), [self.tokens[r] for r in rows])
 
     def repeat(self, g: int) -> Features:
         parts = self.values.split(self.tokens)

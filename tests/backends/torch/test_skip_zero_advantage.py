@@ -42,7 +42,8 @@ CASES = [
     (True, "seq-mean-token-sum", True, False),
     (True, "seq-mean-token-sum-norm", False, False),
     (False, "token-mean", True, False),
-    # graph/passes/skip_dead_prefix.py: the dead prompts' prefix forward is not run either
+    # graph/passes/skip_dead_prefix.py: the dead prompts' vision encode and prefix forward
+    # are not run either
     (True, "token-mean", False, True),
     (True, "seq-mean-token-sum", True, True),
 ]
@@ -68,10 +69,11 @@ def _trainer(spec, algo, micro: int, recompute: bool, fused: bool) -> TorchTrain
 def _step(
     t: TorchTrainer, batch, responses, adv, old, mask, shared: bool, skip: bool, prefix=False
 ):
-    """One RL step's training: (loss value, metrics, {name: grad}); `prefix`: the prefix
-    forward is given the advantages too."""
-    feats, text = t.vision_encode(Pixels.of(batch)), batch.text_only()
+    """One RL step's training: (loss value, metrics, {name: grad}); `prefix`: the vision
+    encode and the prefix forward are given the advantages too."""
     live = adv if skip else None
+    feats = t.vision_encode(Pixels.of(batch), advantages=live if prefix else None)
+    text = batch.text_only()
     if shared:
         state, _ = t.logprob_prefix(feats, text, advantages=live if prefix else None)
         lp, _ = t.logprob_response(state, responses, G, advantages=live)
