@@ -39,7 +39,7 @@ class ForwardOps:
         """A prefix op, or its row chunk (the LM head deferred to the merge); riding the
         live decode's next step when the plan says so and both roles can."""
         d, head = self.d, chunk.count == 1
-        note = _prefixes_trained(x, d.values.rows(x))
+        note = _prefixes_trained(d.values, x)
         if not head:
             lo, hi = row_ranges(d.values.rows(x), chunk.count)[chunk.index]
             x = _unit_rows(d.values, x, lo, hi, _samples_per_row(d.values, x))
@@ -168,12 +168,12 @@ def _samples_per_row(values: Any, x: dict[str, Any]) -> int:
     return values.row_count(x["advantages"]) // values.rows(x) if "advantages" in x else 1
 
 
-def _prefixes_trained(x: dict[str, Any], prompts: int) -> str:
+def _prefixes_trained(values: Any, x: dict[str, Any]) -> str:
     """Where a training prefix op skipped prompts, how many it ran: the plan priced them all,
     so the step is left out of the calibration (as `_trained_note`'s in dispatch.py)."""
     if "advantages" not in x:
         return ""
-    adv = x["advantages"]
+    adv, prompts = x["advantages"], values.rows(x)
     live = live_units(adv, prompts, adv.shape[0] // prompts)
     if all(live):
         return ""
