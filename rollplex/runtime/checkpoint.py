@@ -347,12 +347,17 @@ def _load_masters(path: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+# not the model's: the dtype is the device's (jobs/model_dtype.py), and a checkpoint
+# (float32 masters) resumes on another device
+_NOT_COMPARED = frozenset({"name", "path", "dtype"})
+
+
 def _check_model(where: Path, saved: dict[str, Any], model: ModelSpec) -> None:
     ours = model.model_dump(mode="json")
     diffs = [
         f"model.{k}: checkpoint has {saved.get(k)!r}, this run has {ours.get(k)!r}"
         for k in sorted(set(saved) | set(ours))
-        if k not in ("name", "path") and saved.get(k) != ours.get(k)
+        if k not in _NOT_COMPARED and saved.get(k) != ours.get(k)
     ]
     if diffs:
         raise CheckpointError(

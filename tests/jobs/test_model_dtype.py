@@ -35,14 +35,22 @@ def test_a_bfloat16_folder_trained_on_cpu_is_planned_as_the_float32_it_runs(
     spec_of_demo = open_model_folder(demo).spec
     save_model(load_model(demo, torch.bfloat16), spec_of_demo, folder, assets_from=demo)
     assert json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
-    run = tmp_path / "run"
-    args = ("model=hub", f"model.path={folder}", "workload=tiny", "train.steps=1")
+    run, resumed = tmp_path / "run", tmp_path / "resumed"
+    args = ("model=hub", f"model.path={folder}", "workload=tiny")
     args += ("train.eval_every=0", "train.progress=false", "train.threads=1")
-    with torch_settings_kept():
-        result = rollplex_here(
-            tmp_path, monkeypatch, capsys, "train", *args, f"hydra.run.dir={run}"
-        )
+
+    def train(out: Path, *more: str):
+        with torch_settings_kept():
+            return rollplex_here(
+                tmp_path, monkeypatch, capsys, "train", *args, *more, f"hydra.run.dir={out}"
+            )
+
+    result = train(run, "train.steps=1")
     assert result.returncode == 0, result.stderr[-2000:]
+    # its checkpoint (planned float32, the folder bfloat16) resumes against the folder
+    again = train(resumed, "train.steps=2", f"train.resume={run / 'checkpoints/step-000001'}")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (resumed / "checkpoints/step-000002").is_dir()
     assert "model.dtype=bfloat16 (as its folder or preset says) is planned as float32" in (
         (run / "cli.log").read_text()
     )
