@@ -9,6 +9,7 @@ the bytes the plan allocates for it (the gradients and its scratch).
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.graph.ir import Phase
 from rollplex.jobs.pipeline import PlanResult, plan_step
-from rollplex.planner.plan import MemAction, Plan
+from rollplex.planner.plan import CoRun, MemAction, Plan
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
 from rollplex.specs import HARDWARE_PRESETS, MODEL_PRESETS, AlgoSpec, ScheduleSpec, WorkloadSpec
@@ -152,11 +153,35 @@ def _planned_step(side: int, prompts: int, group: int, micro: int, schedule: Sch
     return planned, backend, lambda: executor.run_step(0, batch)
 
 
+def grid_report(grid: list[tuple[tuple[int, int, int, int], str]]) -> list[dict]:
+    """For each (point, schedule name) of `grid`: the backward's measured peak over its
+    price, the reuses its plan took ("prefill once", "decode once") and whether a prefix
+    rode the decode. tests/runtime/test_backward_memory.py reads it from a process of its
+    own (`--json`)."""
+    out = []
+    for point, name in grid:
+        torch.manual_seed(0)
+        peak, priced, plan = backward_peak(*point, SCHEDULES[name])
+        notes = plan.notes
+        once = {n.split(":")[0] for n in notes if n.startswith(("prefill once:", "decode once:"))}
+        out.append({
+            "point": list(point), "schedule": name, "priced": priced, "ratio": peak / priced,
+            "once": sorted(once), "rode": any(s.corun is CoRun.PIGGYBACK for s in plan.all_steps()),
+        })  # fmt: skip
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results/backward_memory_cpu.md")
+    ap.add_argument("--json", action="store_true", help="print grid_report of the grid "
+                    "given on stdin (JSON [[point, schedule], ...]) and write nothing")  # fmt: skip
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.json:
+        grid = [(tuple(p), name) for p, name in json.load(sys.stdin)]
+        print(json.dumps(grid_report(grid)))
+        return
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()

@@ -17,17 +17,18 @@ layer over every prompt, holding two gradients of all rows' hidden states."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
-
-from rollplex.planner.plan import CoRun
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from backward_memory import POINTS, SCHEDULES, backward_peak, planned_for
+from backward_memory import POINTS, SCHEDULES, planned_for
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 # verl's per-sample forward at the 64-sample point was 18 of the grid's 45 s on a loaded
 # 2-core machine; its path has no prefix pieces, and the other three points cover it
@@ -35,20 +36,32 @@ from backward_memory import POINTS, SCHEDULES, backward_peak, planned_for
 GRID = [(p, n) for p in POINTS for n in SCHEDULES if (p[1] * p[2], n) != (64, "verl-like")]
 
 
+@pytest.fixture(scope="module")
+def measured() -> dict[tuple, dict]:
+    """The grid measured in a process of its own: in a CI worker that had run other tests,
+    the CPU profiler once saw 0.20x of a backward that reads 0.88x alone."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "backward_memory.py"), "--json"],
+        input=json.dumps(GRID), capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    return {(tuple(r["point"]), r["schedule"]): r for r in report}
+
+
 @pytest.mark.parametrize(
     ("point", "name"), GRID, ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else x
 )
-def test_the_backward_holds_what_the_plan_prices(point, name):
-    torch.manual_seed(0)
-    peak, priced, plan = backward_peak(*point, SCHEDULES[name])
-    assert priced > 0
+def test_the_backward_holds_what_the_plan_prices(measured, point, name):
+    r = measured[(point, name)]
+    assert r["priced"] > 0
     if name == "riding":  # the prefix really rode, and was attached
-        assert any(s.corun is CoRun.PIGGYBACK for s in plan.all_steps())
-    once = {n.split(":")[0] for n in plan.notes if n.startswith(("prefill once:", "decode once:"))}
+        assert r["rode"]
     # the default path takes both (the rollout's prefill and decode as the training
     # forwards); the ablations take neither
-    assert once == ({"prefill once", "decode once"} if name == "prefill-decode-once" else set())
-    assert 0.7 * priced <= peak <= 1.05 * priced, (peak / priced, plan.meta)
+    want = ["decode once", "prefill once"] if name == "prefill-decode-once" else []
+    assert r["once"] == want
+    assert 0.7 <= r["ratio"] <= 1.05, r
 
 
 def test_a_decode_once_plan_holds_the_prefix_kv_to_the_backward():
