@@ -73,6 +73,8 @@ def build_rollout(
     """`max_pixels`: the image processor's bound the prompts were rendered with, so vLLM
     expands each image to the same number of visual tokens as the trainer sees.
     `kv_cache_bytes`: the plan's KV pool for the engine (`engine_kv_budget(plan)`)."""
+    if spec.vllm.weights == "share":
+        check_shareable(trainer, spec.vllm)  # before a start folder is written
     if config.model.path:
         folder = Path(config.model.path)
     else:
@@ -80,8 +82,6 @@ def build_rollout(
         folder = write_start_folder(config, trainer, root / "vllm-start", max_pixels)
     live = trainer.live_weights()
     kv = kv_budget(config.model, spec.vllm, kv_cache_bytes)
-    if spec.vllm.weights == "share":
-        check_shareable(trainer, spec.vllm)  # before the engine starts
     rollout = VllmRollout(folder, spec.vllm, kv, model=live.model, version=live.version)
     if spec.vllm.weights == "share":
         rollout.share_storage(trainer.model, config.model)

@@ -79,7 +79,7 @@ def test_spec_rejects_bad_knobs():
 
 
 @needs_vllm
-def test_sharing_on_a_cpu_engine_is_refused_before_it_starts(no_engine, monkeypatch):
+def test_sharing_on_a_cpu_engine_is_refused_before_it_starts(no_engine, monkeypatch, tmp_path):
     from rollplex.backends.step import StepConfig
     from rollplex.backends.torch.model import build_model
     from rollplex.backends.torch.trainer import TorchTrainer
@@ -91,4 +91,5 @@ def test_sharing_on_a_cpu_engine_is_refused_before_it_starts(no_engine, monkeypa
     trainer = TorchTrainer(build_model(SPEC, seed=0), SPEC, AlgoSpec())
     spec = BackendSpec(rollout="vllm", vllm=VllmSpec(dtype="float32", weights="share"))
     with pytest.raises(BackendError, match="weights=share needs vLLM on CUDA"):
-        build_rollout(StepConfig(SPEC, AlgoSpec(), 0, 8), trainer, spec)
+        build_rollout(StepConfig(SPEC, AlgoSpec(), 0, 8), trainer, spec, workdir=tmp_path)
+    assert not any(tmp_path.iterdir())  # refused before its start folder was written
