@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from rollplex.backends.torch.masters import own_masters
+from rollplex.backends.torch.values import OptimizerHandle
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -47,10 +48,6 @@ def _storages(tensors) -> dict[int, int]:
     return out
 
 
-def _moments(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [v for state in optimizer.state.values() for v in state.values()]
-
-
 def owners(dispatch) -> dict[str, dict[int, int]]:
     """Storages by who keeps them, first owner wins: the rollout aliases the policy."""
     trainer, critic, reference = dispatch.trainer, dispatch.critic, dispatch.reference
@@ -59,10 +56,12 @@ def owners(dispatch) -> dict[str, dict[int, int]]:
         "rollout weights": dispatch.rollout.model.parameters(),
         "reference weights": reference.model.parameters() if reference else (),
         "policy masters": trainer.master_tensors(),
-        "AdamW moments": _moments(trainer.optimizer),
+        "AdamW moments": OptimizerHandle(trainer.optimizer).tensors(),
         "critic weights": critic.model.parameters() if critic else (),
         "critic masters and moments": (
-            [*own_masters(critic.masters), *_moments(critic.optimizer)] if critic else ()
+            OptimizerHandle(critic.optimizer, own_masters(critic.masters)).tensors()
+            if critic
+            else ()
         ),
     }
     out, seen = {}, set()

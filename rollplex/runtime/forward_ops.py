@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rollplex.backends.base import BackendError, Chunk, OpResult
-from rollplex.backends.torch.row_ranges import live_units
+from rollplex.backends.torch.row_ranges import live_prompts
 from rollplex.backends.torch.rows import row_ranges
 from rollplex.graph.ir import Op, Phase
 from rollplex.ops.micro_batches import micro_ranges
@@ -173,8 +173,8 @@ def _prefixes_trained(values: Any, x: dict[str, Any]) -> str:
     so the step is left out of the calibration (as `_trained_note`'s in dispatch.py)."""
     if "advantages" not in x:
         return ""
-    adv, prompts = x["advantages"], values.rows(x)
-    live = live_units(adv, prompts, adv.shape[0] // prompts)
+    prompts = values.rows(x)
+    live = live_prompts(x["advantages"], prompts)
     if all(live):
         return ""
     return f"ran {sum(live)} of {prompts} prompts (the others' advantages are 0)"

@@ -13,6 +13,7 @@ import rollplex.models.io as model_io
 from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.data import TaskData
 from rollplex.backends.torch.masters import own_masters
+from rollplex.backends.torch.values import OptimizerHandle
 from rollplex.graph.ir import ValueKind
 from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
@@ -47,14 +48,11 @@ def _held(dispatch) -> tuple[int, int]:
         models.append(dispatch.critic.model)
         trained.append(dispatch.critic)
     weights = _bytes(p for m in models for p in m.parameters())
-    state = [
+    state = (
         t
         for role in trained
-        for t in (
-            *own_masters(role.masters),
-            *(v for s in role.optimizer.state.values() for v in s.values()),
-        )
-    ]
+        for t in OptimizerHandle(role.optimizer, own_masters(role.masters)).tensors()
+    )
     return weights, _bytes(state)
 
 

@@ -48,6 +48,12 @@ def live_units(advantages: torch.Tensor | None, units: int, rows_per_unit: int) 
     return (advantages.detach().reshape(units, -1) != 0).any(dim=1).tolist()
 
 
+def live_prompts(advantages: torch.Tensor, prompts: int) -> list[bool]:
+    """`live_units` of `prompts` prompts, each with its share of the advantages' rows (a
+    prefix op's: its group's samples)."""
+    return live_units(advantages, prompts, advantages.shape[0] // prompts)
+
+
 def skipping_ranges(
     units: int, count: int, live: list[bool], what: str = GROUPS
 ) -> list[tuple[int, int, bool]]:

@@ -41,7 +41,7 @@ from rollplex.backends.torch.roles import (
     freeze_for_graph,
     weights_params,
 )
-from rollplex.backends.torch.row_ranges import live_units
+from rollplex.backends.torch.row_ranges import live_prompts
 from rollplex.backends.torch.rows import merge_chunks
 from rollplex.backends.torch.training_prefix import (
     attached_with_grad,
@@ -115,7 +115,7 @@ class TorchTrainer(Trainer):
         with torch.set_grad_enabled(self.spec.trainable_vision):
             if advantages is None:
                 return features_of(self.model, pixels)
-            live = live_units(advantages, pixels.rows, advantages.shape[0] // pixels.rows)
+            live = live_prompts(advantages, pixels.rows)
             return live_features(self.model, pixels, live)
 
     def logprob_prefix(
@@ -131,7 +131,7 @@ class TorchTrainer(Trainer):
         groups train run it (graph/passes/skip_dead_prefix.py; training_prefix.py)."""
         if advantages is None:
             return prefix_with_grad(self.model, features.values, text, head)
-        live = live_units(advantages, text.size, advantages.shape[0] // text.size)
+        live = live_prompts(advantages, text.size)
         return live_prefix_with_grad(self.model, features, text, head, live)
 
     def scorer(self) -> PolicyScorer:
@@ -173,10 +173,8 @@ class TorchTrainer(Trainer):
         `advantages`, the backward replays only the prompts whose groups train (row_ranges.py)."""
         if exported.ridden is None:
             raise BackendError("the exported prefill was already released")
-        live = None
-        if advantages is not None:
-            rows = exported.ridden.rows.batch.size
-            live = live_units(advantages, rows, advantages.shape[0] // rows)
+        prompts = exported.ridden.rows.batch.size
+        live = None if advantages is None else live_prompts(advantages, prompts)
         return self.attach_ridden(exported.ridden, features, head, live=live)
 
     def logprob_response(
