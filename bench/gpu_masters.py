@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
+from rollplex.backends.torch.handles import GradsHandle
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.trainer import TorchTrainer
-from rollplex.backends.torch.values import GradsHandle
 from rollplex.specs import MODEL_PRESETS, AlgoSpec
 
 BF16 = torch.bfloat16

@@ -42,6 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_decode import image_prompt
 
+from rollplex.backends.torch.activations import SavedActivations
 from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.logprob import (
     head_logprobs,
@@ -53,7 +54,7 @@ from rollplex.backends.torch.micro import response_micro_batches
 from rollplex.backends.torch.micro_loss import backward_micro_batches
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.shared_prefix_attention import SharedPrefix
-from rollplex.backends.torch.values import Responses, SavedActivations
+from rollplex.backends.torch.values import Responses
 from rollplex.data.prompts import collate_prompts
 from rollplex.engine.prefix import (
     cache_kv,

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
+from rollplex.backends.torch.handles import OptimizerHandle
 from rollplex.backends.torch.masters import own_masters
-from rollplex.backends.torch.values import OptimizerHandle
 
 sys.path.insert(0, str(Path(__file__).parent))
 

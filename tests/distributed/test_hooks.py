@@ -13,7 +13,7 @@ from rollplex.backends.fsdp.build import FsdpHooks, FsdpValues, sample_seed
 from rollplex.backends.hooks import StepHooks, decode_seed
 from rollplex.backends.step import StepInputs
 from rollplex.backends.torch.data import TaskData
-from rollplex.backends.torch.values import OptimizerHandle
+from rollplex.backends.torch.handles import OptimizerHandle
 from rollplex.data.prompt_media import Media
 from rollplex.specs import MODEL_PRESETS, WORKLOAD_PRESETS
 

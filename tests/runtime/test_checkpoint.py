@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from rollplex.backends.torch.handles import GradsHandle
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.trainer import TorchTrainer
-from rollplex.backends.torch.values import GradsHandle
 from rollplex.runtime.checkpoint import (
     CheckpointError,
     latest_checkpoint,

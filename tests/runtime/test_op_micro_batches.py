@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from rollplex.backends.step import StepConfig
+from rollplex.backends.torch.activations import SavedActivations
 from rollplex.backends.torch.data import TaskData
-from rollplex.backends.torch.values import Features, SavedActivations, TokenLogprobs
+from rollplex.backends.torch.values import Features, TokenLogprobs
 from rollplex.engine.prefix import PrefixState, cache_kv
 from rollplex.graph.ir import Phase
 from rollplex.jobs.pipeline import plan_step

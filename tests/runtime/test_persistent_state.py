@@ -12,8 +12,8 @@ import torch
 import rollplex.models.io as model_io
 from rollplex.backends.step import StepConfig
 from rollplex.backends.torch.data import TaskData
+from rollplex.backends.torch.handles import OptimizerHandle
 from rollplex.backends.torch.masters import own_masters
-from rollplex.backends.torch.values import OptimizerHandle
 from rollplex.graph.ir import ValueKind
 from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor

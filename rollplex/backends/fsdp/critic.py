@@ -27,10 +27,11 @@ from rollplex.backends.fsdp.shard import (
 )
 from rollplex.backends.fsdp.trainer import RootedScorer, ShardedWeightsHandle
 from rollplex.backends.torch.critic import TorchCritic, build_critic_model
+from rollplex.backends.torch.handles import GradsHandle, WeightsHandle
 from rollplex.backends.torch.host_memory import forget_tags
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.roles import weights_params
-from rollplex.backends.torch.values import GradsHandle, Loss, TokenLogprobs, WeightsHandle
+from rollplex.backends.torch.values import Loss, TokenLogprobs
 from rollplex.backends.torch.vision_attention import compile_vision_blocks
 from rollplex.engine.prefix import Model
 from rollplex.specs import AlgoSpec, ModelSpec

@@ -23,10 +23,11 @@ from rollplex.backends.fsdp.shard import DTYPES, expected_chunk, local
 from rollplex.backends.fsdp.trainer import FsdpTrainer
 from rollplex.backends.step import Roles
 from rollplex.backends.torch.backend import TorchExternals
+from rollplex.backends.torch.handles import VersionCounter, WeightsHandle
 from rollplex.backends.torch.model import model_for
 from rollplex.backends.torch.roles import TorchRollout, vision_params, weights_params
 from rollplex.backends.torch.rows import TorchValues, text_only
-from rollplex.backends.torch.values import Pixels, VersionCounter, WeightsHandle
+from rollplex.backends.torch.values import Pixels
 from rollplex.graph.ir import Graph, ValueKind, version_model
 from rollplex.planner.pools import Pools
 from rollplex.specs.backend import BackendSpec

@@ -33,11 +33,12 @@ from rollplex.backends.fsdp.shard import (
     shard_model,
     sharded_state,
 )
+from rollplex.backends.torch.handles import GradsHandle, WeightsHandle
 from rollplex.backends.torch.model import load_model, save_model
 from rollplex.backends.torch.roles import weights_params
 from rollplex.backends.torch.rows import merge_chunks
 from rollplex.backends.torch.trainer import TorchTrainer
-from rollplex.backends.torch.values import GradsHandle, Loss, TokenLogprobs, WeightsHandle
+from rollplex.backends.torch.values import Loss, TokenLogprobs
 from rollplex.engine.prefix import Model
 from rollplex.specs import AlgoSpec, ModelSpec
 from rollplex.specs.fsdp import FsdpSpec

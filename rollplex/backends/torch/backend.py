@@ -14,6 +14,7 @@ import torch
 from rollplex.backends.base import BackendError
 from rollplex.backends.torch.compiled_pieces import compile_text_pieces
 from rollplex.backends.torch.critic import TorchCritic, build_critic_model
+from rollplex.backends.torch.handles import OptimizerHandle, VersionCounter, WeightsHandle
 from rollplex.backends.torch.masters import own_masters
 from rollplex.backends.torch.model import model_for
 from rollplex.backends.torch.roles import (
@@ -24,7 +25,7 @@ from rollplex.backends.torch.roles import (
 )
 from rollplex.backends.torch.rows import text_only
 from rollplex.backends.torch.trainer import TorchTrainer
-from rollplex.backends.torch.values import OptimizerHandle, Pixels, VersionCounter, WeightsHandle
+from rollplex.backends.torch.values import Pixels
 from rollplex.graph.ir import Graph, ValueKind, version_model
 from rollplex.specs.backend import BackendSpec
 

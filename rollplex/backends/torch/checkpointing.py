@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from rollplex.backends.torch.values import SavedActivations
+from rollplex.backends.torch.activations import SavedActivations
 from rollplex.engine.prefix import Model
 
 

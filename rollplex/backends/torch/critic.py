@@ -18,6 +18,7 @@ from torch import nn
 from rollplex.backends.base import BackendError
 from rollplex.backends.torch.exported_prefix import ExportedPrefix, prefill_exported
 from rollplex.backends.torch.full_forward import features_full_head_outputs
+from rollplex.backends.torch.handles import GradsHandle, VersionCounter, WeightsHandle
 from rollplex.backends.torch.host_memory import forget_tags
 from rollplex.backends.torch.logprob import response_head_outputs, response_mask
 from rollplex.backends.torch.loss import (
@@ -47,16 +48,7 @@ from rollplex.backends.torch.roles import (
 from rollplex.backends.torch.rows import merge_chunks
 from rollplex.backends.torch.training_prefix import attached_with_grad, prefix_with_grad
 from rollplex.backends.torch.trim import trimmed
-from rollplex.backends.torch.values import (
-    Features,
-    GradsHandle,
-    Loss,
-    Pixels,
-    Responses,
-    TokenLogprobs,
-    VersionCounter,
-    WeightsHandle,
-)
+from rollplex.backends.torch.values import Features, Loss, Pixels, Responses, TokenLogprobs
 from rollplex.data.prompts import PromptBatch
 from rollplex.engine.prefix import Model, PrefixState, prefix_forward
 from rollplex.specs import AlgoSpec, ModelSpec

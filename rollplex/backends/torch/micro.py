@@ -13,19 +13,13 @@ from typing import Any
 
 import torch
 
+from rollplex.backends.torch.activations import Boundary, MicroBatches, SavedActivations, Scored
 from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.roles import capture_saved, masked_logprobs
 from rollplex.backends.torch.row_ranges import GROUPS, live_units, skipping_ranges
 from rollplex.backends.torch.rows import prefix_rows
 from rollplex.backends.torch.trim import trimmed
-from rollplex.backends.torch.values import (
-    Boundary,
-    MicroBatches,
-    MicroLogprobs,
-    Responses,
-    SavedActivations,
-    Scored,
-)
+from rollplex.backends.torch.values import MicroLogprobs, Responses
 from rollplex.engine.prefix import Model, PrefixState
 
 

@@ -10,8 +10,9 @@ from typing import Any
 
 import torch
 
+from rollplex.backends.torch.activations import MicroBatches
 from rollplex.backends.torch.loss import micro_batch_weights
-from rollplex.backends.torch.values import Loss, MicroBatches
+from rollplex.backends.torch.values import Loss
 
 
 def backward_micro_batches(terms: list[Any], micro: MicroBatches) -> None:

@@ -25,6 +25,7 @@ from rollplex.backends.base import (
     WeightsSource,
     version_name,
 )
+from rollplex.backends.torch.activations import SavedActivations
 from rollplex.backends.torch.decode import DecodeSession as TorchDecodeSession
 from rollplex.backends.torch.exported_prefix import ExportedPrefix, prefill_exported
 from rollplex.backends.torch.full_forward import features_full_logprobs
@@ -33,13 +34,7 @@ from rollplex.backends.torch.model import load_model
 from rollplex.backends.torch.row_ranges import live_units, scored_live_runs
 from rollplex.backends.torch.rows import merge_chunks, select_rows
 from rollplex.backends.torch.trim import trimmed
-from rollplex.backends.torch.values import (
-    Features,
-    Pixels,
-    Responses,
-    SavedActivations,
-    TokenLogprobs,
-)
+from rollplex.backends.torch.values import Features, Pixels, Responses, TokenLogprobs
 from rollplex.data.prompts import PromptBatch
 from rollplex.engine.decoded import DecodedOutputs
 from rollplex.engine.prefix import Model, PrefixState, prefix_forward

@@ -16,18 +16,12 @@ import torch
 from torch import nn
 
 from rollplex.backends.base import BackendError, ValueOps
+from rollplex.backends.torch.activations import Boundary, SavedActivations
 from rollplex.backends.torch.exported_prefix import ExportedPrefix
 from rollplex.backends.torch.host_memory import move
 from rollplex.backends.torch.kv_rows import KVRows, LayerKV
 from rollplex.backends.torch.prefix_pieces import join_pieces, pieces_of
-from rollplex.backends.torch.values import (
-    Boundary,
-    Features,
-    Pixels,
-    Responses,
-    SavedActivations,
-    TokenLogprobs,
-)
+from rollplex.backends.torch.values import Features, Pixels, Responses, TokenLogprobs
 from rollplex.data.prompts import PromptBatch
 from rollplex.data.sample import Sample
 from rollplex.engine.prefix import PrefixState, cache_kv, fork_cache
@@ -191,7 +185,8 @@ _PREFIX_FIELDS = ("last_logits", "attention_mask", "next_positions", "rope_delta
 
 
 class TorchValues(ValueOps):
-    """The runtime's handle on the torch value types (values.py, PromptBatch, PrefixState)."""
+    """The runtime's handle on the torch value types (values.py, activations.py, handles.py,
+    PromptBatch, PrefixState)."""
 
     def rows(self, inputs: dict[str, Any]) -> int:
         return row_count(inputs)

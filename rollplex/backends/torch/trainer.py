@@ -17,9 +17,11 @@ import torch
 
 from rollplex.algos.lr_schedule import lr_at
 from rollplex.backends.base import BackendError, LiveWeights, Trainer
+from rollplex.backends.torch.activations import SavedActivations
 from rollplex.backends.torch.decoded_response import decoded_response_logprobs
 from rollplex.backends.torch.exported_prefix import ExportedPrefix
 from rollplex.backends.torch.full_forward import features_full_logprobs
+from rollplex.backends.torch.handles import GradsHandle, VersionCounter, WeightsHandle
 from rollplex.backends.torch.host_memory import forget_tags
 from rollplex.backends.torch.logprob import entropy_mode, response_logprobs
 from rollplex.backends.torch.loss import loss_options, policy_loss
@@ -49,17 +51,7 @@ from rollplex.backends.torch.training_prefix import (
     live_prefix_with_grad,
     prefix_with_grad,
 )
-from rollplex.backends.torch.values import (
-    Features,
-    GradsHandle,
-    Loss,
-    Pixels,
-    Responses,
-    SavedActivations,
-    TokenLogprobs,
-    VersionCounter,
-    WeightsHandle,
-)
+from rollplex.backends.torch.values import Features, Loss, Pixels, Responses, TokenLogprobs
 from rollplex.data.prompts import PromptBatch
 from rollplex.engine.decoded import DecodedOutputs
 from rollplex.engine.prefix import Model, PrefixState, cache_kv, fork_cache

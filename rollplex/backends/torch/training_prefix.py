@@ -9,11 +9,12 @@ from typing import Any
 
 import torch
 
+from rollplex.backends.torch.activations import SavedActivations
 from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.prefix_pieces import as_pieces, cut_features
 from rollplex.backends.torch.roles import capture_saved, feature_tokens, features_of
 from rollplex.backends.torch.row_ranges import skipping_ranges
-from rollplex.backends.torch.values import Features, Pixels, SavedActivations
+from rollplex.backends.torch.values import Features, Pixels
 from rollplex.data.prompts import PromptBatch
 from rollplex.engine.prefix import (
     Model,

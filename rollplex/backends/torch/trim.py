@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from rollplex.backends.torch.values import Scored
+from rollplex.backends.torch.activations import Scored
 
 
 def trimmed(

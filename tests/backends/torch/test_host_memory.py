@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
+from rollplex.backends.torch.handles import OptimizerHandle, VersionCounter, WeightsHandle
 from rollplex.backends.torch.host_memory import to_device, to_host
-from rollplex.backends.torch.values import OptimizerHandle, VersionCounter, WeightsHandle
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -9,15 +9,10 @@ import copy
 import pytest
 import torch
 
+from rollplex.backends.torch.handles import OptimizerHandle
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.trainer import TorchTrainer
-from rollplex.backends.torch.values import (
-    Loss,
-    OptimizerHandle,
-    Pixels,
-    Responses,
-    TokenLogprobs,
-)
+from rollplex.backends.torch.values import Loss, Pixels, Responses, TokenLogprobs
 from rollplex.specs import AlgoSpec
 
 BF16 = torch.bfloat16

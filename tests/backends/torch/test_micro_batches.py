@@ -251,10 +251,10 @@ def test_critic_micro_batches_equal_one_batch(spec, prompts, shared):
 def test_micro_batches_run_only_the_columns_their_rows_use(spec, prompts):
     """A micro-batch without the step's longest response runs (and keeps for backward)
     only the columns up to its own longest: same logprobs as the full width, zeros after."""
+    from rollplex.backends.torch.activations import SavedActivations
     from rollplex.backends.torch.checkpointing import checkpointed_layers
     from rollplex.backends.torch.micro import response_micro_batches
     from rollplex.backends.torch.roles import capture_saved
-    from rollplex.backends.torch.values import SavedActivations
 
     model = build_model(spec, seed=0)
     freeze_for_graph(model, spec)

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from rollplex.backends.torch.activations import SavedActivations
 from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.logprob import (
     head_logprobs,
@@ -28,7 +29,7 @@ from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.roles import TorchReference, capture_saved
 from rollplex.backends.torch.task import QUESTIONS, VisualTask
 from rollplex.backends.torch.tokenizer import encode_prompt
-from rollplex.backends.torch.values import Responses, SavedActivations
+from rollplex.backends.torch.values import Responses
 from rollplex.data.prompts import collate_prompts
 from rollplex.engine.prefix import (
     cache_kv,

@@ -8,13 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rollplex.backends.torch.activations import SavedActivations
 from rollplex.backends.torch.checkpointing import checkpointed_layers
 from rollplex.backends.torch.micro import response_micro_batches
 from rollplex.backends.torch.micro_loss import backward_micro_batches
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.roles import capture_saved
 from rollplex.backends.torch.shared_prefix_attention import SharedPrefix, shared_prefix_attention
-from rollplex.backends.torch.values import Responses, SavedActivations
+from rollplex.backends.torch.values import Responses
 from rollplex.engine.prefix import prefix_forward, vision_encode
 from tests.backends.torch.test_shared_prefix import (
     _Attn,

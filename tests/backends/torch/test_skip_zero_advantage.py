@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from rollplex.backends.torch import trainer as trainer_module
+from rollplex.backends.torch.handles import GradsHandle
 from rollplex.backends.torch.loss import policy_loss
 from rollplex.backends.torch.model import build_model
 from rollplex.backends.torch.row_ranges import live_units, skipping_ranges
 from rollplex.backends.torch.trainer import TorchTrainer
-from rollplex.backends.torch.values import GradsHandle, Pixels, TokenLogprobs
+from rollplex.backends.torch.values import Pixels, TokenLogprobs
 from rollplex.specs import AlgoSpec
 from tests.backends.torch.test_micro_batches import PROMPTS, G, _close, _old_and_ref, _rollout
 from tests.backends.torch.test_micro_batches import prompts as prompts  # the fixture
