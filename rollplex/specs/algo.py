@@ -17,6 +17,7 @@ LossAgg = Literal[
 # verl's kl_penalty names (backends/torch/kl.py); "+" keeps the value, takes k2's gradient
 KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 KL_ESTIMATORS += tuple(f"{n}+" for n in KL_ESTIMATORS)
+GSPO_AGG = "seq-mean-token-mean"  # GSPO's aggregation (verl's compute_policy_loss_gspo)
 
 
 class AlgoSpec(Spec):
@@ -71,9 +72,19 @@ class AlgoSpec(Spec):
         gt=0,
         description="The per-token k3 KL is clamped to +-this [low_var_kl's 10].",
     )
-    loss_agg_mode: LossAgg = Field(
-        "token-mean",
-        description="How per-token losses become one number [loss_agg_mode]: token-mean "
+    loss_mode: Literal["vanilla", "gspo"] = Field(
+        "vanilla",
+        description="The policy loss [actor.policy_loss.loss_mode]: vanilla (PPO's clipped "
+        "per-token ratio, with the dual clip) or gspo (GSPO, arXiv 2507.18071: every token "
+        "of a response takes its sequence's ratio, exp of the mean per-token log-ratio, "
+        "clipped by clip_ratio_low/high, no dual clip; its gradient is the sequence "
+        "objective's). gspo aggregates seq-mean-token-mean, as verl's does: loss_agg_mode "
+        "null follows, and another value is refused. The GSPO paper clips at 3e-4 and 4e-4.",
+    )
+    loss_agg_mode: LossAgg | None = Field(
+        None,
+        description="How per-token losses become one number [loss_agg_mode]; null: "
+        "token-mean, or seq-mean-token-mean under loss_mode=gspo. token-mean "
         "(over all valid tokens of the batch), seq-mean-token-mean (mean per sequence, then "
         "over sequences), seq-mean-token-sum (sum per sequence, then mean over sequences), "
         "seq-mean-token-sum-norm (the sum over every valid token divided by a constant, "
@@ -227,6 +238,16 @@ class AlgoSpec(Spec):
             return data  # kl_coef's own check names what is wrong with it
         return {**data, "use_reference": coef > 0}
 
+    @model_validator(mode="before")
+    @classmethod
+    def _aggregation_of_the_loss(cls, data: Any) -> Any:
+        """loss_agg_mode=null resolves here to its loss_mode's: token-mean, or gspo's
+        seq-mean-token-mean (`_check` refuses gspo with another)."""
+        if not isinstance(data, dict) or data.get("loss_agg_mode") is not None:
+            return data
+        gspo = data.get("loss_mode") == "gspo"
+        return {**data, "loss_agg_mode": GSPO_AGG if gspo else "token-mean"}
+
     @model_validator(mode="after")
     def _skip_when_unread(self) -> AlgoSpec:
         """skip_zero_advantage=null resolves here, after use_reference has (the spec is
@@ -244,6 +265,12 @@ class AlgoSpec(Spec):
             raise ValueError(f"kl_in_reward is PPO's (GAE over token rewards), not {self.name}'s")
         self._check_kl_options()
         self._check_skip()
+        if self.loss_mode == "gspo" and self.loss_agg_mode != GSPO_AGG:
+            raise ValueError(
+                f"loss_mode=gspo aggregates {GSPO_AGG} (each response's tokens share its "
+                f"sequence ratio; verl's gspo does the same); loss_agg_mode is "
+                f"{self.loss_agg_mode!r}: leave it unset"
+            )
         if self.loss_scale_factor is not None and self.loss_agg_mode != "seq-mean-token-sum-norm":
             raise ValueError(
                 "loss_scale_factor divides seq-mean-token-sum-norm's sum; loss_agg_mode is "

@@ -45,3 +45,20 @@ def test_a_later_update_is_refused_by_name(model):
 def test_kl_in_reward_is_refused_by_name():
     algo = AlgoSpec(name="grpo").model_copy(update={"kl_in_reward": True})
     assert "algo.kl_in_reward" in algo_refusal(algo)
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ({"loss_mode": "gspo"}, "algo.loss_mode=gspo"),
+        ({"clip_ratio_high": 0.28}, "algo.clip_ratio_low/high"),
+        ({"clip_ratio_low": 0.1}, "algo.clip_ratio_low/high"),
+        ({"kl_loss_type": "k1"}, "algo.kl_loss_type=k1"),
+    ],
+)
+def test_settings_the_row_terms_are_not_derived_for_are_refused_by_name(setting, named):
+    """backends/torch/early_backward.py's row terms take the per-token ratio, the clip_eps
+    band and k3's KL: GSPO, an asymmetric clip or another KL estimator would make its
+    gradient differ from the batch's, so the plan refuses them."""
+    assert named in algo_refusal(AlgoSpec(name="grpo", kl_coef=0.04, **setting))
+    assert algo_refusal(AlgoSpec(name="grpo", kl_coef=0.0, kl_loss_type="k1")) is None

@@ -221,9 +221,12 @@ def policy_loss(
     kl_loss_type: str = "low_var_kl",
     entropy: torch.Tensor | None = None,
     entropy_coeff: float = 0.0,
+    loss_mode: str = "vanilla",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Dual-clip PPO loss aggregated by `loss_agg_mode`, plus kl_coef * KL, minus
     entropy_coeff * entropy (verl's compute_policy_loss_vanilla, then dp_actor's terms).
+    loss_mode="gspo" takes the ratio per sequence instead (`gspo_ratio`), with no dual
+    clip (verl's compute_policy_loss_gspo).
 
     Per token, with r = exp(clamp(logp - old, +-log_ratio_clamp)), lo = clip_ratio_low and
     hi = clip_ratio_high (each clip_eps when None: verl's fallback to clip_ratio):
@@ -242,12 +245,18 @@ def policy_loss(
     valid = mask.bool()
     adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     log_ratio = (logprobs - old_logprobs).clamp(-log_ratio_clamp, log_ratio_clamp)
-    ratio = torch.exp(log_ratio)
+    if loss_mode == "gspo":
+        ratio = gspo_ratio(logprobs, old_logprobs, valid)
+    elif loss_mode == "vanilla":
+        ratio = torch.exp(log_ratio)
+    else:
+        raise ValueError(f"loss_mode {loss_mode!r}: expected vanilla or gspo")
     pg1 = -adv * ratio
     pg2 = -adv * ratio.clamp(1.0 - low, 1.0 + high)
     clipped = torch.maximum(pg1, pg2)
     pg3 = -adv * clip_ratio_c
-    pg = torch.where(adv < 0, torch.minimum(clipped, pg3), clipped)
+    dual = adv < 0 if loss_mode == "vanilla" else torch.zeros_like(valid)
+    pg = torch.where(dual, torch.minimum(clipped, pg3), clipped)
 
     def agg(x: torch.Tensor) -> torch.Tensor:
         return aggregate(x, valid, loss_agg_mode, loss_scale_factor)
@@ -275,7 +284,7 @@ def policy_loss(
             "kl": kl_loss.detach(),  # the loss term's KL (older name of loss_kl)
             "loss_kl": kl_loss.detach(),
             "clip_frac": mean((pg2 > pg1).float()),
-            "clip_frac_lower": mean(((clipped > pg3) & (adv < 0)).float()),
+            "clip_frac_lower": mean(((clipped > pg3) & dual).float()),
             "ppo_kl": mean(-log_ratio),
             "ratio_mean": mean(ratio),
             "tokens": tokens,
@@ -286,6 +295,20 @@ def policy_loss(
 
 
 grpo_loss = policy_loss  # the name the GRPO engine and older tests use
+
+GSPO_LOG_RATIO_MAX = 10.0  # verl's clamp of GSPO's log-ratio, before exp
+
+
+def gspo_ratio(logprobs: torch.Tensor, old: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """GSPO's per-token ratio [N, R]: its value is the sequence's s_i = exp(mean over the
+    row's valid tokens of logp - old), its gradient s_i * d logp_t, so that the token-mean
+    of -A s_i,t over a row has the gradient of -A s_i (arXiv 2507.18071, eq. 10-11).
+    Padding is zeroed first: -inf - -inf would be NaN, and NaN * 0 survives a backward."""
+    lp = torch.where(valid, logprobs, torch.zeros_like(logprobs))
+    diff = torch.where(valid, lp - old, torch.zeros_like(lp))
+    seq = diff.sum(-1) / valid.sum(-1).clamp(min=1)
+    log_s = lp - lp.detach() + seq.detach().unsqueeze(-1)
+    return torch.exp(log_s.clamp(max=GSPO_LOG_RATIO_MAX))
 
 
 def loss_options(algo: Any) -> dict[str, Any]:
@@ -301,6 +324,7 @@ def loss_options(algo: Any) -> dict[str, Any]:
         "kl_clamp": algo.kl_clamp,
         "kl_loss_type": algo.kl_loss_type,
         "entropy_coeff": algo.entropy_coeff,
+        "loss_mode": algo.loss_mode,
     }
 
 

@@ -27,6 +27,13 @@ def algo_refusal(algo: AlgoSpec) -> str | None:
         return "algo.kl_in_reward: the KL penalty enters the advantages (a PPO option)"
     if algo.loss_agg_mode not in AGG_MODES:
         return f"algo.loss_agg_mode={algo.loss_agg_mode}: not a mode whose normaliser is known"
+    # what backends/torch/early_backward.py's row terms are derived for
+    if algo.loss_mode != "vanilla":
+        return f"algo.loss_mode={algo.loss_mode}: the row terms take the per-token ratio"
+    if algo.clip_ratio_low is not None or algo.clip_ratio_high is not None:
+        return "algo.clip_ratio_low/high: the row terms check the clip_eps band"
+    if algo.kl_coef and algo.kl_loss_type not in ("low_var_kl", "k3"):
+        return f"algo.kl_loss_type={algo.kl_loss_type}: the row terms take k3's KL"
     return None
 
 

@@ -118,8 +118,9 @@ def _train(
         freeze_for_graph(model, spec)
         lp = _reference(model, spec, batch, responses, shared)
         loss, metrics = policy_loss(
-            lp, old, ref, adv, mask, CLIP, KL, loss_agg_mode=algo.loss_agg_mode
-        )
+            lp, old, ref, adv, mask, CLIP, KL,
+            loss_agg_mode=algo.loss_agg_mode, loss_mode=algo.loss_mode,
+        )  # fmt: skip
         loss.backward()
         params = [p for p in model.parameters() if p.requires_grad]
     else:
@@ -148,19 +149,22 @@ def _close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-5) -> bool:
 
 
 CASES = [
-    # (shared prefix, advantage, loss aggregation, trainable vision)
-    (True, "grpo", "token-mean", False),
-    (False, "grpo", "token-mean", False),
-    (True, "rloo", "seq-mean-token-mean", False),
-    (False, "ppo", "seq-mean-token-sum", True),
-    (True, "ppo", "token-mean", True),
+    # (shared prefix, advantage, loss aggregation, trainable vision, loss mode)
+    (True, "grpo", "token-mean", False, "vanilla"),
+    (False, "grpo", "token-mean", False, "vanilla"),
+    (True, "rloo", "seq-mean-token-mean", False, "vanilla"),
+    (False, "ppo", "seq-mean-token-sum", True, "vanilla"),
+    (True, "ppo", "token-mean", True, "vanilla"),
+    # GSPO's ratio is its row's: a micro-batch holds whole rows, so it splits the same way
+    (True, "grpo", "seq-mean-token-mean", False, "gspo"),
+    (False, "ppo", "seq-mean-token-mean", True, "gspo"),
 ]
 
 
-@pytest.mark.parametrize(("shared", "estimator", "agg", "vision"), CASES)
-def test_micro_batches_equal_one_batch(spec, prompts, shared, estimator, agg, vision):
+@pytest.mark.parametrize(("shared", "estimator", "agg", "vision", "mode"), CASES)
+def test_micro_batches_equal_one_batch(spec, prompts, shared, estimator, agg, vision, mode):
     spec = spec.model_copy(update={"trainable_vision": vision})
-    algo = AlgoSpec(lr=1e-2, loss_agg_mode=agg)
+    algo = AlgoSpec(lr=1e-2, loss_agg_mode=agg, loss_mode=mode)
     responses, mask, adv, gen = _rollout(spec, estimator)
     old, ref = _old_and_ref(spec, prompts, responses, mask, gen)
     args = (spec, algo, prompts, responses, mask, adv, old, ref, shared)

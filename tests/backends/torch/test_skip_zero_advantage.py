@@ -37,7 +37,8 @@ DEAD = {
 # (micro-batches, recompute, fused)
 MODES = [(1, False, False), (2, False, False), (3, True, False), (2, False, True)]
 CASES = [
-    # (shared prefix, loss aggregation, trainable vision, the prefix's own forward skips too)
+    # (shared prefix, loss aggregation (or gspo, with its own), trainable vision, the
+    # prefix's own forward skips too)
     (True, "token-mean", False, False),
     (False, "seq-mean-token-mean", False, False),
     (True, "seq-mean-token-sum", True, False),
@@ -47,6 +48,9 @@ CASES = [
     # are not run either
     (True, "token-mean", False, True),
     (True, "seq-mean-token-sum", True, True),
+    # GSPO: a dead row's sequence ratio multiplies an advantage of 0 as well
+    (True, "gspo", False, True),
+    (False, "gspo", True, False),
 ]
 
 
@@ -92,7 +96,8 @@ def test_skipping_zero_advantage_rows_trains_what_every_row_trains(
     spec, prompts, shared, agg, vision, prefix
 ):
     spec = spec.model_copy(update={"trainable_vision": vision})
-    algo = AlgoSpec(lr=1e-2, loss_agg_mode=agg, kl_coef=0, weight_decay=0.1)
+    mode = {"loss_mode": "gspo"} if agg == "gspo" else {"loss_agg_mode": agg}
+    algo = AlgoSpec(lr=1e-2, kl_coef=0, weight_decay=0.1, **mode)
     responses, mask, adv0, gen = _rollout(spec, "grpo")
     old, _ = _old_and_ref(spec, prompts, responses, mask, gen)
     first = _advantages(adv0, DEAD["some"], row=False)  # step 1 gives AdamW moments
