@@ -72,14 +72,16 @@ class AlgoSpec(Spec):
         gt=0,
         description="The per-token k3 KL is clamped to +-this [low_var_kl's 10].",
     )
-    loss_mode: Literal["vanilla", "gspo"] = Field(
+    loss_mode: Literal["vanilla", "gspo", "cispo"] = Field(
         "vanilla",
         description="The policy loss [actor.policy_loss.loss_mode]: vanilla (PPO's clipped "
-        "per-token ratio, with the dual clip) or gspo (GSPO, arXiv 2507.18071: every token "
+        "per-token ratio, with the dual clip); gspo (GSPO, arXiv 2507.18071: every token "
         "of a response takes its sequence's ratio, exp of the mean per-token log-ratio, "
         "clipped by clip_ratio_low/high, no dual clip; its gradient is the sequence "
-        "objective's). gspo aggregates seq-mean-token-mean, as verl's does: loss_agg_mode "
-        "null follows, and another value is refused. The GSPO paper clips at 3e-4 and 4e-4.",
+        "objective's; it aggregates seq-mean-token-mean, as verl's does: loss_agg_mode "
+        "null follows, and another value is refused; the paper clips at 3e-4 and 4e-4); "
+        "cispo (CISPO, arXiv 2506.13585: -sg(clip(r, 1 - clip_ratio_low, 1 + "
+        "clip_ratio_high)) A logp, so a clipped token keeps its gradient; no dual clip).",
     )
     loss_agg_mode: LossAgg | None = Field(
         None,

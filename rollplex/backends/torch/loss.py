@@ -223,21 +223,17 @@ def policy_loss(
     entropy_coeff: float = 0.0,
     loss_mode: str = "vanilla",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Dual-clip PPO loss aggregated by `loss_agg_mode`, plus kl_coef * KL, minus
-    entropy_coeff * entropy (verl's compute_policy_loss_vanilla, then dp_actor's terms).
-    loss_mode="gspo" takes the ratio per sequence instead (`gspo_ratio`), with no dual
-    clip (verl's compute_policy_loss_gspo).
+    """The policy loss of `loss_mode` (`surrogate`) aggregated by `loss_agg_mode`, plus
+    kl_coef * KL, minus entropy_coeff * entropy (verl's compute_policy_loss_<mode>, then
+    dp_actor's terms).
 
-    Per token, with r = exp(clamp(logp - old, +-log_ratio_clamp)), lo = clip_ratio_low and
-    hi = clip_ratio_high (each clip_eps when None: verl's fallback to clip_ratio):
-        clipped = max(-A r, -A clip(r, 1-lo, 1+hi)),
-        loss = min(clipped, -A clip_ratio_c) where A < 0, else clipped.
-    The KL term is `kl_loss_type`'s estimator (kl.py) of logp against the reference, the
-    entropy term the per-token `entropy` [N, R] of the trained distribution, each
-    aggregated as the loss is. `advantages` is [N] (one per sequence) or [N, R].
-    `clip_frac` counts tokens where the clip binds (the clipped term is the larger),
-    `clip_frac_lower` those where the dual clip does. Metrics are detached 0-dim tensors:
-    no device sync until someone reads them."""
+    lo = clip_ratio_low and hi = clip_ratio_high are each clip_eps when None (verl's
+    fallback to clip_ratio). The KL term is `kl_loss_type`'s estimator (kl.py) of logp
+    against the reference, the entropy term the per-token `entropy` [N, R] of the trained
+    distribution, each aggregated as the loss is. `advantages` is [N] (one per sequence)
+    or [N, R]. `clip_frac` counts tokens where the clip binds, `clip_frac_lower` those
+    where the dual clip does. Metrics are detached 0-dim tensors: no device sync until
+    someone reads them."""
     if clip_ratio_c <= 1:
         raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
     low = clip_eps if clip_ratio_low is None else clip_ratio_low
@@ -245,18 +241,9 @@ def policy_loss(
     valid = mask.bool()
     adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     log_ratio = (logprobs - old_logprobs).clamp(-log_ratio_clamp, log_ratio_clamp)
-    if loss_mode == "gspo":
-        ratio = gspo_ratio(logprobs, old_logprobs, valid)
-    elif loss_mode == "vanilla":
-        ratio = torch.exp(log_ratio)
-    else:
-        raise ValueError(f"loss_mode {loss_mode!r}: expected vanilla or gspo")
-    pg1 = -adv * ratio
-    pg2 = -adv * ratio.clamp(1.0 - low, 1.0 + high)
-    clipped = torch.maximum(pg1, pg2)
-    pg3 = -adv * clip_ratio_c
-    dual = adv < 0 if loss_mode == "vanilla" else torch.zeros_like(valid)
-    pg = torch.where(dual, torch.minimum(clipped, pg3), clipped)
+    pg, ratio, binds, lower = surrogate(
+        loss_mode, logprobs, old_logprobs, log_ratio, adv, valid, low, high, clip_ratio_c
+    )
 
     def agg(x: torch.Tensor) -> torch.Tensor:
         return aggregate(x, valid, loss_agg_mode, loss_scale_factor)
@@ -283,8 +270,8 @@ def policy_loss(
             "pg_loss": pg_loss.detach(),
             "kl": kl_loss.detach(),  # the loss term's KL (older name of loss_kl)
             "loss_kl": kl_loss.detach(),
-            "clip_frac": mean((pg2 > pg1).float()),
-            "clip_frac_lower": mean(((clipped > pg3) & dual).float()),
+            "clip_frac": mean(binds.float()),
+            "clip_frac_lower": mean(lower.float()),
             "ppo_kl": mean(-log_ratio),
             "ratio_mean": mean(ratio),
             "tokens": tokens,
@@ -295,6 +282,50 @@ def policy_loss(
 
 
 grpo_loss = policy_loss  # the name the GRPO engine and older tests use
+
+LOSS_MODES = ("vanilla", "gspo", "cispo")
+
+
+def surrogate(
+    mode: str,
+    logprobs: torch.Tensor,
+    old: torch.Tensor,
+    log_ratio: torch.Tensor,
+    adv: torch.Tensor,
+    valid: torch.Tensor,
+    low: float,
+    high: float,
+    clip_ratio_c: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(per-token loss, ratio, where the clip binds, where the dual clip binds), [N, R].
+
+    vanilla (PPO), with r = exp(log_ratio):
+        clipped = max(-A r, -A clip(r, 1-lo, 1+hi)),
+        loss = min(clipped, -A clip_ratio_c) where A < 0, else clipped.
+    gspo: the same clip of `gspo_ratio` (the row's ratio), no dual clip.
+    cispo (arXiv 2506.13585): -sg(clip(r, 1-lo, 1+hi)) A logp. The clip bounds the
+    importance weight, not the update, so a clipped token keeps its gradient (PPO's
+    clip zeroes it); it binds wherever clip(r) != r."""
+    if mode == "cispo":
+        ratio = torch.exp(log_ratio)
+        weight = ratio.clamp(1.0 - low, 1.0 + high)
+        lp = torch.where(valid, logprobs, torch.zeros_like(logprobs))  # -inf padding: 0
+        return -adv * weight.detach() * lp, ratio, weight != ratio, torch.zeros_like(valid)
+    if mode == "gspo":
+        ratio = gspo_ratio(logprobs, old, valid)
+    elif mode == "vanilla":
+        ratio = torch.exp(log_ratio)
+    else:
+        raise ValueError(f"loss_mode {mode!r}: expected one of {LOSS_MODES}")
+    pg1 = -adv * ratio
+    pg2 = -adv * ratio.clamp(1.0 - low, 1.0 + high)
+    clipped = torch.maximum(pg1, pg2)
+    if mode == "gspo":
+        return clipped, ratio, pg2 > pg1, torch.zeros_like(valid)
+    pg3 = -adv * clip_ratio_c
+    pg = torch.where(adv < 0, torch.minimum(clipped, pg3), clipped)
+    return pg, ratio, pg2 > pg1, (clipped > pg3) & (adv < 0)
+
 
 GSPO_LOG_RATIO_MAX = 10.0  # verl's clamp of GSPO's log-ratio, before exp
 

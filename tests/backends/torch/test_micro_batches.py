@@ -158,6 +158,7 @@ CASES = [
     # GSPO's ratio is its row's: a micro-batch holds whole rows, so it splits the same way
     (True, "grpo", "seq-mean-token-mean", False, "gspo"),
     (False, "ppo", "seq-mean-token-mean", True, "gspo"),
+    (False, "grpo", "token-mean", False, "cispo"),  # its weight is a constant per token
 ]
 
 

@@ -1,6 +1,7 @@
-"""algo.loss_mode=gspo (GSPO, arXiv 2507.18071): verl's compute_policy_loss_gspo re-derived
-one token at a time in Python floats on the fixed tensors of test_verl_parity.py, to 1e-6;
-its gradient is the sequence objective's, clipped or not; and the spec takes GSPO's
+"""algo.loss_mode: GSPO (arXiv 2507.18071) and CISPO (arXiv 2506.13585), each against
+verl's compute_policy_loss_<mode> re-derived one token at a time in Python floats on the
+fixed tensors of test_verl_parity.py, to 1e-6; each gradient against the objective it
+stands for, in float64; on-policy both give vanilla's gradient; and the spec takes GSPO's
 aggregation unless told another, which it refuses by name."""
 
 from __future__ import annotations
@@ -88,19 +89,69 @@ def test_gspo_has_the_gradient_of_the_sequence_objective(low, high):
     assert got.abs().sum() > 0
 
 
-def test_on_policy_gspo_is_vanilla_at_seq_mean_token_mean():
-    """At the first update (old = logp) both ratios are 1 with the gradient of logp, so
-    GSPO and the token ratio give the same loss and gradient under one aggregation."""
-    grads = []
-    for mode in ("vanilla", "gspo"):
-        logp = LOGP.double().requires_grad_()
-        loss, _ = policy_loss(
-            logp, LOGP.double(), REF.double(), torch.tensor(ADV, dtype=torch.float64), MASK,
-            0.2, 0.0, loss_agg_mode=SEQ, loss_mode=mode,
-        )  # fmt: skip
-        grads.append((value_of(loss), torch.autograd.grad(loss, logp)[0]))
-    assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-12)
-    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-12, atol=1e-14)
+def _grad(mode: str, old: torch.Tensor, low: float = 0.2, high: float = 0.28, agg=SEQ):
+    """(loss, d loss / d logp) of `mode` in float64, padding holding -inf."""
+    logp = torch.where(MASK, LOGP, -math.inf).double().requires_grad_()
+    loss, _ = policy_loss(
+        logp, old.double(), REF.double(), torch.tensor(ADV, dtype=torch.float64), MASK,
+        0.2, 0.0, clip_ratio_low=low, clip_ratio_high=high, loss_agg_mode=agg, loss_mode=mode,
+    )  # fmt: skip
+    return loss, torch.autograd.grad(loss, logp)[0]
+
+
+@pytest.mark.parametrize("mode", ["gspo", "cispo"])
+def test_on_policy_every_mode_has_vanillas_gradient(mode):
+    """At the first update (old = logp) every ratio is 1 with the gradient of logp, so
+    each mode's gradient is vanilla's under one aggregation (GSPO's loss value too)."""
+    loss, got = _grad(mode, LOGP)
+    want_loss, want = _grad("vanilla", LOGP)
+    assert torch.isfinite(got).all() and got.abs().sum() > 0
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+    if mode == "gspo":
+        assert value_of(loss) == pytest.approx(value_of(want_loss), rel=1e-12)
+
+
+# -- CISPO ---------------------------------------------------------------------------------
+def _verl_cispo(low: float, high: float):
+    """compute_policy_loss_cispo: w = clip(exp(clamp(logp - old, +-20)), 1 - low, 1 + high)
+    as a constant, -w A logp per token; the clip fraction counts w != r."""
+    pg = [[0.0] * R for _ in range(N)]
+    clip = [[0.0] * R for _ in range(N)]
+    for i in range(N):
+        for j in range(LENGTHS[i]):
+            lp = float(LOGP[i, j])
+            r = math.exp(min(max(lp - float(OLD[i, j]), -20.0), 20.0))
+            w = min(max(r, 1 - low), 1 + high)
+            pg[i][j], clip[i][j] = -w * ADV[i] * lp, float(w != r)
+    return pg, clip
+
+
+@pytest.mark.parametrize("low,high", [(0.2, 0.28), (0.2, 4.0)])
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum"])
+def test_cispo_matches_verl(low, high, mode):
+    _, m = policy_loss(
+        LOGP, OLD, REF, torch.tensor(ADV), MASK, 0.2, 0.0,
+        clip_ratio_low=low, clip_ratio_high=high, loss_agg_mode=mode, loss_mode="cispo",
+    )  # fmt: skip
+    pg, clip = _verl_cispo(low, high)
+    assert _near(float(m["pg_loss"]), _agg(pg, mode))
+    assert _near(float(m["clip_frac"]), _agg(clip, "token-mean"))
+    assert float(m["clip_frac"]) > 0 and float(m["clip_frac_lower"]) == 0.0
+
+
+def test_cispo_keeps_the_gradient_of_clipped_tokens():
+    """d loss / d logp_t = -w_t A / tokens on every valid token (token-mean): where PPO's
+    clip binds, vanilla's gradient is 0 and CISPO's is the clipped weight's."""
+    low, high = 0.2, 0.28
+    _, got = _grad("cispo", OLD, low, high, agg="token-mean")
+    _, vanilla = _grad("vanilla", OLD, low, high, agg="token-mean")
+    r = torch.exp((LOGP - OLD).double().clamp(-20, 20))
+    w = r.clamp(1 - low, 1 + high)
+    adv = torch.tensor(ADV, dtype=torch.float64)[:, None]
+    want = torch.where(MASK, -w * adv / MASK.sum(), 0.0)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+    bound = MASK & (w != r) & (adv != 0)
+    assert bound.any() and (vanilla[bound] == 0).any() and (got[bound] != 0).all()
 
 
 def test_the_spec_takes_gspos_aggregation_and_the_trainer_reads_the_mode():
@@ -110,6 +161,7 @@ def test_the_spec_takes_gspos_aggregation_and_the_trainer_reads_the_mode():
     assert AlgoSpec(loss_mode="gspo", loss_agg_mode=SEQ).loss_agg_mode == SEQ
     with pytest.raises(ValidationError, match="loss_mode=gspo aggregates seq-mean-token-mean"):
         AlgoSpec(loss_mode="gspo", loss_agg_mode="token-mean")
+    assert AlgoSpec(loss_mode="cispo").loss_agg_mode == "token-mean"  # verl's default
     with pytest.raises(ValidationError, match="loss_mode"):
         AlgoSpec(loss_mode="gpg")
     with pytest.raises(ValueError, match="loss_mode 'gpg'"):
