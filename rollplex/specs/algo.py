@@ -18,6 +18,8 @@ LossAgg = Literal[
 KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 KL_ESTIMATORS += tuple(f"{n}+" for n in KL_ESTIMATORS)
 GSPO_AGG = "seq-mean-token-mean"  # GSPO's aggregation (verl's compute_policy_loss_gspo)
+LOSS_MODES = ("vanilla", "gspo", "cispo")  # verl's policy_loss.loss_mode names
+LossMode = Literal[LOSS_MODES]
 
 
 class AlgoSpec(Spec):
@@ -72,7 +74,7 @@ class AlgoSpec(Spec):
         gt=0,
         description="The per-token k3 KL is clamped to +-this [low_var_kl's 10].",
     )
-    loss_mode: Literal["vanilla", "gspo", "cispo"] = Field(
+    loss_mode: LossMode = Field(
         "vanilla",
         description="The policy loss [actor.policy_loss.loss_mode]: vanilla (PPO's clipped "
         "per-token ratio, with the dual clip); gspo (GSPO, arXiv 2507.18071: every token "

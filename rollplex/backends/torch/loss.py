@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from rollplex.backends.torch.kl import kl_estimate
+from rollplex.specs.algo import LOSS_MODES
 
 # sums a 0-dim tensor over the data-parallel ranks (masked_whiten)
 Total = Callable[[torch.Tensor], torch.Tensor]
@@ -282,8 +283,6 @@ def policy_loss(
 
 
 grpo_loss = policy_loss  # the name the GRPO engine and older tests use
-
-LOSS_MODES = ("vanilla", "gspo", "cispo")
 
 
 def surrogate(

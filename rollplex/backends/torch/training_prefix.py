@@ -34,11 +34,20 @@ def prefix_with_grad(
     model: Model, features: torch.Tensor, text: PromptBatch, head: bool
 ) -> tuple[PrefixState, SavedActivations]:
     """The prefix forward with grad over `text`'s rows, as one piece, and what it keeps."""
+    state, upstream, saved = _forward_with_grad(model, features, text, head)
+    return as_pieces(state, upstream), saved
+
+
+def _forward_with_grad(
+    model: Model, features: torch.Tensor, text: PromptBatch, head: bool
+) -> tuple[PrefixState, list, SavedActivations]:
+    """(the prefix forward with grad, the features' upstream edges, its checkpointed
+    layers' inputs)."""
     saved = SavedActivations()
     visual, upstream = cut_features(features)
     with capture_saved(saved), checkpointed_layers(model, saved):
         state = prefix_forward(model, text, visual, grad=True, head=head)
-    return as_pieces(state, upstream), saved
+    return state, upstream, saved
 
 
 def live_prefix_with_grad(
@@ -52,11 +61,9 @@ def live_prefix_with_grad(
     rows = [i for i, alive in enumerate(live) if alive]
     if not rows:
         return as_pieces(unread_prefix(model, text, head)), SavedActivations()
-    saved = SavedActivations()
-    visual, upstream = cut_features(features.take(rows).values)
-    with capture_saved(saved), checkpointed_layers(model, saved):
-        state = prefix_forward(model, text.take(rows), visual, grad=True, head=head)
-    index = torch.tensor(rows, device=visual.device)
+    values = features.take(rows).values
+    state, upstream, saved = _forward_with_grad(model, values, text.take(rows), head)
+    index = torch.tensor(rows, device=values.device)
 
     def scatter(t: torch.Tensor) -> torch.Tensor:
         return _ScatterRows.apply(t, index, text.size)
