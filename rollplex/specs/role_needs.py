@@ -88,6 +88,14 @@ class RoleNeeds:
         return None
 
 
+def _reads_vllm_logprobs(field: str, name: str, why: str) -> Refusal:
+    """Refuses `field` true behind a vLLM rollout that returns no logprobs."""
+    return Refusal(
+        (When(field, is_=(True,)), When("backend.vllm.return_logprobs", is_=(False,))),
+        f"{name} with backend.rollout=vllm: {why}; set backend.vllm.return_logprobs=true",
+    )
+
+
 _ENGINE = "backend.torch_engine"
 _FSDP = "rollplex.backends.fsdp.checks"
 NEEDS: dict[tuple[str, str], RoleNeeds] = {
@@ -103,11 +111,15 @@ NEEDS: dict[tuple[str, str], RoleNeeds] = {
         reads=("backend.vllm",),
         refuses=(
             Refusal(
-                (When("algo.kl_in_reward", is_=(True,)),),
-                "algo.kl_in_reward with backend.rollout=vllm: the KL penalty in the reward "
-                "needs the rollout's logprobs of logits/T before training, and vLLM returns "
-                "raw logprobs (before temperature); use backend.rollout=torch or "
-                "kl_in_reward=false",
+                (When("backend.vllm.return_logprobs", is_=(True,)), When("algo.top_p", not_=(1,))),
+                "backend.vllm.return_logprobs=true with algo.top_p={algo.top_p}: vLLM's "
+                "logprobs are then renormalised over the nucleus, not the log softmax(logits/T) "
+                "the trainer scores; use top_p=1 or return_logprobs=false",
+            ),
+            _reads_vllm_logprobs(
+                "algo.kl_in_reward",
+                "algo.kl_in_reward",
+                "the KL penalty in the reward reads the rollout's logprobs before training",
             ),
         ),
     ),

@@ -92,7 +92,7 @@ VLLM_ROLLOUT = RoleCapabilities(
     in_place_weight_load=True,
     weights_sources=("live", "checkpoint"),
     fused_prefix=True,
-    scaled_logprobs=False,  # logprobs_mode=raw_logprobs: before temperature (engine.py)
+    scaled_logprobs=True,  # logprobs_mode=processed_logprobs at top_p=1 (engine.py)
     weights_layout="engine",
 )
 # backend.vllm.weights=share: the trainer's parameters are views of its tensors (the

@@ -65,7 +65,8 @@ def test_the_vllm_rollout_declares_what_it_cannot_host():
     # readable where vLLM is not installed: planning needs no engine
     c = rollout_capabilities(BackendSpec(rollout="vllm"))
     assert c.fused_prefix and not c.piggyback_rows and not c.prefix_kv_export
-    assert c.in_place_weight_load and not c.scaled_logprobs
+    # processed_logprobs: of logits / T, as the trainer scores (test_parity.py shows it)
+    assert c.in_place_weight_load and c.scaled_logprobs
 
 
 def test_the_fsdp_trainer_is_built_with_its_own_torch_roles():

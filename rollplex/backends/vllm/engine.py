@@ -56,10 +56,10 @@ def engine_args(folder: Path, spec: VllmSpec, kv_cache_bytes: int | None) -> dic
         seed=spec.seed,
         enable_prefix_caching=spec.enable_prefix_caching,
         max_num_seqs=spec.max_num_seqs,
-        # raw: log softmax of the model's logits, before temperature / top-p. The trainer
-        # scores logits / T, so at T != 1 these are not its old logprobs: the role declares
-        # scaled_logprobs=False and the runtime uses the trainer's own (runtime/dispatch.py)
-        logprobs_mode="raw_logprobs",
+        # processed: log softmax of logits / T after top-k/top-p, the distribution it
+        # samples from. At top_p=1 (role_needs.py refuses return_logprobs otherwise) that
+        # is log softmax(logits / T), what the trainer scores (specs/roles.py)
+        logprobs_mode="processed_logprobs",
     )
     if not on_cpu():
         args["gpu_memory_utilization"] = spec.gpu_memory_utilization

@@ -167,10 +167,11 @@ def test_video_matches_torch(engine, folder, frames):
     assert torch.equal(ours.tokens, ref.tokens)
 
 
-def test_vllm_logprobs_are_raw_not_temperature_scaled(engine, folder):
-    """Why the vLLM role declares `scaled_logprobs=False` and the runtime does not take its
-    logprobs as old logprobs: sampled at T=2 they equal the torch scorer's log softmax of
-    the raw logits (T=1), not of logits / T, which is what the trainer scores."""
+def test_vllm_logprobs_are_the_temperature_scaled_ones_the_trainer_scores(engine, folder):
+    """Why the vLLM role declares `scaled_logprobs=True` (logprobs_mode=processed_logprobs,
+    engine.py): sampled at T=2, top_p 1, they equal the torch scorer's log softmax of
+    logits / T, the trainer's old logprobs, and not of the raw logits (T=1). Rollout
+    correction weighs tokens by them, and they can serve as old logprobs."""
     from rollplex.backends.torch.roles import TorchReference
 
     batch, media = image_prompts(2)
@@ -186,9 +187,9 @@ def test_vllm_logprobs_are_raw_not_temperature_scaled(engine, folder):
 
     raw, scaled = scored(1.0), scored(2.0)
     mask = lp.mask
-    torch.testing.assert_close(lp.values[mask], raw[mask], atol=1e-4, rtol=0)
-    assert (lp.values[mask] - scaled[mask]).abs().max() > 1e-2
-    assert not engine.capabilities.scaled_logprobs
+    torch.testing.assert_close(lp.values[mask], scaled[mask], atol=1e-4, rtol=0)
+    assert (lp.values[mask] - raw[mask]).abs().max() > 1e-2
+    assert engine.capabilities.scaled_logprobs
 
 
 def test_forced_lengths_match_the_torch_rollout(folder, engine):
