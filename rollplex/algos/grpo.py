@@ -4,7 +4,12 @@ recompute vision and prefix per sample. The dedup passes remove that redundancy.
 
 from __future__ import annotations
 
-from rollplex.algos.updates import mini_batches, old_logprob_forward, policy_updates
+from rollplex.algos.updates import (
+    mini_batches,
+    old_logprob_forward,
+    one_update_logprobs,
+    policy_updates,
+)
 from rollplex.graph.builder import StepBuilder
 from rollplex.graph.ir import Graph, Phase
 from rollplex.specs import AlgoSpec, ModelSpec, WorkloadSpec
@@ -40,18 +45,23 @@ def build_grpo(
             b, updates, prompts, responses, policy, adam, g, old, advantages, ref_logprobs,
             skip_zero_advantage=live is not None, clip_eps=algo.clip_eps,
             kl_coef=algo.kl_coef, entropy_coeff=algo.entropy_coeff,
+            rollout_logprobs=old_logprobs if algo.rollout_correction.enabled else None,
         )  # fmt: skip
         with b.phase(Phase.UPDATE):
             b.weight_sync(last)
         return b.build()
 
+    old, rollout_logprobs = one_update_logprobs(
+        b, algo, prompts, responses, policy, g, old_logprobs, live
+    )
     with b.phase(Phase.TRAIN):
         actor = b.per_sample_logprob(prompts, responses, policy, g, train=True, live=live)
         loss = b.policy_loss(
             actor["logprobs"],
-            old_logprobs,
+            old,
             advantages,
             ref_logprobs,
+            rollout_logprobs=rollout_logprobs,
             clip_eps=algo.clip_eps,
             entropy_coeff=algo.entropy_coeff,
             kl_coef=algo.kl_coef,

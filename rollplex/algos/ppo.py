@@ -12,6 +12,7 @@ from rollplex.algos.updates import (
     critic_updates,
     mini_batches,
     old_logprob_forward,
+    one_update_logprobs,
     policy_updates,
 )
 from rollplex.graph.builder import StepBuilder
@@ -58,6 +59,7 @@ def build_ppo(model: ModelSpec, workload: WorkloadSpec, algo: AlgoSpec) -> Graph
             None if kl_in_reward else ref_logprobs,
             clip_eps=algo.clip_eps, kl_coef=0.0 if kl_in_reward else algo.kl_coef,
             entropy_coeff=algo.entropy_coeff,
+            rollout_logprobs=old_logprobs if algo.rollout_correction.enabled else None,
         )  # fmt: skip
         with b.phase(Phase.UPDATE):
             b.weight_sync(last)
@@ -67,15 +69,19 @@ def build_ppo(model: ModelSpec, workload: WorkloadSpec, algo: AlgoSpec) -> Graph
         )  # fmt: skip
         return b.build()
 
+    old, rollout_logprobs = one_update_logprobs(
+        b, algo, prompts, responses, policy, g, old_logprobs
+    )
     with b.phase(Phase.TRAIN):
         actor = b.per_sample_logprob(prompts, responses, policy, g, train=True)
         # with kl_in_reward a loss KL term too only if kl_loss_coef asks (verl's use_kl_loss)
         loss_kl = algo.kl_loss_coef if kl_in_reward else algo.kl_coef
         loss = b.policy_loss(
             actor["logprobs"],
-            old_logprobs,
+            old,
             advantages,
             None if kl_in_reward and not loss_kl else ref_logprobs,
+            rollout_logprobs=rollout_logprobs,
             clip_eps=algo.clip_eps,
             entropy_coeff=algo.entropy_coeff,
             kl_coef=loss_kl or 0.0,

@@ -52,6 +52,31 @@ def old_logprob_forward(
     return out["logprobs"]
 
 
+def one_update_logprobs(
+    b: StepBuilder,
+    algo: AlgoSpec,
+    prompts: Prompts,
+    responses: str,
+    policy: str,
+    g: int,
+    rollout_logprobs: str,
+    live: str | None = None,
+) -> tuple[str | None, str | None]:
+    """(old, rollout) logprobs of a one-update step's policy loss. Without rollout
+    correction the rollout's are the old ones (or, where it returns none, the trainer's
+    own). With it the rollout's feed the correction, and the old ones are the trainer's:
+    its own, detached, for IS weights alone, or the old-logprob forward's where rejection
+    must know every row's ratio before the training forward (micro-batches and data-parallel
+    ranks weigh their terms by the kept tokens)."""
+    rc = algo.rollout_correction
+    if not rc.enabled:
+        return rollout_logprobs, None
+    old = None
+    if rc.rollout_rs is not None:
+        old = old_logprob_forward(b, prompts, responses, policy, g, live)
+    return old, rollout_logprobs
+
+
 def policy_updates(
     b: StepBuilder,
     updates: list[MiniBatch],
@@ -64,6 +89,7 @@ def policy_updates(
     advantages: str,
     ref_logprobs: str | None,
     skip_zero_advantage: bool = False,
+    rollout_logprobs: str | None = None,
     **loss_attrs: float,
 ) -> str:
     """The policy's updates, one per mini-batch; returns the last version's weights.
@@ -71,7 +97,8 @@ def policy_updates(
     Data-parallel ranks each take the same share of every mini-batch (`select_rows`), as
     verl's workers do, so runs on different rank counts match only with one update. Logged
     loss metrics are the mean over the step's updates. `skip_zero_advantage`: each training
-    forward reads its mini-batch's advantages, to skip the rows of all-0 groups."""
+    forward reads its mini-batch's advantages, to skip the rows of all-0 groups.
+    `rollout_logprobs`: the rollout engine's, for algo.rollout_correction."""
     weights, state = policy, adam
     for k, mb in enumerate(updates):
         with b.phase(Phase.TRAIN):
@@ -86,6 +113,9 @@ def policy_updates(
                 take(old, "old_logprobs"),
                 adv,
                 take(ref_logprobs, "ref_logprobs") if ref_logprobs else None,
+                rollout_logprobs=(
+                    take(rollout_logprobs, "rollout_logprobs") if rollout_logprobs else None
+                ),
                 **loss_attrs,
             )
             grads = b.backward(loss, weights, [actor["saved"]])

@@ -270,8 +270,17 @@ class Trainer(ABC):
 
     @abstractmethod
     def loss(
-        self, logprobs: Any, old: Any, advantages: Any, ref: Any | None, **attrs: Any
-    ) -> Any: ...
+        self,
+        logprobs: Any,
+        old: Any,
+        advantages: Any,
+        ref: Any | None,
+        *,
+        rollout: Any | None = None,
+        **attrs: Any,
+    ) -> Any:
+        """The policy loss; `rollout`: the rollout engine's logprobs, which
+        algo.rollout_correction weighs the tokens by."""
 
     @abstractmethod
     def backward(self, loss: Any) -> Any:

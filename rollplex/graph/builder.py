@@ -329,15 +329,22 @@ class StepBuilder:
     def policy_loss(
         self,
         logprobs: str,
-        old_logprobs: str,
+        old_logprobs: str | None,
         advantages: str,
         ref_logprobs: str | None = None,
         name: str | None = None,
+        rollout_logprobs: str | None = None,
         **attrs,
     ) -> str:
-        ins = {"logprobs": logprobs, "old_logprobs": old_logprobs, "advantages": advantages}
-        if ref_logprobs:
-            ins["ref_logprobs"] = ref_logprobs
+        """`old_logprobs` None: the trainer's own, detached (one on-policy update)."""
+        ins = {"logprobs": logprobs, "advantages": advantages}
+        for port, value in (
+            ("old_logprobs", old_logprobs),
+            ("ref_logprobs", ref_logprobs),
+            ("rollout_logprobs", rollout_logprobs),
+        ):
+            if value:
+                ins[port] = value
         return self.op("policy_loss", ins, {"loss": ((), "float32", K.ACTIVATION)}, name, **attrs)[
             "loss"
         ]

@@ -286,9 +286,12 @@ register(
         "Clipped policy-gradient loss with an optional KL to the reference.",
         inputs={
             "logprobs": port(K.ACTIVATION, dtype=FLOAT, dims=("S", "R")),
-            "old_logprobs": port(K.ACTIVATION, dtype=FLOAT, dims=("S", "R")),
+            # absent: the trainer's own logprobs, detached (one on-policy update)
+            "old_logprobs": port(K.ACTIVATION, dtype=FLOAT, dims=("S", "R"), optional=True),
             "advantages": port(K.ACTIVATION, dtype=FLOAT, dims=("S",)),
             "ref_logprobs": port(K.ACTIVATION, dtype=FLOAT, dims=("S", "R"), optional=True),
+            # the rollout engine's, for algo.rollout_correction's weights and rejection
+            "rollout_logprobs": port(K.ACTIVATION, dtype=FLOAT, dims=("S", "R"), optional=True),
         },
         outputs={"loss": port(K.ACTIVATION, dtype=FLOAT, dims=())},
         attrs={"clip_eps": 0.2, "kl_coef": 0.0},

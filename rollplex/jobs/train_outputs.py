@@ -17,6 +17,16 @@ from rollplex.runtime.callbacks import Callback
 from rollplex.specs.run import RunSpec
 from rollplex.trace import write_scalars
 
+# algo.rollout_correction's (else empty): the rollout engine against the trainer; verl logs
+# them under rollout_corr/ (its rollout_corr_helper)
+ROLLOUT_CORRECTION = (
+    "mismatch_kl",  # mean log pi_rollout - log pi_old over the sampled tokens
+    "mismatch_k3_kl",
+    "rollout_is_mean",  # IS weights before truncation, and the shares out of range
+    "rollout_is_ratio_fraction_high",
+    "rollout_is_ratio_fraction_low",
+    "rollout_rs_masked_fraction",  # valid tokens rejected
+)
 CSV_FIELDS = (
     "step",
     "reward",
@@ -40,6 +50,7 @@ CSV_FIELDS = (
     "engine_wake_s",
     "train_micro_batches",  # the training micro-batches run (the plan's count, see executor)
     "trained_rows",  # algo.skip_zero_advantage: rows trained, not skipped (else empty)
+    *ROLLOUT_CORRECTION,
 )
 
 
@@ -104,7 +115,7 @@ VERL_NAMES = {
     "reward": "critic/score/mean",
     "response_length": "response_length/mean",
     "lr": "actor/lr",
-}
+} | {k: f"rollout_corr/{k}" for k in ROLLOUT_CORRECTION}
 
 
 def metrics_row(res) -> dict[str, Any]:

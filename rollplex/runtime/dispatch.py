@@ -70,7 +70,8 @@ class RoleDispatch(Backend):
     logprobs are not of the temperature-scaled distribution the trainer scores) leaves the
     decode's `logprobs` output None, and the policy loss then uses the trainer's own
     logprobs, detached: exactly on-policy for one update per batch (ratio 1, the PPO clip
-    inactive)."""
+    inactive). So does a loss with no old logprobs wired: under algo.rollout_correction the
+    rollout's go to its `rollout_logprobs` instead (algos/updates.py one_update_logprobs)."""
 
     name: ClassVar[str] = "roles"
 
@@ -233,11 +234,17 @@ class RoleDispatch(Backend):
         k, a = op.kind, op.attrs
         critic = op.name in self._critic_ops
         if k == "policy_loss":
-            old = x["old_logprobs"]
-            if old is None:  # the rollout gave none (see the module docstring)
+            old = x.get("old_logprobs")
+            if old is None:  # none wired, or the rollout gave none (the module docstring)
                 old = _detached(x["logprobs"])
+            rollout = x.get("rollout_logprobs")
+            if "rollout_logprobs" in op.inputs and rollout is None:
+                raise BackendError(
+                    f"'{op.name}' corrects for the rollout's distribution "
+                    "(algo.rollout_correction), but the rollout returned no logprobs of it"
+                )
             loss = self.trainer.loss(
-                x["logprobs"], old, x["advantages"], x.get("ref_logprobs"), **a
+                x["logprobs"], old, x["advantages"], x.get("ref_logprobs"), rollout=rollout, **a
             )
             self.update_metrics(k, loss.metrics)
             return {"loss": loss}

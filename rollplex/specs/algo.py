@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rollplex.specs.base import Spec
+from rollplex.specs.rollout_correction import RolloutCorrectionSpec
 
 LossAgg = Literal[
     "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
@@ -40,7 +41,8 @@ class AlgoSpec(Spec):
         "entropy term in the loss its rows add exactly 0 to the gradient, and their training "
         "forward and backward are skipped; the loss value is unchanged and the loss metrics "
         "(entropy, ratio, clip fractions) are the trained rows'. null (auto): on exactly when "
-        "nothing reads those rows (grpo or rloo, entropy_coeff=0, no reference). The plan is "
+        "nothing reads those rows (grpo or rloo, entropy_coeff=0, no reference, no "
+        "rollout_correction.rollout_rs). The plan is "
         "priced and sized as if every group trains.",
     )
     kl_coef: float = Field(
@@ -84,6 +86,13 @@ class AlgoSpec(Spec):
         "null follows, and another value is refused; the paper clips at 3e-4 and 4e-4); "
         "cispo (CISPO, arXiv 2506.13585: -sg(clip(r, 1 - clip_ratio_low, 1 + "
         "clip_ratio_high)) A logp, so a clipped token keeps its gradient; no dual clip).",
+    )
+    rollout_correction: RolloutCorrectionSpec = Field(
+        default_factory=RolloutCorrectionSpec,
+        description="Importance weights and rejection against the rollout engine's own "
+        "logprobs [algorithm.rollout_correction]; its fields say how. The rollout must "
+        "return logprobs of the distribution the trainer scores (vLLM: "
+        "backend.vllm.return_logprobs=true, top_p=1).",
     )
     loss_agg_mode: LossAgg | None = Field(
         None,
@@ -258,6 +267,7 @@ class AlgoSpec(Spec):
         frozen, and this is its own validation)."""
         if self.skip_zero_advantage is None:
             unread = self.name != "ppo" and self.entropy_coeff == 0 and not self.use_reference
+            unread = unread and self.rollout_correction.rollout_rs is None
             object.__setattr__(self, "skip_zero_advantage", unread)
         return self
 
@@ -321,4 +331,9 @@ def skip_refusal(algo: AlgoSpec) -> str | None:
         return f"entropy_coeff={algo.entropy_coeff} gives every row a gradient"
     if algo.kl_coef and algo.use_reference:
         return f"kl_coef={algo.kl_coef} gives every row a gradient (the KL to the reference)"
+    if algo.rollout_correction.rollout_rs is not None:
+        return (
+            f"rollout_correction.rollout_rs={algo.rollout_correction.rollout_rs} reads every "
+            "row's ratio: a rejected token leaves the loss's normaliser"
+        )
     return None

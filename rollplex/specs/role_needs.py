@@ -121,6 +121,11 @@ NEEDS: dict[tuple[str, str], RoleNeeds] = {
                 "algo.kl_in_reward",
                 "the KL penalty in the reward reads the rollout's logprobs before training",
             ),
+            _reads_vllm_logprobs(
+                "algo.rollout_correction.enabled",
+                "algo.rollout_correction",
+                "the correction weighs tokens by the engine's own logprobs",
+            ),
         ),
     ),
     ("reference", "torch"): RoleNeeds("reference", "torch"),

@@ -38,7 +38,7 @@ from rollplex.backends.torch.model import load_model, save_model
 from rollplex.backends.torch.roles import weights_params
 from rollplex.backends.torch.rows import merge_chunks
 from rollplex.backends.torch.trainer import TorchTrainer
-from rollplex.backends.torch.values import Loss, TokenLogprobs
+from rollplex.backends.torch.values import Loss
 from rollplex.engine.prefix import Model
 from rollplex.specs import AlgoSpec, ModelSpec
 from rollplex.specs.fsdp import FsdpSpec
@@ -124,18 +124,8 @@ class FsdpTrainer(TorchTrainer):
         return merge_chunks(parts, self.head)
 
     # -- the loss over the global batch ---------------------------------------------------
-    def loss(
-        self,
-        logprobs: TokenLogprobs,
-        old: TokenLogprobs,
-        advantages: torch.Tensor,
-        ref: TokenLogprobs | None,
-        clip_eps: float = 0.2,
-        kl_coef: float = 0.0,
-        **attrs: Any,
-    ) -> Loss:
-        out = super().loss(logprobs, old, advantages, ref, clip_eps, kl_coef, **attrs)
-        return global_loss(out, logprobs.mask, self.algo.loss_agg_mode, self.mesh, AGGREGATED)
+    def batch_loss(self, loss: Loss, mask: torch.Tensor) -> Loss:
+        return global_loss(loss, mask, self.algo.loss_agg_mode, self.mesh, AGGREGATED)
 
     # -- weights --------------------------------------------------------------------------
     def handle(self) -> WeightsHandle:

@@ -223,6 +223,7 @@ def policy_loss(
     entropy: torch.Tensor | None = None,
     entropy_coeff: float = 0.0,
     loss_mode: str = "vanilla",
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The policy loss of `loss_mode` (`surrogate`) aggregated by `loss_agg_mode`, plus
     kl_coef * KL, minus entropy_coeff * entropy (verl's compute_policy_loss_<mode>, then
@@ -232,7 +233,9 @@ def policy_loss(
     fallback to clip_ratio). The KL term is `kl_loss_type`'s estimator (kl.py) of logp
     against the reference, the entropy term the per-token `entropy` [N, R] of the trained
     distribution, each aggregated as the loss is. `advantages` is [N] (one per sequence)
-    or [N, R]. `clip_frac` counts tokens where the clip binds, `clip_frac_lower` those
+    or [N, R]. `is_weights` [N, R] (detached; rollout_correction.py) multiply each
+    token's policy-gradient term, not the KL's or the entropy's, as verl applies its
+    rollout IS weights. `clip_frac` counts tokens where the clip binds, `clip_frac_lower` those
     where the dual clip does. Metrics are detached 0-dim tensors: no device sync until
     someone reads them."""
     if clip_ratio_c <= 1:
@@ -245,6 +248,8 @@ def policy_loss(
     pg, ratio, binds, lower = surrogate(
         loss_mode, logprobs, old_logprobs, log_ratio, adv, valid, low, high, clip_ratio_c
     )
+    if is_weights is not None:
+        pg = pg * is_weights
 
     def agg(x: torch.Tensor) -> torch.Tensor:
         return aggregate(x, valid, loss_agg_mode, loss_scale_factor)

@@ -44,12 +44,13 @@ def backward_loss(loss: Loss) -> None:
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
-def micro_loss(run: LossFn, values: Any, mode: str) -> Loss:
+def micro_loss(run: LossFn, values: Any, mode: str, mask: torch.Tensor | None = None) -> Loss:
     """`run(per_token, rows)` -> (loss, metrics) over `values` (TokenLogprobs, maybe
     micro-batched). Micro-batched: the value and metrics are the whole batch's (no grad),
     and one term per micro-batch, weighted so the terms sum to the whole batch's loss
-    (`loss_agg_mode` `mode`); metrics["train_micro_batches"] says how many. Values that
-    carry the policy's entropy pass it to `run` as `entropy=` (each term its micro-batch's)."""
+    (`loss_agg_mode` `mode`, over the tokens of `mask`: by default the values' own);
+    metrics["train_micro_batches"] says how many. Values that carry the policy's entropy
+    pass it to `run` as `entropy=` (each term its micro-batch's)."""
     micro = getattr(values, "micro", None)
     whole = _entropy_kw(getattr(values, "entropy", None))
     if micro is None:  # one forward's values, with grad
@@ -57,7 +58,7 @@ def micro_loss(run: LossFn, values: Any, mode: str) -> Loss:
             return Loss(*run(values.values, slice(None), **whole))
     with torch.no_grad():
         value, metrics = _whole_batch(run, values, micro)
-    weights = micro_batch_weights(values.mask, micro.rows, mode)
+    weights = micro_batch_weights(values.mask if mask is None else mask, micro.rows, mode)
     if micro.redo is not None:  # each term is made in the backward, after its forward
         terms: list[Any] = [
             partial(_recomputed_term, run, micro, k, w) if micro.trained[k] else None

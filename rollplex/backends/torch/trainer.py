@@ -43,6 +43,7 @@ from rollplex.backends.torch.roles import (
     freeze_for_graph,
     weights_params,
 )
+from rollplex.backends.torch.rollout_correction import Correction
 from rollplex.backends.torch.row_ranges import live_prompts
 from rollplex.backends.torch.rows import merge_chunks
 from rollplex.backends.torch.training_prefix import (
@@ -273,30 +274,52 @@ class TorchTrainer(Trainer):
         ref: TokenLogprobs | None,
         clip_eps: float = 0.2,
         kl_coef: float = 0.0,
+        *,
+        rollout: TokenLogprobs | None = None,
         **_: Any,
     ) -> Loss:
         """The op's attrs give clip_eps and kl_coef (the graph's); the other settings are
         AlgoSpec's (see specs/algo.py). Micro-batched logprobs give one term per
         micro-batch, weighted so that they sum to the whole batch's loss; the value and
         metrics are the whole batch's. Logprobs that carry the entropy (the training
-        forward's) give the `entropy` metric and the entropy_coeff term."""
+        forward's) give the `entropy` metric and the entropy_coeff term. `rollout` (the
+        engine's logprobs) brings algo.rollout_correction's weights and rejection."""
         a = self.algo
         ref_values = ref.values if ref is not None else logprobs.values.detach()
+        correction = self.correction(logprobs, old, rollout)
+        mask = logprobs.mask if correction is None else correction.keep
 
         def run(lp: torch.Tensor, rows: slice, entropy: torch.Tensor | None = None):
-            return policy_loss(
+            weights, extra = correction.rows(rows) if correction else (None, {})
+            loss, metrics = policy_loss(
                 lp,
                 old.values[rows],
                 ref_values[rows],
                 advantages[rows],
-                logprobs.mask[rows],
+                mask[rows],
                 clip_eps,
                 kl_coef if ref is not None else 0.0,
                 entropy=entropy,
+                is_weights=weights,
                 **loss_options(a),
             )
+            return loss, metrics | extra
 
-        return micro_loss(run, logprobs, a.loss_agg_mode)
+        return self.batch_loss(micro_loss(run, logprobs, a.loss_agg_mode, mask), mask)
+
+    def batch_loss(self, loss: Loss, mask: torch.Tensor) -> Loss:
+        """This process's loss over the tokens of `mask` as the step's: itself here; a
+        data-parallel trainer rescales it to its share of the global batch."""
+        return loss
+
+    def correction(
+        self, logprobs: TokenLogprobs, old: TokenLogprobs, rollout: TokenLogprobs | None
+    ) -> Correction | None:
+        """algo.rollout_correction over this loss's batch, or None where it is off."""
+        spec = self.algo.rollout_correction
+        if rollout is None or not spec.enabled:
+            return None
+        return Correction.of(spec, old.values, rollout.values, logprobs.mask)
 
     def backward(self, loss: Loss) -> GradsHandle:
         clear_grads(self.optimizer, self.masters, self.params)

@@ -34,6 +34,8 @@ def algo_refusal(algo: AlgoSpec) -> str | None:
         return "algo.clip_ratio_low/high: the row terms check the clip_eps band"
     if algo.kl_coef and algo.kl_loss_type not in ("low_var_kl", "k3"):
         return f"algo.kl_loss_type={algo.kl_loss_type}: the row terms take k3's KL"
+    if algo.rollout_correction.enabled:
+        return "algo.rollout_correction: the row terms carry no rollout IS weight or rejection"
     return None
 
 

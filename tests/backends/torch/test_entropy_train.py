@@ -21,6 +21,7 @@ from rollplex.backends.torch.values import Pixels, Responses, TokenLogprobs
 from rollplex.data.prompts import collate_prompts
 from rollplex.engine.prefix import prefix_forward
 from rollplex.specs import AlgoSpec
+from tests.backends.torch.test_micro_batches import trainer_logprobs
 
 G, R, PROMPTS, T = 2, 5, 3, 0.7
 CLIP, KL = 0.2, 0.05
@@ -76,12 +77,7 @@ def _trained(spec, algo, batch, responses, mask, adv, old, ref, shared: bool, mo
     trainer.micro_batches = 2
     trainer.micro_recompute = mode == "recomputed"
     trainer.micro_fused = mode == "fused"
-    text, feats = batch.text_only(), trainer.vision_encode(Pixels.of(batch))
-    if shared:
-        state, _ = trainer.logprob_prefix(feats, text)
-        lp, _ = trainer.logprob_response(state, responses, G)
-    else:
-        lp, _ = trainer.logprob(feats.repeat(G), text.repeat(G), responses)
+    lp, _ = trainer_logprobs(trainer, batch, responses, shared, G)
     out = trainer.loss(lp, TokenLogprobs(old, mask), adv, TokenLogprobs(ref, mask), CLIP, KL)
     trainer.backward(out)  # fused mode fills the metrics in here
     grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}

@@ -126,13 +126,7 @@ def _train(
     else:
         trainer = TorchTrainer(model, spec, algo)
         trainer.micro_batches, trainer.micro_recompute = micro, recompute
-        text = batch.text_only()
-        feats = trainer.vision_encode(Pixels.of(batch))
-        if shared:
-            state, _ = trainer.logprob_prefix(feats, text)
-            lp, saved = trainer.logprob_response(state, responses, G)
-        else:
-            lp, saved = trainer.logprob(feats.repeat(G), text.repeat(G), responses)
+        lp, saved = trainer_logprobs(trainer, batch, responses, shared)
         kept = sum(t.numel() for t in saved.tensors())
         assert (kept == 0) == recompute  # recompute: the forward kept nothing
         out = trainer.loss(lp, TokenLogprobs(old, mask), adv, TokenLogprobs(ref, mask), CLIP, KL)
@@ -142,6 +136,16 @@ def _train(
     _adamw_step(params, algo)
     after = {n: p.detach().clone() for n, p in model.named_parameters()}
     return loss.detach(), grads, after, metrics
+
+
+def trainer_logprobs(trainer: TorchTrainer, batch, responses, shared: bool, group: int = G):
+    """(logprobs, saved) of the trainer's training forward over `group` responses a
+    prompt: the shared prefix's, or verl's per-sample one."""
+    text, feats = batch.text_only(), trainer.vision_encode(Pixels.of(batch))
+    if shared:
+        state, _ = trainer.logprob_prefix(feats, text)
+        return trainer.logprob_response(state, responses, group)
+    return trainer.logprob(feats.repeat(group), text.repeat(group), responses)
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-5) -> bool:
