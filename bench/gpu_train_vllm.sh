@@ -6,6 +6,10 @@
 # back to back (the machine keeps /tmp while warm):
 #   call 1, carry .gpu1 .whl .gpu:  bash bench/gpu_train_vllm.sh prepare
 #   call 2, carry .gpu2:            bash bench/gpu_train_vllm.sh run
+# EXTRA adds overrides to the train command; the bf16 engine against the trainer (vLLM's
+# logprobs vs the trainer's, metrics.csv mismatch_kl, rollout_is_*):
+#   EXTRA="backend.vllm.return_logprobs=true algo.rollout_correction.rollout_is=token" \
+#     bash bench/gpu_train_vllm.sh run
 # .gpu1/.gpu2 hold rest.tar.xz/c.tar.xz from ../shared/gpu/vllm/pack.sh; .whl the cp312 wheels
 # (hydra, omegaconf, datasets, easy-vqa, ...; pydantic comes with vLLM's part and is kept).
 set -euo pipefail
@@ -36,7 +40,7 @@ python3 -m rollplex.cli train model="$SHAPE" model.path="/tmp/$SHAPE" hardware=h
   workload.response_length.distribution=fixed workload.response_length.min=1 \
   workload.response_length.mean=256 workload.response_length.max=256 \
   train.steps=5 train.checkpoint_every=0 train.eval_every=0 train.trace_steps=3 \
-  train.progress=false hydra.run.dir="/tmp/run_vllm_$SHAPE"
+  train.progress=false hydra.run.dir="/tmp/run_vllm_$SHAPE" ${EXTRA:-}
 python3 bench/gpu_train_report.py "/tmp/run_vllm_$SHAPE" "vllm_$SHAPE" "$OUT"
 # where a decode step's time goes (7B, batch 64 and 256), when its folder was prepared
 if [ "${PROFILE:-1}" = 1 ] && [ -f /tmp/qwen2_5_vl_7b/config.json ]; then
