@@ -72,7 +72,7 @@ def one_update_logprobs(
     if not rc.enabled:
         return rollout_logprobs, None
     old = None
-    if rc.rollout_rs is not None:
+    if rc.rejects:
         old = old_logprob_forward(b, prompts, responses, policy, g, live)
     return old, rollout_logprobs
 

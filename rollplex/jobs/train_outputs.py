@@ -25,7 +25,8 @@ ROLLOUT_CORRECTION = (
     "rollout_is_mean",  # IS weights before truncation, and the shares out of range
     "rollout_is_ratio_fraction_high",
     "rollout_is_ratio_fraction_low",
-    "rollout_rs_masked_fraction",  # valid tokens rejected
+    "rollout_rs_masked_fraction",  # valid tokens rejected (by rollout_rs or the veto)
+    "rollout_is_veto_fraction",  # responses vetoed
 )
 CSV_FIELDS = (
     "step",

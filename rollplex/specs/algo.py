@@ -42,7 +42,7 @@ class AlgoSpec(Spec):
         "forward and backward are skipped; the loss value is unchanged and the loss metrics "
         "(entropy, ratio, clip fractions) are the trained rows'. null (auto): on exactly when "
         "nothing reads those rows (grpo or rloo, entropy_coeff=0, no reference, no "
-        "rollout_correction.rollout_rs). The plan is "
+        "rejection in rollout_correction). The plan is "
         "priced and sized as if every group trains.",
     )
     kl_coef: float = Field(
@@ -267,7 +267,7 @@ class AlgoSpec(Spec):
         frozen, and this is its own validation)."""
         if self.skip_zero_advantage is None:
             unread = self.name != "ppo" and self.entropy_coeff == 0 and not self.use_reference
-            unread = unread and self.rollout_correction.rollout_rs is None
+            unread = unread and not self.rollout_correction.rejects
             object.__setattr__(self, "skip_zero_advantage", unread)
         return self
 
@@ -331,9 +331,13 @@ def skip_refusal(algo: AlgoSpec) -> str | None:
         return f"entropy_coeff={algo.entropy_coeff} gives every row a gradient"
     if algo.kl_coef and algo.use_reference:
         return f"kl_coef={algo.kl_coef} gives every row a gradient (the KL to the reference)"
-    if algo.rollout_correction.rollout_rs is not None:
+    rc = algo.rollout_correction
+    if rc.rejects:
+        field, value = "rollout_rs", rc.rollout_rs
+        if value is None:
+            field, value = "rollout_token_veto_threshold", rc.rollout_token_veto_threshold
         return (
-            f"rollout_correction.rollout_rs={algo.rollout_correction.rollout_rs} reads every "
-            "row's ratio: a rejected token leaves the loss's normaliser"
+            f"rollout_correction.{field}={value} reads every row's ratio: a rejected token "
+            "leaves the loss's normaliser"
         )
     return None

@@ -44,11 +44,25 @@ class RolloutCorrectionSpec(Spec):
     rollout_rs_threshold_lower: float | None = Field(
         None, gt=0, description="Rejection's lower bound; null: 1 / rollout_rs_threshold."
     )
+    rollout_token_veto_threshold: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Veto: a response with any token whose ratio is below this leaves the "
+        "loss whole, as rejection does (verl suggests 1e-4 to 1e-6: a token the trainer "
+        "finds thousands of times less likely than the engine did). null: off.",
+    )
+
+    @property
+    def rejects(self) -> bool:
+        """Whether tokens can leave the loss (rejection or veto): the normaliser then
+        depends on every row's ratio."""
+        return self.rollout_rs is not None or self.rollout_token_veto_threshold is not None
 
     @property
     def enabled(self) -> bool:
         """Whether the loss reads the rollout's logprobs at all."""
-        return self.rollout_is is not None or self.rollout_rs is not None
+        return self.rollout_is is not None or self.rejects
 
     @property
     def rs_lower(self) -> float:

@@ -1,4 +1,4 @@
-"""algo.rollout_correction: verl's rollout IS weights and rejection
+"""algo.rollout_correction: verl's rollout IS weights, rejection and veto
 (verl/trainer/ppo/rollout_corr_helper.py) re-derived one token at a time in Python floats on
 test_verl_parity's fixed tensors, to 1e-6; the weights reach only the policy-gradient term
 and carry no gradient; the graphs wire the rollout's logprobs to every policy loss; and the
@@ -111,6 +111,23 @@ def test_rejection_leaves_the_loss_and_its_normaliser(level, upper):
     assert abs(float(m["rollout_rs_masked_fraction"]) - rejected) < 1e-6
 
 
+def test_a_veto_drops_every_response_with_a_token_below_the_floor():
+    """compute_rollout_correction_and_rejection_mask's veto: a response with any valid
+    token whose ratio is under rollout_token_veto_threshold leaves the loss whole."""
+    floor = 0.3
+    spec = RolloutCorrectionSpec(rollout_token_veto_threshold=floor)
+    _, m, corr = _loss(spec)
+    vetoed = [any(_clamped_exp(_log_ratio(i, j)) < floor for j in range(LENGTHS[i]))
+              for i in range(N)]  # fmt: skip
+    assert 0 < sum(vetoed) < N
+    assert corr.keep.tolist() == [[j < LENGTHS[i] and not vetoed[i] for j in range(R)]
+                                  for i in range(N)]  # fmt: skip
+    assert abs(float(m["rollout_is_veto_fraction"]) - sum(vetoed) / N) < 1e-6
+    pg, _, _ = _verl_pg(0.2, 0.2)
+    kept = [(i, j) for i in range(N) for j in range(LENGTHS[i]) if not vetoed[i]]
+    assert abs(float(m["pg_loss"]) - sum(pg[i][j] for i, j in kept) / len(kept)) < 1e-6
+
+
 def test_mismatch_metrics_are_the_sampled_tokens_kl():
     _, m, _ = _loss(RolloutCorrectionSpec(rollout_is="token"))
     d = [min(max(-_log_ratio(i, j), -20.0), 20.0) for i in range(N) for j in range(LENGTHS[i])]
@@ -184,12 +201,13 @@ def test_one_update_reads_the_engines_logprobs_beside_the_trainers_own(name):
     (loss,) = _losses(corrected)
     assert "old_logprobs" not in loss.inputs
     assert loss.inputs["rollout_logprobs"] == _rollout_logprobs_value(corrected)
-    # rejection: the old-logprob forward runs first, as verl's recompute
-    rs = _graph(AlgoSpec(name=name, rollout_correction={"rollout_rs": "token"}, **kl))
-    (loss,) = _losses(rs)
-    made = rs.producers()
-    assert made[loss.inputs["old_logprobs"]].name == "reference.old_logprob"
-    assert loss.inputs["rollout_logprobs"] == _rollout_logprobs_value(rs)
+    # rejection or a veto: the old-logprob forward runs first, as verl's recompute
+    for rejects in ({"rollout_rs": "token"}, {"rollout_token_veto_threshold": 1e-4}):
+        rs = _graph(AlgoSpec(name=name, rollout_correction=rejects, **kl))
+        (loss,) = _losses(rs)
+        made = rs.producers()
+        assert made[loss.inputs["old_logprobs"]].name == "reference.old_logprob"
+        assert loss.inputs["rollout_logprobs"] == _rollout_logprobs_value(rs)
 
 
 def test_every_mini_batch_reads_its_rows_of_the_engines_logprobs():
@@ -215,6 +233,10 @@ def test_rejection_turns_off_the_zero_advantage_skip_and_refuses_it_by_name():
     assert AlgoSpec(kl_coef=0.0, rollout_correction={"rollout_is": "token"}).skip_zero_advantage
     with pytest.raises(ValidationError, match=r"rollout_correction\.rollout_rs=geometric"):
         AlgoSpec(kl_coef=0.0, skip_zero_advantage=True, rollout_correction=rs)
+    veto = {"rollout_token_veto_threshold": 1e-4}
+    assert not AlgoSpec(kl_coef=0.0, rollout_correction=veto).skip_zero_advantage
+    with pytest.raises(ValidationError, match=r"rollout_token_veto_threshold=0\.0001"):
+        AlgoSpec(kl_coef=0.0, skip_zero_advantage=True, rollout_correction=veto)
 
 
 def test_bad_bounds_and_early_backward_are_refused_by_name():

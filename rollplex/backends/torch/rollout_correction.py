@@ -3,12 +3,14 @@ trainer's old logprobs to the rollout engine's (specs/rollout_correction.py).
 
 verl's rollout_corr_helper re-derived: log-space ratios clamped at +-20 before exp, IS
 weights truncated above, rejection within [lower, upper] at the token, the sequence (sum of
-log-ratios) or the geometric mean (their mean). Padding may hold -inf: every reduction
+log-ratios) or the geometric mean (their mean), and the veto of a response with one token
+below a floor. Padding may hold -inf: every reduction
 selects valid tokens with `where`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -69,6 +71,15 @@ def rejection_mask(
     return keep, {"rollout_rs_masked_fraction": _mean((~keep).float(), valid)}
 
 
+def vetoed(
+    old: torch.Tensor, rollout: torch.Tensor, valid: torch.Tensor, threshold: float
+) -> torch.Tensor:
+    """[N] bool: responses with a valid token whose ratio pi_old / pi_rollout is below
+    `threshold` (verl's rollout_token_veto_threshold)."""
+    lr = level_log_ratio(log_ratio(old, rollout, valid), valid, "token")
+    return (valid & (lr < math.log(threshold))).any(-1)
+
+
 def mismatch_metrics(
     old: torch.Tensor, rollout: torch.Tensor, valid: torch.Tensor
 ) -> dict[str, torch.Tensor]:
@@ -110,6 +121,8 @@ class Correction:
             keep, _ = rejection_mask(
                 old, rollout, valid, spec.rollout_rs, spec.rollout_rs_threshold, spec.rs_lower
             )
+        if spec.rollout_token_veto_threshold is not None:
+            keep = keep & ~vetoed(old, rollout, valid, spec.rollout_token_veto_threshold)[:, None]
         return cls(spec, old, rollout, valid, keep)
 
     def rows(self, rows: slice | torch.Tensor) -> tuple[torch.Tensor | None, dict]:
@@ -118,8 +131,11 @@ class Correction:
         s = self.spec
         old, rollout, valid = self.old[rows], self.rollout[rows], self.valid[rows]
         metrics = mismatch_metrics(old, rollout, valid)
-        if s.rollout_rs is not None:
+        if s.rejects:
             metrics["rollout_rs_masked_fraction"] = _mean((~self.keep[rows]).float(), valid)
+        if s.rollout_token_veto_threshold is not None:
+            rows_vetoed = vetoed(old, rollout, valid, s.rollout_token_veto_threshold)
+            metrics["rollout_is_veto_fraction"] = rows_vetoed.float().mean()
         if s.rollout_is is None:
             return None, metrics
         weights, is_metrics = is_weights(
