@@ -50,9 +50,11 @@ class VllmSpec(Spec):
     seed: int = Field(0, ge=0, description="Engine seed; each request's seed also depends on it.")
     return_logprobs: bool = Field(
         False,
-        description="Return per-token logprobs of the sampled tokens. On-policy GRPO does not "
-        "need them (the old logprobs are the trainer's own) and asking doubles the decode step "
-        "at batch 256 (FACTS.md).",
+        description="Return per-token logprobs of the sampled tokens, of logits / T (needs "
+        "algo.top_p=1): a one-update step then takes them as its old logprobs, as it does "
+        "the torch rollout's, and algo.rollout_correction and kl_in_reward read them. Off, "
+        "the old logprobs are the trainer's own, detached (exactly on-policy); asking doubles "
+        "the decode step at batch 256 (FACTS.md).",
     )
     enable_prefix_caching: bool = Field(
         True, description="Reuse each prompt's prefix KV across its G samples and across steps."
