@@ -111,6 +111,24 @@ def test_rejection_leaves_the_loss_and_its_normaliser(level, upper):
     assert abs(float(m["rollout_rs_masked_fraction"]) - rejected) < 1e-6
 
 
+def test_a_responses_weight_runs_over_its_rejected_tokens_too():
+    """verl computes IS weights on the response mask and rejects on a copy of it: with a
+    token rejected, its response's sequence weight is still the product over all of its
+    tokens, and the loss keeps the rest."""
+    spec = RolloutCorrectionSpec(rollout_is="sequence", rollout_is_threshold=1e3,
+                                 rollout_rs="token", rollout_rs_threshold=1.8)  # fmt: skip
+    _, m, corr = _loss(spec)
+    keep = _verl_keep("token", 1.8, 1 / 1.8)
+    assert corr.keep.tolist() == keep
+    w = _verl_is("sequence", 1e3)
+    partly = [i for i in range(N) if 0 < sum(keep[i]) < LENGTHS[i]]
+    assert partly  # responses with some tokens rejected, some kept
+    pg, _, _ = _verl_pg(0.2, 0.2)
+    kept = [(i, j) for i in range(N) for j in range(R) if keep[i][j]]
+    want = sum(pg[i][j] * w[i][j] for i, j in kept) / len(kept)
+    assert abs(float(m["pg_loss"]) - want) < 1e-6 * max(1.0, abs(want))
+
+
 def test_a_veto_drops_every_response_with_a_token_below_the_floor():
     """compute_rollout_correction_and_rejection_mask's veto: a response with any valid
     token whose ratio is under rollout_token_veto_threshold leaves the loss whole."""

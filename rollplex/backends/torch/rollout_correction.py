@@ -63,12 +63,11 @@ def rejection_mask(
     level: str,
     upper: float,
     lower: float,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+) -> torch.Tensor:
     """The tokens kept [N, R] bool: valid ones whose ratio at `level` is within
-    [lower, upper]; and the share of valid tokens rejected (rollout_rs_masked_fraction)."""
+    [lower, upper]."""
     w = torch.exp(level_log_ratio(log_ratio(old, rollout, valid), valid, level))
-    keep = valid & (w >= lower) & (w <= upper)
-    return keep, {"rollout_rs_masked_fraction": _mean((~keep).float(), valid)}
+    return valid & (w >= lower) & (w <= upper)
 
 
 def vetoed(
@@ -113,12 +112,16 @@ class Correction:
 
     @classmethod
     def of(
-        cls, spec: RolloutCorrectionSpec, old: torch.Tensor, rollout: torch.Tensor, mask
+        cls,
+        spec: RolloutCorrectionSpec,
+        old: torch.Tensor,
+        rollout: torch.Tensor,
+        mask: torch.Tensor,
     ) -> Correction:
         valid = mask.bool()
         keep = valid
         if spec.rollout_rs is not None:
-            keep, _ = rejection_mask(
+            keep = rejection_mask(
                 old, rollout, valid, spec.rollout_rs, spec.rollout_rs_threshold, spec.rs_lower
             )
         if spec.rollout_token_veto_threshold is not None:
@@ -138,7 +141,7 @@ class Correction:
             metrics["rollout_is_veto_fraction"] = rows_vetoed.float().mean()
         if s.rollout_is is None:
             return None, metrics
-        weights, is_metrics = is_weights(
-            old, rollout, self.keep[rows], s.rollout_is, s.rollout_is_threshold
-        )
+        # over every valid token, as verl's: a rejected token's weight is not read, but a
+        # response's product runs over all of its tokens
+        weights, is_metrics = is_weights(old, rollout, valid, s.rollout_is, s.rollout_is_threshold)
         return weights, metrics | is_metrics
