@@ -13,12 +13,14 @@ from rollplex.algos.updates import (
 from rollplex.graph.builder import StepBuilder
 from rollplex.graph.ir import Graph, Phase
 from rollplex.specs import AlgoSpec, ModelSpec, WorkloadSpec
+from rollplex.specs.algo import TOKEN_WHITENED
 
 
 def build_grpo(
     model: ModelSpec, workload: WorkloadSpec, algo: AlgoSpec, estimator: str = "grpo"
 ) -> Graph:
-    """`estimator` names the advantage: "grpo" (group-normalised) or "rloo" (leave-one-out)."""
+    """`estimator` names the advantage: "grpo" (group-normalised), "rloo" (leave-one-out)
+    or "reinforce_plus_plus_baseline" (group-centred, whitened over the batch's tokens)."""
     b = StepBuilder(model, workload)
     g = workload.group_size
     updates = mini_batches(workload.prompts_per_step, algo)  # refuses a bad size first
@@ -30,7 +32,10 @@ def build_grpo(
     with b.phase(Phase.ROLLOUT):
         responses, old_logprobs = b.rollout(prompts, policy, g)
         rewards = b.reward(responses, prompts.answers, group_size=g)
-        advantages = b.advantage(rewards, estimator, group_size=g)
+        whitened = estimator in TOKEN_WHITENED  # it reads the responses' lengths
+        advantages = b.advantage(
+            rewards, estimator, group_size=g, responses=responses if whitened else None
+        )
     # what the training forwards read to skip all-0 groups (algo.skip_zero_advantage)
     live = advantages if algo.skip_zero_advantage else None
 

@@ -290,8 +290,10 @@ class StepBuilder:
         group_size: int,
         values: str | None = None,
         name: str | None = None,
+        responses: str | None = None,
     ) -> str:
         ins = {"rewards": rewards} | ({"values": values} if values else {})
+        ins |= {"responses": responses} if responses else {}
         out = ((self.rows(rewards),), "float32", K.ACTIVATION)
         return self.op(
             "advantage", ins, {"advantages": out}, name, estimator=estimator, group_size=group_size

@@ -253,13 +253,16 @@ register(
 register(
     OpKind(
         "advantage",
-        "Advantages from rewards: group-normalised (GRPO), leave-one-out, or GAE.",
+        "Advantages from rewards: group-normalised (GRPO), leave-one-out, group-centred "
+        "and whitened over the batch's tokens (REINFORCE++-baseline), or GAE.",
         inputs={
             "rewards": port(K.ACTIVATION, dtype=FLOAT, dims=("S",)),
             "values": port(K.ACTIVATION, dtype=FLOAT, dims=("S", None), optional=True),
             # GAE with a KL penalty in the reward (verl's use_kl_in_reward).
             "old_logprobs": port(K.ACTIVATION, dtype=FLOAT, dims=("S", None), optional=True),
             "ref_logprobs": port(K.ACTIVATION, dtype=FLOAT, dims=("S", None), optional=True),
+            # REINFORCE++-baseline whitens over tokens: it reads each response's length
+            "responses": port(K.ACTIVATION, dtype=INT, dims=("S", None), optional=True),
         },
         outputs={
             "advantages": port(K.ACTIVATION, dtype=FLOAT, dims=("S",)),

@@ -13,7 +13,12 @@ import torch
 
 from rollplex.backends.base import BackendError
 from rollplex.backends.torch.kl import KLController, sequence_mean_kl
-from rollplex.backends.torch.loss import ADVANTAGES, group_advantages, reward_kl
+from rollplex.backends.torch.loss import (
+    ADVANTAGES,
+    group_advantages,
+    reinforce_pp_baseline_advantages,
+    reward_kl,
+)
 from rollplex.backends.torch.task import first_token_reward, reward
 from rollplex.graph.ir import Op
 from rollplex.runtime.dispatch_view import DispatchView
@@ -51,6 +56,10 @@ class RoleFreeOps:
             )
             d.update_metrics(k, loss.metrics)
             return {"loss": loss}
+        if k == "advantage" and a.get("estimator") == "reinforce_plus_plus_baseline":
+            lengths = x["responses"].lengths.to(x["rewards"].device)
+            adv = reinforce_pp_baseline_advantages(x["rewards"], a["group_size"], lengths)
+            return {"advantages": adv}
         if k == "advantage":
             estimator = ADVANTAGES.get(a.get("estimator", "grpo"))
             if estimator is None:

@@ -20,13 +20,22 @@ KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 KL_ESTIMATORS += tuple(f"{n}+" for n in KL_ESTIMATORS)
 GSPO_AGG = "seq-mean-token-mean"  # GSPO's aggregation (verl's compute_policy_loss_gspo)
 LOSS_MODES = ("vanilla", "gspo", "cispo")  # verl's policy_loss.loss_mode names
+# advantages whitened over the batch's tokens: they read the responses' lengths, no row's is
+# exactly 0, and a data-parallel rank holds only part of the batch they are whitened over
+TOKEN_WHITENED = ("reinforce_plus_plus_baseline",)
 LossMode = Literal[LOSS_MODES]
 
 
 class AlgoSpec(Spec):
     """An RL algorithm and its knobs. The builder in `rollplex.algos` reads these."""
 
-    name: Literal["grpo", "ppo", "rloo"] = Field("grpo", description="Graph builder to use.")
+    name: Literal["grpo", "ppo", "rloo", "reinforce_plus_plus_baseline"] = Field(
+        "grpo",
+        description="Graph builder to use [algorithm.adv_estimator]: grpo, rloo and "
+        "reinforce_plus_plus_baseline (REINFORCE++-baseline: each reward less its group's "
+        "mean, then whitened over every response token of the batch) share GRPO's step; ppo "
+        "adds a critic and GAE.",
+    )
     use_reference: bool | None = Field(
         None,
         description="Score with a frozen reference model. null (auto): exactly when a KL "
@@ -266,7 +275,8 @@ class AlgoSpec(Spec):
         """skip_zero_advantage=null resolves here, after use_reference has (the spec is
         frozen, and this is its own validation)."""
         if self.skip_zero_advantage is None:
-            unread = self.name != "ppo" and self.entropy_coeff == 0 and not self.use_reference
+            unread = self.name in ("grpo", "rloo") and self.entropy_coeff == 0
+            unread = unread and not self.use_reference
             unread = unread and not self.rollout_correction.rejects
             object.__setattr__(self, "skip_zero_advantage", unread)
         return self
@@ -327,6 +337,8 @@ def skip_refusal(algo: AlgoSpec) -> str | None:
     """Why a zero-advantage row's gradient may be nonzero under `algo`'s loss, or None."""
     if algo.name == "ppo":
         return "ppo's GAE advantages are per token and whitened: no row's is exactly 0"
+    if algo.name in TOKEN_WHITENED:
+        return f"{algo.name}'s advantages are whitened over the batch: no row's is exactly 0"
     if algo.entropy_coeff:
         return f"entropy_coeff={algo.entropy_coeff} gives every row a gradient"
     if algo.kl_coef and algo.use_reference:

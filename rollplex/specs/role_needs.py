@@ -146,6 +146,12 @@ NEEDS: dict[tuple[str, str], RoleNeeds] = {
                 "group decodes its members' rows together; use rollout_tp=1",
             ),
             Refusal(
+                (When("algo.name", is_=("reinforce_plus_plus_baseline",)),),
+                "algo.name=reinforce_plus_plus_baseline with backend.trainer=fsdp: it whitens "
+                "advantages over the whole batch, and each rank scores only its own prompts; "
+                "use backend.trainer=torch",
+            ),
+            Refusal(
                 (When("algo.name", is_=("ppo",)), When("schedule.name", is_=("disaggregated",))),
                 "schedule.name=disaggregated with algo=ppo and backend.trainer=fsdp: the "
                 "training pool builds no critic; use schedule=serial or rollplex",

@@ -69,6 +69,24 @@ def leave_one_out_advantages(rewards: torch.Tensor, group_size: int) -> torch.Te
     return (r - others).view(-1)
 
 
+def reinforce_pp_baseline_advantages(
+    rewards: torch.Tensor, group_size: int, lengths: torch.Tensor
+) -> torch.Tensor:
+    """REINFORCE++-baseline (verl's compute_reinforce_plus_plus_baseline_outcome_advantage)
+    [N]: each reward less its group's mean (a group of one keeps its reward, as verl's),
+    then whitened over the batch's response tokens, each row counted once per token of its
+    `lengths`, as masked_whiten does (unbiased var, + 1e-8). The value is the same on every
+    token of a row, so one per row holds it."""
+    if rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    r = rewards.float().view(-1, group_size)
+    centred = (r - r.mean(dim=1, keepdim=True) if group_size > 1 else r).view(-1)
+    width = int(lengths.max()) if lengths.numel() else 0
+    mask = torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
+    tokens = centred[:, None].expand(-1, width)
+    return masked_whiten(tokens, mask)[:, 0] if width else centred
+
+
 ADVANTAGES = {"grpo": group_advantages, "rloo": leave_one_out_advantages}
 
 

@@ -19,9 +19,13 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mea
 def algo_refusal(algo: AlgoSpec) -> str | None:
     """Why `algo`'s gradient is not linear in a per-row scalar advantage, or None."""
     if algo.name not in LINEAR_ESTIMATORS:
+        why = {
+            "ppo": "per-token GAE advantages from a critic",
+            "reinforce_plus_plus_baseline": "advantages whitened over the whole batch",
+        }.get(algo.name, "its advantages")
         return (
-            f"algo.name={algo.name}: per-token GAE advantages from a critic are not a "
-            "scalar of the row's own reward (early backward covers grpo and rloo)"
+            f"algo.name={algo.name}: {why} are not a scalar of the row's own group's "
+            "rewards (early backward covers grpo and rloo)"
         )
     if algo.kl_in_reward:
         return "algo.kl_in_reward: the KL penalty enters the advantages (a PPO option)"
