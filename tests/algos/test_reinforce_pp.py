@@ -21,6 +21,7 @@ from rollplex.jobs.pipeline import plan_step
 from rollplex.runtime import Executor
 from rollplex.runtime.compose import compose
 from rollplex.specs import MODEL_PRESETS, WORKLOAD_PRESETS, AlgoSpec, ScheduleSpec
+from tests.algos.test_reference_when_read import _algo
 from tests.runtime.conftest import CPU, MODEL, WORKLOAD
 
 NAME = "reinforce_plus_plus_baseline"
@@ -88,6 +89,12 @@ def test_a_real_step_trains_on_token_whitened_advantages():
     after = backend.trainer.params
     moved = [not torch.equal(a, p.detach()) for a, p in zip(before, after, strict=True)]
     assert any(moved)  # the gradient is not 0, though the loss is
+
+
+def test_its_preset_is_grpos_with_the_estimator():
+    algo, grpo = _algo(f"algo={NAME}"), _algo("algo=grpo")
+    assert algo.name == NAME
+    assert algo.model_dump(exclude={"name"}) == grpo.model_dump(exclude={"name"})
 
 
 def test_settings_it_cannot_hold_are_refused_by_name():
