@@ -42,6 +42,7 @@ CSV_FIELDS = (
     "entropy",  # the policy's per-token entropy, aggregated as the loss is (verl's actor/entropy)
     "ppo_updates",  # policy optimizer steps this RL step (algo.ppo_mini_batch_size, ppo_epochs)
     "response_length",
+    "response_clip_ratio",  # the share of responses that ran to train.max_new_tokens
     "lr",  # the policy's learning rate at the step's last update
     "eval_accuracy",
     "step_time_s",
@@ -115,6 +116,7 @@ VERL_NAMES = {
     "vf_clip_frac": "critic/vf_clipfrac",
     "reward": "critic/score/mean",
     "response_length": "response_length/mean",
+    "response_clip_ratio": "response_length/clip_ratio",
     "lr": "actor/lr",
 } | {k: f"rollout_corr/{k}" for k in ROLLOUT_CORRECTION}
 

@@ -75,7 +75,11 @@ class RolloutOps:
         responses, logprobs = session.result()
         if op.kind == "generate":
             self._check_engine_prompts(op, session, x["text"], op.attrs["group_size"])
-        d.metrics["response_length"] = responses.lengths.float().mean()
+        lengths = responses.lengths.float()
+        d.metrics["response_length"] = lengths.mean()
+        # verl's response_length/clip_ratio: responses that ran to the cap (truncated,
+        # unless the cap's last token was their eos)
+        d.metrics["response_clip_ratio"] = (lengths >= d.sampling.max_new_tokens).float().mean()
         if logprobs is not None and not self.rollout.capabilities.scaled_logprobs:
             logprobs = None  # not of the distribution the trainer scores: not old logprobs
         if "kept" in op.outputs:

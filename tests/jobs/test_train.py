@@ -312,17 +312,23 @@ def test_forced_response_lengths_are_the_workloads_and_shared_by_schedules(force
     from rollplex.runtime.rollout_ops import forced_lengths
     from rollplex.specs import WORKLOAD_PRESETS
 
-    means = {}
+    means, clipped = {}, {}
     for schedule, (run, _) in forced_runs.items():
-        rows = (run / "metrics.csv").read_text().splitlines()
-        col = rows[0].split(",").index("response_length")
-        means[schedule] = [float(r.split(",")[col]) for r in rows[1:]]
+        with (run / "metrics.csv").open() as f:
+            rows = list(csv.DictReader(f))
+        means[schedule] = [float(r["response_length"]) for r in rows]
+        clipped[schedule] = [float(r["response_clip_ratio"]) for r in rows]
     w = WORKLOAD_PRESETS["tiny"]
     rows = w.prompts_per_step * 16  # conf/train.yaml's group size
-    want = [sum(forced_lengths(w.response_length, rows, 16, 0, s)) / rows for s in (0, 1)]
+    drawn = [forced_lengths(w.response_length, rows, 16, 0, s) for s in (0, 1)]
+    want = [sum(d) / rows for d in drawn]
     assert means["serial"] == means["rollplex"]
     assert means["serial"] == pytest.approx(want, abs=1e-4)
     assert len(set(want)) == 2 and all(1 < m < 16 for m in want)
+    # verl's response_length/clip_ratio: the share that ran to the cap of 16 (these draws
+    # stay under it: tests/runtime/test_rollout_metrics.py has responses that reach it)
+    at_cap = [sum(n == 16 for n in d) / rows for d in drawn]
+    assert clipped["serial"] == clipped["rollplex"] == pytest.approx(at_cap, abs=1e-6)
 
 
 def test_forced_lengths_with_a_tp_rollout_are_refused_before_any_work(train_here, tmp_path):
