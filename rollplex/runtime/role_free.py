@@ -13,12 +13,7 @@ import torch
 
 from rollplex.backends.base import BackendError
 from rollplex.backends.torch.kl import KLController, sequence_mean_kl
-from rollplex.backends.torch.loss import (
-    ADVANTAGES,
-    group_advantages,
-    reinforce_pp_baseline_advantages,
-    reward_kl,
-)
+from rollplex.backends.torch.loss import OUTCOME_ESTIMATORS, outcome_advantages, reward_kl
 from rollplex.backends.torch.task import first_token_reward, reward
 from rollplex.graph.ir import Op
 from rollplex.runtime.dispatch_view import DispatchView
@@ -56,20 +51,19 @@ class RoleFreeOps:
             )
             d.update_metrics(k, loss.metrics)
             return {"loss": loss}
-        if k == "advantage" and a.get("estimator") == "reinforce_plus_plus_baseline":
-            lengths = x["responses"].lengths.to(x["rewards"].device)
-            adv = reinforce_pp_baseline_advantages(x["rewards"], a["group_size"], lengths)
-            return {"advantages": adv}
         if k == "advantage":
-            estimator = ADVANTAGES.get(a.get("estimator", "grpo"))
-            if estimator is None:
+            estimator = a.get("estimator", "grpo")
+            if estimator not in OUTCOME_ESTIMATORS:
                 raise BackendError(
-                    f"'{op.name}': estimator {a['estimator']!r}; only {sorted(ADVANTAGES)} run"
+                    f"'{op.name}': estimator {estimator!r}; only {OUTCOME_ESTIMATORS} run"
                 )
-            if estimator is group_advantages:
-                norm = d.config.algo.norm_adv_by_std_in_grpo
-                return {"advantages": estimator(x["rewards"], a["group_size"], norm_by_std=norm)}
-            return {"advantages": estimator(x["rewards"], a["group_size"])}
+            responses = x.get("responses")  # the estimators that whiten over tokens read it
+            lengths = None if responses is None else responses.lengths.to(x["rewards"].device)
+            adv = outcome_advantages(
+                estimator, x["rewards"], a["group_size"], lengths,
+                norm_by_std=d.config.algo.norm_adv_by_std_in_grpo,
+            )  # fmt: skip
+            return {"advantages": adv}
         raise BackendError(f"'{op.name}' ({k}) is not a role-free op")
 
     def reward_kl_coef(self) -> float | None:

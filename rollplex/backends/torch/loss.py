@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from rollplex.backends.torch.kl import kl_estimate
+from rollplex.backends.torch.logprob import response_mask
 from rollplex.specs.algo import LOSS_MODES
 
 # sums a 0-dim tensor over the data-parallel ranks (masked_whiten)
@@ -82,12 +83,34 @@ def reinforce_pp_baseline_advantages(
     r = rewards.float().view(-1, group_size)
     centred = (r - r.mean(dim=1, keepdim=True) if group_size > 1 else r).view(-1)
     width = int(lengths.max()) if lengths.numel() else 0
-    mask = torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
+    if not width:
+        return centred
     tokens = centred[:, None].expand(-1, width)
-    return masked_whiten(tokens, mask)[:, 0] if width else centred
+    return masked_whiten(tokens, response_mask(lengths, width))[:, 0]
 
 
-ADVANTAGES = {"grpo": group_advantages, "rloo": leave_one_out_advantages}
+OUTCOME_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+
+
+def outcome_advantages(
+    estimator: str,
+    rewards: torch.Tensor,
+    group_size: int,
+    lengths: torch.Tensor | None = None,
+    norm_by_std: bool = True,
+) -> torch.Tensor:
+    """[N] advantages of `estimator` from one reward per response: grpo (`norm_by_std`:
+    norm_adv_by_std_in_grpo), rloo, or reinforce_plus_plus_baseline (which reads the
+    responses' `lengths`)."""
+    if estimator == "grpo":
+        return group_advantages(rewards, group_size, norm_by_std=norm_by_std)
+    if estimator == "rloo":
+        return leave_one_out_advantages(rewards, group_size)
+    if estimator == "reinforce_plus_plus_baseline":
+        if lengths is None:
+            raise ValueError("reinforce_plus_plus_baseline whitens over tokens: it needs lengths")
+        return reinforce_pp_baseline_advantages(rewards, group_size, lengths)
+    raise ValueError(f"estimator {estimator!r}: expected one of {OUTCOME_ESTIMATORS}")
 
 
 def token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -4,8 +4,8 @@ trainer's old logprobs to the rollout engine's (specs/rollout_correction.py).
 verl's rollout_corr_helper re-derived: log-space ratios clamped at +-20 before exp, IS
 weights truncated above, rejection within [lower, upper] at the token, the sequence (sum of
 log-ratios) or the geometric mean (their mean), and the veto of a response with one token
-below a floor. Padding may hold -inf: every reduction
-selects valid tokens with `where`.
+below a floor. Each is computed from the per-token log-ratio, taken once per row range.
+Padding may hold -inf: every reduction selects valid tokens with `where`.
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ def level_log_ratio(lr: torch.Tensor, valid: torch.Tensor, level: str) -> torch.
 
 
 def is_weights(
-    old: torch.Tensor, rollout: torch.Tensor, valid: torch.Tensor, level: str, threshold: float
+    lr: torch.Tensor, valid: torch.Tensor, level: str, threshold: float
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Truncated IS weights min(pi_old / pi_rollout, threshold) [N, R] (0 on padding,
-    detached), and their metrics before truncation: mean, the share above the threshold
-    and below its reciprocal (verl's rollout_is_ratio_fraction_high/low)."""
-    w = torch.exp(level_log_ratio(log_ratio(old, rollout, valid), valid, level))
-    w = torch.where(valid, w, 0.0)
+    """Truncated IS weights min(pi_old / pi_rollout, threshold) [N, R] from the per-token
+    log-ratio `lr` (0 on padding, detached), and their metrics before truncation: mean,
+    the share above the threshold and below its reciprocal (verl's
+    rollout_is_ratio_fraction_high/low)."""
+    w = torch.where(valid, torch.exp(level_log_ratio(lr, valid, level)), 0.0)
     metrics = {
         "rollout_is_mean": _mean(w, valid),
         "rollout_is_ratio_fraction_high": _mean((w > threshold).float(), valid),
@@ -57,36 +57,25 @@ def is_weights(
 
 
 def rejection_mask(
-    old: torch.Tensor,
-    rollout: torch.Tensor,
-    valid: torch.Tensor,
-    level: str,
-    upper: float,
-    lower: float,
+    lr: torch.Tensor, valid: torch.Tensor, level: str, upper: float, lower: float
 ) -> torch.Tensor:
     """The tokens kept [N, R] bool: valid ones whose ratio at `level` is within
     [lower, upper]."""
-    w = torch.exp(level_log_ratio(log_ratio(old, rollout, valid), valid, level))
+    w = torch.exp(level_log_ratio(lr, valid, level))
     return valid & (w >= lower) & (w <= upper)
 
 
-def vetoed(
-    old: torch.Tensor, rollout: torch.Tensor, valid: torch.Tensor, threshold: float
-) -> torch.Tensor:
+def vetoed(lr: torch.Tensor, valid: torch.Tensor, threshold: float) -> torch.Tensor:
     """[N] bool: responses with a valid token whose ratio pi_old / pi_rollout is below
     `threshold` (verl's rollout_token_veto_threshold)."""
-    lr = level_log_ratio(log_ratio(old, rollout, valid), valid, "token")
-    return (valid & (lr < math.log(threshold))).any(-1)
+    return (valid & (level_log_ratio(lr, valid, "token") < math.log(threshold))).any(-1)
 
 
-def mismatch_metrics(
-    old: torch.Tensor, rollout: torch.Tensor, valid: torch.Tensor
-) -> dict[str, torch.Tensor]:
+def mismatch_metrics(lr: torch.Tensor, valid: torch.Tensor) -> dict[str, torch.Tensor]:
     """How far the engine's distribution is from the trainer's, on the sampled tokens:
     mismatch_kl = mean(log pi_rollout - log pi_old) (KL(rollout || old), the tokens being
     the rollout's samples) and k3's non-negative estimate of it."""
-    d = -log_ratio(old, rollout, valid)  # log pi_rollout - log pi_old
-    d = d.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    d = (-lr).clamp(-SAFETY_BOUND, SAFETY_BOUND)  # log pi_rollout - log pi_old
     return {
         "mismatch_kl": _mean(d, valid),
         "mismatch_k3_kl": _mean(torch.exp(-d) + d - 1.0, valid),
@@ -100,15 +89,17 @@ def _mean(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 @dataclass(slots=True)
 class Correction:
     """One loss's rollout correction over a batch: the tokens its loss keeps (`keep`, the
-    valid ones less those rejected), and per row range the IS weights and the metrics.
-    `old` must hold its values when `keep` is made: rejection is decided before any
-    micro-batch runs, since their terms are weighted by the kept tokens."""
+    valid ones less those rejected or vetoed), and per row range the IS weights and the
+    metrics. `old` must hold its values when a rejecting correction is made: rejection is
+    decided before any micro-batch runs, since their terms are weighted by the kept
+    tokens. Without rejection `keep` is the valid mask and `old` is read per row range."""
 
     spec: RolloutCorrectionSpec
     old: torch.Tensor
     rollout: torch.Tensor
     valid: torch.Tensor
     keep: torch.Tensor
+    vetoed: torch.Tensor | None  # [N] bool, with the veto on
 
     @classmethod
     def of(
@@ -119,29 +110,31 @@ class Correction:
         mask: torch.Tensor,
     ) -> Correction:
         valid = mask.bool()
-        keep = valid
-        if spec.rollout_rs is not None:
-            keep = rejection_mask(
-                old, rollout, valid, spec.rollout_rs, spec.rollout_rs_threshold, spec.rs_lower
-            )
-        if spec.rollout_token_veto_threshold is not None:
-            keep = keep & ~vetoed(old, rollout, valid, spec.rollout_token_veto_threshold)[:, None]
-        return cls(spec, old, rollout, valid, keep)
+        keep, veto = valid, None
+        if spec.rejects:
+            lr = log_ratio(old, rollout, valid)
+            if spec.rollout_rs is not None:
+                keep = rejection_mask(
+                    lr, valid, spec.rollout_rs, spec.rollout_rs_threshold, spec.rs_lower
+                )
+            if spec.rollout_token_veto_threshold is not None:
+                veto = vetoed(lr, valid, spec.rollout_token_veto_threshold)
+                keep = keep & ~veto[:, None]
+        return cls(spec, old, rollout, valid, keep, veto)
 
     def rows(self, rows: slice | torch.Tensor) -> tuple[torch.Tensor | None, dict]:
         """(IS weights or None, metrics) of rows `rows`, read now (the old values of a
         fused micro-batch are written by its forward)."""
-        s = self.spec
-        old, rollout, valid = self.old[rows], self.rollout[rows], self.valid[rows]
-        metrics = mismatch_metrics(old, rollout, valid)
+        s, valid = self.spec, self.valid[rows]
+        lr = log_ratio(self.old[rows], self.rollout[rows], valid)
+        metrics = mismatch_metrics(lr, valid)
         if s.rejects:
             metrics["rollout_rs_masked_fraction"] = _mean((~self.keep[rows]).float(), valid)
-        if s.rollout_token_veto_threshold is not None:
-            rows_vetoed = vetoed(old, rollout, valid, s.rollout_token_veto_threshold)
-            metrics["rollout_is_veto_fraction"] = rows_vetoed.float().mean()
+        if self.vetoed is not None:
+            metrics["rollout_is_veto_fraction"] = self.vetoed[rows].float().mean()
         if s.rollout_is is None:
             return None, metrics
         # over every valid token, as verl's: a rejected token's weight is not read, but a
         # response's product runs over all of its tokens
-        weights, is_metrics = is_weights(old, rollout, valid, s.rollout_is, s.rollout_is_threshold)
+        weights, is_metrics = is_weights(lr, valid, s.rollout_is, s.rollout_is_threshold)
         return weights, metrics | is_metrics
