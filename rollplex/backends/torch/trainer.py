@@ -37,8 +37,8 @@ from rollplex.backends.torch.masters import (
 from rollplex.backends.torch.micro import response_micro_batches, sample_micro_batches
 from rollplex.backends.torch.micro_loss import backward_loss, micro_loss
 from rollplex.backends.torch.model import load_model, save_model
+from rollplex.backends.torch.policy_scorer import PolicyScorer
 from rollplex.backends.torch.roles import (
-    TorchReference,
     features_of,
     freeze_for_graph,
     weights_params,
@@ -55,9 +55,8 @@ from rollplex.backends.torch.training_prefix import (
 from rollplex.backends.torch.values import Features, Loss, Pixels, Responses, TokenLogprobs
 from rollplex.data.prompts import PromptBatch
 from rollplex.engine.decoded import DecodedOutputs
-from rollplex.engine.prefix import Model, PrefixState, cache_kv, fork_cache
-from rollplex.engine.riders import RiddenPrefix, RiderRows, attach, rider_rows
-from rollplex.engine.step import rotary_fn
+from rollplex.engine.prefix import Model, PrefixState
+from rollplex.engine.riders import RiddenPrefix, RiderRows, rider_rows
 from rollplex.specs import AlgoSpec, ModelSpec
 from rollplex.specs.roles import TORCH_SCORER, RoleCapabilities
 
@@ -387,37 +386,3 @@ class TorchTrainer(Trainer):
         forget_tags(self.model.parameters())  # same version, new values
         if self.masters is not None:  # the next step starts from these weights
             self.masters.assign(dict(loaded.named_parameters()))
-
-
-class PolicyScorer(TorchReference):
-    """The trained model scored without grad. It reads the decode's weights version, so
-    its prefix rows may ride a decode step as the trainer's do; the result is detached."""
-
-    def ride_rows(self, features: Features, text: PromptBatch) -> RiderRows:
-        return rider_rows(self.model, text, features.values.detach())
-
-    def attach_ridden(
-        self,
-        ridden: RiddenPrefix,
-        features: Features,
-        head: bool = True,
-        micro_batches: int | None = None,
-    ) -> tuple[PrefixState, None]:  # no grad: no backward to cut
-        rotary = rotary_fn(self.model.model.language_model.layers[0].self_attn)
-        state = attach(self.model, rotary, ridden, features.values.detach(), head)
-        kv = [(k.detach(), v.detach()) for k, v in cache_kv(state.cache)]
-
-        def off(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.detach()
-
-        detached = PrefixState(
-            fork_cache(kv),
-            off(state.last_logits),
-            state.attention_mask,
-            state.next_positions,
-            state.rope_deltas,
-            state.lengths,
-            state.group_size,
-            off(state.last_hidden),
-        )
-        return detached, None
